@@ -1,0 +1,50 @@
+// The driver interface: one implementation per sandbox kind, chosen in one
+// place (registry.hpp). Drivers know nothing of CAF; calls return at once and
+// report through callbacks, which run on a driver thread, so a caller posts
+// the result to its own actor instead of doing work there.
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include "dsec/status.hpp"
+#include "dsec/v1/types.pb.h"
+
+namespace dsec::drivers {
+
+using StatusCallback = std::function<void(const Status&)>;
+using ExecCallback = std::function<void(Result<v1::ExecResult>)>;
+
+class Driver {
+ public:
+  virtual ~Driver() = default;
+
+  virtual v1::Kind kind() const = 0;
+  // "fncall", "container", ...
+  virtual const char* name() const = 0;
+
+  // Ok when this host can run this kind now; otherwise FailedPrecondition
+  // saying why (e.g. "not available on this host: cgroup v1 memory missing").
+  virtual Status Available() const = 0;
+  // Ok when this driver can run `spec` (image known, limits in range).
+  virtual Status CanHandle(const v1::SandboxSpec& spec) const = 0;
+
+  // Brings up the sandbox's resources. For stateless kinds (fncall) there is
+  // nothing to create and this only validates.
+  virtual void Create(const v1::SandboxRecord& sandbox, StatusCallback done) = 0;
+  // Runs one command. `run_id` names the run for Kill. Limits in `req` are
+  // final (see limits.hpp).
+  virtual void Exec(const v1::SandboxRecord& sandbox, const std::string& run_id,
+                    const v1::ExecRequest& req, ExecCallback done) = 0;
+  // Stops a run in flight; its ExecCallback reports how it ended.
+  virtual Status Kill(const std::string& run_id, const std::string& reason) = 0;
+  virtual void Destroy(const v1::SandboxRecord& sandbox, StatusCallback done) = 0;
+  // After a daemon restart: reconnect to a sandbox from its record, or say
+  // why it is gone.
+  virtual Status Readopt(const v1::SandboxRecord& sandbox) = 0;
+
+  // One-line JSON object of driver statistics for the admin console.
+  virtual std::string StatsJson() const = 0;
+};
+
+}  // namespace dsec::drivers

@@ -1,0 +1,226 @@
+#include "drivers/fncall/cgroup_v1.hpp"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+namespace dsec::fncall {
+
+namespace {
+
+bool HasOption(const std::string& opts, const char* name) {
+  std::stringstream ss(opts);
+  std::string o;
+  while (std::getline(ss, o, ','))
+    if (o == name) return true;
+  return false;
+}
+
+std::string ReadFile(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return {};
+  char buf[512];
+  ssize_t n = ::read(fd, buf, sizeof buf - 1);
+  ::close(fd);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+}
+
+uint64_t ParseU64(const std::string& s) { return std::strtoull(s.c_str(), nullptr, 10); }
+
+Status WriteFile(const std::string& path, const std::string& v) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return Status::FromErrno(errno, "cgroup open " + path);
+  ssize_t w = ::write(fd, v.data(), v.size());
+  int err = errno;
+  ::close(fd);
+  if (w < 0) return Status::FromErrno(err, "cgroup write " + v + " to " + path);
+  return Status::Ok();
+}
+
+std::vector<pid_t> ReadProcs(const std::string& dir) {
+  std::vector<pid_t> pids;
+  std::ifstream in(dir + "/cgroup.procs");
+  pid_t p;
+  while (in >> p) pids.push_back(p);
+  return pids;
+}
+
+// Kills everything in dir (and below), then removes the directories bottom-up.
+void KillAndRemoveTree(const std::string& dir) {
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      if (e->d_type != DT_DIR || e->d_name[0] == '.') continue;
+      KillAndRemoveTree(dir + "/" + e->d_name);
+    }
+    ::closedir(d);
+  }
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    auto pids = ReadProcs(dir);
+    if (pids.empty()) break;
+    for (pid_t p : pids) ::kill(p, SIGKILL);
+    ::usleep(5000);  // killed processes leave the group asynchronously
+  }
+  ::rmdir(dir.c_str());
+}
+
+}  // namespace
+
+std::vector<std::string> CgroupMounts::Hierarchies() const {
+  std::vector<std::string> h;
+  for (const auto* p : {&memory, &pids, &cpu, &cpuacct})
+    if (std::find(h.begin(), h.end(), *p) == h.end()) h.push_back(*p);
+  return h;
+}
+
+Result<CgroupMounts> DiscoverCgroupMounts() {
+  std::ifstream in("/proc/self/mountinfo");
+  if (!in) return Status::FailedPrecondition("cannot read /proc/self/mountinfo");
+  CgroupMounts m;
+  bool saw_v2 = false;
+  std::string line;
+  while (std::getline(in, line)) {
+    // <id> <parent> <maj:min> <root> <mountpoint> <opts> [optional...] - <fstype> <source> <superopts>
+    auto dash = line.find(" - ");
+    if (dash == std::string::npos) continue;
+    std::stringstream pre(line.substr(0, dash)), post(line.substr(dash + 3));
+    std::string id, parent, dev, root, mnt, fstype, source, superopts;
+    pre >> id >> parent >> dev >> root >> mnt;
+    post >> fstype >> source >> superopts;
+    if (fstype == "cgroup2") saw_v2 = true;
+    if (fstype != "cgroup") continue;
+    if (HasOption(superopts, "memory")) m.memory = mnt;
+    if (HasOption(superopts, "pids")) m.pids = mnt;
+    if (HasOption(superopts, "cpu")) m.cpu = mnt;
+    if (HasOption(superopts, "cpuacct")) m.cpuacct = mnt;
+  }
+  std::string missing;
+  if (m.memory.empty()) missing += " memory";
+  if (m.pids.empty()) missing += " pids";
+  if (m.cpu.empty()) missing += " cpu";
+  if (m.cpuacct.empty()) missing += " cpuacct";
+  if (!missing.empty()) {
+    std::string why = "cgroup v1 controllers not mounted:" + missing;
+    if (saw_v2 && m.memory.empty())
+      why += " (this host uses the cgroup v2 unified hierarchy; dsec drives cgroup v1 for now: "
+             "boot with systemd.unified_cgroup_hierarchy=0 or mount the v1 controllers)";
+    return Status::FailedPrecondition(why);
+  }
+  return m;
+}
+
+Status MakeGroupDirs(const CgroupMounts& m, const std::string& rel) {
+  for (const auto& h : m.Hierarchies()) {
+    std::string path = h;
+    std::stringstream ss(rel);
+    std::string part;
+    while (std::getline(ss, part, '/')) {
+      if (part.empty()) continue;
+      path += "/" + part;
+      if (::mkdir(path.c_str(), 0755) < 0 && errno != EEXIST)
+        return Status::FromErrno(errno, "cgroup mkdir " + path);
+    }
+  }
+  return Status::Ok();
+}
+
+void RemoveGroupDirs(const CgroupMounts& m, const std::string& rel) {
+  for (const auto& h : m.Hierarchies()) ::rmdir((h + "/" + rel).c_str());
+}
+
+int SweepStaleSpawnerGroups(const CgroupMounts& m, const std::string& parent) {
+  int removed = 0;
+  for (const auto& h : m.Hierarchies()) {
+    std::string base = h + "/" + parent;
+    DIR* d = ::opendir(base.c_str());
+    if (!d) continue;
+    std::vector<std::string> stale;
+    while (dirent* e = ::readdir(d)) {
+      if (std::strncmp(e->d_name, "sp", 2) != 0) continue;
+      pid_t pid = static_cast<pid_t>(std::atoi(e->d_name + 2));
+      if (pid <= 0) continue;
+      if (::kill(pid, 0) == 0 || errno == EPERM) continue;  // its spawner is alive
+      stale.push_back(base + "/" + e->d_name);
+    }
+    ::closedir(d);
+    for (const auto& dir : stale) {
+      KillAndRemoveTree(dir);
+      ++removed;
+    }
+  }
+  return removed;
+}
+
+Result<CgroupSlot> CgroupSlot::Create(const CgroupMounts& m, const std::string& rel) {
+  DSEC_RETURN_IF_ERROR(MakeGroupDirs(m, rel));
+  CgroupSlot s;
+  s.rel_ = rel;
+  for (const auto& h : m.Hierarchies()) {
+    s.dirs_.push_back(h + "/" + rel);
+    s.procs_.push_back(s.dirs_.back() + "/cgroup.procs");
+  }
+  s.mem_ = m.memory + "/" + rel + "/";
+  s.pids_ = m.pids + "/" + rel + "/";
+  s.cpu_ = m.cpu + "/" + rel + "/";
+  s.acct_ = m.cpuacct + "/" + rel + "/";
+  return s;
+}
+
+Status CgroupSlot::Attach(pid_t pid) {
+  std::string v = std::to_string(pid);
+  for (const auto& p : procs_) DSEC_RETURN_IF_ERROR(WriteFile(p, v));
+  return Status::Ok();
+}
+
+Status CgroupSlot::SetMemoryLimit(uint64_t bytes) {
+  if (bytes == cur_mem_) return Status::Ok();
+  DSEC_RETURN_IF_ERROR(WriteFile(mem_ + "memory.limit_in_bytes", std::to_string(bytes)));
+  cur_mem_ = bytes;
+  return Status::Ok();
+}
+
+Status CgroupSlot::SetPidsMax(uint32_t n) {
+  if (static_cast<int64_t>(n) == cur_pids_) return Status::Ok();
+  DSEC_RETURN_IF_ERROR(WriteFile(pids_ + "pids.max", n ? std::to_string(n) : std::string("max")));
+  cur_pids_ = n;
+  return Status::Ok();
+}
+
+Status CgroupSlot::SetCpuQuota(uint32_t millis) {
+  int64_t quota = millis == 0 ? -1 : static_cast<int64_t>(millis) * 100;  // period 100 ms
+  if (quota == cur_quota_) return Status::Ok();
+  if (cur_quota_ == -2) DSEC_RETURN_IF_ERROR(WriteFile(cpu_ + "cpu.cfs_period_us", "100000"));
+  DSEC_RETURN_IF_ERROR(WriteFile(cpu_ + "cpu.cfs_quota_us", std::to_string(quota)));
+  cur_quota_ = quota;
+  return Status::Ok();
+}
+
+void CgroupSlot::ResetCounters() {
+  (void)WriteFile(mem_ + "memory.max_usage_in_bytes", "0");
+  (void)WriteFile(acct_ + "cpuacct.usage", "0");
+}
+
+uint64_t CgroupSlot::CpuUsageNs() { return ParseU64(ReadFile(acct_ + "cpuacct.usage")); }
+
+uint64_t CgroupSlot::PeakBytes() { return ParseU64(ReadFile(mem_ + "memory.max_usage_in_bytes")); }
+
+uint64_t CgroupSlot::OomKills() {
+  std::string s = ReadFile(mem_ + "memory.oom_control");
+  auto pos = s.find("oom_kill ");
+  return pos == std::string::npos ? 0 : ParseU64(s.substr(pos + 9));
+}
+
+void CgroupSlot::Remove() {
+  for (const auto& d : dirs_) KillAndRemoveTree(d);
+  dirs_.clear();
+}
+
+}  // namespace dsec::fncall

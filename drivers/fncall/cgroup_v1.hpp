@@ -1,0 +1,72 @@
+// cgroup v1 for fncall runs: the controller mounts (memory, pids, cpu,
+// cpuacct; separate or co-mounted), one directory per spawner
+// (<mount>/dsec/sp<pid>) and recycled per-run groups below it with their
+// control files kept open, so a run costs a few pread/pwrite calls rather
+// than mkdir/rmdir. Raw cgroupfs access lives here and nowhere else.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dsec/status.hpp"
+
+namespace dsec::fncall {
+
+struct CgroupMounts {
+  std::string memory, pids, cpu, cpuacct;  // mount points; cpu may == cpuacct
+  // The distinct hierarchies, each once.
+  std::vector<std::string> Hierarchies() const;
+};
+
+// Finds the v1 controller mounts. FailedPrecondition naming what is missing
+// (including "this host uses the cgroup v2 unified hierarchy").
+Result<CgroupMounts> DiscoverCgroupMounts();
+
+// Removes groups under <mount>/<parent>/sp<pid> whose spawner pid is gone:
+// kills what is left inside and rmdirs. Returns how many it removed.
+int SweepStaleSpawnerGroups(const CgroupMounts& m, const std::string& parent);
+
+// One recycled group: <mount>/<base>/r<index> in each hierarchy. It keeps no
+// files open: every fd the spawner holds is one more a new runner must close,
+// and runners are cloned far more often than a run touches its cgroup.
+class CgroupSlot {
+ public:
+  static Result<CgroupSlot> Create(const CgroupMounts& m, const std::string& rel);
+  CgroupSlot() = default;
+  CgroupSlot(CgroupSlot&&) = default;
+  CgroupSlot& operator=(CgroupSlot&&) = default;
+
+  Status Attach(pid_t pid);
+  // cgroup.procs of each hierarchy, for a process to join itself ("0").
+  const std::vector<std::string>& ProcsPaths() const { return procs_; }
+  // Each writes only when the value changes.
+  Status SetMemoryLimit(uint64_t bytes);
+  Status SetPidsMax(uint32_t n);
+  Status SetCpuQuota(uint32_t millis);  // 0: unlimited
+  // Start of a run: peak memory back to the current usage, CPU usage to 0.
+  void ResetCounters();
+  uint64_t CpuUsageNs();
+  uint64_t PeakBytes();
+  uint64_t OomKills();
+  // Kills anything left inside (there should be nothing), then rmdirs.
+  void Remove();
+  const std::string& rel() const { return rel_; }
+
+ private:
+  std::string rel_;
+  std::vector<std::string> dirs_;   // absolute, one per hierarchy
+  std::vector<std::string> procs_;  // cgroup.procs per hierarchy
+  std::string mem_, pids_, cpu_, acct_;
+  uint64_t cur_mem_ = 0;
+  int64_t cur_pids_ = -2, cur_quota_ = -2;
+};
+
+// mkdir -p of <mount>/<rel> in every hierarchy (EEXIST is fine).
+Status MakeGroupDirs(const CgroupMounts& m, const std::string& rel);
+// rmdir of <mount>/<rel> in every hierarchy, ignoring "not empty" and "absent".
+void RemoveGroupDirs(const CgroupMounts& m, const std::string& rel);
+
+}  // namespace dsec::fncall

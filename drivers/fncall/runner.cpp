@@ -1,0 +1,164 @@
+#include "drivers/fncall/runner.hpp"
+
+#include <fcntl.h>
+#include <linux/capability.h>
+#include <linux/seccomp.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+
+#include <cerrno>
+
+#include "drivers/fncall/raw_syscall.hpp"
+
+namespace dsec::fncall {
+
+namespace {
+
+using raw::Call;
+
+// Mirrors the kernel's struct sigaction for rt_sigaction.
+struct KernelSigaction {
+  void (*handler)(int);
+  unsigned long flags;
+  void (*restorer)();
+  unsigned long mask;
+};
+
+[[noreturn]] void Fail(RunnerShared* s, const char* what, long rc) {
+  s->setup_what = what;
+  s->setup_errno = static_cast<int>(-rc);
+  raw::Exit(1);
+}
+
+#define CHECK(call, what)         \
+  do {                            \
+    long rc_ = (call);            \
+    if (rc_ < 0) Fail(s, what, rc_); \
+  } while (0)
+
+int ChildMain(void* arg) {
+  auto* s = static_cast<RunnerShared*>(arg);
+  auto fail = [s](const char* what, long rc) {
+    s->setup_what = what;
+    s->setup_errno = static_cast<int>(-rc);
+    raw::Exit(126);
+  };
+  long rc;
+  if ((rc = Call(SYS_dup2, s->in_r, 0)) < 0 || (rc = Call(SYS_dup2, s->out_w, 1)) < 0 ||
+      (rc = Call(SYS_dup2, s->err_w, 2)) < 0)
+    fail("dup2 stdio", rc);
+  Call(SYS_close_range, 3u, ~0u, 0u);
+  rlimit core{0, 0};
+  if ((rc = Call(SYS_prlimit64, 0, RLIMIT_CPU, &s->cpu, 0)) < 0 ||
+      (rc = Call(SYS_prlimit64, 0, RLIMIT_FSIZE, &s->fsize, 0)) < 0 ||
+      (rc = Call(SYS_prlimit64, 0, RLIMIT_NOFILE, &s->nofile, 0)) < 0 ||
+      (rc = Call(SYS_prlimit64, 0, RLIMIT_CORE, &core, 0)) < 0)
+    fail("setrlimit", rc);
+  long adj = Call(SYS_open, "/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+  if (adj >= 0) {
+    raw::Write(static_cast<int>(adj), "0", 1);  // the runner is -1000; the program is an ordinary victim
+    Call(SYS_close, adj);
+  }
+  if ((rc = Call(SYS_chdir, s->cwd)) < 0) fail("chdir to the working directory", rc);
+  if ((rc = Call(SYS_setgroups, 0, 0)) < 0 || (rc = Call(SYS_setresgid, s->gid, s->gid, s->gid)) < 0 ||
+      (rc = Call(SYS_setresuid, s->uid, s->uid, s->uid)) < 0)
+    fail("drop to the sandbox user", rc);
+  // The seccomp filter is already in place (the runner installed it off the
+  // per-run path); no_new_privs seals the drop across execve.
+  if ((rc = Call(SYS_prctl, PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)) < 0) fail("no_new_privs", rc);
+  int err = ENOENT;
+  for (const char* const* p = s->candidates; *p; ++p) {
+    rc = Call(SYS_execve, *p, s->argv, s->envp);
+    // Like execvp: remember EACCES, keep looking after ENOENT/ENOTDIR.
+    if (rc == -EACCES) err = EACCES;
+    else if (rc != -ENOENT && rc != -ENOTDIR) {
+      err = static_cast<int>(-rc);
+      break;
+    }
+  }
+  s->exec_errno = err;
+  raw::Exit(127);
+}
+
+}  // namespace
+
+int RunnerEntry(void* arg) {
+  auto* start = static_cast<RunnerStart*>(arg);
+  RunnerShared* s = start->shared;
+  Call(SYS_prctl, PR_SET_NAME, "dsec-runner");
+  Call(SYS_prctl, PR_SET_PDEATHSIG, SIGKILL);
+  // Signals: nothing blocked, default dispositions (the spawner blocks some
+  // for its signalfd and ignores SIGPIPE; the program must not inherit that).
+  unsigned long none = 0;
+  Call(SYS_rt_sigprocmask, SIG_SETMASK, &none, 0, sizeof none);
+  KernelSigaction dfl{SIG_DFL, 0, nullptr, 0};
+  Call(SYS_rt_sigaction, SIGPIPE, &dfl, 0, sizeof(unsigned long));
+
+  for (const char* path : s->cgroup_procs) {
+    if (!path) continue;
+    long fd = Call(SYS_open, path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0) Fail(s, "open the run's cgroup", fd);
+    CHECK(raw::Write(static_cast<int>(fd), "0", 1), "join the run's cgroup");
+    Call(SYS_close, fd);
+  }
+  if (s->net_ns >= 0) CHECK(Call(SYS_setns, s->net_ns, CLONE_NEWNET), "enter the net namespace");
+  CHECK(Call(SYS_setns, s->mnt_ns, CLONE_NEWNS), "enter the host root");
+  CHECK(Call(SYS_unshare, CLONE_NEWNS), "unshare the mount namespace");
+  CHECK(Call(SYS_mount, "work", "/work", "tmpfs", MS_NOSUID | MS_NODEV, s->work_opts), "mount /work");
+  CHECK(Call(SYS_mount, "tmp", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, s->tmp_opts), "mount /tmp");
+  CHECK(Call(SYS_mount, "proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, 0), "mount /proc");
+  CHECK(Call(SYS_chdir, "/work"), "chdir /work");
+  // Keep only what this sandbox needs: the spawner's other descriptors
+  // (other runners' pipes, namespaces) must not live on in here.
+  int keep[] = {s->ctl, s->out_w, s->err_w, s->in_r};
+  int lo = 3;
+  for (;;) {  // close every gap between the kept fds, in ascending order
+    int next = -1;
+    for (int k : keep)
+      if (k >= lo && (next < 0 || k < next)) next = k;
+    if (next < 0) {
+      Call(SYS_close_range, lo, ~0u, 0u);
+      break;
+    }
+    if (next > lo) Call(SYS_close_range, lo, next - 1, 0u);
+    lo = next + 1;
+  }
+  Call(SYS_prctl, PR_SET_DUMPABLE, 0, 0, 0, 0);
+  // Last: the sandbox's seccomp filter, inherited by the program. Nothing the
+  // runner does from here on needs a denied call.
+  CHECK(Call(SYS_prctl, PR_SET_SECCOMP, SECCOMP_MODE_FILTER, s->seccomp, 0, 0), "install seccomp");
+
+  char b = kRunnerReady;
+  if (raw::Write(s->ctl, &b, 1) != 1) raw::Exit(0);
+  long n;
+  do {
+    n = Call(SYS_read, s->ctl, &b, 1);
+  } while (n == -EINTR);
+  if (n != 1 || b != kRunnerGo) raw::Exit(0);  // the spawner dropped us
+
+  // glibc's clone() switches stacks and calls ChildMain there; it only
+  // touches errno if it fails, and then the run is lost anyway.
+  long child = ::clone(ChildMain, start->child_stack_top, CLONE_VM | CLONE_VFORK | SIGCHLD, s);
+  if (child < 0) Fail(s, "start the program", -EAGAIN);
+  Call(SYS_close, s->out_w);
+  Call(SYS_close, s->err_w);
+  Call(SYS_close, s->in_r);
+  // Reap everything; the program's own status is the one we record.
+  for (;;) {
+    int status = 0;
+    long p = Call(SYS_wait4, -1, &status, 0, 0);
+    if (p == -EINTR) continue;
+    if (p < 0) break;
+    if (p == child) {
+      s->wait_status = status;
+      s->reported = true;
+      break;
+    }
+  }
+  raw::Exit(0);
+}
+
+}  // namespace dsec::fncall

@@ -1,0 +1,29 @@
+// Effective limits of a run: per-exec overrides over the sandbox spec over the
+// node's defaults, checked against the node's maxima.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "dsec/status.hpp"
+#include "dsec/v1/types.pb.h"
+
+namespace dsec::drivers {
+
+struct LimitPolicy {
+  v1::Limits defaults;   // used where neither exec nor spec sets a value
+  v1::Limits maxima;     // a request above any of these is refused
+  size_t max_argv_env_bytes = 1 << 20;    // argv + env, bytes
+  size_t max_stdin_bytes = 16 << 20;
+  static LimitPolicy Default();
+};
+
+// Merges exec over spec over defaults; InvalidArgument naming the field and
+// the maximum when a value is out of range.
+Result<v1::Limits> EffectiveLimits(const LimitPolicy& policy, const v1::SandboxSpec& spec,
+                                   const v1::ExecRequest& exec);
+
+// Checks the size of argv/env/stdin and that argv is not empty.
+Status CheckExecRequest(const LimitPolicy& policy, const v1::ExecRequest& exec);
+
+}  // namespace dsec::drivers

@@ -1,0 +1,1 @@
+// (proto helpers arrive with the SDK)
