@@ -1,0 +1,45 @@
+// What the node's actors share: options, the store and its committer, the
+// drivers, the logger. Owned by dsecd's main; actors hold a shared_ptr.
+#pragma once
+
+#include <spdlog/logger.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "drivers/driver.hpp"
+#include "drivers/limits.hpp"
+#include "state/group_commit.hpp"
+#include "state/store.hpp"
+
+namespace dsec {
+
+struct NodeOptions {
+  std::string node_id;                  // stable across restarts (meta table)
+  uint64_t boot = 0;                    // how many times this data dir has started
+  std::string sdk_address;              // for status output
+  std::string admin_address;
+  drivers::LimitPolicy limits = drivers::LimitPolicy::Default();
+  size_t max_inflight_runs = 4096;      // one-shot runs; beyond: resource_exhausted
+  int max_restarts = 3;                 // supervisor: restarts of one child ...
+  int restart_window_s = 10;            // ... within this many seconds
+  bool test_hooks = false;              // honour crash injection (tests only)
+};
+
+struct NodeContext {
+  NodeOptions options;
+  state::Store* store = nullptr;
+  state::GroupCommitter* committer = nullptr;
+  drivers::Driver* fncall = nullptr;    // nullptr: fncall not available here
+  Status fncall_unavailable;            // why, when fncall == nullptr
+  std::shared_ptr<spdlog::logger> log;
+
+  // The driver for `kind` (auto and unspecified pick fncall, the only kind so
+  // far), or a status naming the kind and why it cannot run here.
+  Result<drivers::Driver*> DriverFor(v1::Kind kind) const;
+};
+
+int64_t NowMs();
+
+}  // namespace dsec

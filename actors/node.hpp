@@ -1,0 +1,35 @@
+// The node actor: one per host, the SDK entry point in role `all`. Runs
+// one-shot fncall runs itself (no actor or checkpoint per run: fncall has no
+// state), spawns and supervises sandbox and session actors (restart from
+// checkpoint, with a restart-intensity limit), rebuilds them from the store
+// at start, and answers the admin console.
+#pragma once
+
+#include <caf/all.hpp>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "actors/continuation.hpp"
+#include "actors/wire.hpp"
+
+namespace dsec {
+
+struct NodeContext;
+
+using admin_atom = caf::atom_constant<caf::atom("admin")>;
+
+// Beyond the entry interface:
+//   (admin_atom, command, args) -> one JSON object (as text) for the console:
+//       status, ls, inspect ID, kill ID, stats
+//   Continuation                 from the node's own callbacks only
+using node_actor = entry_actor::extend<
+    caf::replies_to<admin_atom, std::string, std::vector<std::string>>::with<std::string>,
+    caf::reacts_to<Continuation>>;
+
+// Spawns the node; it restores sandboxes and sessions from the store before
+// it handles its first message.
+node_actor SpawnNode(caf::actor_system& sys, std::shared_ptr<NodeContext> ctx);
+
+}  // namespace dsec

@@ -1,0 +1,183 @@
+// The node's answers to the admin console: each command yields one JSON
+// object; errors are {"ok":false,"error":"..."}.
+#include <google/protobuf/util/json_util.h>
+
+#include <nlohmann/json.hpp>
+
+#include "actors/node_state.hpp"
+#include "dsec/status_proto.hpp"
+#include "state/table.hpp"
+
+namespace dsec {
+
+namespace {
+
+using nlohmann::json;
+
+std::string Error(const std::string& msg) { return json{{"ok", false}, {"error", msg}}.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+json ProtoJson(const google::protobuf::Message& m) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions o;
+  o.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(m, &out, o);
+  return json::parse(out, nullptr, false);
+}
+
+json SandboxSummary(const v1::SandboxRecord& r) {
+  return json{{"id", r.id()},
+              {"kind", KindName(r.spec().kind())},
+              {"image", r.spec().image().empty() ? "host" : r.spec().image()},
+              {"phase", PhaseName(r.phase())},
+              {"created_ms", r.created_ms()},
+              {"restarts", r.restarts()}};
+}
+
+json SessionSummary(const v1::SessionRecord& r) {
+  const char* phase = r.phase() == v1::SESSION_PHASE_OPEN     ? "open"
+                      : r.phase() == v1::SESSION_PHASE_CLOSED ? "closed"
+                      : r.phase() == v1::SESSION_PHASE_FAILED ? "failed"
+                                                              : "opening";
+  return json{{"name", r.name()}, {"phase", phase}, {"steps", r.step_count()}, {"restarts", r.restarts()}};
+}
+
+std::string Status_(NodeSelf self) {
+  auto& st = self->state;
+  auto& ctx = *st.ctx;
+  json kinds = json::array(), unavailable = json::array();
+  if (ctx.fncall && ctx.fncall->Available().ok()) kinds.push_back("fncall");
+  else unavailable.push_back("fncall: " + (ctx.fncall ? ctx.fncall->Available() : ctx.fncall_unavailable).message());
+  for (const char* k : {"container", "microvm", "vm"}) unavailable.push_back(std::string(k) + ": not implemented yet");
+  return json{{"ok", true},
+              {"node", ctx.options.node_id},
+              {"boot", ctx.options.boot},
+              {"role", "all"},
+              {"version", DSEC_VERSION},
+              {"uptime_s", (NowMs() - st.started_ms) / 1000},
+              {"sdk", ctx.options.sdk_address},
+              {"admin", ctx.options.admin_address},
+              {"data", ctx.store->Describe()},
+              {"sandboxes", st.sandboxes.size()},
+              {"sessions", st.sessions.size()},
+              {"runs_in_flight", st.runs.size()},
+              {"kinds", kinds},
+              {"unavailable", unavailable}}
+      .dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string Ls(NodeSelf self) {
+  auto& st = self->state;
+  json sandboxes = json::array(), sessions = json::array(), runs = json::array();
+  (void)state::TypedTable<v1::SandboxRecord>(st.ctx->store, state::Table::kSandboxes)
+      .Scan("", [&](const std::string&, v1::SandboxRecord&& r) {
+        sandboxes.push_back(SandboxSummary(r));
+        return sandboxes.size() < 10000;
+      });
+  (void)state::TypedTable<v1::SessionRecord>(st.ctx->store, state::Table::kSessions)
+      .Scan("", [&](const std::string&, v1::SessionRecord&& r) {
+        sessions.push_back(SessionSummary(r));
+        return sessions.size() < 10000;
+      });
+  int64_t now = NowMs();
+  for (const auto& [id, info] : st.runs)
+    runs.push_back(json{{"id", id}, {"argv0", info.argv0}, {"age_ms", now - info.started_ms}});
+  return json{{"ok", true}, {"sandboxes", sandboxes}, {"sessions", sessions}, {"runs", runs}}.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string Stats(NodeSelf self) {
+  auto& st = self->state;
+  auto& c = st.counters;
+  auto cs = st.ctx->committer->stats();
+  json driver = st.ctx->fncall ? json::parse(st.ctx->fncall->StatsJson(), nullptr, false) : json(nullptr);
+  return json{{"ok", true},
+              {"runs", c.runs},
+              {"runs_ok", c.runs_ok},
+              {"runs_platform_error", c.runs_platform_error},
+              {"runs_in_flight", st.runs.size()},
+              {"rejected", c.rejected},
+              {"supervisor_restarts", c.restarts},
+              {"supervisor_gave_up", c.gave_up},
+              {"store_writes", cs.writes},
+              {"store_batches", cs.batches},
+              {"store_ops", cs.ops},
+              {"fncall", driver}}
+      .dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+}  // namespace
+
+caf::result<std::string> HandleAdmin(NodeSelf self, const std::string& cmd,
+                                     const std::vector<std::string>& args) {
+  auto& st = self->state;
+  auto need_id = [&]() -> std::string {
+    return args.size() == 1 ? std::string() : "usage: " + cmd + " ID (a sandbox, session or run id)";
+  };
+  if (cmd == "status") return Status_(self);
+  if (cmd == "ls") return Ls(self);
+  if (cmd == "stats") return Stats(self);
+  if (cmd == "inspect" || cmd == "kill") {
+    if (auto u = need_id(); !u.empty()) return Error(u);
+    const std::string& id = args[0];
+    bool kill = cmd == "kill";
+    if (auto r = st.runs.find(id); r != st.runs.end()) {
+      if (!kill)
+        return json{{"ok", true}, {"run", {{"id", id}, {"argv0", r->second.argv0},
+                                           {"age_ms", NowMs() - r->second.started_ms}}}}
+            .dump(-1, ' ', false, json::error_handler_t::replace);
+      Status s = st.ctx->fncall ? st.ctx->fncall->Kill(id, "killed by an operator (admin console)")
+                                : Status::NotFound("no fncall driver");
+      if (!s.ok()) return Error(s.message());
+      return json{{"ok", true}, {"killed", id}}.dump(-1, ' ', false, json::error_handler_t::replace);
+    }
+    if (auto sb = st.sandboxes.find(id); sb != st.sandboxes.end()) {
+      auto rp = self->make_response_promise<std::string>();
+      auto on_reply = [rp, kill](const v1::SandboxReply& r) mutable {
+        if (r.status().code() != v1::Status::OK) {
+          rp.deliver(Error(r.status().message()));
+          return;
+        }
+        json j{{"ok", true}, {"sandbox", ProtoJson(r.sandbox())}};
+        if (kill) j["killed"] = r.sandbox().id();
+        rp.deliver(j.dump(-1, ' ', false, json::error_handler_t::replace));
+      };
+      auto on_error = [rp, id](caf::error& e) mutable { rp.deliver(Error("sandbox " + id + ": " + caf::to_string(e))); };
+      if (kill) {
+        v1::DestroyRequest d;
+        d.set_sandbox_id(id);
+        self->request(sb->second, std::chrono::seconds(30), d).then(on_reply, on_error);
+      } else {
+        v1::GetSandboxRequest g;
+        g.set_sandbox_id(id);
+        self->request(sb->second, std::chrono::seconds(5), g).then(on_reply, on_error);
+      }
+      return rp;
+    }
+    if (auto se = st.sessions.find(id); se != st.sessions.end()) {
+      auto rp = self->make_response_promise<std::string>();
+      auto on_reply = [rp, kill](const v1::SessionReply& r) mutable {
+        if (r.status().code() != v1::Status::OK) {
+          rp.deliver(Error(r.status().message()));
+          return;
+        }
+        json j{{"ok", true}, {"session", ProtoJson(r.session())}};
+        if (kill) j["closed"] = r.session().name();
+        rp.deliver(j.dump(-1, ' ', false, json::error_handler_t::replace));
+      };
+      auto on_error = [rp, id](caf::error& e) mutable { rp.deliver(Error("session " + id + ": " + caf::to_string(e))); };
+      if (kill) {
+        v1::CloseSessionRequest c;
+        c.set_name(id);
+        self->request(se->second, std::chrono::seconds(30), c).then(on_reply, on_error);
+      } else {
+        v1::GetSessionRequest g;
+        g.set_name(id);
+        self->request(se->second, std::chrono::seconds(5), g).then(on_reply, on_error);
+      }
+      return rp;
+    }
+    return Error("no sandbox, session or run '" + id + "' on this node (ls lists them)");
+  }
+  return Error("unknown command '" + cmd + "' (help lists the commands)");
+}
+
+}  // namespace dsec

@@ -1,0 +1,51 @@
+// Internal to the node actor (node.cpp, node_admin.cpp): its state.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+
+#include "actors/context.hpp"
+#include "actors/node.hpp"
+#include "actors/sandbox.hpp"
+#include "actors/session.hpp"
+#include "actors/supervision.hpp"
+
+namespace dsec {
+
+struct RunInfo {
+  std::string argv0;
+  int64_t started_ms = 0;
+};
+
+struct NodeCounters {
+  uint64_t runs = 0;            // one-shot runs finished
+  uint64_t runs_ok = 0;
+  uint64_t runs_platform_error = 0;
+  uint64_t rejected = 0;        // requests refused before running (bad input, limits)
+  uint64_t restarts = 0;        // supervisor restarts
+  uint64_t gave_up = 0;         // children left down by the restart-intensity limit
+};
+
+struct NodeState {
+  std::shared_ptr<NodeContext> ctx;
+  std::unordered_map<std::string, sandbox_actor> sandboxes;
+  std::unordered_map<caf::actor_addr, std::string> sandbox_of;
+  std::unordered_map<std::string, session_actor> sessions;
+  std::unordered_map<caf::actor_addr, std::string> session_of;
+  std::unordered_map<std::string, RunInfo> runs;  // one-shot runs in flight
+  std::unique_ptr<RestartIntensity> intensity;
+  NodeCounters counters;
+  uint64_t next_run = 0;
+  int64_t started_ms = 0;
+  static constexpr const char* name = "node";
+};
+
+using NodeSelf = node_actor::stateful_pointer<NodeState>;
+
+// Admin console commands (node_admin.cpp).
+caf::result<std::string> HandleAdmin(NodeSelf self, const std::string& cmd,
+                                     const std::vector<std::string>& args);
+
+}  // namespace dsec

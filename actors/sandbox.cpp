@@ -1,0 +1,184 @@
+#include "actors/sandbox.hpp"
+
+#include <stdexcept>
+
+#include "actors/context.hpp"
+#include "dsec/status_proto.hpp"
+#include "state/table.hpp"
+
+namespace dsec {
+
+namespace {
+
+struct SandboxState {
+  std::shared_ptr<NodeContext> ctx;
+  v1::SandboxRecord rec;
+  drivers::Driver* driver = nullptr;
+  Status driver_status;  // why driver is null
+  uint64_t next_exec = 0;
+  bool destroying = false;
+  static constexpr const char* name = "sandbox";
+};
+
+using Self = sandbox_actor::stateful_pointer<SandboxState>;
+
+v1::SandboxReply Reply(const Status& st, const v1::SandboxRecord& rec) {
+  v1::SandboxReply r;
+  ToProto(st, r.mutable_status());
+  *r.mutable_sandbox() = rec;
+  return r;
+}
+
+// Checkpoints the record, then runs `then` on the actor with the outcome.
+void Checkpoint(Self self, std::function<void(const Status&)> then) {
+  auto& st = self->state;
+  st.rec.set_updated_ms(NowMs());
+  state::WriteBatch b;
+  state::TypedTable<v1::SandboxRecord>(st.ctx->store, state::Table::kSandboxes)
+      .Put(&b, st.rec.id(), st.rec);
+  auto handle = caf::actor_cast<sandbox_actor>(self);
+  st.ctx->committer->Submit(std::move(b), [handle, then](const Status& s) {
+    Post(handle, [then, s] { then(s); });
+  });
+}
+
+sandbox_actor::behavior_type Behavior(Self self) {
+  self->set_exception_handler([self](std::exception_ptr& e) -> caf::error {
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& ex) {
+      self->state.ctx->log->error("sandbox {}: crashed: {}", self->state.rec.id(), ex.what());
+      return caf::make_error(caf::sec::runtime_error, ex.what());
+    }
+  });
+  return {
+      [self](const v1::CreateRequest&) -> caf::result<v1::SandboxReply> {
+        auto& st = self->state;
+        if (st.rec.phase() != v1::SANDBOX_PHASE_PENDING)
+          return Reply(Status::FailedPrecondition("sandbox " + st.rec.id() + " already exists"), st.rec);
+        if (!st.driver) return Reply(st.driver_status, st.rec);
+        auto rp = self->make_response_promise<v1::SandboxReply>();
+        st.rec.set_phase(v1::SANDBOX_PHASE_STARTING);
+        auto handle = caf::actor_cast<sandbox_actor>(self);
+        st.driver->Create(st.rec, [handle, self, rp](const Status& s) mutable {
+          Post(handle, [self, rp, s]() mutable {
+            auto& st = self->state;
+            if (!s.ok()) {
+              st.rec.set_phase(v1::SANDBOX_PHASE_FAILED);
+              st.rec.set_error(s.message());
+            } else {
+              st.rec.set_phase(v1::SANDBOX_PHASE_RUNNING);
+            }
+            // Acknowledge only once the new phase is durable.
+            Checkpoint(self, [self, rp, s](const Status& w) mutable {
+              Status out = !s.ok() ? s : w.Annotate("sandbox " + self->state.rec.id() + ": checkpoint");
+              rp.deliver(Reply(out, self->state.rec));
+              if (!out.ok()) self->quit();
+            });
+          });
+        });
+        return rp;
+      },
+      [self](v1::ExecRequest& req) -> caf::result<v1::ExecReply> {
+        auto& st = self->state;
+        v1::ExecReply reply;
+        if (!st.driver) {
+          ToProto(st.driver_status.Annotate("sandbox " + st.rec.id()), reply.mutable_status());
+          return reply;
+        }
+        if (st.rec.phase() != v1::SANDBOX_PHASE_RUNNING || st.destroying) {
+          ToProto(Status::FailedPrecondition("sandbox " + st.rec.id() + " is " +
+                                             PhaseName(st.rec.phase()) + ", not running"),
+                  reply.mutable_status());
+          return reply;
+        }
+        Status ok = drivers::CheckExecRequest(st.ctx->options.limits, req);
+        auto limits = ok.ok() ? drivers::EffectiveLimits(st.ctx->options.limits, st.rec.spec(), req)
+                              : Result<v1::Limits>(ok);
+        if (!limits.ok()) {
+          ToProto(limits.status().Annotate("sandbox " + st.rec.id()), reply.mutable_status());
+          return reply;
+        }
+        *req.mutable_limits() = *limits;
+        auto rp = self->make_response_promise<v1::ExecReply>();
+        std::string run_id = st.rec.id() + "/" + std::to_string(++st.next_exec);
+        auto handle = caf::actor_cast<sandbox_actor>(self);
+        st.driver->Exec(st.rec, run_id, req, [handle, self, rp](Result<v1::ExecResult> r) mutable {
+          Post(handle, [self, rp, r = std::move(r)]() mutable {
+            v1::ExecReply reply;
+            auto& st = self->state;
+            st.rec.set_exec_count(st.rec.exec_count() + 1);
+            if (r.ok()) {
+              *reply.mutable_result() = std::move(*r);
+              reply.mutable_result()->set_sandbox_id(st.rec.id());
+            } else {
+              ToProto(r.status().Annotate("sandbox " + st.rec.id()), reply.mutable_status());
+            }
+            rp.deliver(std::move(reply));
+          });
+        });
+        return rp;
+      },
+      [self](const v1::DestroyRequest&) -> caf::result<v1::SandboxReply> {
+        auto& st = self->state;
+        auto rp = self->make_response_promise<v1::SandboxReply>();
+        if (!st.driver) {
+          rp.deliver(Reply(st.driver_status, st.rec));
+          return rp;
+        }
+        st.destroying = true;
+        st.rec.set_phase(v1::SANDBOX_PHASE_STOPPING);
+        auto handle = caf::actor_cast<sandbox_actor>(self);
+        st.driver->Destroy(st.rec, [handle, self, rp](const Status& s) mutable {
+          Post(handle, [self, rp, s]() mutable {
+            auto& st = self->state;
+            st.rec.set_phase(s.ok() ? v1::SANDBOX_PHASE_STOPPED : v1::SANDBOX_PHASE_FAILED);
+            if (!s.ok()) st.rec.set_error(s.message());
+            // A stopped sandbox leaves no row behind.
+            state::WriteBatch b;
+            b.Delete(state::Table::kSandboxes, st.rec.id());
+            st.ctx->committer->Submit(std::move(b), [handle = caf::actor_cast<sandbox_actor>(self), self,
+                                                     rp, s](const Status& w) mutable {
+              Post(handle, [self, rp, s, w]() mutable {
+                rp.deliver(Reply(s.ok() ? w : s, self->state.rec));
+                self->quit();
+              });
+            });
+          });
+        });
+        return rp;
+      },
+      [self](const v1::GetSandboxRequest&) { return Reply(Status::Ok(), self->state.rec); },
+      [self](Continuation& c) { c.fn(); },
+      [self](crash_atom) {
+        if (!self->state.ctx->options.test_hooks) return;
+        throw std::runtime_error("injected crash (test hook)");
+      },
+  };
+}
+
+sandbox_actor::behavior_type SandboxActor(Self self, std::shared_ptr<NodeContext> ctx,
+                                          v1::SandboxRecord record) {
+  auto& st = self->state;
+  st.ctx = std::move(ctx);
+  st.rec = std::move(record);
+  auto d = st.ctx->DriverFor(st.rec.spec().kind());
+  if (d.ok()) {
+    st.driver = *d;
+  } else {
+    // The record stays (a later start with the kind available re-adopts
+    // it); until then every operation says why it cannot be served.
+    st.driver_status = d.status();
+    st.ctx->log->warn("sandbox {}: {}", st.rec.id(), d.status().message());
+  }
+  return Behavior(self);
+}
+
+}  // namespace
+
+sandbox_actor SpawnSandbox(caf::local_actor* parent, std::shared_ptr<NodeContext> ctx,
+                           v1::SandboxRecord record) {
+  return parent->spawn<caf::monitored>(SandboxActor, std::move(ctx), std::move(record));
+}
+
+}  // namespace dsec

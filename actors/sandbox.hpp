@@ -1,0 +1,42 @@
+// The sandbox actor: one per sandbox. Its lifecycle (pending -> starting ->
+// running -> stopping -> stopped | failed) is a state machine; every
+// transition is checkpointed to the `sandboxes` table before it is
+// acknowledged, and every operation on one sandbox is serialised through it.
+// Supervised by the node, which restarts it from its checkpoint.
+#pragma once
+
+#include <caf/all.hpp>
+
+#include <memory>
+
+#include "actors/continuation.hpp"
+#include "actors/wire.hpp"
+
+namespace dsec {
+
+struct NodeContext;
+
+using crash_atom = caf::atom_constant<caf::atom("crash")>;
+
+// Messages, and when they are legal:
+//   CreateRequest      first message after spawn by the node (new sandbox)
+//   ExecRequest        while running
+//   DestroyRequest     any time; the actor quits after replying
+//   GetSandboxRequest  any time
+//   Continuation       from the actor's own callbacks only
+//   crash_atom         test hook: throws (node started with test hooks)
+using sandbox_actor = caf::typed_actor<
+    caf::replies_to<v1::CreateRequest>::with<v1::SandboxReply>,
+    caf::replies_to<v1::ExecRequest>::with<v1::ExecReply>,
+    caf::replies_to<v1::DestroyRequest>::with<v1::SandboxReply>,
+    caf::replies_to<v1::GetSandboxRequest>::with<v1::SandboxReply>,
+    caf::reacts_to<Continuation>,
+    caf::reacts_to<crash_atom>>;
+
+// Spawns a sandbox actor monitored by `parent` (its supervisor). `record` is
+// the sandbox to run: new (phase pending; a CreateRequest comes next) or
+// restored from its checkpoint (after a crash or a daemon restart).
+sandbox_actor SpawnSandbox(caf::local_actor* parent, std::shared_ptr<NodeContext> ctx,
+                           v1::SandboxRecord record);
+
+}  // namespace dsec

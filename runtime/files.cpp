@@ -1,0 +1,118 @@
+#include "runtime/files.hpp"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+
+namespace dsec {
+
+Result<std::string> ReadFileToString(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Status::FromErrno(errno, "read " + path);
+  std::string out;
+  char buf[8192];
+  for (;;) {
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      int e = errno;
+      ::close(fd);
+      return Status::FromErrno(e, "read " + path);
+    }
+    if (n == 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return out;
+}
+
+Status WriteFileAtomic(const std::string& path, const std::string& content, mode_t mode) {
+  std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
+  if (fd < 0) return Status::FromErrno(errno, "write " + tmp);
+  ::fchmod(fd, mode);  // the umask must not widen or narrow a secret's mode
+  size_t off = 0;
+  while (off < content.size()) {
+    ssize_t n = ::write(fd, content.data() + off, content.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      int e = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return Status::FromErrno(e, "write " + tmp);
+    }
+    off += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) < 0 || ::close(fd) < 0) {
+    ::unlink(tmp.c_str());
+    return Status::FromErrno(errno, "fsync " + tmp);
+  }
+  if (::rename(tmp.c_str(), path.c_str()) < 0) {
+    int e = errno;
+    ::unlink(tmp.c_str());
+    return Status::FromErrno(e, "rename " + tmp + " to " + path);
+  }
+  return Status::Ok();
+}
+
+Status MakeDirs(const std::string& path, mode_t mode) {
+  std::string cur;
+  size_t pos = 0;
+  while (pos != std::string::npos) {
+    pos = path.find('/', pos + 1);
+    cur = path.substr(0, pos);
+    if (cur.empty()) continue;
+    if (::mkdir(cur.c_str(), mode) < 0 && errno != EEXIST) return Status::FromErrno(errno, "mkdir " + cur);
+  }
+  return Status::Ok();
+}
+
+std::string RandomHex(size_t chars) {
+  std::string bytes((chars + 1) / 2, '\0');
+  size_t got = 0;
+  while (got < bytes.size()) {
+    ssize_t n = ::getrandom(bytes.data() + got, bytes.size() - got, 0);
+    if (n > 0) got += static_cast<size_t>(n);
+  }
+  static const char* kHex = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : bytes) {
+    out += kHex[c >> 4];
+    out += kHex[c & 15];
+  }
+  out.resize(chars);
+  return out;
+}
+
+Result<std::string> LoadOrCreateToken(const std::string& path) {
+  auto existing = ReadFileToString(path);
+  if (existing.ok()) {
+    std::string t = *existing;
+    while (!t.empty() && (t.back() == '\n' || t.back() == '\r' || t.back() == ' ')) t.pop_back();
+    if (t.empty()) return Status::FailedPrecondition("admin token file " + path + " is empty; delete it and restart dsecd to make a new one");
+    struct stat st;
+    if (::stat(path.c_str(), &st) == 0 && (st.st_mode & 077))
+      ::chmod(path.c_str(), 0600);  // never leave a token readable by others
+    return t;
+  }
+  if (existing.status().code() != Status::Code::kNotFound) return existing.status();
+  std::string token = RandomHex(32);
+  DSEC_RETURN_IF_ERROR(WriteFileAtomic(path, token + "\n", 0600));
+  return token;
+}
+
+std::string AbsolutePath(const std::string& path) {
+  if (!path.empty() && path[0] == '/') return path;
+  char cwd[PATH_MAX];
+  if (!::getcwd(cwd, sizeof cwd)) return path;
+  std::string p = path;
+  while (p.rfind("./", 0) == 0) p = p.substr(2);
+  return std::string(cwd) + "/" + p;
+}
+
+}  // namespace dsec

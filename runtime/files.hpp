@@ -1,0 +1,25 @@
+// Small file helpers for the data dir: atomic writes, secret files, the
+// daemon's endpoint file.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+
+#include "dsec/status.hpp"
+
+namespace dsec {
+
+Result<std::string> ReadFileToString(const std::string& path);
+// Writes via a temporary file + rename, so readers never see half a file.
+Status WriteFileAtomic(const std::string& path, const std::string& content, mode_t mode = 0644);
+// mkdir -p.
+Status MakeDirs(const std::string& path, mode_t mode = 0755);
+// The admin token at `path`, created (32 random hex chars, mode 0600) when absent.
+Result<std::string> LoadOrCreateToken(const std::string& path);
+// Random lowercase hex of `chars` characters from /dev/urandom.
+std::string RandomHex(size_t chars);
+// Absolute form of `path` (need not exist).
+std::string AbsolutePath(const std::string& path);
+
+}  // namespace dsec

@@ -1,0 +1,122 @@
+// The dsec C++ SDK: what a trainer links. dsec::Client talks to a dsecd
+// (role all) over CAF's network layer; every call returns errors as values
+// (dsec::Status / dsec::Result), has a finite timeout, and the client
+// reconnects by itself after the daemon restarts. Thread-safe: call it from
+// as many threads as you like, or use the *Async forms for thousands of
+// concurrent runs from one thread.
+//
+//   auto client = dsec::Client::Connect();              // 127.0.0.1:7400
+//   if (!client.ok()) { ... client.status().ToString() ... }
+//   auto r = (*client)->Run(dsec::FncallSpec(), dsec::Command({"python3", "-c", "print(6*7)"}));
+//   if (r.ok()) std::cout << r->stdout();                // "42\n"
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <future>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dsec/status.hpp"
+#include "dsec/v1/service.pb.h"
+#include "dsec/v1/types.pb.h"
+
+namespace dsec {
+
+struct ClientOptions {
+  // host:port of the dsecd SDK entry (dsecd --listen). Default 127.0.0.1:7400.
+  std::string address = "127.0.0.1:7400";
+  // How long Connect waits for the first connection (default 5 s).
+  std::chrono::milliseconds connect_timeout{5000};
+  // Timeout of calls that run nothing (create, get, open, ...), default 30 s.
+  // Runs, execs and steps wait for their own time limit plus this.
+  std::chrono::milliseconds rpc_timeout{30000};
+  // SDK worker threads (default 2).
+  size_t threads = 2;
+};
+
+class Client;
+
+// A sandbox created with Client::Create. Cheap to copy; valid while its
+// Client lives.
+class Sandbox {
+ public:
+  const std::string& id() const { return id_; }
+  Result<v1::ExecResult> Exec(v1::ExecRequest req) const;
+  std::future<Result<v1::ExecResult>> ExecAsync(v1::ExecRequest req) const;
+  Result<v1::SandboxRecord> Get() const;
+  Status Destroy() const;
+
+ private:
+  friend class Client;
+  Sandbox(Client* c, std::string id) : client_(c), id_(std::move(id)) {}
+  Client* client_;
+  std::string id_;
+};
+
+// A rollout session (DESIGN.md section 4): steps are numbered from 0; a
+// step already in the log is answered from it (fast-forward) without running
+// again, so a restarted trainer can replay its rollout from the start.
+class Session {
+ public:
+  const std::string& name() const { return name_; }
+  Result<v1::StepReply> Step(uint64_t index, v1::ExecRequest req) const;
+  std::future<Result<v1::StepReply>> StepAsync(uint64_t index, v1::ExecRequest req) const;
+  Result<v1::SessionRecord> Get() const;
+  Status Close() const;
+
+ private:
+  friend class Client;
+  Session(Client* c, std::string name) : client_(c), name_(std::move(name)) {}
+  Client* client_;
+  std::string name_;
+};
+
+class Client {
+ public:
+  // Connects to dsecd; Unavailable (saying where and what to check) when it
+  // cannot be reached within options.connect_timeout.
+  static Result<std::unique_ptr<Client>> Connect(ClientOptions options = {});
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  // One-shot run in a fresh fncall sandbox.
+  Result<v1::ExecResult> Run(const v1::SandboxSpec& spec, v1::ExecRequest exec);
+  std::future<Result<v1::ExecResult>> RunAsync(const v1::SandboxSpec& spec, v1::ExecRequest exec);
+  // Callback form: `done` runs on an SDK thread; keep it short.
+  void RunAsync(const v1::SandboxSpec& spec, v1::ExecRequest exec,
+                std::function<void(Result<v1::ExecResult>)> done);
+
+  Result<Sandbox> Create(const v1::SandboxSpec& spec);
+  // A handle to an existing sandbox (NotFound when the node has none by that id).
+  Result<Sandbox> Attach(const std::string& sandbox_id);
+
+  // Opens a session by name, or re-opens it (idempotent with the same spec).
+  Result<Session> OpenSession(const std::string& name, const v1::SandboxSpec& spec);
+  // A handle to a session that is already open (no call is made; its calls
+  // fail with NotFound if there is none by that name).
+  Session SessionHandle(const std::string& name) { return Session(this, name); }
+
+  // Connected right now (the client reconnects by itself when not).
+  bool connected() const;
+  // Connections made so far (1 after Connect; +1 per reconnect).
+  uint64_t connections() const;
+  const ClientOptions& options() const;
+
+  struct Impl;
+
+ private:
+  friend class Sandbox;
+  friend class Session;
+  explicit Client(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Helpers to build requests.
+v1::ExecRequest Command(std::vector<std::string> argv);
+v1::SandboxSpec FncallSpec();
+
+}  // namespace dsec

@@ -1,0 +1,235 @@
+#include "dsec/client.hpp"
+
+#include <caf/all.hpp>
+#include <caf/io/all.hpp>
+
+#include "actors/wire.hpp"
+#include "dsec/status_proto.hpp"
+#include "sdk/src/client_agent.hpp"
+
+namespace dsec {
+
+struct Client::Impl {
+  ClientOptions options;
+  std::string host;
+  uint16_t port = 0;
+  sdk::AgentShared shared;
+  std::unique_ptr<caf::actor_system_config> cfg;
+  std::unique_ptr<caf::actor_system> sys;
+  caf::actor agent;
+
+  ~Impl() {
+    if (agent) caf::anon_send_exit(agent, caf::exit_reason::user_shutdown);
+    agent = nullptr;
+    sys.reset();  // waits for the agent
+  }
+
+  Status ToStatus(const caf::error& e, std::chrono::milliseconds timeout) const {
+    std::string where = host + ":" + std::to_string(port);
+    if (e == caf::sec::request_timeout)
+      return Status::DeadlineExceeded("no reply from dsecd at " + where + " within " +
+                                      std::to_string(timeout.count()) + " ms");
+    if (e.category() == caf::atom("system") &&
+        static_cast<caf::sec>(e.code()) == caf::sec::request_receiver_down &&
+        e.context().match_elements<std::string>())
+      return Status::Unavailable(e.context().get_as<std::string>(0));
+    if (e == caf::sec::unexpected_message)
+      return Status::Internal("dsecd at " + where + " did not understand the request (version mismatch?)");
+    return Status::Unavailable("dsecd at " + where + ": " + sys->render(e));
+  }
+
+  template <class Reply, class Request>
+  void Call(Request req, std::chrono::milliseconds timeout, std::function<void(Result<Reply>)> done) {
+    auto shared_done = std::make_shared<std::function<void(Result<Reply>)>>(std::move(done));
+    sdk::CallMsg call;
+    call.timeout = timeout;
+    call.fail = [this, timeout, shared_done](const caf::error& e) { (*shared_done)(ToStatus(e, timeout)); };
+    call.send = [this, timeout, shared_done, req = std::move(req)](
+                    caf::event_based_actor* self, const caf::actor& entry, std::function<bool()> claim) {
+      self->request(entry, timeout, req)
+          .then(
+              [shared_done, claim](Reply& r) {
+                if (!claim()) return;
+                if (r.status().code() != v1::Status::OK) return (*shared_done)(FromProto(r.status()));
+                (*shared_done)(std::move(r));
+              },
+              [this, timeout, shared_done, claim](caf::error& e) {
+                if (claim()) (*shared_done)(ToStatus(e, timeout));
+              });
+    };
+    caf::anon_send(agent, std::move(call));
+  }
+
+  template <class Reply, class Request>
+  Result<Reply> CallSync(Request req, std::chrono::milliseconds timeout) {
+    std::promise<Result<Reply>> p;
+    auto f = p.get_future();
+    Call<Reply>(std::move(req), timeout, [&p](Result<Reply> r) { p.set_value(std::move(r)); });
+    return f.get();
+  }
+
+  // Runs wait for their own time limit, plus the RPC margin.
+  std::chrono::milliseconds ExecTimeout(const v1::SandboxSpec& spec, const v1::ExecRequest& exec) const {
+    uint32_t limit = exec.limits().timeout_ms() ? exec.limits().timeout_ms()
+                     : spec.limits().timeout_ms() ? spec.limits().timeout_ms()
+                                                  : 30'000;
+    return std::chrono::milliseconds(limit) + options.rpc_timeout;
+  }
+};
+
+Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Client::~Client() = default;
+
+Result<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  auto colon = options.address.rfind(':');
+  if (colon == std::string::npos || colon == 0)
+    return Status::InvalidArgument("address '" + options.address + "' is not host:port");
+  impl->host = options.address.substr(0, colon);
+  try {
+    int port = std::stoi(options.address.substr(colon + 1));
+    if (port <= 0 || port > 65535) throw std::out_of_range("port");
+    impl->port = static_cast<uint16_t>(port);
+  } catch (const std::exception&) {
+    return Status::InvalidArgument("address '" + options.address + "' has no valid port");
+  }
+  impl->cfg = std::make_unique<caf::actor_system_config>();
+  CafOptions caf_opts;
+  caf_opts.scheduler_threads = options.threads;
+  ConfigureCaf(*impl->cfg, caf_opts);
+  impl->sys = std::make_unique<caf::actor_system>(*impl->cfg);
+  impl->agent = sdk::SpawnAgent(*impl->sys, impl->host, impl->port, options.connect_timeout, &impl->shared);
+  // Wait for the first connection: a cheap GetSandboxRequest for an id that
+  // cannot exist tells us the node answers.
+  v1::GetSandboxRequest probe;
+  probe.set_sandbox_id("");
+  auto r = impl->CallSync<v1::SandboxReply>(probe, options.connect_timeout);
+  if (!r.ok() && r.status().code() != Status::Code::kNotFound) return r.status();
+  return std::unique_ptr<Client>(new Client(std::move(impl)));
+}
+
+bool Client::connected() const { return impl_->shared.connected; }
+uint64_t Client::connections() const { return impl_->shared.connections; }
+const ClientOptions& Client::options() const { return impl_->options; }
+
+void Client::RunAsync(const v1::SandboxSpec& spec, v1::ExecRequest exec,
+                      std::function<void(Result<v1::ExecResult>)> done) {
+  auto timeout = impl_->ExecTimeout(spec, exec);
+  v1::RunRequest req;
+  *req.mutable_spec() = spec;
+  *req.mutable_exec() = std::move(exec);
+  impl_->Call<v1::RunReply>(std::move(req), timeout, [done = std::move(done)](Result<v1::RunReply> r) {
+    if (!r.ok()) return done(r.status());
+    done(std::move(*r->mutable_result()));
+  });
+}
+
+std::future<Result<v1::ExecResult>> Client::RunAsync(const v1::SandboxSpec& spec, v1::ExecRequest exec) {
+  auto p = std::make_shared<std::promise<Result<v1::ExecResult>>>();
+  auto f = p->get_future();
+  RunAsync(spec, std::move(exec), [p](Result<v1::ExecResult> r) { p->set_value(std::move(r)); });
+  return f;
+}
+
+Result<v1::ExecResult> Client::Run(const v1::SandboxSpec& spec, v1::ExecRequest exec) {
+  return RunAsync(spec, std::move(exec)).get();
+}
+
+Result<Sandbox> Client::Create(const v1::SandboxSpec& spec) {
+  v1::CreateRequest req;
+  *req.mutable_spec() = spec;
+  auto r = impl_->CallSync<v1::SandboxReply>(std::move(req), impl_->options.rpc_timeout);
+  if (!r.ok()) return r.status();
+  return Sandbox(this, r->sandbox().id());
+}
+
+Result<Sandbox> Client::Attach(const std::string& sandbox_id) {
+  v1::GetSandboxRequest req;
+  req.set_sandbox_id(sandbox_id);
+  auto r = impl_->CallSync<v1::SandboxReply>(std::move(req), impl_->options.rpc_timeout);
+  if (!r.ok()) return r.status();
+  return Sandbox(this, sandbox_id);
+}
+
+Result<Session> Client::OpenSession(const std::string& name, const v1::SandboxSpec& spec) {
+  v1::OpenSessionRequest req;
+  req.set_name(name);
+  *req.mutable_spec() = spec;
+  auto r = impl_->CallSync<v1::SessionReply>(std::move(req), impl_->options.rpc_timeout);
+  if (!r.ok()) return r.status();
+  return Session(this, name);
+}
+
+std::future<Result<v1::ExecResult>> Sandbox::ExecAsync(v1::ExecRequest req) const {
+  auto p = std::make_shared<std::promise<Result<v1::ExecResult>>>();
+  auto f = p->get_future();
+  req.set_sandbox_id(id_);
+  auto timeout = client_->impl_->ExecTimeout(v1::SandboxSpec(), req);
+  client_->impl_->Call<v1::ExecReply>(std::move(req), timeout, [p](Result<v1::ExecReply> r) {
+    if (!r.ok()) return p->set_value(r.status());
+    p->set_value(std::move(*r->mutable_result()));
+  });
+  return f;
+}
+
+Result<v1::ExecResult> Sandbox::Exec(v1::ExecRequest req) const { return ExecAsync(std::move(req)).get(); }
+
+Result<v1::SandboxRecord> Sandbox::Get() const {
+  v1::GetSandboxRequest req;
+  req.set_sandbox_id(id_);
+  auto r = client_->impl_->CallSync<v1::SandboxReply>(std::move(req), client_->impl_->options.rpc_timeout);
+  if (!r.ok()) return r.status();
+  return std::move(*r->mutable_sandbox());
+}
+
+Status Sandbox::Destroy() const {
+  v1::DestroyRequest req;
+  req.set_sandbox_id(id_);
+  return client_->impl_->CallSync<v1::SandboxReply>(std::move(req), client_->impl_->options.rpc_timeout).status();
+}
+
+std::future<Result<v1::StepReply>> Session::StepAsync(uint64_t index, v1::ExecRequest req) const {
+  auto p = std::make_shared<std::promise<Result<v1::StepReply>>>();
+  auto f = p->get_future();
+  v1::StepRequest step;
+  step.set_session(name_);
+  step.set_index(index);
+  auto timeout = client_->impl_->ExecTimeout(v1::SandboxSpec(), req);
+  *step.mutable_exec() = std::move(req);
+  client_->impl_->Call<v1::StepReply>(std::move(step), timeout,
+                                      [p](Result<v1::StepReply> r) { p->set_value(std::move(r)); });
+  return f;
+}
+
+Result<v1::StepReply> Session::Step(uint64_t index, v1::ExecRequest req) const {
+  return StepAsync(index, std::move(req)).get();
+}
+
+Result<v1::SessionRecord> Session::Get() const {
+  v1::GetSessionRequest req;
+  req.set_name(name_);
+  auto r = client_->impl_->CallSync<v1::SessionReply>(std::move(req), client_->impl_->options.rpc_timeout);
+  if (!r.ok()) return r.status();
+  return std::move(*r->mutable_session());
+}
+
+Status Session::Close() const {
+  v1::CloseSessionRequest req;
+  req.set_name(name_);
+  return client_->impl_->CallSync<v1::SessionReply>(std::move(req), client_->impl_->options.rpc_timeout).status();
+}
+
+v1::ExecRequest Command(std::vector<std::string> argv) {
+  v1::ExecRequest r;
+  for (auto& a : argv) r.add_argv(std::move(a));
+  return r;
+}
+
+v1::SandboxSpec FncallSpec() {
+  v1::SandboxSpec s;
+  s.set_kind(v1::KIND_FNCALL);
+  return s;
+}
+
+}  // namespace dsec

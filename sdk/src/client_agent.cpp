@@ -1,0 +1,160 @@
+#include "sdk/src/client_agent.hpp"
+
+#include <caf/io/all.hpp>
+
+#include <deque>
+#include <unordered_map>
+
+#include "actors/wire.hpp"
+
+namespace dsec::sdk {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using tick_atom = caf::atom_constant<caf::atom("tick")>;
+
+struct Queued {
+  Clock::time_point deadline;
+  CallMsg call;
+};
+
+struct AgentState {
+  std::string host;
+  uint16_t port = 0;
+  std::chrono::milliseconds connect_timeout{5000};
+  AgentShared* shared = nullptr;
+  caf::actor entry;
+  bool connecting = false, ticking = false;
+  std::chrono::milliseconds backoff{50};
+  std::string last_error = "not connected yet";
+  std::deque<Queued> queued;
+  std::unordered_map<uint64_t, CallMsg> inflight;
+  uint64_t next_id = 0;
+  static constexpr const char* name = "dsec_sdk_agent";
+};
+
+using Self = caf::stateful_actor<AgentState>*;
+
+std::string Where(Self self) { return self->state.host + ":" + std::to_string(self->state.port); }
+
+void Dispatch(Self self, CallMsg call) {
+  auto& st = self->state;
+  uint64_t id = ++st.next_id;
+  auto send = call.send;
+  st.inflight.emplace(id, std::move(call));
+  auto claim = [self, id] { return self->state.inflight.erase(id) == 1; };
+  send(self, st.entry, claim);
+}
+
+// Fails queued calls whose deadline passed; keeps ticking while any wait.
+void Expire(Self self) {
+  auto& st = self->state;
+  auto now = Clock::now();
+  for (auto it = st.queued.begin(); it != st.queued.end();) {
+    if (it->deadline <= now) {
+      auto fail = std::move(it->call.fail);
+      it = st.queued.erase(it);
+      fail(Disconnected("cannot reach dsecd at " + Where(self) + ": " + st.last_error +
+                        " (is dsecd running? `dsecctl status` checks)"));
+    } else {
+      ++it;
+    }
+  }
+  if (!st.queued.empty() && !st.ticking) {
+    st.ticking = true;
+    self->delayed_send(self, std::chrono::milliseconds(50), tick_atom::value);
+  }
+}
+
+void Connect(Self self) {
+  auto& st = self->state;
+  if (st.connecting || st.entry) return;
+  st.connecting = true;
+  auto mm = self->system().middleman().actor_handle();
+  self->request(mm, st.connect_timeout, caf::connect_atom::value, st.host, st.port)
+      .then(
+          [self](const caf::node_id&, caf::strong_actor_ptr& ptr, const std::set<std::string>& ifs) {
+            auto& st = self->state;
+            st.connecting = false;
+            if (!ptr) {
+              st.last_error = "nothing is published there";
+            } else if (!self->system().assignable<entry_actor>(ifs)) {
+              st.last_error = "the actor published there is not a dsec entry (different dsec version?)";
+            } else {
+              st.entry = caf::actor_cast<caf::actor>(std::move(ptr));
+              self->monitor(st.entry);
+              st.backoff = std::chrono::milliseconds(50);
+              st.shared->connections++;
+              st.shared->connected = true;
+              auto queued = std::move(st.queued);
+              st.queued.clear();
+              for (auto& q : queued) Dispatch(self, std::move(q.call));
+              return;
+            }
+            self->delayed_send(self, st.backoff, caf::connect_atom::value);
+          },
+          [self](caf::error& err) {
+            auto& st = self->state;
+            st.connecting = false;
+            st.last_error = self->system().render(err);
+            self->delayed_send(self, st.backoff, caf::connect_atom::value);
+            st.backoff = std::min(st.backoff * 2, std::chrono::milliseconds(1000));
+            Expire(self);
+          });
+}
+
+caf::behavior Agent(Self self, std::string host, uint16_t port, std::chrono::milliseconds connect_timeout,
+                    AgentShared* shared) {
+  auto& st = self->state;
+  st.host = std::move(host);
+  st.port = port;
+  st.connect_timeout = connect_timeout;
+  st.shared = shared;
+  self->set_down_handler([self](caf::down_msg& dm) {
+    auto& st = self->state;
+    if (dm.source != st.entry.address()) return;
+    st.entry = nullptr;
+    st.shared->connected = false;
+    st.last_error = "connection lost (" + self->system().render(dm.reason) + ")";
+    // CAF would let these wait out their timeouts; fail them now.
+    auto inflight = std::move(st.inflight);
+    st.inflight.clear();
+    for (auto& [id, call] : inflight)
+      call.fail(Disconnected("the connection to dsecd at " + Where(self) +
+                             " was lost while the request was in flight; it may or may not have "
+                             "been carried out"));
+    Connect(self);
+  });
+  Connect(self);
+  return {
+      [self](CallMsg& call) {
+        auto& st = self->state;
+        if (st.entry) {
+          Dispatch(self, std::move(call));
+          return;
+        }
+        st.queued.push_back(Queued{Clock::now() + call.timeout, std::move(call)});
+        Connect(self);
+        Expire(self);
+      },
+      [self](caf::connect_atom) { Connect(self); },
+      [self](tick_atom) {
+        self->state.ticking = false;
+        Expire(self);
+      },
+  };
+}
+
+}  // namespace
+
+caf::error Disconnected(const std::string& why) {
+  return caf::make_error(caf::sec::request_receiver_down, why);
+}
+
+caf::actor SpawnAgent(caf::actor_system& sys, std::string host, uint16_t port,
+                      std::chrono::milliseconds connect_timeout, AgentShared* shared) {
+  return sys.spawn(Agent, std::move(host), port, connect_timeout, shared);
+}
+
+}  // namespace dsec::sdk

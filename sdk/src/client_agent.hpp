@@ -1,0 +1,41 @@
+// The SDK's one actor: holds the connection to dsecd's entry actor,
+// reconnects after a loss, and forwards calls with their timeouts. Calls that
+// arrive while disconnected wait (until their own deadline) for the next
+// connection; calls in flight when the connection drops fail at once with
+// Unavailable instead of waiting out their timeout.
+#pragma once
+
+#include <caf/all.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <string>
+
+namespace dsec::sdk {
+
+// One call. The agent decides when it can be sent; `send` then issues the
+// typed request from the agent to the entry actor and, when the reply or
+// error arrives, delivers it only if `claim()` returns true (false: the agent
+// already failed the call, e.g. on a disconnect). `fail` delivers the
+// agent's own errors. Both run on the agent's thread.
+struct CallMsg {
+  std::chrono::milliseconds timeout;
+  std::function<void(caf::event_based_actor* self, const caf::actor& entry, std::function<bool()> claim)> send;
+  std::function<void(const caf::error&)> fail;
+};
+
+struct AgentShared {
+  std::atomic<bool> connected{false};
+  std::atomic<uint64_t> connections{0};
+};
+
+caf::actor SpawnAgent(caf::actor_system& sys, std::string host, uint16_t port,
+                      std::chrono::milliseconds connect_timeout, AgentShared* shared);
+
+// Errors the agent reports (as caf::error with this category).
+caf::error Disconnected(const std::string& why);
+
+}  // namespace dsec::sdk
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(dsec::sdk::CallMsg)

@@ -1,0 +1,468 @@
+// dsecctl: sandbox commands through the SDK (run, create, exec, rm, session)
+// and admin commands through the admin console (status, ls, inspect, kill,
+// stats). `dsecctl run` behaves like `docker run`: the program's own exit
+// code; 124 time limit; 128+N killed by signal N (137 for the memory and
+// output limits, which kill); 125 platform error; 126/127 not executable /
+// not found.
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <google/protobuf/util/json_util.h>
+#include <nlohmann/json.hpp>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <cstdlib>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "dsec/client.hpp"
+#include "dsec/status_proto.hpp"
+#include "runtime/files.hpp"
+
+namespace {
+
+constexpr int kPlatformError = 125;
+
+std::string Env(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : fallback;
+}
+
+struct Common {
+  std::string addr = Env("DSEC_ADDR", "127.0.0.1:7400");
+  std::string admin = Env("DSEC_ADMIN", "127.0.0.1:7401");
+  std::string data_dir = Env("DSEC_DATA_DIR", "./dsec-data");
+  std::string token = Env("DSEC_TOKEN", "");
+  std::string token_file;
+  double connect_timeout_s = 5;
+};
+
+struct LimitFlags {
+  std::string kind = "fncall";
+  std::string image;
+  double timeout_s = 0;
+  double cpu_time_s = 0;
+  std::string memory;
+  std::string output_limit;
+  uint32_t pids = 0;
+  double cpus = 0;
+  std::vector<std::string> env;
+  std::string cwd;
+};
+
+void AddLimitFlags(CLI::App* c, LimitFlags* l, bool spec_only = false) {
+  if (!spec_only) {
+    c->add_option("--kind", l->kind, "fncall | container | microvm | vm | auto")->capture_default_str();
+    c->add_option("--image", l->image, "image name (default: the built-in host image)");
+  }
+  c->add_option("--timeout", l->timeout_s, "wall-clock limit, seconds (default 30)");
+  c->add_option("--cpu-time", l->cpu_time_s, "CPU-time limit, seconds");
+  c->add_option("--memory", l->memory, "memory limit: bytes or 64k/64m/1g (default 512m)");
+  c->add_option("--output-limit", l->output_limit, "cap per output stream (default 1m)");
+  c->add_option("--pids", l->pids, "max processes (default 256)");
+  c->add_option("--cpus", l->cpus, "CPU quota in cores, e.g. 0.5");
+  c->add_option("-e,--env", l->env, "KEY=VALUE, repeatable");
+  c->add_option("--cwd", l->cwd, "working directory (default /work)");
+}
+
+bool ParseSize(const std::string& s, uint64_t* out) {
+  if (s.empty()) return false;
+  char* end = nullptr;
+  double v = std::strtod(s.c_str(), &end);
+  if (end == s.c_str() || v < 0) return false;
+  std::string unit(end);
+  for (auto& ch : unit) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  if (unit == "" || unit == "b") *out = static_cast<uint64_t>(v);
+  else if (unit == "k" || unit == "kb" || unit == "kib") *out = static_cast<uint64_t>(v * 1024);
+  else if (unit == "m" || unit == "mb" || unit == "mib") *out = static_cast<uint64_t>(v * 1024 * 1024);
+  else if (unit == "g" || unit == "gb" || unit == "gib") *out = static_cast<uint64_t>(v * 1024 * 1024 * 1024);
+  else return false;
+  return true;
+}
+
+// Fills spec and exec limits from flags; "" or what is wrong.
+std::string ApplyLimits(const LimitFlags& l, dsec::v1::Limits* lim) {
+  if (l.timeout_s < 0 || l.cpu_time_s < 0 || l.cpus < 0) return "limits must not be negative";
+  if (l.timeout_s > 0) lim->set_timeout_ms(static_cast<uint32_t>(l.timeout_s * 1000));
+  if (l.cpu_time_s > 0) lim->set_cpu_time_ms(static_cast<uint32_t>(l.cpu_time_s * 1000));
+  uint64_t v = 0;
+  if (!l.memory.empty()) {
+    if (!ParseSize(l.memory, &v)) return "--memory '" + l.memory + "' is not a size (e.g. 64m)";
+    lim->set_memory_bytes(v);
+  }
+  if (!l.output_limit.empty()) {
+    if (!ParseSize(l.output_limit, &v)) return "--output-limit '" + l.output_limit + "' is not a size";
+    lim->set_output_bytes(v);
+  }
+  if (l.pids) lim->set_pids(l.pids);
+  if (l.cpus > 0) lim->set_cpu_millis(static_cast<uint32_t>(l.cpus * 1000));
+  return {};
+}
+
+std::string BuildSpec(const LimitFlags& l, dsec::v1::SandboxSpec* spec) {
+  dsec::v1::Kind kind;
+  if (!dsec::ParseKind(l.kind, &kind)) return "--kind '" + l.kind + "' is not one of fncall, container, microvm, vm, auto";
+  spec->set_kind(kind);
+  spec->set_image(l.image);
+  return ApplyLimits(l, spec->mutable_limits());
+}
+
+std::string BuildExec(const LimitFlags& l, const std::vector<std::string>& cmd, dsec::v1::ExecRequest* exec) {
+  for (const auto& a : cmd) exec->add_argv(a);
+  for (const auto& kv : l.env) {
+    auto eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0) return "--env '" + kv + "' is not KEY=VALUE";
+    (*exec->mutable_env())[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  exec->set_cwd(l.cwd);
+  return {};
+}
+
+int Fail(const std::string& msg, int code = kPlatformError) {
+  std::fprintf(stderr, "dsecctl: %s\n", msg.c_str());
+  return code;
+}
+
+std::unique_ptr<dsec::Client> ConnectOrDie(const Common& c, int* rc) {
+  dsec::ClientOptions o;
+  o.address = c.addr;
+  o.connect_timeout = std::chrono::milliseconds(static_cast<int64_t>(c.connect_timeout_s * 1000));
+  o.threads = 1;
+  auto client = dsec::Client::Connect(o);
+  if (!client.ok()) {
+    *rc = Fail(client.status().message() +
+               (client.status().code() == dsec::Status::Code::kUnavailable ||
+                        client.status().code() == dsec::Status::Code::kDeadlineExceeded
+                    ? " (start it with `dsecd`, or point --addr / $DSEC_ADDR at it)"
+                    : ""));
+    return nullptr;
+  }
+  return std::move(*client);
+}
+
+std::string ReadAllStdin(size_t max) {
+  std::string data;
+  char buf[65536];
+  for (;;) {
+    ssize_t n = ::read(0, buf, sizeof buf);
+    if (n <= 0) break;
+    data.append(buf, static_cast<size_t>(n));
+    if (data.size() > max) break;
+  }
+  return data;
+}
+
+std::string ToJson(const google::protobuf::Message& m) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions o;
+  o.preserve_proto_field_names = true;
+  o.add_whitespace = true;
+  (void)google::protobuf::util::MessageToJsonString(m, &out, o);
+  return out;
+}
+
+// Prints a result like a local program would and returns dsecctl's exit code.
+int Report(const dsec::v1::ExecResult& r, bool json) {
+  using dsec::v1::ExecResult;
+  if (json) {
+    std::cout << ToJson(r);
+  } else {
+    std::fwrite(r.stdout().data(), 1, r.stdout().size(), stdout);
+    std::fflush(stdout);
+    std::fwrite(r.stderr().data(), 1, r.stderr().size(), stderr);
+    if (r.stdout_truncated()) std::fprintf(stderr, "dsecctl: stdout was truncated at the output limit\n");
+    if (r.stderr_truncated()) std::fprintf(stderr, "dsecctl: stderr was truncated at the output limit\n");
+  }
+  auto say = [&](const std::string& m) {
+    if (!json) std::fprintf(stderr, "dsecctl: %s\n", m.c_str());
+  };
+  switch (r.verdict()) {
+    case dsec::v1::VERDICT_OK: return 0;
+    case dsec::v1::VERDICT_TIME_LIMIT: say(r.error()); return 124;
+    case dsec::v1::VERDICT_MEMORY_LIMIT: say(r.error()); return 137;
+    case dsec::v1::VERDICT_OUTPUT_LIMIT: say(r.error()); return 137;
+    case dsec::v1::VERDICT_RUNTIME_ERROR:
+      if (r.exec_failed()) {
+        say(r.error());
+        return r.exit_code();
+      }
+      if (r.signal()) {
+        say(r.error());
+        return 128 + r.signal();
+      }
+      return r.exit_code();
+    default: say(r.error().empty() ? "platform error" : r.error()); return kPlatformError;
+  }
+}
+
+// --- admin console client -------------------------------------------------
+
+class Console {
+ public:
+  std::string Connect(const std::string& addr) {
+    auto colon = addr.rfind(':');
+    if (colon == std::string::npos) return "--admin '" + addr + "' is not host:port";
+    addrinfo hints{}, *res = nullptr;
+    hints.ai_socktype = SOCK_STREAM;
+    if (getaddrinfo(addr.substr(0, colon).c_str(), addr.substr(colon + 1).c_str(), &hints, &res) != 0)
+      return "cannot resolve " + addr;
+    fd_ = ::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int rc = fd_ < 0 ? -1 : ::connect(fd_, res->ai_addr, res->ai_addrlen);
+    freeaddrinfo(res);
+    if (rc < 0)
+      return "cannot reach the admin console at " + addr + ": " + std::strerror(errno) +
+             " (is dsecd running? point --admin / $DSEC_ADMIN at it)";
+    return {};
+  }
+  ~Console() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  // Sends one command line, returns the reply line (or "" on failure, with *err).
+  std::string Ask(const std::string& line, std::string* err) {
+    std::string out = line + "\n";
+    if (::send(fd_, out.data(), out.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(out.size())) {
+      *err = "admin console closed the connection";
+      return {};
+    }
+    for (;;) {
+      auto nl = buf_.find('\n');
+      if (nl != std::string::npos) {
+        std::string reply = buf_.substr(0, nl);
+        buf_.erase(0, nl + 1);
+        return reply;
+      }
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, 60000) <= 0) {
+        *err = "no reply from the admin console within 60 s";
+        return {};
+      }
+      char tmp[65536];
+      ssize_t n = ::read(fd_, tmp, sizeof tmp);
+      if (n <= 0) {
+        *err = "admin console closed the connection";
+        return {};
+      }
+      buf_.append(tmp, static_cast<size_t>(n));
+    }
+  }
+
+ private:
+  int fd_ = -1;
+  std::string buf_;
+};
+
+int Admin(const Common& c, const std::string& line, bool raw) {
+  std::string token = c.token;
+  if (token.empty()) {
+    std::string path = c.token_file.empty() ? c.data_dir + "/admin.token" : c.token_file;
+    auto t = dsec::ReadFileToString(path);
+    if (!t.ok())
+      return Fail("no admin token: " + t.status().message() +
+                      " (pass --token, $DSEC_TOKEN, --token-file, or --data-dir of the daemon)",
+                  1);
+    token = *t;
+    while (!token.empty() && (token.back() == '\n' || token.back() == '\r')) token.pop_back();
+  }
+  Console con;
+  if (auto e = con.Connect(c.admin); !e.empty()) return Fail(e, 1);
+  std::string err;
+  auto auth = con.Ask("AUTH " + token, &err);
+  if (!err.empty()) return Fail(err, 1);
+  auto aj = nlohmann::json::parse(auth, nullptr, false);
+  if (aj.is_discarded() || !aj.value("ok", false))
+    return Fail("admin console refused the token: " + (aj.is_discarded() ? auth : aj.value("error", auth)), 1);
+  auto reply = con.Ask(line, &err);
+  if (!err.empty()) return Fail(err, 1);
+  auto j = nlohmann::json::parse(reply, nullptr, false);
+  if (raw || j.is_discarded()) std::cout << reply << "\n";
+  else std::cout << j.dump(2) << "\n";
+  return !j.is_discarded() && j.value("ok", false) ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"dsecctl: run sandboxes and operate dsecd"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", DSEC_VERSION);
+  Common c;
+  app.add_option("--addr", c.addr, "dsecd SDK entry host:port ($DSEC_ADDR)")->capture_default_str();
+  app.add_option("--admin", c.admin, "admin console host:port ($DSEC_ADMIN)")->capture_default_str();
+  app.add_option("--data-dir", c.data_dir, "daemon data dir, for its admin.token ($DSEC_DATA_DIR)")
+      ->capture_default_str();
+  app.add_option("--token", c.token, "admin token ($DSEC_TOKEN)");
+  app.add_option("--token-file", c.token_file, "file holding the admin token");
+  app.add_option("--connect-timeout", c.connect_timeout_s, "seconds to wait for dsecd")->capture_default_str();
+
+  LimitFlags run_l;
+  std::vector<std::string> run_cmd;
+  bool run_json = false, no_stdin = false;
+  auto* run = app.add_subcommand("run", "run a command in a fresh sandbox and exit with its status");
+  AddLimitFlags(run, &run_l);
+  run->add_flag("--json", run_json, "print the whole result as JSON");
+  run->add_flag("--no-stdin", no_stdin, "do not pass stdin (it is passed when not a terminal)");
+  run->add_option("command", run_cmd, "the command and its arguments (after --)")->required();
+
+  LimitFlags create_l;
+  auto* create = app.add_subcommand("create", "create a sandbox; prints its id");
+  AddLimitFlags(create, &create_l);
+
+  LimitFlags exec_l;
+  std::string exec_id;
+  std::vector<std::string> exec_cmd;
+  bool exec_json = false;
+  auto* exec = app.add_subcommand("exec", "run a command in an existing sandbox");
+  exec->add_option("id", exec_id, "sandbox id")->required();
+  AddLimitFlags(exec, &exec_l, true);
+  exec->add_flag("--json", exec_json, "print the whole result as JSON");
+  exec->add_option("command", exec_cmd, "the command (after --)")->required();
+
+  std::vector<std::string> rm_ids;
+  auto* rm = app.add_subcommand("rm", "destroy sandboxes");
+  rm->add_option("ids", rm_ids, "sandbox ids")->required();
+
+  auto* cp = app.add_subcommand("cp", "copy files in or out of a sandbox (container sandboxes)");
+  std::vector<std::string> cp_args;
+  cp->add_option("args", cp_args, "SRC DST");
+
+  // Sessions.
+  auto* session = app.add_subcommand("session", "rollout sessions");
+  session->require_subcommand(1);
+  std::string s_name;
+  LimitFlags s_l;
+  auto* s_open = session->add_subcommand("open", "open (or re-open) a session");
+  s_open->add_option("name", s_name, "job/prompt/sample")->required();
+  AddLimitFlags(s_open, &s_l);
+  uint64_t s_index = 0;
+  std::vector<std::string> s_cmd;
+  LimitFlags s_step_l;
+  auto* s_step = session->add_subcommand("step", "run (or fast-forward) one step");
+  s_step->add_option("name", s_name)->required();
+  s_step->add_option("index", s_index)->required();
+  AddLimitFlags(s_step, &s_step_l, true);
+  s_step->add_option("command", s_cmd, "the command (after --)")->required();
+  auto* s_show = session->add_subcommand("show", "show a session");
+  s_show->add_option("name", s_name)->required();
+  auto* s_close = session->add_subcommand("close", "close a session");
+  s_close->add_option("name", s_name)->required();
+
+  // Admin commands.
+  bool raw = false;
+  std::string admin_id;
+  auto* status = app.add_subcommand("status", "node status (admin console)");
+  auto* ls = app.add_subcommand("ls", "sandboxes, sessions and runs (admin console)");
+  auto* stats = app.add_subcommand("stats", "counters (admin console)");
+  auto* inspect = app.add_subcommand("inspect", "one sandbox, session or run (admin console)");
+  inspect->add_option("id", admin_id)->required();
+  auto* kill = app.add_subcommand("kill", "stop a run, destroy a sandbox, close a session (admin console)");
+  kill->add_option("id", admin_id)->required();
+  for (auto* a : {status, ls, stats, inspect, kill}) a->add_flag("--raw", raw, "print the reply line as is");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
+  }
+
+  if (*status) return Admin(c, "status", raw);
+  if (*ls) return Admin(c, "ls", raw);
+  if (*stats) return Admin(c, "stats", raw);
+  if (*inspect) return Admin(c, "inspect " + admin_id, raw);
+  if (*kill) return Admin(c, "kill " + admin_id, raw);
+  if (*cp) return Fail("cp needs a container sandbox; container sandboxes are not available yet", 2);
+
+  int rc = 0;
+  if (*run) {
+    dsec::v1::SandboxSpec spec;
+    dsec::v1::ExecRequest req;
+    if (auto e = BuildSpec(run_l, &spec); !e.empty()) return Fail(e, 2);
+    if (auto e = BuildExec(run_l, run_cmd, &req); !e.empty()) return Fail(e, 2);
+    if (!no_stdin && !::isatty(0)) {
+      std::string in = ReadAllStdin(64u << 20);
+      req.set_stdin(std::move(in));
+    }
+    auto client = ConnectOrDie(c, &rc);
+    if (!client) return rc;
+    auto r = client->Run(spec, req);
+    if (!r.ok()) return Fail(r.status().message());
+    return Report(*r, run_json);
+  }
+  if (*create) {
+    dsec::v1::SandboxSpec spec;
+    if (auto e = BuildSpec(create_l, &spec); !e.empty()) return Fail(e, 2);
+    auto client = ConnectOrDie(c, &rc);
+    if (!client) return rc;
+    auto sb = client->Create(spec);
+    if (!sb.ok()) return Fail(sb.status().message());
+    std::cout << sb->id() << "\n";
+    return 0;
+  }
+  if (*exec) {
+    dsec::v1::ExecRequest req;
+    if (auto e = ApplyLimits(exec_l, req.mutable_limits()); !e.empty()) return Fail(e, 2);
+    if (auto e = BuildExec(exec_l, exec_cmd, &req); !e.empty()) return Fail(e, 2);
+    if (!::isatty(0)) req.set_stdin(ReadAllStdin(64u << 20));
+    auto client = ConnectOrDie(c, &rc);
+    if (!client) return rc;
+    auto sb = client->Attach(exec_id);
+    if (!sb.ok()) return Fail(sb.status().message());
+    auto r = sb->Exec(req);
+    if (!r.ok()) return Fail(r.status().message());
+    return Report(*r, exec_json);
+  }
+  if (*rm) {
+    auto client = ConnectOrDie(c, &rc);
+    if (!client) return rc;
+    for (const auto& id : rm_ids) {
+      auto sb = client->Attach(id);
+      dsec::Status st = sb.ok() ? sb->Destroy() : sb.status();
+      if (!st.ok()) rc = Fail(st.message(), 1);
+      else std::cout << id << "\n";
+    }
+    return rc;
+  }
+  if (*session) {
+    auto client = ConnectOrDie(c, &rc);
+    if (!client) return rc;
+    if (*s_open) {
+      dsec::v1::SandboxSpec spec;
+      if (auto e = BuildSpec(s_l, &spec); !e.empty()) return Fail(e, 2);
+      auto s = client->OpenSession(s_name, spec);
+      if (!s.ok()) return Fail(s.status().message(), 1);
+      auto rec = s->Get();
+      if (rec.ok()) std::cout << ToJson(*rec);
+      return 0;
+    }
+    if (*s_step) {
+      dsec::v1::ExecRequest req;
+      if (auto e = ApplyLimits(s_step_l, req.mutable_limits()); !e.empty()) return Fail(e, 2);
+      if (auto e = BuildExec(s_step_l, s_cmd, &req); !e.empty()) return Fail(e, 2);
+      if (!::isatty(0)) req.set_stdin(ReadAllStdin(64u << 20));
+      auto r = client->SessionHandle(s_name).Step(s_index, req);
+      if (!r.ok()) return Fail(r.status().message(), 1);
+      if (r->fast_forwarded()) std::fprintf(stderr, "dsecctl: step %llu answered from the log\n",
+                                            static_cast<unsigned long long>(s_index));
+      return Report(r->step().result(), false);
+    }
+    if (*s_show) {
+      auto rec = client->SessionHandle(s_name).Get();
+      if (!rec.ok()) return Fail(rec.status().message(), 1);
+      std::cout << ToJson(*rec);
+      return 0;
+    }
+    if (*s_close) {
+      auto st = client->SessionHandle(s_name).Close();
+      if (!st.ok()) return Fail(st.message(), 1);
+      return 0;
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,259 @@
+// dsecd: the dsec daemon. Role `all` (the default) is the embedded
+// single-node platform: node actor, drivers, store, SDK entry and admin
+// console in one process. See docs/running.md.
+//
+// Exit codes: 0 clean stop (SIGINT/SIGTERM); 1 failed at run time;
+// 2 bad usage; 3 the data dir is unusable or in use by another dsecd;
+// 4 a port could not be opened.
+#include <signal.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <caf/all.hpp>
+#include <caf/io/all.hpp>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "actors/console.hpp"
+#include "actors/context.hpp"
+#include "actors/node.hpp"
+#include "actors/wire.hpp"
+#include "drivers/fncall/fncall_driver.hpp"
+#include "runtime/files.hpp"
+#include "runtime/log.hpp"
+#include "state/group_commit.hpp"
+#include "state/store.hpp"
+#include "state/table.hpp"
+
+namespace {
+
+struct Flags {
+  std::string role = "all";
+  std::string data_dir = "./dsec-data";
+  std::string listen = "127.0.0.1:7400";
+  std::string admin = "127.0.0.1:7401";
+  std::string log_level = "info";
+  std::string log_file;
+  size_t threads = 2;
+  size_t fncall_pool = 32;
+  size_t fncall_max_runners = 1024;
+  bool fncall_fresh_netns = false;
+  uint32_t sandbox_uid = 65534;
+  uint32_t sandbox_gid = 65534;
+  size_t max_inflight_runs = 4096;
+  int max_restarts = 3;
+  int restart_window_s = 10;
+  bool test_hooks = false;
+};
+
+bool SplitHostPort(const std::string& s, std::string* host, uint16_t* port) {
+  auto colon = s.rfind(':');
+  if (colon == std::string::npos) return false;
+  *host = s.substr(0, colon);
+  try {
+    int p = std::stoi(s.substr(colon + 1));
+    if (p < 0 || p > 65535) return false;
+    *port = static_cast<uint16_t>(p);
+  } catch (const std::exception&) {
+    return false;
+  }
+  return !host->empty();
+}
+
+// The node id survives restarts; the boot counter counts them.
+dsec::Status LoadIdentity(dsec::state::Store* store, std::string* node_id, uint64_t* boot) {
+  auto id = store->Get(dsec::state::Table::kMeta, "node_id");
+  if (id.ok()) *node_id = *id;
+  else if (id.status().code() == dsec::Status::Code::kNotFound) *node_id = "node-" + dsec::RandomHex(8);
+  else return id.status();
+  auto b = store->Get(dsec::state::Table::kMeta, "boot");
+  *boot = b.ok() ? std::stoull(*b) + 1 : 1;
+  dsec::state::WriteBatch batch;
+  batch.Put(dsec::state::Table::kMeta, "node_id", *node_id);
+  batch.Put(dsec::state::Table::kMeta, "boot", std::to_string(*boot));
+  return store->Write(batch, true);
+}
+
+int Run(const Flags& f) {
+  auto log = dsec::Logger("dsecd");
+  if (f.role != "all") {
+    log->error("role '{}' is not implemented yet; run with --role all (the default)", f.role);
+    return 2;
+  }
+  std::string sdk_host, admin_host;
+  uint16_t sdk_port = 0, admin_port = 0;
+  if (!SplitHostPort(f.listen, &sdk_host, &sdk_port)) {
+    log->error("--listen '{}' is not host:port", f.listen);
+    return 2;
+  }
+  if (!SplitHostPort(f.admin, &admin_host, &admin_port)) {
+    log->error("--admin '{}' is not host:port", f.admin);
+    return 2;
+  }
+  std::string data = dsec::AbsolutePath(f.data_dir);
+  if (auto st = dsec::MakeDirs(data, 0700); !st.ok()) {
+    log->error("data dir {}: {}", data, st.message());
+    return 3;
+  }
+  auto store = dsec::state::OpenRocksStore(data + "/db");
+  if (!store.ok()) {
+    log->error("{}", store.status().message());
+    return 3;
+  }
+  std::string node_id;
+  uint64_t boot = 0;
+  if (auto st = LoadIdentity(store->get(), &node_id, &boot); !st.ok()) {
+    log->error("data dir {}: {}", data, st.message());
+    return 3;
+  }
+  auto token = dsec::LoadOrCreateToken(data + "/admin.token");
+  if (!token.ok()) {
+    log->error("{}", token.status().message());
+    return 3;
+  }
+  dsec::state::GroupCommitter committer(store->get());
+
+  auto ctx = std::make_shared<dsec::NodeContext>();
+  ctx->options.node_id = node_id;
+  ctx->options.boot = boot;
+  ctx->options.max_inflight_runs = f.max_inflight_runs;
+  ctx->options.max_restarts = f.max_restarts;
+  ctx->options.restart_window_s = f.restart_window_s;
+  ctx->options.test_hooks = f.test_hooks;
+  ctx->store = store->get();
+  ctx->committer = &committer;
+  ctx->log = dsec::Logger("node");
+
+  dsec::drivers::FncallOptions fo;
+  fo.uid = f.sandbox_uid;
+  fo.gid = f.sandbox_gid;
+  fo.pool_size = f.fncall_pool;
+  fo.max_runners = f.fncall_max_runners;
+  fo.fresh_netns = f.fncall_fresh_netns;
+  auto fncall_log = dsec::Logger("fncall");
+  fo.log = [fncall_log](int level, const std::string& text) {
+    static const spdlog::level::level_enum kLevels[] = {spdlog::level::debug, spdlog::level::info,
+                                                        spdlog::level::warn, spdlog::level::err};
+    fncall_log->log(kLevels[level < 0 ? 0 : level > 3 ? 3 : level], "{}", text);
+  };
+  auto fncall = dsec::drivers::FncallDriver::Start(fo);
+  if (fncall.ok()) {
+    ctx->fncall = fncall->get();
+  } else {
+    ctx->fncall_unavailable = fncall.status();
+    log->warn("{}", fncall.status().message());
+  }
+
+  int rc = 0;
+  {
+    caf::actor_system_config cfg;
+    dsec::CafOptions co;
+    co.scheduler_threads = f.threads;
+    dsec::ConfigureCaf(cfg, co);
+    caf::actor_system sys{cfg};
+    auto node = dsec::SpawnNode(sys, ctx);
+    auto entry = caf::actor_cast<dsec::entry_actor>(node);
+    auto bound = sys.middleman().publish(entry, sdk_port, sdk_host.c_str(), true);
+    caf::actor console;
+    if (!bound) {
+      log->error("cannot listen for the SDK on {}: {} (is another dsecd running? pick another with --listen)",
+                 f.listen, sys.render(bound.error()));
+      rc = 4;
+    } else {
+      ctx->options.sdk_address = sdk_host + ":" + std::to_string(*bound);
+      dsec::ConsoleOptions copts;
+      copts.host = admin_host;
+      copts.port = admin_port;
+      copts.token = *token;
+      auto c = dsec::SpawnConsole(sys, node, copts);
+      if (!c) {
+        log->error("{} (pick another with --admin)", sys.render(c.error()));
+        rc = 4;
+      } else {
+        console = c->first;
+        ctx->options.admin_address = admin_host + ":" + std::to_string(c->second);
+      }
+    }
+    if (rc == 0) {
+      nlohmann::json ep{{"pid", ::getpid()},
+                        {"node_id", node_id},
+                        {"sdk", ctx->options.sdk_address},
+                        {"admin", ctx->options.admin_address}};
+      (void)dsec::WriteFileAtomic(data + "/dsecd.json", ep.dump() + "\n", 0644);
+      log->info("dsecd {} ready: node {} (boot {}), SDK on {}, admin console on {}, data in {}", DSEC_VERSION,
+                node_id, boot, ctx->options.sdk_address, ctx->options.admin_address, data);
+      sigset_t set;
+      sigemptyset(&set);
+      sigaddset(&set, SIGINT);
+      sigaddset(&set, SIGTERM);
+      int sig = 0;
+      sigwait(&set, &sig);
+      log->info("{}: stopping", strsignal(sig));
+      ::unlink((data + "/dsecd.json").c_str());
+    }
+    if (bound) (void)sys.middleman().unpublish(entry, *bound);
+    if (console) caf::anon_send_exit(console, caf::exit_reason::user_shutdown);
+    caf::anon_send_exit(node, caf::exit_reason::user_shutdown);
+    // The spawner kills its runners and removes its cgroups; runs still in
+    // flight end with a platform error the trainer sees (or never sees, if
+    // it has gone too).
+    if (fncall.ok()) (*fncall)->Stop();
+  }  // ~actor_system: waits for every actor
+  committer.Stop();
+  log->info("stopped");
+  return rc;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags f;
+  CLI::App app{"dsecd: the dsec sandbox daemon (role all = the embedded single-node platform)"};
+  app.set_version_flag("--version", DSEC_VERSION);
+  app.add_option("--role", f.role, "all | controller | node")->capture_default_str();
+  app.add_option("--data-dir", f.data_dir, "where state lives (RocksDB, admin token)")->capture_default_str();
+  app.add_option("--listen", f.listen, "SDK entry host:port (port 0: any)")->capture_default_str();
+  app.add_option("--admin", f.admin, "admin console host:port (port 0: any)")->capture_default_str();
+  app.add_option("--log-level", f.log_level, "trace|debug|info|warn|error")->capture_default_str();
+  app.add_option("--log-file", f.log_file, "also log to this file");
+  app.add_option("--threads", f.threads, "actor scheduler threads")->capture_default_str();
+  app.add_option("--fncall-pool", f.fncall_pool, "warm fncall runners kept ready")->capture_default_str();
+  app.add_option("--fncall-max-runners", f.fncall_max_runners, "concurrent fncall runs (more queue)")
+      ->capture_default_str();
+  app.add_flag("--fncall-fresh-netns", f.fncall_fresh_netns,
+               "a new network namespace per run instead of recycled ones (~1 ms of CPU each)");
+  app.add_option("--sandbox-uid", f.sandbox_uid, "uid programs run as")->capture_default_str();
+  app.add_option("--sandbox-gid", f.sandbox_gid, "gid programs run as")->capture_default_str();
+  app.add_option("--max-inflight-runs", f.max_inflight_runs, "one-shot runs in flight before refusing")
+      ->capture_default_str();
+  app.add_option("--max-restarts", f.max_restarts, "supervisor: restarts of one actor ...")->capture_default_str();
+  app.add_option("--restart-window", f.restart_window_s, "... within this many seconds")->capture_default_str();
+  app.add_flag("--test-hooks", f.test_hooks, "honour crash injection (tests only)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
+  }
+  // Signals are waited for in main; block them before any thread starts so
+  // no other thread takes them.
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);
+  dsec::LogOptions lo;
+  lo.level = f.log_level;
+  lo.file = f.log_file;
+  if (auto err = dsec::InitLogging(lo); !err.empty()) {
+    std::fprintf(stderr, "dsecd: %s\n", err.c_str());
+    return 2;
+  }
+  int rc = Run(f);
+  dsec::ShutdownLogging();
+  return rc;
+}
