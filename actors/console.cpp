@@ -100,7 +100,7 @@ bool HandleLine(Broker self, connection_handle h, const std::string& line) {
     Send(self, h, ErrorLine("not authenticated: send 'AUTH <token>' first (the token is in <data-dir>/admin.token)"));
     return true;
   }
-  static const char* kKnown[] = {"status", "ls", "inspect", "kill", "stats"};
+  static const char* kKnown[] = {"status", "ls", "inspect", "kill", "stats", "crash"};
   bool known = false;
   for (const char* k : kKnown) known = known || cmd == k;
   if (!known) {

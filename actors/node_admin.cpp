@@ -14,7 +14,10 @@ namespace {
 
 using nlohmann::json;
 
-std::string Error(const std::string& msg) { return json{{"ok", false}, {"error", msg}}.dump(-1, ' ', false, json::error_handler_t::replace); }
+// Replaces invalid UTF-8 (ids come from the console as typed) instead of throwing.
+std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+std::string Error(const std::string& msg) { return Dump(json{{"ok", false}, {"error", msg}}); }
 
 json ProtoJson(const google::protobuf::Message& m) {
   std::string out;
@@ -81,7 +84,7 @@ std::string Ls(NodeSelf self) {
   int64_t now = NowMs();
   for (const auto& [id, info] : st.runs)
     runs.push_back(json{{"id", id}, {"argv0", info.argv0}, {"age_ms", now - info.started_ms}});
-  return json{{"ok", true}, {"sandboxes", sandboxes}, {"sessions", sessions}, {"runs", runs}}.dump(-1, ' ', false, json::error_handler_t::replace);
+  return Dump(json{{"ok", true}, {"sandboxes", sandboxes}, {"sessions", sessions}, {"runs", runs}});
 }
 
 std::string Stats(NodeSelf self) {
@@ -127,7 +130,7 @@ caf::result<std::string> HandleAdmin(NodeSelf self, const std::string& cmd,
       Status s = st.ctx->fncall ? st.ctx->fncall->Kill(id, "killed by an operator (admin console)")
                                 : Status::NotFound("no fncall driver");
       if (!s.ok()) return Error(s.message());
-      return json{{"ok", true}, {"killed", id}}.dump(-1, ' ', false, json::error_handler_t::replace);
+      return Dump(json{{"ok", true}, {"killed", id}});
     }
     if (auto sb = st.sandboxes.find(id); sb != st.sandboxes.end()) {
       auto rp = self->make_response_promise<std::string>();
@@ -138,7 +141,7 @@ caf::result<std::string> HandleAdmin(NodeSelf self, const std::string& cmd,
         }
         json j{{"ok", true}, {"sandbox", ProtoJson(r.sandbox())}};
         if (kill) j["killed"] = r.sandbox().id();
-        rp.deliver(j.dump(-1, ' ', false, json::error_handler_t::replace));
+        rp.deliver(Dump(j));
       };
       auto on_error = [rp, id](caf::error& e) mutable { rp.deliver(Error("sandbox " + id + ": " + caf::to_string(e))); };
       if (kill) {
@@ -161,7 +164,7 @@ caf::result<std::string> HandleAdmin(NodeSelf self, const std::string& cmd,
         }
         json j{{"ok", true}, {"session", ProtoJson(r.session())}};
         if (kill) j["closed"] = r.session().name();
-        rp.deliver(j.dump(-1, ' ', false, json::error_handler_t::replace));
+        rp.deliver(Dump(j));
       };
       auto on_error = [rp, id](caf::error& e) mutable { rp.deliver(Error("session " + id + ": " + caf::to_string(e))); };
       if (kill) {
@@ -176,6 +179,19 @@ caf::result<std::string> HandleAdmin(NodeSelf self, const std::string& cmd,
       return rp;
     }
     return Error("no sandbox, session or run '" + id + "' on this node (ls lists them)");
+  }
+  if (cmd == "crash" && st.ctx->options.test_hooks) {
+    // Test hook: make a sandbox or session actor throw (supervision tests).
+    if (auto u = need_id(); !u.empty()) return Error(u);
+    if (auto sb = st.sandboxes.find(args[0]); sb != st.sandboxes.end()) {
+      self->send(sb->second, crash_atom::value);
+      return Dump(json{{"ok", true}, {"crashed", args[0]}});
+    }
+    if (auto se = st.sessions.find(args[0]); se != st.sessions.end()) {
+      self->send(se->second, crash_atom::value);
+      return Dump(json{{"ok", true}, {"crashed", args[0]}});
+    }
+    return Error("no sandbox or session '" + args[0] + "'");
   }
   return Error("unknown command '" + cmd + "' (help lists the commands)");
 }

@@ -87,9 +87,16 @@ Status CheckExecRequest(const LimitPolicy& p, const v1::ExecRequest& exec) {
     bytes += a.size() + 1;
   }
   for (const auto& [k, v] : exec.env()) {
-    if (k.empty() || k.find('=') != std::string::npos || k.find('\0') != std::string::npos ||
-        v.find('\0') != std::string::npos)
-      return Status::InvalidArgument("exec: bad environment variable name '" + k + "'");
+    if (k.empty())
+      return Status::InvalidArgument("exec: an environment variable has an empty name");
+    if (k.find('\0') != std::string::npos)
+      return Status::InvalidArgument("exec: an environment variable name contains a NUL byte");
+    if (k.find('=') != std::string::npos)
+      return Status::InvalidArgument("exec: bad environment variable name '" + k +
+                                     "' (a name cannot contain '=')");
+    if (v.find('\0') != std::string::npos)
+      return Status::InvalidArgument("exec: the value of environment variable '" + k +
+                                     "' contains a NUL byte");
     bytes += k.size() + v.size() + 2;
   }
   if (bytes > p.max_argv_env_bytes)

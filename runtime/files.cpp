@@ -67,7 +67,13 @@ Status MakeDirs(const std::string& path, mode_t mode) {
     pos = path.find('/', pos + 1);
     cur = path.substr(0, pos);
     if (cur.empty()) continue;
-    if (::mkdir(cur.c_str(), mode) < 0 && errno != EEXIST) return Status::FromErrno(errno, "mkdir " + cur);
+    if (::mkdir(cur.c_str(), mode) == 0) continue;
+    if (errno != EEXIST) return Status::FromErrno(errno, "mkdir " + cur);
+    // EEXIST is fine only for a directory: mkdir -p refuses a file in the way.
+    struct stat st;
+    if (::stat(cur.c_str(), &st) != 0) return Status::FromErrno(errno, "mkdir " + cur);
+    if (!S_ISDIR(st.st_mode))
+      return Status::FromErrno(ENOTDIR, "mkdir " + cur + " (it exists and is not a directory)");
   }
   return Status::Ok();
 }

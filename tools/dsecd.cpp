@@ -41,6 +41,7 @@ struct Flags {
   size_t fncall_pool = 32;
   size_t fncall_max_runners = 1024;
   bool fncall_fresh_netns = false;
+  std::string cgroup_parent = "dsec";
   uint32_t sandbox_uid = 65534;
   uint32_t sandbox_gid = 65534;
   size_t max_inflight_runs = 4096;
@@ -133,6 +134,7 @@ int Run(const Flags& f) {
   fo.pool_size = f.fncall_pool;
   fo.max_runners = f.fncall_max_runners;
   fo.fresh_netns = f.fncall_fresh_netns;
+  fo.cgroup_parent = f.cgroup_parent;
   auto fncall_log = dsec::Logger("fncall");
   fo.log = [fncall_log](int level, const std::string& text) {
     static const spdlog::level::level_enum kLevels[] = {spdlog::level::debug, spdlog::level::info,
@@ -225,6 +227,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--fncall-fresh-netns", f.fncall_fresh_netns,
                "a new network namespace per run instead of recycled ones (~1 ms of CPU each)");
+  app.add_option("--cgroup-parent", f.cgroup_parent, "cgroups go to <controller>/<parent>/sp<pid>/...")
+      ->capture_default_str();
   app.add_option("--sandbox-uid", f.sandbox_uid, "uid programs run as")->capture_default_str();
   app.add_option("--sandbox-gid", f.sandbox_gid, "gid programs run as")->capture_default_str();
   app.add_option("--max-inflight-runs", f.max_inflight_runs, "one-shot runs in flight before refusing")

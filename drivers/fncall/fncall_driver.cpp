@@ -477,6 +477,8 @@ v1::ExecResult FncallDriver::ToExecResult(const spawner::Outcome& o, const v1::L
   } else if (o.exec_errno()) {
     r.set_verdict(v1::VERDICT_RUNTIME_ERROR);
     r.set_exec_failed(true);
+    // The shell's convention, whatever the Outcome says: 127 not found, 126 not executable.
+    r.set_exit_code(o.exec_errno() == ENOENT ? 127 : 126);
     r.set_error(argv0 + (o.exec_errno() == ENOENT ? ": command not found"
                                                    : std::string(": cannot execute: ") +
                                                          std::strerror(o.exec_errno())));

@@ -1,0 +1,72 @@
+// Supervision: a sandbox or session actor that crashes (injected through the
+// test-only hook) is restarted from its checkpoint; past the restart
+// intensity it is left failed. Restarts show on the admin console.
+#include <gmock/gmock.h>
+
+#include "tests/support/daemon_fixture.hpp"
+
+namespace dsec::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using Supervision = DaemonTest;
+
+// Crashes `id` and waits until the node reports the restart (or failure).
+nlohmann::json CrashAndWait(TestDaemon& d, const std::string& id, const std::string& kind, uint32_t restarts) {
+  auto j = d.Admin("crash " + id);
+  EXPECT_TRUE(j.value("ok", false)) << j.dump();
+  nlohmann::json rec;
+  for (int i = 0; i < 2000; ++i) {
+    auto ins = d.Admin("inspect " + id);
+    if (ins.value("ok", false)) {
+      rec = ins[kind];
+      if (rec.value("restarts", 0u) >= restarts || rec.value("phase", "").find("FAILED") != std::string::npos)
+        return rec;
+    }
+  }
+  return rec;
+}
+
+TEST_F(Supervision, CrashedSandboxIsRestartedFromItsCheckpoint) {
+  auto sb = client_->Create(FncallSpec());
+  ASSERT_TRUE(sb.ok());
+  auto rec = CrashAndWait(*daemon_, sb->id(), "sandbox", 1);
+  EXPECT_EQ(rec.value("restarts", 0), 1) << rec.dump();
+  auto r = sb->Exec(Command({"echo", "back"}));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->stdout(), "back\n");
+  EXPECT_GE(daemon_->Admin("stats").value("supervisor_restarts", 0), 1);
+  EXPECT_TRUE(sb->Destroy().ok());
+}
+
+TEST_F(Supervision, SandboxThatKeepsCrashingIsLeftFailed) {
+  auto sb = client_->Create(FncallSpec());
+  ASSERT_TRUE(sb.ok());
+  nlohmann::json rec;
+  for (uint32_t i = 1; i <= 4; ++i) rec = CrashAndWait(*daemon_, sb->id(), "sandbox", i);
+  EXPECT_EQ(rec.value("phase", ""), "SANDBOX_PHASE_FAILED") << rec.dump();
+  EXPECT_THAT(rec.value("error", ""), HasSubstr("crashed"));
+  auto r = sb->Exec(Command({"true"}));
+  EXPECT_FALSE(r.ok() && r->verdict() == v1::VERDICT_OK);
+  EXPECT_GE(daemon_->Admin("stats").value("supervisor_gave_up", 0), 1);
+  EXPECT_TRUE(sb->Destroy().ok());
+}
+
+TEST_F(Supervision, CrashedSessionKeepsItsLog) {
+  auto s = client_->OpenSession("supervision/p/0", FncallSpec());
+  ASSERT_TRUE(s.ok());
+  auto first = s->Step(0, Command({"cat", "/proc/sys/kernel/random/uuid"}));
+  ASSERT_TRUE(first.ok());
+  auto rec = CrashAndWait(*daemon_, "supervision/p/0", "session", 1);
+  EXPECT_EQ(rec.value("restarts", 0), 1) << rec.dump();
+  auto replay = s->Step(0, Command({"cat", "/proc/sys/kernel/random/uuid"}));
+  ASSERT_TRUE(replay.ok()) << replay.status().ToString();
+  EXPECT_TRUE(replay->fast_forwarded());
+  EXPECT_EQ(replay->step().result().stdout(), first->step().result().stdout());
+  auto next = s->Step(1, Command({"echo", "one"}));
+  ASSERT_TRUE(next.ok()) << next.status().ToString();
+  EXPECT_EQ(next->step().result().stdout(), "one\n");
+}
+
+}  // namespace
+}  // namespace dsec::testing

@@ -1,0 +1,175 @@
+// Bad input gets a clear error and changes nothing else: malformed and unknown
+// console commands, wrong tokens, unknown ids, oversized requests, garbage on
+// the SDK port. The daemon keeps serving throughout.
+#include <gmock/gmock.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <random>
+
+#include "tests/support/daemon_fixture.hpp"
+
+namespace dsec::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using nlohmann::json;
+
+class BadInput : public DaemonTest {
+ protected:
+  void TearDown() override {
+    if (!client_) return;
+    // Whatever the test threw at it, the daemon still serves both doors.
+    auto status = daemon_->Admin("status");
+    EXPECT_TRUE(status.value("ok", false)) << status.dump();
+    auto r = client_->Run(FncallSpec(), Command({"echo", "still here"}));
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->stdout(), "still here\n");
+  }
+  static json Parse(const std::string& line) { return json::parse(line, nullptr, false); }
+};
+
+TEST_F(BadInput, ConsoleCommandsBeforeAuthAreRefused) {
+  ConsoleConn c(daemon_->admin_addr());
+  ASSERT_TRUE(c.ok());
+  c.Send("status\n");
+  auto j = Parse(c.ReadLine());
+  EXPECT_FALSE(j.value("ok", true));
+  EXPECT_THAT(j.value("error", ""), HasSubstr("AUTH"));
+}
+
+TEST_F(BadInput, ConsoleWrongTokenThreeTimesClosesTheConnection) {
+  ConsoleConn c(daemon_->admin_addr());
+  for (int i = 0; i < 3; ++i) {
+    c.Send("AUTH wrong-token-" + std::to_string(i) + "\n");
+    auto j = Parse(c.ReadLine());
+    EXPECT_FALSE(j.value("ok", true));
+    EXPECT_THAT(j.value("error", ""), HasSubstr("wrong token"));
+  }
+  EXPECT_EQ(c.ReadLine(2000), "");
+  EXPECT_TRUE(c.closed());
+}
+
+TEST_F(BadInput, ConsoleUnknownAndMalformedCommandsGetErrors) {
+  ConsoleConn c(daemon_->admin_addr());
+  c.Send("AUTH " + daemon_->Token() + "\n");
+  ASSERT_TRUE(Parse(c.ReadLine()).value("ok", false));
+  c.Send("frobnicate now\n");
+  auto j = Parse(c.ReadLine());
+  EXPECT_FALSE(j.value("ok", true));
+  EXPECT_THAT(j.value("error", ""), HasSubstr("unknown command"));
+  // Binary garbage, invalid UTF-8 included, is an unknown command too.
+  const char raw[] = "\xff\xfe\x01\x02\x80zz\x00q\n";
+  c.Send(std::string(raw, sizeof raw - 1));
+  j = Parse(c.ReadLine());
+  ASSERT_FALSE(j.is_discarded());
+  EXPECT_FALSE(j.value("ok", true));
+  c.Send("inspect\n");
+  EXPECT_THAT(Parse(c.ReadLine()).value("error", ""), HasSubstr("usage"));
+  c.Send("inspect \xff\xfe\n");
+  j = Parse(c.ReadLine());
+  ASSERT_FALSE(j.is_discarded());
+  EXPECT_FALSE(j.value("ok", true));
+}
+
+TEST_F(BadInput, ConsoleUnknownIdsGetErrors) {
+  for (const char* cmd : {"inspect sb-nope", "kill sb-nope", "kill run-0-0"}) {
+    auto j = daemon_->Admin(cmd);
+    EXPECT_FALSE(j.value("ok", true)) << cmd;
+    EXPECT_THAT(j.value("error", ""), HasSubstr("no sandbox, session or run")) << cmd;
+  }
+}
+
+TEST_F(BadInput, ConsoleOverlongLineIsRefusedAndClosed) {
+  ConsoleConn c(daemon_->admin_addr());
+  c.Send(std::string(100000, 'x') + "\n");
+  auto j = Parse(c.ReadLine());
+  EXPECT_THAT(j.value("error", ""), HasSubstr("line too long"));
+  EXPECT_EQ(c.ReadLine(2000), "");
+  EXPECT_TRUE(c.closed());
+}
+
+TEST_F(BadInput, ConsolePipelinedCommandsAnswerInOrder) {
+  ConsoleConn c(daemon_->admin_addr());
+  c.Send("AUTH " + daemon_->Token() + "\nstatus\nnope\nstats\n");
+  EXPECT_EQ(Parse(c.ReadLine()).value("auth", ""), "ok");
+  EXPECT_EQ(Parse(c.ReadLine()).value("role", ""), "all");
+  EXPECT_THAT(Parse(c.ReadLine()).value("error", ""), HasSubstr("unknown command"));
+  EXPECT_TRUE(Parse(c.ReadLine()).contains("runs"));
+}
+
+TEST_F(BadInput, OversizedStdinIsRefusedWithTheLimit) {
+  v1::ExecRequest req = Command({"cat"});
+  req.set_stdin(std::string(17 << 20, 'x'));
+  auto r = client_->Run(FncallSpec(), req);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Status::Code::kInvalidArgument);
+  EXPECT_THAT(r.status().message(), HasSubstr("stdin"));
+  EXPECT_THAT(r.status().message(), HasSubstr("maximum"));
+}
+
+TEST_F(BadInput, EmptyArgvIsRefused) {
+  auto r = client_->Run(FncallSpec(), v1::ExecRequest());
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("argv is empty"));
+}
+
+TEST_F(BadInput, LimitsOutOfRangeAreRefusedNamingTheField) {
+  v1::ExecRequest req = Command({"true"});
+  req.mutable_limits()->set_memory_bytes(1024);
+  auto r = client_->Run(FncallSpec(), req);
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("memory_bytes"));
+  req.mutable_limits()->set_memory_bytes(0);
+  req.mutable_limits()->set_pids(10'000'000);
+  r = client_->Run(FncallSpec(), req);
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("pids"));
+}
+
+TEST_F(BadInput, UnknownImageIsRefused) {
+  v1::SandboxSpec spec = FncallSpec();
+  spec.set_image("py311");
+  auto r = client_->Run(spec, Command({"true"}));
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("py311"));
+}
+
+TEST_F(BadInput, BadSessionNamesAreRefused) {
+  for (std::string name : {std::string(), std::string("tab\there"), std::string(600, 'n')}) {
+    auto s = client_->OpenSession(name, FncallSpec());
+    ASSERT_FALSE(s.ok()) << name;
+    EXPECT_EQ(s.status().code(), Status::Code::kInvalidArgument);
+  }
+}
+
+TEST_F(BadInput, UnknownSandboxIdsAreNotFound) {
+  v1::ExecRequest req = Command({"true"});
+  req.set_sandbox_id("sb-000000000000");
+  auto sb = client_->Attach("sb-000000000000");
+  EXPECT_EQ(sb.status().code(), Status::Code::kNotFound);
+  EXPECT_THAT(sb.status().message(), HasSubstr("sb-000000000000"));
+}
+
+TEST_F(BadInput, GarbageOnTheSdkPortDoesNotHurt) {
+  auto colon = daemon_->sdk_addr().rfind(':');
+  int port = std::stoi(daemon_->sdk_addr().substr(colon + 1));
+  std::mt19937 rng(42);
+  for (int round = 0; round < 5; ++round) {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    std::string junk(4096 * (round + 1), '\0');
+    for (auto& ch : junk) ch = static_cast<char>(rng());
+    (void)!::send(fd, junk.data(), junk.size(), MSG_NOSIGNAL);
+    ::close(fd);
+  }
+}
+
+}  // namespace
+}  // namespace dsec::testing

@@ -1,0 +1,139 @@
+// dsecd + dsecctl end to end: `dsecctl run` behaves like `docker run`, and the
+// admin commands answer.
+#include <gmock/gmock.h>
+
+#include "tests/support/daemon_fixture.hpp"
+
+namespace dsec::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using DsecctlRun = DaemonTest;
+
+TEST_F(DsecctlRun, PythonPrints42AndExitsZero) {
+  auto r = daemon_->Ctl({"run", "--kind", "fncall", "--", "python3", "-c", "print(6*7)"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "42\n");
+}
+
+TEST_F(DsecctlRun, CpuLoopPastTimeoutExits124AndSaysTimeLimit) {
+  auto r = daemon_->Ctl({"run", "--kind", "fncall", "--timeout", "1", "--", "sh", "-c", "while :; do :; done"});
+  EXPECT_EQ(r.exit_code, 124);
+  EXPECT_THAT(r.err, HasSubstr("time limit"));
+}
+
+TEST_F(DsecctlRun, ProgramExitCodeIsPassedThrough) {
+  auto r = daemon_->Ctl({"run", "--", "sh", "-c", "echo out; echo err >&2; exit 7"});
+  EXPECT_EQ(r.exit_code, 7);
+  EXPECT_EQ(r.out, "out\n");
+  EXPECT_THAT(r.err, HasSubstr("err\n"));
+}
+
+TEST_F(DsecctlRun, KilledBySignalIs128PlusN) {
+  auto r = daemon_->Ctl({"run", "--", "sh", "-c", "kill -TERM $$"});
+  EXPECT_EQ(r.exit_code, 128 + 15) << r.err;
+}
+
+TEST_F(DsecctlRun, CommandNotFoundIs127) {
+  auto r = daemon_->Ctl({"run", "--", "no-such-program-anywhere"});
+  EXPECT_EQ(r.exit_code, 127);
+  EXPECT_THAT(r.err, HasSubstr("command not found"));
+}
+
+TEST_F(DsecctlRun, NotExecutableIs126) {
+  auto r = daemon_->Ctl({"run", "--", "/etc/hostname"});
+  EXPECT_EQ(r.exit_code, 126) << r.err;
+}
+
+TEST_F(DsecctlRun, MemoryLimitKillsAndSaysSo) {
+  auto r = daemon_->Ctl({"run", "--memory", "32m", "--", "python3", "-c", "x = bytearray(200 << 20)"});
+  EXPECT_EQ(r.exit_code, 137);
+  EXPECT_THAT(r.err, HasSubstr("memory limit"));
+}
+
+TEST_F(DsecctlRun, OutputFloodIsCutAndFlagged) {
+  auto r = daemon_->Ctl({"run", "--output-limit", "1k", "--", "yes"});
+  EXPECT_EQ(r.exit_code, 137);
+  EXPECT_EQ(r.out.size(), 1024u);
+  EXPECT_THAT(r.err, HasSubstr("truncated"));
+  EXPECT_THAT(r.err, HasSubstr("output limit"));
+}
+
+TEST_F(DsecctlRun, StdinIsPassedThrough) {
+  auto r = daemon_->Ctl({"run", "--", "sh", "-c", "tr a-z A-Z; echo done"}, "abc\n");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "ABC\ndone\n");
+}
+
+TEST_F(DsecctlRun, JsonPrintsTheWholeResult) {
+  auto r = daemon_->Ctl({"run", "--json", "--", "true"});
+  EXPECT_EQ(r.exit_code, 0);
+  auto j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  EXPECT_EQ(j.value("verdict", ""), "VERDICT_OK");
+  EXPECT_TRUE(j.contains("wall_us"));
+}
+
+TEST_F(DsecctlRun, UnavailableKindIsPlatformError125) {
+  auto r = daemon_->Ctl({"run", "--kind", "vm", "--", "true"});
+  EXPECT_EQ(r.exit_code, 125);
+  EXPECT_THAT(r.err, HasSubstr("not available"));
+}
+
+TEST_F(DsecctlRun, BadFlagIsUsageError2) {
+  auto r = daemon_->Ctl({"run", "--memory", "lots", "--", "true"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("--memory"));
+}
+
+TEST(DsecctlNoDaemon, UnreachableDaemonIs125WithAHint) {
+  auto r = RunProcess({BinDir() + "/dsecctl", "--addr", "127.0.0.1:1", "--connect-timeout", "0.5", "run", "--", "true"});
+  EXPECT_EQ(r.exit_code, 125);
+  EXPECT_THAT(r.err, HasSubstr("127.0.0.1:1"));
+  EXPECT_THAT(r.err, HasSubstr("dsecd"));
+}
+
+using DsecctlAdmin = DaemonTest;
+
+TEST_F(DsecctlAdmin, StatusLsStatsAnswer) {
+  for (const char* cmd : {"status", "ls", "stats"}) {
+    auto r = daemon_->Ctl({cmd, "--raw"});
+    EXPECT_EQ(r.exit_code, 0) << cmd << ": " << r.err;
+    auto j = nlohmann::json::parse(r.out, nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << r.out;
+    EXPECT_TRUE(j.value("ok", false)) << r.out;
+  }
+  auto status = daemon_->Admin("status");
+  EXPECT_EQ(status.value("role", ""), "all");
+  EXPECT_EQ(status.value("sdk", ""), daemon_->sdk_addr());
+}
+
+TEST_F(DsecctlAdmin, InspectAndKillARunInFlight) {
+  auto fut = client_->RunAsync(FncallSpec(), Command({"sleep", "120"}));
+  // The run shows up in `ls` once the node has it; find its id.
+  std::string run_id;
+  for (int i = 0; i < 500 && run_id.empty(); ++i) {
+    auto ls = daemon_->Admin("ls");
+    for (const auto& r : ls.value("runs", nlohmann::json::array()))
+      if (r.value("argv0", "") == "sleep") run_id = r.value("id", "");
+  }
+  ASSERT_FALSE(run_id.empty()) << "the run never appeared in ls";
+  auto inspect = daemon_->Admin("inspect " + run_id);
+  EXPECT_TRUE(inspect.value("ok", false)) << inspect.dump();
+  auto r = daemon_->Ctl({"kill", run_id});
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  auto result = fut.get();
+  ASSERT_TRUE(result.ok()) << result.status().ToString();
+  EXPECT_EQ(result->verdict(), v1::VERDICT_PLATFORM_ERROR);
+  EXPECT_THAT(result->error(), HasSubstr("killed"));
+  EXPECT_LT(result->wall_us(), 60'000'000u);
+}
+
+TEST_F(DsecctlAdmin, WrongTokenIsRefused) {
+  auto r = daemon_->Ctl({"--token", "not-the-token", "status"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("token"));
+}
+
+}  // namespace
+}  // namespace dsec::testing

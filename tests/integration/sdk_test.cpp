@@ -1,0 +1,110 @@
+// The C++ SDK against a real dsecd: concurrency, sandboxes, errors as values.
+#include <gmock/gmock.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+
+#include "tests/support/daemon_fixture.hpp"
+
+namespace dsec::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using Sdk = DaemonTest;
+
+TEST_F(Sdk, ThousandConcurrentRunsAllGetTheirOwnResult) {
+  constexpr int kRuns = 1000;
+  std::mutex mu;
+  std::condition_variable cv;
+  int done = 0;
+  std::vector<std::string> got(kRuns);
+  std::vector<int> verdicts(kRuns, -1);
+  for (int i = 0; i < kRuns; ++i) {
+    client_->RunAsync(FncallSpec(), Command({"echo", "run-" + std::to_string(i)}),
+                      [&, i](Result<v1::ExecResult> r) {
+                        std::lock_guard<std::mutex> lk(mu);
+                        if (r.ok()) {
+                          got[i] = r->stdout();
+                          verdicts[i] = r->verdict();
+                        } else {
+                          got[i] = "error: " + r.status().ToString();
+                        }
+                        ++done;
+                        cv.notify_all();
+                      });
+  }
+  std::unique_lock<std::mutex> lk(mu);
+  cv.wait(lk, [&] { return done == kRuns; });
+  for (int i = 0; i < kRuns; ++i) {
+    EXPECT_EQ(verdicts[i], v1::VERDICT_OK) << "run " << i << ": " << got[i];
+    EXPECT_EQ(got[i], "run-" + std::to_string(i) + "\n");
+  }
+}
+
+TEST_F(Sdk, SandboxCreateExecGetDestroy) {
+  auto sb = client_->Create(FncallSpec());
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  EXPECT_EQ(sb->id().rfind("sb-", 0), 0u);
+  auto r = sb->Exec(Command({"sh", "-c", "echo hi; exit 2"}));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->stdout(), "hi\n");
+  EXPECT_EQ(r->exit_code(), 2);
+  EXPECT_EQ(r->sandbox_id(), sb->id());
+  auto rec = sb->Get();
+  ASSERT_TRUE(rec.ok());
+  EXPECT_EQ(rec->phase(), v1::SANDBOX_PHASE_RUNNING);
+  EXPECT_EQ(rec->spec().kind(), v1::KIND_FNCALL);
+  EXPECT_EQ(rec->exec_count(), 1u);
+  ASSERT_TRUE(sb->Destroy().ok());
+  auto after = sb->Exec(Command({"true"}));
+  ASSERT_FALSE(after.ok());
+  EXPECT_EQ(after.status().code(), Status::Code::kNotFound);
+  EXPECT_THAT(after.status().message(), HasSubstr(sb->id()));
+}
+
+TEST_F(Sdk, SandboxSpecLimitsApplyToItsExecs) {
+  v1::SandboxSpec spec = FncallSpec();
+  spec.mutable_limits()->set_timeout_ms(300);
+  auto sb = client_->Create(spec);
+  ASSERT_TRUE(sb.ok());
+  auto r = sb->Exec(Command({"sleep", "10"}));
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->verdict(), v1::VERDICT_TIME_LIMIT);
+  EXPECT_TRUE(sb->Destroy().ok());
+}
+
+TEST_F(Sdk, UnavailableKindIsAnErrorValue) {
+  v1::SandboxSpec spec;
+  spec.set_kind(v1::KIND_MICROVM);
+  auto r = client_->Run(spec, Command({"true"}));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Status::Code::kUnavailable);
+  EXPECT_THAT(r.status().message(), HasSubstr("microvm"));
+}
+
+TEST_F(Sdk, AttachToUnknownSandboxIsNotFound) {
+  auto sb = client_->Attach("sb-doesnotexist");
+  ASSERT_FALSE(sb.ok());
+  EXPECT_EQ(sb.status().code(), Status::Code::kNotFound);
+}
+
+TEST(SdkNoDaemon, ConnectFailsWithAClearError) {
+  ClientOptions o;
+  o.address = "127.0.0.1:1";
+  o.connect_timeout = std::chrono::milliseconds(500);
+  auto c = Client::Connect(o);
+  ASSERT_FALSE(c.ok());
+  EXPECT_THAT(c.status().message(), HasSubstr("127.0.0.1:1"));
+}
+
+TEST(SdkNoDaemon, BadAddressIsInvalidArgument) {
+  ClientOptions o;
+  o.address = "nonsense";
+  auto c = Client::Connect(o);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), Status::Code::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace dsec::testing

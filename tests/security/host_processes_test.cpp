@@ -1,0 +1,134 @@
+// Host processes from inside a sandbox: they cannot be seen in /proc, and
+// they cannot be signalled, neither the test process nor a child it starts.
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include "tests/support/fncall_fixture.hpp"
+
+extern char** environ;
+
+namespace dsec::testing {
+namespace {
+
+using HostProcesses = FncallTest;
+
+// A host `sleep 300` the test starts and always stops and reaps itself.
+class HostSleep {
+ public:
+  HostSleep() {
+    char* argv[] = {const_cast<char*>("sleep"), const_cast<char*>("300"), nullptr};
+    if (::posix_spawnp(&pid_, "sleep", nullptr, nullptr, argv, environ) != 0) pid_ = -1;
+  }
+  HostSleep(const HostSleep&) = delete;
+  HostSleep& operator=(const HostSleep&) = delete;
+  ~HostSleep() { Stop(); }
+  pid_t pid() const { return pid_; }
+  // Running: neither gone nor a zombie waiting to be reaped.
+  bool Running() const {
+    int st = 0;
+    return pid_ > 0 && ::waitpid(pid_, &st, WNOHANG) == 0 && ::kill(pid_, 0) == 0;
+  }
+  // Kills and reaps it; returns its wait status.
+  int Stop() {
+    if (pid_ <= 0) return -1;
+    ::kill(pid_, SIGKILL);
+    int st = 0;
+    while (::waitpid(pid_, &st, 0) < 0 && errno == EINTR) {
+    }
+    pid_ = -1;
+    return st;
+  }
+
+ private:
+  pid_t pid_ = -1;
+};
+
+TEST_F(HostProcesses, ProcShowsOnlyTheSandboxsOwnProcesses) {
+  auto r = Run({"python3", "-c",
+                "import os, sys\n"
+                "pids = sorted(int(p) for p in os.listdir('/proc') if p.isdigit())\n"
+                "print(' '.join(map(str, pids)))\n"
+                "print(os.getpid())\n"
+                "print(os.path.exists('/proc/' + sys.argv[1]))\n"
+                "print(open('/proc/1/comm').read().strip())\n",
+                std::to_string(::getpid())});
+  ASSERT_EQ(r.verdict(), v1::VERDICT_OK) << r.error() << "\n" << r.stderr();
+  std::istringstream out(r.stdout());
+  std::string pid_line, self, test_pid_visible, init_comm;
+  std::getline(out, pid_line);
+  std::getline(out, self);
+  std::getline(out, test_pid_visible);
+  std::getline(out, init_comm);
+  std::set<long> pids;
+  std::istringstream ps(pid_line);
+  for (long p; ps >> p;) pids.insert(p);
+  // The runner (pid 1) and the program itself, nothing of the host's.
+  EXPECT_LE(pids.size(), 3u) << pid_line;
+  EXPECT_EQ(pids.count(1), 1u) << pid_line;
+  EXPECT_EQ(pids.count(std::stol(self)), 1u) << pid_line;
+  for (long p : pids) EXPECT_LT(p, 100) << "a pid from outside the sandbox: " << pid_line;
+  EXPECT_EQ(test_pid_visible, "False") << "the test's pid " << ::getpid() << " is visible inside";
+  EXPECT_EQ(init_comm, "dsec-runner") << "pid 1 inside is not the sandbox's runner";
+}
+
+TEST_F(HostProcesses, PsListsNoHostProcess) {
+  auto r = Sh("ps -e -o pid= -o comm=");
+  ASSERT_EQ(r.verdict(), v1::VERDICT_OK) << r.error() << "\n" << r.stderr();
+  std::istringstream out(r.stdout());
+  int lines = 0;
+  for (std::string line; std::getline(out, line);) {
+    ++lines;
+    EXPECT_TRUE(line.find("dsec-runner") != std::string::npos || line.find(" sh") != std::string::npos ||
+                line.find(" ps") != std::string::npos)
+        << "unexpected process inside: " << line;
+  }
+  EXPECT_LE(lines, 3) << r.stdout();
+}
+
+TEST_F(HostProcesses, CannotSignalTheTestProcess) {
+  std::string pid = std::to_string(::getpid());
+  auto r = Run({"python3", "-c",
+                "import errno, os, signal, sys\n"
+                "pid = int(sys.argv[1])\n"
+                "for sig in (0, signal.SIGTERM, signal.SIGKILL):\n"
+                "    try:\n"
+                "        os.kill(pid, sig)\n"
+                "        print(int(sig), 'delivered')\n"
+                "    except OSError as e:\n"
+                "        print(int(sig), errno.errorcode[e.errno])\n",
+                pid});
+  ASSERT_EQ(r.verdict(), v1::VERDICT_OK) << r.error() << "\n" << r.stderr();
+  EXPECT_EQ(r.stdout(), "0 ESRCH\n15 ESRCH\n9 ESRCH\n");
+  // The shell's kill builtin fails too.
+  auto sh = Sh("kill -0 " + pid + "; echo rc=$?; kill -9 " + pid + "; echo rc=$?");
+  EXPECT_EQ(sh.verdict(), v1::VERDICT_OK) << sh.error();
+  EXPECT_EQ(sh.stdout(), "rc=1\nrc=1\n") << sh.stderr();
+  // And, plainly, this process is still here to check it.
+  EXPECT_EQ(::kill(::getpid(), 0), 0);
+}
+
+TEST_F(HostProcesses, CannotKillAHostChild) {
+  HostSleep sleeper;
+  ASSERT_GT(sleeper.pid(), 0) << "posix_spawn sleep 300 failed";
+  ASSERT_TRUE(sleeper.Running());
+  std::string pid = std::to_string(sleeper.pid());
+  auto r = Sh("kill -9 " + pid + "; echo rc=$?; kill -TERM " + pid +
+              "; echo rc=$?; kill -9 -1; echo rc=$?");
+  EXPECT_EQ(r.verdict(), v1::VERDICT_OK) << r.error();
+  // kill -1 finds nobody it may signal (pid 1 and the caller are exempt).
+  EXPECT_EQ(r.stdout(), "rc=1\nrc=1\nrc=1\n") << r.stderr();
+  EXPECT_TRUE(sleeper.Running()) << "the host's sleep " << pid << " did not survive the sandbox";
+  int st = sleeper.Stop();
+  EXPECT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) << "wait status " << st;
+}
+
+}  // namespace
+}  // namespace dsec::testing

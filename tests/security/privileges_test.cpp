@@ -1,0 +1,123 @@
+// Who a sandboxed program is: uid 65534 with no capabilities, no new
+// privileges and a seccomp filter; setuid binaries do not make it root; the
+// hostname is "sandbox" and stays so.
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tests/support/fncall_fixture.hpp"
+
+namespace dsec::testing {
+namespace {
+
+using Privileges = FncallTest;
+
+// "Key:\tvalue" lines of /proc/<pid>/status, values with tabs as spaces.
+std::map<std::string, std::string> ParseStatus(const std::string& text) {
+  std::map<std::string, std::string> m;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    size_t colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    std::string v = line.substr(colon + 1);
+    for (char& c : v)
+      if (c == '\t') c = ' ';
+    size_t b = v.find_first_not_of(' '), e = v.find_last_not_of(' ');
+    m[line.substr(0, colon)] = b == std::string::npos ? std::string() : v.substr(b, e - b + 1);
+  }
+  return m;
+}
+
+TEST_F(Privileges, StatusShowsAnUnprivilegedSandboxedProcess) {
+  auto r = Run({"cat", "/proc/self/status"});
+  ASSERT_EQ(r.verdict(), v1::VERDICT_OK) << r.error() << "\n" << r.stderr();
+  auto s = ParseStatus(r.stdout());
+  EXPECT_EQ(s["Uid"], "65534 65534 65534 65534");
+  EXPECT_EQ(s["Gid"], "65534 65534 65534 65534");
+  EXPECT_EQ(s["Groups"], "");
+  for (const char* cap : {"CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"})
+    EXPECT_EQ(s[cap], "0000000000000000") << cap;
+  EXPECT_EQ(s["NoNewPrivs"], "1");
+  EXPECT_EQ(s["Seccomp"], "2");  // SECCOMP_MODE_FILTER
+}
+
+TEST_F(Privileges, CannotBecomeRoot) {
+  auto r = Run({"python3", "-c",
+                "import errno, os\n"
+                "for name, call in [('setuid', lambda: os.setuid(0)), ('setgid', lambda: os.setgid(0)),\n"
+                "                   ('seteuid', lambda: os.seteuid(0)),\n"
+                "                   ('setresuid', lambda: os.setresuid(0, 0, 0)),\n"
+                "                   ('setgroups', lambda: os.setgroups([0]))]:\n"
+                "    try:\n"
+                "        call()\n"
+                "        print(name, 'ok')\n"
+                "    except OSError as e:\n"
+                "        print(name, errno.errorcode[e.errno])\n"
+                "print('uid', os.getuid(), os.geteuid())\n"});
+  ASSERT_EQ(r.verdict(), v1::VERDICT_OK) << r.error() << "\n" << r.stderr();
+  EXPECT_EQ(r.stdout(),
+            "setuid EPERM\nsetgid EPERM\nseteuid EPERM\nsetresuid EPERM\nsetgroups EPERM\n"
+            "uid 65534 65534\n");
+}
+
+// Starts `path` with stdin a pipe held open (so a password prompt waits),
+// waits until it has exec'd, and prints its credentials from /proc. A zombie
+// keeps its credentials, so a binary that exits at once is still read.
+constexpr const char* kSetuidProbe =
+    "import os, subprocess, sys, time\n"
+    "path = sys.argv[1]\n"
+    "p = subprocess.Popen([path] + sys.argv[2:], stdin=subprocess.PIPE,\n"
+    "                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+    "want = os.path.basename(path)[:15]\n"
+    "deadline = time.monotonic() + 10\n"
+    "while open('/proc/%d/comm' % p.pid).read().strip() != want:\n"
+    "    if time.monotonic() > deadline:\n"
+    "        print('never-exec', open('/proc/%d/comm' % p.pid).read().strip())\n"
+    "        sys.exit(1)\n"
+    "    time.sleep(0.005)\n"
+    "for line in open('/proc/%d/status' % p.pid):\n"
+    "    k, _, v = line.partition(':')\n"
+    "    if k in ('Uid', 'Gid', 'CapEff', 'CapPrm'):\n"
+    "        print(k, ' '.join(v.split()))\n"
+    "p.kill()\n"
+    "p.wait()\n";
+
+TEST_F(Privileges, SetuidBinariesDoNotGrantRoot) {
+  std::vector<std::string> found;
+  for (const char* path : {"/usr/bin/su", "/usr/bin/passwd", "/usr/bin/mount", "/usr/bin/newgrp",
+                           "/usr/bin/chsh", "/usr/bin/gpasswd", "/usr/bin/sudo"}) {
+    struct stat st;
+    if (::stat(path, &st) == 0 && (st.st_mode & S_ISUID) && st.st_uid == 0) found.push_back(path);
+  }
+  if (found.empty()) GTEST_SKIP() << "no setuid-root binary in /usr/bin on this host to try";
+  for (const auto& path : found) {
+    SCOPED_TRACE(path);
+    auto r = Run({"python3", "-c", kSetuidProbe, path});
+    ASSERT_EQ(r.verdict(), v1::VERDICT_OK) << r.error() << "\n" << r.stdout() << r.stderr();
+    auto s = ParseStatus(r.stdout());
+    EXPECT_EQ(s["Uid"], "65534 65534 65534 65534") << r.stdout();
+    EXPECT_EQ(s["Gid"], "65534 65534 65534 65534") << r.stdout();
+    EXPECT_EQ(s["CapEff"], "0000000000000000");
+    EXPECT_EQ(s["CapPrm"], "0000000000000000");
+  }
+  // And the obvious attempt: su to root does not run anything as root.
+  if (std::find(found.begin(), found.end(), "/usr/bin/su") != found.end()) {
+    auto su = Sh("su -c id root </dev/null; echo rc=$?");
+    EXPECT_EQ(su.verdict(), v1::VERDICT_OK) << su.error();
+    EXPECT_EQ(su.stdout().find("uid=0"), std::string::npos) << su.stdout();
+    EXPECT_EQ(su.stdout().find("rc=0"), std::string::npos) << su.stdout() << su.stderr();
+  }
+}
+
+TEST_F(Privileges, HostnameIsSandboxAndCannotBeChanged) {
+  auto r = Sh("hostname; cat /proc/sys/kernel/hostname; hostname evil; echo rc=$?; hostname");
+  ASSERT_EQ(r.verdict(), v1::VERDICT_OK) << r.error() << "\n" << r.stderr();
+  EXPECT_EQ(r.stdout(), "sandbox\nsandbox\nrc=1\nsandbox\n") << r.stderr();
+}
+
+}  // namespace
+}  // namespace dsec::testing

@@ -1,0 +1,208 @@
+// System calls a sandboxed program must not get: mounts, ptrace, namespaces,
+// kernel modules and kexec, bpf and perf, keyrings. Each group is called
+// directly (python3 ctypes, libc.syscall) and must fail with the errno of the
+// seccomp filter, not merely for lack of a capability where one would do.
+#include <sched.h>
+#include <signal.h>
+#include <sys/syscall.h>
+
+#include <map>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tests/support/fncall_fixture.hpp"
+
+namespace dsec::testing {
+namespace {
+
+using Syscalls = FncallTest;
+
+// name -> a python call of sc() or sc_fork() (both return (result, errno)).
+using Probes = std::vector<std::pair<std::string, std::string>>;
+
+constexpr const char* kPrelude =
+    "import ctypes, errno, os\n"
+    "libc = ctypes.CDLL(None, use_errno=True)\n"
+    "libc.syscall.restype = ctypes.c_long\n"
+    "def arg(a):\n"
+    "    return ctypes.c_long(a) if isinstance(a, int) else a\n"
+    "def sc(nr, *args):\n"
+    "    ctypes.set_errno(0)\n"
+    "    r = libc.syscall(ctypes.c_long(nr), *[arg(a) for a in args])\n"
+    "    return r, ctypes.get_errno()\n"
+    "def sc_fork(nr, *args):\n"  // a clone that succeeds must not run on here
+    "    r, e = sc(nr, *args)\n"
+    "    if r == 0:\n"
+    "        os._exit(0)\n"
+    "    if r > 0:\n"
+    "        os.waitpid(r, 0)\n"
+    "    return r, e\n"
+    "def zeros(n):\n"
+    "    return ctypes.create_string_buffer(n)\n"
+    "def report(name, res):\n"
+    "    r, e = res\n"
+    "    print(name, r, errno.errorcode.get(e, e) if r == -1 else '-', flush=True)\n";
+
+std::string N(long nr) { return std::to_string(nr); }
+
+std::vector<std::string> ProbeArgv(const Probes& probes) {
+  std::string script = kPrelude;
+  for (const auto& [name, call] : probes) script += "report('" + name + "', " + call + ")\n";
+  return {"python3", "-c", script};
+}
+
+// Each probe printed "<name> -1 <expected errno>".
+void ExpectAllFail(const v1::ExecResult& r, const Probes& probes, const std::string& expected) {
+  ASSERT_EQ(r.verdict(), v1::VERDICT_OK) << r.error() << "\n" << r.stderr();
+  std::map<std::string, std::string> got;
+  std::istringstream in(r.stdout());
+  for (std::string line; std::getline(in, line);) {
+    size_t sp = line.find(' ');
+    if (sp != std::string::npos) got[line.substr(0, sp)] = line.substr(sp + 1);
+  }
+  for (const auto& [name, call] : probes) {
+    ASSERT_EQ(got.count(name), 1u) << name << " printed nothing:\n" << r.stdout() << r.stderr();
+    EXPECT_EQ(got[name], "-1 " + expected) << name << " = " << call << " was not denied";
+  }
+}
+
+TEST_F(Syscalls, MountingIsDenied) {
+  Probes p = {
+      {"mount", "sc(" + N(SYS_mount) + ", b'none', b'/tmp', b'tmpfs', 0, None)"},
+      {"mount_bind", "sc(" + N(SYS_mount) + ", b'/usr', b'/work', None, 4096, None)"},  // MS_BIND
+      {"umount2", "sc(" + N(SYS_umount2) + ", b'/tmp', 2)"},                            // MNT_DETACH
+      {"umount2_proc", "sc(" + N(SYS_umount2) + ", b'/proc', 0)"},
+      {"pivot_root", "sc(" + N(SYS_pivot_root) + ", b'/tmp', b'/tmp')"},
+      {"chroot", "sc(" + N(SYS_chroot) + ", b'/tmp')"},
+#ifdef SYS_fsopen
+      {"fsopen", "sc(" + N(SYS_fsopen) + ", b'tmpfs', 0)"},
+#endif
+#ifdef SYS_open_tree
+      {"open_tree", "sc(" + N(SYS_open_tree) + ", -100, b'/usr', 1)"},  // OPEN_TREE_CLONE
+#endif
+  };
+  ExpectAllFail(Run(ProbeArgv(p)), p, "EPERM");
+}
+
+TEST_F(Syscalls, PtraceIsDenied) {
+  Probes p = {
+      {"ptrace_traceme", "sc(" + N(SYS_ptrace) + ", 0, 0, 0, 0)"},
+      {"ptrace_attach_pid1", "sc(" + N(SYS_ptrace) + ", 16, 1, 0, 0)"},
+      {"ptrace_seize_pid1", "sc(" + N(SYS_ptrace) + ", 0x4206, 1, 0, 0)"},
+      {"process_vm_readv_pid1", "sc(" + N(SYS_process_vm_readv) + ", 1, zeros(16), 1, zeros(16), 1, 0)"},
+  };
+  ExpectAllFail(Run(ProbeArgv(p)), p, "EPERM");
+}
+
+TEST_F(Syscalls, UnshareAndSetnsAreDenied) {
+  Probes p = {
+      {"unshare_newuser", "sc(" + N(SYS_unshare) + ", " + N(CLONE_NEWUSER) + ")"},
+      {"unshare_newuser_newns", "sc(" + N(SYS_unshare) + ", " + N(CLONE_NEWUSER | CLONE_NEWNS) + ")"},
+      {"unshare_newns", "sc(" + N(SYS_unshare) + ", " + N(CLONE_NEWNS) + ")"},
+      {"unshare_newnet", "sc(" + N(SYS_unshare) + ", " + N(CLONE_NEWNET) + ")"},
+      {"unshare_newpid", "sc(" + N(SYS_unshare) + ", " + N(CLONE_NEWPID) + ")"},
+      // Needs no privilege at all: only the filter refuses it.
+      {"unshare_files", "sc(" + N(SYS_unshare) + ", " + N(CLONE_FILES) + ")"},
+      {"setns_own_net", "sc(" + N(SYS_setns) + ", os.open('/proc/self/ns/net', os.O_RDONLY), " +
+                            N(CLONE_NEWNET) + ")"},
+      {"setns_own_mnt", "sc(" + N(SYS_setns) + ", os.open('/proc/self/ns/mnt', os.O_RDONLY), 0)"},
+      {"setns_bad_fd", "sc(" + N(SYS_setns) + ", -1, 0)"},  // EBADF without the filter
+  };
+  ExpectAllFail(Run(ProbeArgv(p)), p, "EPERM");
+}
+
+TEST_F(Syscalls, UtilLinuxUnshareFails) {
+  auto r = Sh("unshare -U true; echo rc=$?; unshare -m true; echo rc=$?; unshare -U -r id; echo rc=$?");
+  ASSERT_EQ(r.verdict(), v1::VERDICT_OK) << r.error() << "\n" << r.stderr();
+  EXPECT_EQ(r.stdout(), "rc=1\nrc=1\nrc=1\n") << r.stderr();
+  EXPECT_NE(r.stderr().find("Operation not permitted"), std::string::npos) << r.stderr();
+}
+
+TEST_F(Syscalls, CloneIntoNewNamespacesIsDenied) {
+  const std::string clone = "sc_fork(" + N(SYS_clone) + ", ";
+  const std::string tail = " | " + N(SIGCHLD) + ", 0, 0, 0, 0)";
+  Probes p = {
+      {"clone_newuser", clone + N(CLONE_NEWUSER) + tail},
+      {"clone_newns", clone + N(CLONE_NEWNS) + tail},
+      {"clone_newpid", clone + N(CLONE_NEWPID) + tail},
+      {"clone_newnet", clone + N(CLONE_NEWNET) + tail},
+      {"clone_newuser_newpid", clone + N(CLONE_NEWUSER | CLONE_NEWPID) + tail},
+  };
+  ExpectAllFail(Run(ProbeArgv(p)), p, "EPERM");
+}
+
+#ifdef SYS_clone3
+TEST_F(Syscalls, Clone3IsUnavailable) {
+  // struct clone_args: flags, pidfd, child_tid, parent_tid, exit_signal, ...
+  // (88 bytes in version 2). The filter answers ENOSYS so libcs fall back to
+  // clone, whose flags it can inspect.
+  auto args = [](unsigned long flags) {
+    return "(lambda a: (a.__setitem__(0, " + std::to_string(flags) + "), a.__setitem__(4, " +
+           N(SIGCHLD) + "), sc_fork(" + N(SYS_clone3) + ", a, 88))[2])((ctypes.c_uint64 * 11)())";
+  };
+  Probes p = {
+      {"clone3_newuser", args(CLONE_NEWUSER)},
+      {"clone3_newns", args(CLONE_NEWNS)},
+      {"clone3_plain", args(0)},
+  };
+  ExpectAllFail(Run(ProbeArgv(p)), p, "ENOSYS");
+}
+#endif
+
+TEST_F(Syscalls, PlainCloneStillWorks) {
+  // The probes can tell an allowed call from a denied one.
+  auto r = Run(ProbeArgv({{"clone_plain", "sc_fork(" + N(SYS_clone) + ", " + N(SIGCHLD) + ", 0, 0, 0, 0)"}}));
+  ASSERT_EQ(r.verdict(), v1::VERDICT_OK) << r.error() << "\n" << r.stderr();
+  std::istringstream in(r.stdout());
+  std::string name, errno_name;
+  long pid = -1;
+  in >> name >> pid >> errno_name;
+  EXPECT_EQ(name, "clone_plain");
+  EXPECT_GT(pid, 0) << r.stdout();
+  EXPECT_EQ(errno_name, "-");
+}
+
+TEST_F(Syscalls, ModulesKexecAndRebootAreDenied) {
+  Probes p = {
+      {"init_module", "sc(" + N(SYS_init_module) + ", zeros(64), 64, b'')"},
+      {"finit_module", "sc(" + N(SYS_finit_module) + ", os.open('/dev/null', os.O_RDONLY), b'', 0)"},
+      {"delete_module", "sc(" + N(SYS_delete_module) + ", b'dsec_no_such_module', 0)"},
+      {"kexec_load", "sc(" + N(SYS_kexec_load) + ", 0, 0, None, 0)"},
+#ifdef SYS_kexec_file_load
+      {"kexec_file_load", "sc(" + N(SYS_kexec_file_load) + ", -1, -1, 0, b'', 0)"},
+#endif
+      // LINUX_REBOOT_CMD_CAD_OFF: harmless even if it were allowed.
+      {"reboot", "sc(" + N(SYS_reboot) + ", 0xfee1dead, 672274793, 0, None)"},
+  };
+  ExpectAllFail(Run(ProbeArgv(p)), p, "EPERM");
+}
+
+TEST_F(Syscalls, BpfPerfAndFriendsAreDenied) {
+  Probes p = {
+      {"bpf_map_create", "sc(" + N(SYS_bpf) + ", 0, zeros(128), 128)"},
+      {"bpf_prog_load", "sc(" + N(SYS_bpf) + ", 5, zeros(128), 128)"},
+      {"perf_event_open", "sc(" + N(SYS_perf_event_open) + ", zeros(128), 0, -1, -1, 0)"},
+      {"userfaultfd", "sc(" + N(SYS_userfaultfd) + ", 0)"},
+      {"syslog_read_all", "sc(" + N(SYS_syslog) + ", 3, zeros(256), 256)"},
+#ifdef SYS_io_uring_setup
+      {"io_uring_setup", "sc(" + N(SYS_io_uring_setup) + ", 1, zeros(120))"},
+#endif
+  };
+  ExpectAllFail(Run(ProbeArgv(p)), p, "EPERM");
+}
+
+TEST_F(Syscalls, KeyringsAreDenied) {
+  Probes p = {
+      // KEYCTL_GET_KEYRING_ID of KEY_SPEC_SESSION_KEYRING: normally allowed to anyone.
+      {"keyctl_get_session", "sc(" + N(SYS_keyctl) + ", 0, -3, 0)"},
+      {"keyctl_join_session", "sc(" + N(SYS_keyctl) + ", 1, None)"},
+      {"add_key", "sc(" + N(SYS_add_key) + ", b'user', b'dsec', b'x', 1, -3)"},
+      {"request_key", "sc(" + N(SYS_request_key) + ", b'user', b'dsec', None, 0)"},
+  };
+  ExpectAllFail(Run(ProbeArgv(p)), p, "EPERM");
+}
+
+}  // namespace
+}  // namespace dsec::testing

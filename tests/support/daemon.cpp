@@ -1,0 +1,324 @@
+#include "tests/support/daemon.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "runtime/files.hpp"
+
+extern char** environ;
+
+namespace dsec::testing {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Orphans (a killed dsecd's spawner) are re-parented to us so we can reap them.
+const bool kSubreaper = [] {
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+  ::signal(SIGPIPE, SIG_IGN);
+  return true;
+}();
+
+bool Alive(pid_t pid) {
+  int status;
+  if (::waitpid(pid, &status, WNOHANG) == pid) return false;
+  if (::kill(pid, 0) != 0) return false;
+  std::ifstream st("/proc/" + std::to_string(pid) + "/stat");
+  std::string s;
+  std::getline(st, s);
+  auto rp = s.rfind(')');
+  return rp == std::string::npos || s.size() < rp + 3 || s[rp + 2] != 'Z';
+}
+
+bool WaitGone(pid_t pid, int timeout_ms) {
+  auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (Clock::now() < deadline) {
+    if (!Alive(pid)) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));  // polling a foreign process's exit
+  }
+  return !Alive(pid);
+}
+
+}  // namespace
+
+std::string BinDir() {
+  if (const char* d = std::getenv("DSEC_BIN_DIR"); d && *d) return d;
+  char buf[4096];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  std::string self(buf, n > 0 ? static_cast<size_t>(n) : 0);
+  return self.substr(0, self.rfind('/'));
+}
+
+ProcResult RunProcess(const std::vector<std::string>& argv, const std::string& stdin_data, int timeout_s) {
+  ProcResult r;
+  int in[2], out[2], err[2];
+  if (::pipe2(in, O_CLOEXEC) || ::pipe2(out, O_CLOEXEC) || ::pipe2(err, O_CLOEXEC)) return r;
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, in[0], 0);
+  posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+  posix_spawn_file_actions_adddup2(&fa, err[1], 2);
+  std::vector<char*> av;
+  for (const auto& a : argv) av.push_back(const_cast<char*>(a.c_str()));
+  av.push_back(nullptr);
+  pid_t pid = -1;
+  int rc = posix_spawn(&pid, argv[0].c_str(), &fa, nullptr, av.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  ::close(in[0]);
+  ::close(out[1]);
+  ::close(err[1]);
+  if (rc != 0) {
+    ::close(in[1]);
+    ::close(out[0]);
+    ::close(err[0]);
+    r.err = std::string("spawn failed: ") + std::strerror(rc);
+    return r;
+  }
+  std::thread writer([fd = in[1], data = stdin_data] {
+    size_t off = 0;
+    while (off < data.size()) {
+      ssize_t n = ::write(fd, data.data() + off, data.size() - off);
+      if (n <= 0) break;
+      off += static_cast<size_t>(n);
+    }
+    ::close(fd);
+  });
+  pollfd fds[2] = {{out[0], POLLIN, 0}, {err[0], POLLIN, 0}};
+  auto deadline = Clock::now() + std::chrono::seconds(timeout_s);
+  int open = 2;
+  while (open > 0 && Clock::now() < deadline) {
+    if (::poll(fds, 2, 1000) <= 0) continue;
+    for (int i = 0; i < 2; ++i) {
+      if (fds[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP))) continue;
+      char buf[65536];
+      ssize_t n = ::read(fds[i].fd, buf, sizeof buf);
+      if (n <= 0) {
+        ::close(fds[i].fd);
+        fds[i].fd = -1;
+        --open;
+      } else {
+        (i == 0 ? r.out : r.err).append(buf, static_cast<size_t>(n));
+      }
+    }
+  }
+  for (auto& f : fds)
+    if (f.fd >= 0) ::close(f.fd);
+  if (open > 0) ::kill(pid, SIGKILL);
+  writer.join();
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+Result<std::unique_ptr<TestDaemon>> TestDaemon::Start(Options options) {
+  std::unique_ptr<TestDaemon> d(new TestDaemon());
+  d->options_ = std::move(options);
+  char tmpl[] = "/tmp/dsec-test-XXXXXX";
+  if (!::mkdtemp(tmpl)) return Status::FromErrno(errno, "mkdtemp");
+  d->data_dir_ = tmpl;
+  d->log_path_ = d->data_dir_ + ".log";
+  DSEC_RETURN_IF_ERROR(d->Launch("127.0.0.1:0", "127.0.0.1:0"));
+  return d;
+}
+
+Status TestDaemon::Launch(const std::string& listen, const std::string& admin) {
+  ::unlink((data_dir_ + "/dsecd.json").c_str());
+  std::vector<std::string> args = {BinDir() + "/dsecd", "--data-dir", data_dir_, "--listen", listen, "--admin",
+                                   admin, "--cgroup-parent", "dsec-test", "--fncall-pool", "8", "--log-file",
+                                   log_path_};
+  if (options_.test_hooks) args.push_back("--test-hooks");
+  for (const auto& a : options_.extra_args) args.push_back(a);
+  std::vector<char*> av;
+  for (auto& a : args) av.push_back(a.data());
+  av.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+  int rc = posix_spawn(&pid_, av[0], &fa, nullptr, av.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  if (rc != 0) return Status::FromErrno(rc, "start " + args[0]);
+  // Ready once it has written its endpoints.
+  auto deadline = Clock::now() + std::chrono::seconds(60);
+  while (Clock::now() < deadline) {
+    auto ep = ReadFileToString(data_dir_ + "/dsecd.json");
+    if (ep.ok()) {
+      auto j = nlohmann::json::parse(*ep, nullptr, false);
+      if (!j.is_discarded() && j.value("pid", 0) == pid_) {
+        sdk_addr_ = j.value("sdk", "");
+        admin_addr_ = j.value("admin", "");
+        return Status::Ok();
+      }
+    }
+    int status;
+    if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
+      auto log = ReadFileToString(log_path_);
+      return Status::Unavailable("dsecd exited during start (status " + std::to_string(status) + "): " +
+                                 (log.ok() ? *log : std::string("no log")));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // waiting for another process's file
+  }
+  return Status::DeadlineExceeded("dsecd did not become ready within 60 s");
+}
+
+std::string TestDaemon::Token() const {
+  auto t = ReadFileToString(data_dir_ + "/admin.token");
+  std::string s = t.ok() ? *t : "";
+  while (!s.empty() && s.back() == '\n') s.pop_back();
+  return s;
+}
+
+void TestDaemon::Kill9() {
+  if (pid_ <= 0) return;
+  auto children = ChildrenOf(pid_);
+  ::kill(pid_, SIGKILL);
+  ::waitpid(pid_, nullptr, 0);
+  pid_ = -1;
+  // Its spawner sees the socket close, kills its runners, removes its
+  // cgroups and exits; it is re-parented to us (subreaper).
+  for (pid_t c : children) {
+    if (!WaitGone(c, 20000)) ::kill(c, SIGKILL);
+    ::waitpid(c, nullptr, WNOHANG);
+  }
+}
+
+int TestDaemon::Stop() {
+  if (pid_ <= 0) return -1;
+  ::kill(pid_, SIGTERM);
+  int status = 0;
+  auto deadline = Clock::now() + std::chrono::seconds(30);
+  while (::waitpid(pid_, &status, WNOHANG) == 0) {
+    if (Clock::now() > deadline) {
+      Kill9();
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));  // waiting for another process to exit
+  }
+  pid_ = -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+Status TestDaemon::Restart() {
+  if (pid_ > 0) Stop();
+  return Launch(sdk_addr_, admin_addr_);
+}
+
+TestDaemon::~TestDaemon() {
+  if (pid_ > 0) Stop();
+  if (!data_dir_.empty() && std::getenv("DSEC_KEEP_TEST_DATA") == nullptr) {
+    RunProcess({"/bin/rm", "-rf", data_dir_});
+    ::unlink(log_path_.c_str());
+  }
+}
+
+ProcResult TestDaemon::Ctl(std::vector<std::string> args, const std::string& stdin_data) const {
+  std::vector<std::string> argv = {BinDir() + "/dsecctl", "--addr", sdk_addr_, "--admin", admin_addr_,
+                                   "--data-dir", data_dir_};
+  for (auto& a : args) argv.push_back(std::move(a));
+  return RunProcess(argv, stdin_data);
+}
+
+nlohmann::json TestDaemon::Admin(const std::string& line) const {
+  ConsoleConn c(admin_addr_);
+  if (!c.ok()) return nlohmann::json{{"ok", false}, {"error", "cannot connect"}};
+  c.Send("AUTH " + Token() + "\n");
+  c.ReadLine();
+  c.Send(line + "\n");
+  return nlohmann::json::parse(c.ReadLine(), nullptr, false);
+}
+
+ConsoleConn::ConsoleConn(const std::string& addr) {
+  auto colon = addr.rfind(':');
+  addrinfo hints{}, *res = nullptr;
+  hints.ai_socktype = SOCK_STREAM;
+  if (getaddrinfo(addr.substr(0, colon).c_str(), addr.substr(colon + 1).c_str(), &hints, &res) != 0) return;
+  fd_ = ::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd_ >= 0 && ::connect(fd_, res->ai_addr, res->ai_addrlen) < 0) {
+    ::close(fd_);
+    fd_ = -1;
+  }
+  freeaddrinfo(res);
+}
+
+ConsoleConn::~ConsoleConn() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+bool ConsoleConn::Send(const std::string& bytes) {
+  return fd_ >= 0 && ::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size());
+}
+
+std::string ConsoleConn::ReadLine(int timeout_ms) {
+  auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (;;) {
+    auto nl = buf_.find('\n');
+    if (nl != std::string::npos) {
+      std::string line = buf_.substr(0, nl);
+      buf_.erase(0, nl + 1);
+      return line;
+    }
+    int left = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count());
+    pollfd p{fd_, POLLIN, 0};
+    if (fd_ < 0 || left <= 0 || ::poll(&p, 1, left) <= 0) return {};
+    char tmp[65536];
+    ssize_t n = ::read(fd_, tmp, sizeof tmp);
+    if (n <= 0) {
+      closed_ = true;
+      return {};
+    }
+    buf_.append(tmp, static_cast<size_t>(n));
+  }
+}
+
+std::vector<pid_t> ChildrenOf(pid_t pid) {
+  std::vector<pid_t> out;
+  std::string task_dir = "/proc/" + std::to_string(pid) + "/task";
+  if (DIR* d = ::opendir(task_dir.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      if (e->d_name[0] == '.') continue;
+      std::ifstream in(task_dir + "/" + e->d_name + "/children");
+      pid_t c;
+      while (in >> c) out.push_back(c);
+    }
+    ::closedir(d);
+  }
+  return out;
+}
+
+std::vector<pid_t> ProcessesMatching(const std::string& needle) {
+  std::vector<pid_t> out;
+  DIR* d = ::opendir("/proc");
+  if (!d) return out;
+  while (dirent* e = ::readdir(d)) {
+    pid_t pid = static_cast<pid_t>(std::atoi(e->d_name));
+    if (pid <= 0 || pid == ::getpid()) continue;
+    std::ifstream in(std::string("/proc/") + e->d_name + "/cmdline");
+    std::string cmd((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    for (auto& c : cmd)
+      if (c == '\0') c = ' ';
+    if (cmd.find(needle) != std::string::npos) out.push_back(pid);
+  }
+  ::closedir(d);
+  return out;
+}
+
+}  // namespace dsec::testing
