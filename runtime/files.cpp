@@ -7,6 +7,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 namespace dsec {
@@ -32,7 +34,8 @@ Result<std::string> ReadFileToString(const std::string& path) {
 }
 
 Status WriteFileAtomic(const std::string& path, const std::string& content, mode_t mode) {
-  std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  // Unique per writer: two threads writing the same path must not share a temp file.
+  std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." + RandomHex(8);
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
   if (fd < 0) return Status::FromErrno(errno, "write " + tmp);
   ::fchmod(fd, mode);  // the umask must not widen or narrow a secret's mode
@@ -48,9 +51,13 @@ Status WriteFileAtomic(const std::string& path, const std::string& content, mode
     }
     off += static_cast<size_t>(n);
   }
-  if (::fsync(fd) < 0 || ::close(fd) < 0) {
+  int sync_rc = ::fsync(fd);
+  int sync_errno = errno;
+  int close_rc = ::close(fd);
+  int close_errno = errno;
+  if (sync_rc < 0 || close_rc < 0) {
     ::unlink(tmp.c_str());
-    return Status::FromErrno(errno, "fsync " + tmp);
+    return Status::FromErrno(sync_rc < 0 ? sync_errno : close_errno, "fsync " + tmp);
   }
   if (::rename(tmp.c_str(), path.c_str()) < 0) {
     int e = errno;
@@ -83,7 +90,13 @@ std::string RandomHex(size_t chars) {
   size_t got = 0;
   while (got < bytes.size()) {
     ssize_t n = ::getrandom(bytes.data() + got, bytes.size() - got, 0);
-    if (n > 0) got += static_cast<size_t>(n);
+    if (n > 0) {
+      got += static_cast<size_t>(n);
+    } else if (n < 0 && errno != EINTR) {
+      // No entropy source at all: ids and tokens would be guessable; stop.
+      std::fprintf(stderr, "dsec: getrandom failed: %s\n", std::strerror(errno));
+      std::abort();
+    }
   }
   static const char* kHex = "0123456789abcdef";
   std::string out;

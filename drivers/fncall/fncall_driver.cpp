@@ -193,6 +193,12 @@ void FncallDriver::IoLoop() {
       ::epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, sock_.get(), &ev);
     }
     int n = ::epoll_wait(epoll_.get(), events, 16, 1000);
+    if (n == 0 && sock_) {
+      // Idle for a second: refresh the spawner's numbers for `stats`.
+      spawner::Request r;
+      r.mutable_stats();
+      AppendFrame(&pending, r.SerializeAsString());
+    }
     for (int i = 0; i < n; ++i) {
       switch (events[i].data.u64) {
         case 1: {
@@ -409,7 +415,8 @@ Status FncallDriver::Kill(const std::string& run_id, const std::string& reason) 
 }
 
 std::string FncallDriver::StatsJson() const {
-  // Ask for fresh numbers; this answer carries the previous ones.
+  // The spawner's numbers are refreshed by the I/O thread every idle second
+  // (and on every ask); this answer carries the latest ones received.
   spawner::Request r;
   r.mutable_stats();
   const_cast<FncallDriver*>(this)->Enqueue(r.SerializeAsString());

@@ -1,5 +1,6 @@
 #include "dsec/status.hpp"
 
+#include <cerrno>
 #include <cstring>
 
 namespace dsec {

@@ -59,7 +59,7 @@ TEST_F(Filesystem, TheImageIsNotWritable) {
 
 TEST_F(Filesystem, WorkAndTmpAreWritable) {
   auto r = Sh("echo work-data > /work/f && echo tmp-data > /tmp/f && mkdir /work/d /tmp/d && "
-              "cat /work/f /tmp/f && ls -d /work/d /tmp/d");
+              "cat /work/f /tmp/f && ls -d /work/d && ls -d /tmp/d");
   ASSERT_EQ(r.verdict(), v1::VERDICT_OK) << r.error() << "\n" << r.stderr();
   EXPECT_EQ(r.stdout(), "work-data\ntmp-data\n/work/d\n/tmp/d\n");
 }

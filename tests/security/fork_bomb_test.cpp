@@ -55,7 +55,8 @@ void ExpectBombEnded(const v1::ExecResult& r) {
 
 TEST_F(ForkBomb, ShellFunctionBombEndsAndTheHostSurvives) {
   // The classic bomb, restarted forever by the top-level shell so it never
-  // dies out on its own; the run can only end by its limits.
+  // dies out on its own: the run ends by its limits, the wall clock or the
+  // shell giving up when fork fails at the pids limit.
   auto r = Sh("bomb() { bomb | bomb & }; while :; do bomb; done", BombLimits());
   ExpectBombEnded(r);
   // The bomb did run into the pids limit (dash says "Cannot fork").
@@ -100,6 +101,7 @@ TEST_F(ForkBomb, ForkingStopsAtThePidsLimitWithEagain) {
   long forks = -1;
   std::string err;
   out >> forks >> err;
+  RecordProperty("forks_before_failure", static_cast<int>(forks));
   EXPECT_LE(forks, static_cast<long>(kPids)) << r.stdout();
   // The program did fork a good part of its allowance before it was stopped.
   EXPECT_GE(forks, static_cast<long>(kPids) / 2) << r.stdout();

@@ -51,7 +51,7 @@ class HostSleep {
   pid_t pid_ = -1;
 };
 
-TEST_F(HostProcesses, ProcShowsOnlyTheSandboxsOwnProcesses) {
+TEST_F(HostProcesses, ProcListsOnlyTheRunsOwnProcesses) {
   auto r = Run({"python3", "-c",
                 "import os, sys\n"
                 "pids = sorted(int(p) for p in os.listdir('/proc') if p.isdigit())\n"
