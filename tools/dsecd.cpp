@@ -40,7 +40,7 @@ struct Flags {
   size_t threads = 2;
   size_t fncall_pool = 32;
   size_t fncall_max_runners = 1024;
-  bool fncall_fresh_netns = false;
+  bool fncall_fresh_namespaces = false;
   std::string cgroup_parent = "dsec";
   uint32_t sandbox_uid = 65534;
   uint32_t sandbox_gid = 65534;
@@ -133,7 +133,7 @@ int Run(const Flags& f) {
   fo.gid = f.sandbox_gid;
   fo.pool_size = f.fncall_pool;
   fo.max_runners = f.fncall_max_runners;
-  fo.fresh_netns = f.fncall_fresh_netns;
+  fo.fresh_namespaces = f.fncall_fresh_namespaces;
   fo.cgroup_parent = f.cgroup_parent;
   auto fncall_log = dsec::Logger("fncall");
   fo.log = [fncall_log](int level, const std::string& text) {
@@ -225,8 +225,8 @@ int main(int argc, char** argv) {
   app.add_option("--fncall-pool", f.fncall_pool, "warm fncall runners kept ready")->capture_default_str();
   app.add_option("--fncall-max-runners", f.fncall_max_runners, "concurrent fncall runs (more queue)")
       ->capture_default_str();
-  app.add_flag("--fncall-fresh-netns", f.fncall_fresh_netns,
-               "a new network namespace per run instead of recycled ones (~1 ms of CPU each)");
+  app.add_flag("--fncall-fresh-ns", f.fncall_fresh_namespaces,
+               "new net and ipc namespaces per run instead of recycled ones (~1.4 ms of CPU each)");
   app.add_option("--cgroup-parent", f.cgroup_parent, "cgroups go to <controller>/<parent>/sp<pid>/...")
       ->capture_default_str();
   app.add_option("--sandbox-uid", f.sandbox_uid, "uid programs run as")->capture_default_str();

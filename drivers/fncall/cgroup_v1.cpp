@@ -25,25 +25,22 @@ bool HasOption(const std::string& opts, const char* name) {
   return false;
 }
 
-std::string ReadFile(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return {};
+std::string ReadSmallFd(int fd) {
   char buf[512];
-  ssize_t n = ::read(fd, buf, sizeof buf - 1);
-  ::close(fd);
+  ssize_t n = ::pread(fd, buf, sizeof buf - 1, 0);
   return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
 }
 
 uint64_t ParseU64(const std::string& s) { return std::strtoull(s.c_str(), nullptr, 10); }
 
-Status WriteFile(const std::string& path, const std::string& v) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
-  if (fd < 0) return Status::FromErrno(errno, "cgroup open " + path);
-  ssize_t w = ::write(fd, v.data(), v.size());
-  int err = errno;
-  ::close(fd);
-  if (w < 0) return Status::FromErrno(err, "cgroup write " + v + " to " + path);
+Status WriteFd(int fd, const std::string& v, const char* what, const std::string& where) {
+  if (::pwrite(fd, v.data(), v.size(), 0) < 0)
+    return Status::FromErrno(errno, std::string("cgroup ") + where + ": write " + what + "=" + v);
   return Status::Ok();
+}
+
+UniqueFd OpenAt(const std::string& dir, const char* file, int flags) {
+  return UniqueFd(::open((dir + "/" + file).c_str(), flags | O_CLOEXEC));
 }
 
 std::vector<pid_t> ReadProcs(const std::string& dir) {
@@ -165,31 +162,47 @@ Result<CgroupSlot> CgroupSlot::Create(const CgroupMounts& m, const std::string& 
   s.rel_ = rel;
   for (const auto& h : m.Hierarchies()) {
     s.dirs_.push_back(h + "/" + rel);
-    s.procs_.push_back(s.dirs_.back() + "/cgroup.procs");
+    s.procs_.push_back(OpenAt(s.dirs_.back(), "cgroup.procs", O_WRONLY));
+    if (!s.procs_.back()) return Status::FromErrno(errno, "cgroup open " + s.dirs_.back() + "/cgroup.procs");
   }
-  s.mem_ = m.memory + "/" + rel + "/";
-  s.pids_ = m.pids + "/" + rel + "/";
-  s.cpu_ = m.cpu + "/" + rel + "/";
-  s.acct_ = m.cpuacct + "/" + rel + "/";
+  std::string mem = m.memory + "/" + rel, pids = m.pids + "/" + rel, cpu = m.cpu + "/" + rel,
+              acct = m.cpuacct + "/" + rel;
+  s.mem_limit_ = OpenAt(mem, "memory.limit_in_bytes", O_RDWR);
+  s.mem_peak_ = OpenAt(mem, "memory.max_usage_in_bytes", O_RDWR);
+  s.mem_oom_ = OpenAt(mem, "memory.oom_control", O_RDONLY);
+  s.pids_max_ = OpenAt(pids, "pids.max", O_RDWR);
+  s.cpu_quota_ = OpenAt(cpu, "cpu.cfs_quota_us", O_RDWR);
+  s.cpu_period_ = OpenAt(cpu, "cpu.cfs_period_us", O_RDWR);
+  s.cpuacct_usage_ = OpenAt(acct, "cpuacct.usage", O_RDWR);
+  if (!s.mem_limit_ || !s.mem_peak_ || !s.mem_oom_ || !s.pids_max_ || !s.cpu_quota_ ||
+      !s.cpu_period_ || !s.cpuacct_usage_)
+    return Status::FromErrno(errno, "cgroup open the control files of " + rel);
   return s;
+}
+
+std::vector<int> CgroupSlot::ProcsFds() const {
+  std::vector<int> fds;
+  for (const auto& f : procs_) fds.push_back(f.get());
+  return fds;
 }
 
 Status CgroupSlot::Attach(pid_t pid) {
   std::string v = std::to_string(pid);
-  for (const auto& p : procs_) DSEC_RETURN_IF_ERROR(WriteFile(p, v));
+  for (size_t i = 0; i < procs_.size(); ++i)
+    DSEC_RETURN_IF_ERROR(WriteFd(procs_[i].get(), v, "cgroup.procs", dirs_[i]));
   return Status::Ok();
 }
 
 Status CgroupSlot::SetMemoryLimit(uint64_t bytes) {
   if (bytes == cur_mem_) return Status::Ok();
-  DSEC_RETURN_IF_ERROR(WriteFile(mem_ + "memory.limit_in_bytes", std::to_string(bytes)));
+  DSEC_RETURN_IF_ERROR(WriteFd(mem_limit_.get(), std::to_string(bytes), "memory.limit_in_bytes", rel_));
   cur_mem_ = bytes;
   return Status::Ok();
 }
 
 Status CgroupSlot::SetPidsMax(uint32_t n) {
   if (static_cast<int64_t>(n) == cur_pids_) return Status::Ok();
-  DSEC_RETURN_IF_ERROR(WriteFile(pids_ + "pids.max", n ? std::to_string(n) : std::string("max")));
+  DSEC_RETURN_IF_ERROR(WriteFd(pids_max_.get(), n ? std::to_string(n) : std::string("max"), "pids.max", rel_));
   cur_pids_ = n;
   return Status::Ok();
 }
@@ -197,28 +210,31 @@ Status CgroupSlot::SetPidsMax(uint32_t n) {
 Status CgroupSlot::SetCpuQuota(uint32_t millis) {
   int64_t quota = millis == 0 ? -1 : static_cast<int64_t>(millis) * 100;  // period 100 ms
   if (quota == cur_quota_) return Status::Ok();
-  if (cur_quota_ == -2) DSEC_RETURN_IF_ERROR(WriteFile(cpu_ + "cpu.cfs_period_us", "100000"));
-  DSEC_RETURN_IF_ERROR(WriteFile(cpu_ + "cpu.cfs_quota_us", std::to_string(quota)));
+  if (cur_quota_ == -2) DSEC_RETURN_IF_ERROR(WriteFd(cpu_period_.get(), "100000", "cpu.cfs_period_us", rel_));
+  DSEC_RETURN_IF_ERROR(WriteFd(cpu_quota_.get(), std::to_string(quota), "cpu.cfs_quota_us", rel_));
   cur_quota_ = quota;
   return Status::Ok();
 }
 
 void CgroupSlot::ResetCounters() {
-  (void)WriteFile(mem_ + "memory.max_usage_in_bytes", "0");
-  (void)WriteFile(acct_ + "cpuacct.usage", "0");
+  (void)::pwrite(mem_peak_.get(), "0", 1, 0);
+  (void)::pwrite(cpuacct_usage_.get(), "0", 1, 0);
 }
 
-uint64_t CgroupSlot::CpuUsageNs() { return ParseU64(ReadFile(acct_ + "cpuacct.usage")); }
+uint64_t CgroupSlot::CpuUsageNs() { return ParseU64(ReadSmallFd(cpuacct_usage_.get())); }
 
-uint64_t CgroupSlot::PeakBytes() { return ParseU64(ReadFile(mem_ + "memory.max_usage_in_bytes")); }
+uint64_t CgroupSlot::PeakBytes() { return ParseU64(ReadSmallFd(mem_peak_.get())); }
 
 uint64_t CgroupSlot::OomKills() {
-  std::string s = ReadFile(mem_ + "memory.oom_control");
+  std::string s = ReadSmallFd(mem_oom_.get());
   auto pos = s.find("oom_kill ");
   return pos == std::string::npos ? 0 : ParseU64(s.substr(pos + 9));
 }
 
 void CgroupSlot::Remove() {
+  procs_.clear();
+  for (auto* f : {&mem_limit_, &mem_peak_, &mem_oom_, &pids_max_, &cpu_quota_, &cpu_period_, &cpuacct_usage_})
+    f->Reset();
   for (const auto& d : dirs_) KillAndRemoveTree(d);
   dirs_.clear();
 }

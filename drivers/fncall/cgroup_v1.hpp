@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "dsec/status.hpp"
+#include "runtime/unique_fd.hpp"
 
 namespace dsec::fncall {
 
@@ -29,9 +30,10 @@ Result<CgroupMounts> DiscoverCgroupMounts();
 // kills what is left inside and rmdirs. Returns how many it removed.
 int SweepStaleSpawnerGroups(const CgroupMounts& m, const std::string& parent);
 
-// One recycled group: <mount>/<base>/r<index> in each hierarchy. It keeps no
-// files open: every fd the spawner holds is one more a new runner must close,
-// and runners are cloned far more often than a run touches its cgroup.
+// One recycled group: <mount>/<base>/r<index> in each hierarchy, with its
+// control files kept open so a run costs a few pread/pwrite calls and no path
+// walks through cgroupfs (runners do not inherit the spawner's descriptors,
+// see runner.hpp, so holding many is free).
 class CgroupSlot {
  public:
   static Result<CgroupSlot> Create(const CgroupMounts& m, const std::string& rel);
@@ -40,8 +42,9 @@ class CgroupSlot {
   CgroupSlot& operator=(CgroupSlot&&) = default;
 
   Status Attach(pid_t pid);
-  // cgroup.procs of each hierarchy, for a process to join itself ("0").
-  const std::vector<std::string>& ProcsPaths() const { return procs_; }
+  // cgroup.procs of each hierarchy, open for writing, for a process to join
+  // itself by writing "0".
+  std::vector<int> ProcsFds() const;
   // Each writes only when the value changes.
   Status SetMemoryLimit(uint64_t bytes);
   Status SetPidsMax(uint32_t n);
@@ -58,8 +61,8 @@ class CgroupSlot {
  private:
   std::string rel_;
   std::vector<std::string> dirs_;   // absolute, one per hierarchy
-  std::vector<std::string> procs_;  // cgroup.procs per hierarchy
-  std::string mem_, pids_, cpu_, acct_;
+  std::vector<UniqueFd> procs_;     // cgroup.procs per hierarchy
+  UniqueFd mem_limit_, mem_peak_, mem_oom_, pids_max_, cpu_quota_, cpu_period_, cpuacct_usage_;
   uint64_t cur_mem_ = 0;
   int64_t cur_pids_ = -2, cur_quota_ = -2;
 };

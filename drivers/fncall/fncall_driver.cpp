@@ -87,7 +87,7 @@ Status FncallDriver::Launch() {
                                    "--max-runners", std::to_string(opts_.max_runners),
                                    "--cgroup-parent", opts_.cgroup_parent,
                                    "--tmpfs-bytes", std::to_string(opts_.tmpfs_bytes)};
-  if (opts_.fresh_netns) args.push_back("--fresh-netns");
+  if (opts_.fresh_namespaces) args.push_back("--fresh-namespaces");
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -147,7 +147,7 @@ Status FncallDriver::Launch() {
   if (opts_.log)
     opts_.log(1, "fncall spawner pid " + std::to_string(pid) + " ready (cgroups " +
                      hello.cgroup_path() + ", " +
-                     (hello.fresh_netns() ? "fresh" : "recycled") + " net namespaces)");
+                     (hello.fresh_namespaces() ? "fresh" : "recycled") + " net/ipc namespaces)");
   sock_ = std::move(ours);
   pidfd_ = std::move(pidfd);
   spawner_pid_ = pid;
@@ -259,7 +259,9 @@ void FncallDriver::OnFrame(const std::string& frame) {
                     ",\"runs\":" + std::to_string(s.runs()) +
                     ",\"runner_failures\":" + std::to_string(s.runner_failures()) +
                     ",\"netns_free\":" + std::to_string(s.netns_free()) +
-                    ",\"netns_total\":" + std::to_string(s.netns_total()) + "}";
+                    ",\"netns_total\":" + std::to_string(s.netns_total()) +
+                    ",\"ipcns_free\":" + std::to_string(s.ipcns_free()) +
+                    ",\"ipcns_total\":" + std::to_string(s.ipcns_total()) + "}";
     std::lock_guard<std::mutex> lk(mu_);
     last_stats_json_ = j;
     return;

@@ -34,7 +34,7 @@ struct FncallOptions {
   gid_t gid = 65534;
   size_t pool_size = 16;               // warm runners
   size_t max_runners = 1024;           // concurrent runs; more wait in the spawner's queue
-  bool fresh_netns = false;            // a new net namespace per run instead of recycled ones
+  bool fresh_namespaces = false;       // new net+ipc namespaces per run instead of recycled ones
   std::string cgroup_parent = "dsec";  // <controller>/<parent>/sp<pid>/...
   uint64_t tmpfs_bytes = 1ull << 30;
   int start_timeout_ms = 30'000;       // wait for the spawner's hello

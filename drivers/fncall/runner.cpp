@@ -47,8 +47,8 @@ int ChildMain(void* arg) {
     raw::Exit(126);
   };
   long rc;
-  if ((rc = Call(SYS_dup2, s->in_r, 0)) < 0 || (rc = Call(SYS_dup2, s->out_w, 1)) < 0 ||
-      (rc = Call(SYS_dup2, s->err_w, 2)) < 0)
+  if ((rc = Call(SYS_dup2, kSlotIn, 0)) < 0 || (rc = Call(SYS_dup2, kSlotOut, 1)) < 0 ||
+      (rc = Call(SYS_dup2, kSlotErr, 2)) < 0)
     fail("dup2 stdio", rc);
   Call(SYS_close_range, 3u, ~0u, 0u);
   rlimit core{0, 0};
@@ -88,6 +88,11 @@ int ChildMain(void* arg) {
 int RunnerEntry(void* arg) {
   auto* start = static_cast<RunnerStart*>(arg);
   RunnerShared* s = start->shared;
+  // First, our own fd table with only the slots, then let the spawner go on.
+  long unshared = Call(SYS_close_range, kFirstSpawnerFd, ~0u, 2u /*CLOSE_RANGE_UNSHARE*/);
+  __atomic_store_n(&s->handed_off, 1, __ATOMIC_RELEASE);
+  Call(SYS_futex, &s->handed_off, 1 /*FUTEX_WAKE*/, 1);
+  if (unshared < 0) Fail(s, "unshare the fd table", unshared);
   Call(SYS_prctl, PR_SET_NAME, "dsec-runner");
   Call(SYS_prctl, PR_SET_PDEATHSIG, SIGKILL);
   // Signals: nothing blocked, default dispositions (the spawner blocks some
@@ -97,45 +102,29 @@ int RunnerEntry(void* arg) {
   KernelSigaction dfl{SIG_DFL, 0, nullptr, 0};
   Call(SYS_rt_sigaction, SIGPIPE, &dfl, 0, sizeof(unsigned long));
 
-  for (const char* path : s->cgroup_procs) {
-    if (!path) continue;
-    long fd = Call(SYS_open, path, O_WRONLY | O_CLOEXEC);
-    if (fd < 0) Fail(s, "open the run's cgroup", fd);
-    CHECK(raw::Write(static_cast<int>(fd), "0", 1), "join the run's cgroup");
-    Call(SYS_close, fd);
-  }
-  if (s->net_ns >= 0) CHECK(Call(SYS_setns, s->net_ns, CLONE_NEWNET), "enter the net namespace");
-  CHECK(Call(SYS_setns, s->mnt_ns, CLONE_NEWNS), "enter the host root");
+  for (int i = 0; i < s->cgroup_hierarchies; ++i)
+    CHECK(raw::Write(kSlotCgroup + i, "0", 1), "join the run's cgroup");
+  if (s->has_net_ns) CHECK(Call(SYS_setns, kSlotNet, CLONE_NEWNET), "enter the net namespace");
+  if (s->has_ipc_ns) CHECK(Call(SYS_setns, kSlotIpc, CLONE_NEWIPC), "enter the ipc namespace");
+  CHECK(Call(SYS_setns, kSlotRoot, CLONE_NEWNS), "enter the host root");
   CHECK(Call(SYS_unshare, CLONE_NEWNS), "unshare the mount namespace");
   CHECK(Call(SYS_mount, "work", "/work", "tmpfs", MS_NOSUID | MS_NODEV, s->work_opts), "mount /work");
   CHECK(Call(SYS_mount, "tmp", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, s->tmp_opts), "mount /tmp");
   CHECK(Call(SYS_mount, "proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, 0), "mount /proc");
   CHECK(Call(SYS_chdir, "/work"), "chdir /work");
-  // Keep only what this sandbox needs: the spawner's other descriptors
-  // (other runners' pipes, namespaces) must not live on in here.
-  int keep[] = {s->ctl, s->out_w, s->err_w, s->in_r};
-  int lo = 3;
-  for (;;) {  // close every gap between the kept fds, in ascending order
-    int next = -1;
-    for (int k : keep)
-      if (k >= lo && (next < 0 || k < next)) next = k;
-    if (next < 0) {
-      Call(SYS_close_range, lo, ~0u, 0u);
-      break;
-    }
-    if (next > lo) Call(SYS_close_range, lo, next - 1, 0u);
-    lo = next + 1;
-  }
+  // The namespace fds and the host root's are no longer needed.
+  Call(SYS_close_range, kSlotNet, kFirstSpawnerFd - 1, 0u);
+  Call(SYS_close, kSlotRoot);
   Call(SYS_prctl, PR_SET_DUMPABLE, 0, 0, 0, 0);
   // Last: the sandbox's seccomp filter, inherited by the program. Nothing the
   // runner does from here on needs a denied call.
   CHECK(Call(SYS_prctl, PR_SET_SECCOMP, SECCOMP_MODE_FILTER, s->seccomp, 0, 0), "install seccomp");
 
   char b = kRunnerReady;
-  if (raw::Write(s->ctl, &b, 1) != 1) raw::Exit(0);
+  if (raw::Write(kSlotCtl, &b, 1) != 1) raw::Exit(0);
   long n;
   do {
-    n = Call(SYS_read, s->ctl, &b, 1);
+    n = Call(SYS_read, kSlotCtl, &b, 1);
   } while (n == -EINTR);
   if (n != 1 || b != kRunnerGo) raw::Exit(0);  // the spawner dropped us
 
@@ -143,9 +132,9 @@ int RunnerEntry(void* arg) {
   // touches errno if it fails, and then the run is lost anyway.
   long child = ::clone(ChildMain, start->child_stack_top, CLONE_VM | CLONE_VFORK | SIGCHLD, s);
   if (child < 0) Fail(s, "start the program", -EAGAIN);
-  Call(SYS_close, s->out_w);
-  Call(SYS_close, s->err_w);
-  Call(SYS_close, s->in_r);
+  Call(SYS_close, kSlotOut);
+  Call(SYS_close, kSlotErr);
+  Call(SYS_close, kSlotIn);
   // Reap everything; the program's own status is the one we record.
   for (;;) {
     int status = 0;

@@ -1,6 +1,6 @@
 // A pool runner: the process that becomes PID 1 of one fncall sandbox. The
-// spawner clones it into fresh pid and ipc namespaces (and net, unless net
-// namespaces are recycled). The runner joins its cgroup, enters the host-root
+// spawner clones it into a fresh pid namespace and hands it a net and an ipc
+// namespace from its pools (or fresh ones, with --fresh-namespaces). The runner joins its cgroup, enters the host-root
 // mount namespace and copies it, mounts its private /work, /tmp and /proc,
 // installs the seccomp filter, says ready, and waits. On "go" it starts the
 // program as an unprivileged child (rlimits, no capabilities, no new
@@ -23,16 +23,32 @@
 
 namespace dsec::fncall {
 
+// Descriptors a runner starts with. The spawner dup2()s the runner's ends
+// into these slots and clones it sharing its fd table (CLONE_FILES); the
+// runner's first act is close_range(kFirstSpawnerFd, ~0, CLOSE_RANGE_UNSHARE),
+// which gives it a private table holding only the slots: ten entries copied
+// instead of the spawner's hundreds inherited and closed one by one. The
+// spawner waits for that (RunnerShared::handed_off) before it touches its
+// table again.
+inline constexpr int kSlotRoot = 3; // the host-root mount namespace (fixed for the spawner's life)
+inline constexpr int kSlotCtl = 4;  // socket to the spawner: runner writes 'R', reads 'G'
+inline constexpr int kSlotOut = 5;  // the program's stdout (pipe, write end)
+inline constexpr int kSlotErr = 6;  // the program's stderr
+inline constexpr int kSlotIn = 7;   // the program's stdin (pipe, read end)
+inline constexpr int kSlotNet = 8;  // net namespace to enter (when has_net_ns)
+inline constexpr int kSlotIpc = 9;  // ipc namespace to enter (when has_ipc_ns)
+inline constexpr int kSlotCgroup = 10;  // kSlotCgroup + i: cgroup.procs of hierarchy i (< 4)
+inline constexpr int kFirstSpawnerFd = 14;
+
 // Written by the spawner before clone (setup) and before "go" (the run);
 // written by the runner and its child only for the results. The spawner
 // reads results after it has reaped the runner.
 struct RunnerShared {
   // --- setup, fixed before clone ---
-  int ctl = -1;                 // socket to the spawner: runner writes 'R', reads 'G'
-  int out_w = -1, err_w = -1, in_r = -1;
-  int net_ns = -1;              // -1: cloned with CLONE_NEWNET
-  int mnt_ns = -1;              // the host root (sandbox_root.hpp)
-  const char* cgroup_procs[4] = {nullptr, nullptr, nullptr, nullptr};
+  bool has_net_ns = false;      // false: cloned with CLONE_NEWNET
+  bool has_ipc_ns = false;      // false: cloned with CLONE_NEWIPC
+  int handed_off = 0;           // futex word: 1 once the runner has its own fd table
+  int cgroup_hierarchies = 0;   // how many kSlotCgroup slots are filled
   const char* work_opts = nullptr;  // tmpfs options of /work and /tmp
   const char* tmp_opts = nullptr;
   const sock_fprog* seccomp = nullptr;

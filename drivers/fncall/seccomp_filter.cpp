@@ -27,6 +27,9 @@ const std::vector<const char*>& DeniedSyscalls() {
       "io_uring_setup", "io_uring_enter", "io_uring_register",
       // keyrings
       "keyctl", "add_key", "request_key",
+      // POSIX message queues live in the ipc namespace, which is recycled
+      // (System V objects are checked for; mqueues cannot be cheaply).
+      "mq_open", "mq_unlink", "mq_timedsend", "mq_timedreceive", "mq_notify", "mq_getsetattr",
       // time
       "settimeofday", "clock_settime", "clock_adjtime", "adjtimex",
   };

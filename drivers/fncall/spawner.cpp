@@ -5,12 +5,14 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <linux/futex.h>
 #include <sys/epoll.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -23,6 +25,7 @@
 #include <vector>
 
 #include "drivers/fncall/cgroup_v1.hpp"
+#include "drivers/fncall/ns_pool.hpp"
 #include "drivers/fncall/runner.hpp"
 #include "drivers/fncall/sandbox_root.hpp"
 #include "drivers/fncall/seccomp_filter.hpp"
@@ -63,7 +66,7 @@ struct Runner {
   std::vector<std::string> storage;  // argv, env and exec candidates of the run
   std::vector<char*> argv, envp;
   std::vector<const char*> candidates;
-  int slot = -1, netns = -1;
+  int slot = -1, netns = -1, ipcns = -1;
   bool exited = false, ctl_eof = false, out_eof = false, err_eof = false;
   std::string setup_error;
   // The run, once assigned.
@@ -113,7 +116,7 @@ class Spawner {
   int AcquireSlot();
   void* AcquireStack();
   void ReleaseStack(Runner& r);
-  int AcquireNetns();
+  void ReleaseNamespaces(Runner& r);
   void FailRun(uint64_t id, const std::string& why);
   void SendStats();
 
@@ -125,14 +128,15 @@ class Spawner {
   bool control_eof_ = false, shutting_down_ = false;
   CgroupMounts cgroups_;
   std::string group_base_;
-  UniqueFd root_ns_;
+  UniqueFd root_ns_;   // always kSlotRoot
+  UniqueFd devnull_;   // fills unused runner slots
   SeccompProgram seccomp_;
   std::string work_opts_, tmp_opts_;
   sock_fprog seccomp_prog_{};
   std::vector<CgroupSlot> slots_;
   std::vector<int> free_slots_;
-  std::vector<UniqueFd> netns_;
-  std::vector<int> free_netns_;
+  NamespacePool netns_{CLONE_NEWNET, "net"};
+  NamespacePool ipcns_{CLONE_NEWIPC, "ipc"};
   std::vector<void*> free_stacks_;
   std::unordered_map<uint64_t, std::unique_ptr<Runner>> runners_;
   std::unordered_map<pid_t, uint64_t> by_pid_;
@@ -142,7 +146,7 @@ class Spawner {
   std::multimap<int64_t, uint64_t> deadlines_;  // deadline -> runner key
   uint64_t next_key_ = 2;
   size_t starting_ = 0, running_ = 0;
-  uint64_t runs_ = 0, runner_failures_ = 0, consecutive_failures_ = 0;
+  uint64_t runs_ = 0, runner_failures_ = 0, consecutive_failures_ = 0, ipcns_dropped_ = 0;
 };
 
 std::string Spawner::Init() {
@@ -186,7 +190,9 @@ std::string Spawner::Init() {
   ro.gid = opts_.gid;
   auto ns = BuildHostRootNamespace(ro);
   if (!ns.ok()) return ns.status().message();
-  root_ns_ = std::move(*ns);
+  // Into its slot, where every runner finds it (runner.hpp).
+  if (::dup2(ns->get(), kSlotRoot) < 0) return std::string("dup2 the host root: ") + std::strerror(errno);
+  root_ns_.Reset(kSlotRoot);
   auto sc = BuildSandboxSeccomp();
   if (!sc.ok()) return sc.status().message();
   seccomp_ = std::move(*sc);
@@ -206,14 +212,24 @@ std::string Spawner::Init() {
 }
 
 int Spawner::Main() {
-  control_ = opts_.control_fd;
+  // Keep the runner slots (runner.hpp) for runners: our own descriptors live
+  // at kFirstSpawnerFd and above, the slots hold /dev/null until used.
+  control_ = ::fcntl(opts_.control_fd, F_DUPFD_CLOEXEC, kFirstSpawnerFd);
+  if (control_ < 0) return 1;
+  if (opts_.control_fd != control_) ::close(opts_.control_fd);
+  devnull_.Reset(::open("/dev/null", O_RDWR | O_CLOEXEC));
+  if (devnull_.get() < kFirstSpawnerFd) {
+    int high = ::fcntl(devnull_.get(), F_DUPFD_CLOEXEC, kFirstSpawnerFd);
+    devnull_.Reset(high);
+  }
+  for (int slot = kSlotRoot; slot < kFirstSpawnerFd; ++slot) ::dup2(devnull_.get(), slot);
   SetNonBlocking(control_);
   epoll_.Reset(::epoll_create1(EPOLL_CLOEXEC));
   std::string err = Init();
   spawner::Event hello;
   hello.mutable_hello()->set_pid(static_cast<uint32_t>(::getpid()));
   hello.mutable_hello()->set_cgroup_path(group_base_);
-  hello.mutable_hello()->set_fresh_netns(opts_.fresh_netns);
+  hello.mutable_hello()->set_fresh_namespaces(opts_.fresh_namespaces);
   if (!err.empty()) hello.mutable_hello()->set_error(err);
   Send(hello);
   if (!err.empty()) {
@@ -389,8 +405,10 @@ void Spawner::SendStats() {
   s->set_starting(static_cast<uint32_t>(starting_));
   s->set_runs(runs_);
   s->set_runner_failures(runner_failures_);
-  s->set_netns_free(static_cast<uint32_t>(free_netns_.size()));
-  s->set_netns_total(static_cast<uint32_t>(netns_.size()));
+  s->set_netns_free(static_cast<uint32_t>(netns_.free()));
+  s->set_netns_total(static_cast<uint32_t>(netns_.total()));
+  s->set_ipcns_free(static_cast<uint32_t>(ipcns_.free()));
+  s->set_ipcns_total(static_cast<uint32_t>(ipcns_.total()));
   Send(ev);
 }
 
@@ -544,7 +562,7 @@ void Spawner::Discard(Runner& r) {
     }
   }
   if (r.slot >= 0) free_slots_.push_back(r.slot);
-  if (r.netns >= 0) free_netns_.push_back(r.netns);
+  ReleaseNamespaces(r);
   ReleaseStack(r);
   runners_.erase(r.key);
 }
@@ -599,7 +617,7 @@ void Spawner::Finish(Runner& r) {
       break;
     }
   free_slots_.push_back(r.slot);
-  if (r.netns >= 0) free_netns_.push_back(r.netns);
+  ReleaseNamespaces(r);
   ReleaseStack(r);
   runners_.erase(r.key);
 }
@@ -739,31 +757,33 @@ int Spawner::AcquireSlot() {
   return static_cast<int>(slots_.size() - 1);
 }
 
-int Spawner::AcquireNetns() {
-  if (!free_netns_.empty()) {
-    int n = free_netns_.back();
-    free_netns_.pop_back();
-    return n;
+// Back to the pools once the runner is gone: every process that was in them
+// is dead, so sockets are closed; an ipc namespace is reused only when no
+// System V object survived in it.
+void Spawner::ReleaseNamespaces(Runner& r) {
+  if (r.netns >= 0) netns_.Release(r.netns);
+  if (r.ipcns >= 0) {
+    if (IpcNamespaceEmpty(ipcns_.fd(r.ipcns))) {
+      ipcns_.Release(r.ipcns);
+    } else {
+      ipcns_.Drop(r.ipcns);
+      ++ipcns_dropped_;
+    }
   }
-  // unshare moves the spawner itself; it does no networking, and each new
-  // runner setns()es into the one it was given.
-  if (::unshare(CLONE_NEWNET) < 0) {
-    Log(3, std::string("unshare(CLONE_NEWNET): ") + std::strerror(errno));
-    return -1;
-  }
-  UniqueFd fd(::open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC));
-  if (!fd) return -1;
-  netns_.push_back(std::move(fd));
-  return static_cast<int>(netns_.size() - 1);
+  r.netns = r.ipcns = -1;
 }
 
 bool Spawner::SpawnRunner() {
   int slot = AcquireSlot();
   if (slot < 0) return false;
-  int netns = -1;
-  if (!opts_.fresh_netns) {
-    netns = AcquireNetns();
-    if (netns < 0) {
+  int netns = -1, ipcns = -1;
+  if (!opts_.fresh_namespaces) {
+    std::string err;
+    netns = netns_.Acquire(&err);
+    if (netns >= 0) ipcns = ipcns_.Acquire(&err);
+    if (ipcns < 0) {
+      Log(3, err);
+      if (netns >= 0) netns_.Release(netns);
       free_slots_.push_back(slot);
       return false;
     }
@@ -781,18 +801,26 @@ bool Spawner::SpawnRunner() {
   if (!r->stack) {
     for (int fd : {ctl[0], ctl[1], out[0], out[1], err[0], err[1], in[0], in[1]}) ::close(fd);
     free_slots_.push_back(slot);
-    if (netns >= 0) free_netns_.push_back(netns);
+    if (netns >= 0) netns_.Release(netns);
+    if (ipcns >= 0) ipcns_.Release(ipcns);
     return false;
   }
   RunnerShared& sh = r->shared;
-  sh.ctl = ctl[1];
-  sh.out_w = out[1];
-  sh.err_w = err[1];
-  sh.in_r = in[0];
-  sh.net_ns = netns >= 0 ? netns_[netns].get() : -1;
-  sh.mnt_ns = root_ns_.get();
-  const auto& procs = slots_[slot].ProcsPaths();
-  for (size_t i = 0; i < procs.size() && i < 4; ++i) sh.cgroup_procs[i] = procs[i].c_str();
+  ::dup2(ctl[1], kSlotCtl);
+  ::dup2(out[1], kSlotOut);
+  ::dup2(err[1], kSlotErr);
+  ::dup2(in[0], kSlotIn);
+  sh.has_net_ns = netns >= 0;
+  sh.has_ipc_ns = ipcns >= 0;
+  if (sh.has_net_ns) ::dup2(netns_.fd(netns), kSlotNet);
+  if (sh.has_ipc_ns) ::dup2(ipcns_.fd(ipcns), kSlotIpc);
+  ::close(ctl[1]);
+  ::close(out[1]);
+  ::close(err[1]);
+  ::close(in[0]);
+  auto procs = slots_[slot].ProcsFds();
+  sh.cgroup_hierarchies = static_cast<int>(procs.size() < 4 ? procs.size() : 4);
+  for (int i = 0; i < sh.cgroup_hierarchies; ++i) ::dup2(procs[static_cast<size_t>(i)], kSlotCgroup + i);
   sh.work_opts = work_opts_.c_str();
   sh.tmp_opts = tmp_opts_.c_str();
   sh.seccomp = &seccomp_prog_;
@@ -801,13 +829,25 @@ bool Spawner::SpawnRunner() {
   char* base = static_cast<char*>(r->stack);
   r->start.shared = &sh;
   r->start.child_stack_top = base + kRunnerStackBytes + kChildStackBytes;
-  int flags = CLONE_VM | CLONE_NEWPID | CLONE_NEWIPC | (opts_.fresh_netns ? CLONE_NEWNET : 0) | SIGCHLD;
+  int flags = CLONE_VM | CLONE_FILES | CLONE_NEWPID |
+              (opts_.fresh_namespaces ? CLONE_NEWNET | CLONE_NEWIPC : 0) | SIGCHLD;
   pid_t pid = ::clone(RunnerEntry, base + kRunnerStackBytes, flags, &r->start);
   int clone_errno = errno;
-  ::close(ctl[1]);
-  ::close(out[1]);
-  ::close(err[1]);
-  ::close(in[0]);
+  if (pid > 0) {
+    // Until the runner has its own table, ours must not change under it.
+    timespec wait{1, 0};
+    while (__atomic_load_n(&sh.handed_off, __ATOMIC_ACQUIRE) == 0) {
+      long rc = ::syscall(SYS_futex, &sh.handed_off, FUTEX_WAIT, 0, &wait, nullptr, 0);
+      if (rc < 0 && errno == ETIMEDOUT) {
+        Log(3, "runner pid " + std::to_string(pid) + " did not start within 1 s; killing it");
+        ::kill(pid, SIGKILL);
+        break;  // it shares our table no more once it is dead
+      }
+    }
+  }
+  // Drop our references to the runner's ends: EOF on its pipes must depend
+  // on the runner and its program only.
+  for (int slot = kSlotCtl; slot < kFirstSpawnerFd; ++slot) ::dup2(devnull_.get(), slot);
   r->ctl.Reset(ctl[0]);
   r->out.Reset(out[0]);
   r->err.Reset(err[0]);
@@ -816,7 +856,8 @@ bool Spawner::SpawnRunner() {
     Log(3, std::string("clone a runner: ") + std::strerror(clone_errno));
     ReleaseStack(*r);
     free_slots_.push_back(slot);
-    if (netns >= 0) free_netns_.push_back(netns);
+    if (netns >= 0) netns_.Release(netns);
+    if (ipcns >= 0) ipcns_.Release(ipcns);
     ++runner_failures_;
     return false;
   }
@@ -824,6 +865,7 @@ bool Spawner::SpawnRunner() {
   r->pid = pid;
   r->slot = slot;
   r->netns = netns;
+  r->ipcns = ipcns;
   for (int fd : {r->ctl.get(), r->out.get(), r->err.get(), r->in.get()}) SetNonBlocking(fd);
   epoll_event ev{};
   ev.events = EPOLLIN;

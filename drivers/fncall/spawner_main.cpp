@@ -16,7 +16,7 @@ namespace {
 void Usage(FILE* out) {
   std::fprintf(out,
                "usage: dsec-spawner [--fd N] [--uid N] [--gid N] [--pool N] [--max-runners N]\n"
-               "                    [--fresh-netns] [--cgroup-parent NAME] [--tmpfs-bytes N]\n"
+               "                    [--fresh-namespaces] [--cgroup-parent NAME] [--tmpfs-bytes N]\n"
                "\n"
                "Internal helper of dsecd: keeps a warm pool of fncall sandboxes and runs\n"
                "programs in them for dsecd, which talks to it over the socket on --fd\n"
@@ -65,8 +65,8 @@ int main(int argc, char** argv) {
     } else if (a == "--tmpfs-bytes") {
       next_u64(&v);
       o.tmpfs_bytes = v;
-    } else if (a == "--fresh-netns") {
-      o.fresh_netns = true;
+    } else if (a == "--fresh-namespaces") {
+      o.fresh_namespaces = true;
     } else if (a == "--cgroup-parent" && i + 1 < argc) {
       o.cgroup_parent = argv[++i];
     } else {

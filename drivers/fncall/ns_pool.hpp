@@ -1,0 +1,41 @@
+// A pool of namespaces held open by file descriptor, handed to one runner at
+// a time and taken back when it is gone. Creating a net namespace costs
+// ~1.2 ms of CPU here and an ipc namespace ~0.2 ms (it mounts an internal
+// mqueue filesystem); a namespace nobody inside could change (no
+// capabilities) and that is verified empty is as good as new.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "runtime/unique_fd.hpp"
+
+namespace dsec::fncall {
+
+class NamespacePool {
+ public:
+  // clone_flag: CLONE_NEWNET or CLONE_NEWIPC; name: "net" or "ipc".
+  NamespacePool(int clone_flag, const char* name) : flag_(clone_flag), name_(name) {}
+  // A namespace index, or -1 with *error set. Creating one moves the calling
+  // (single-threaded) process into it, which the spawner does not mind.
+  int Acquire(std::string* error);
+  void Release(int index) { free_.push_back(index); }
+  // Closes a namespace that must not be reused.
+  void Drop(int index) { fds_[index].Reset(); }
+  int fd(int index) const { return fds_[index].get(); }
+  size_t free() const { return free_.size(); }
+  size_t total() const { return fds_.size() - dropped(); }
+
+ private:
+  size_t dropped() const;
+  int flag_;
+  const char* name_;
+  std::vector<UniqueFd> fds_;
+  std::vector<int> free_;
+};
+
+// True when the ipc namespace behind `fd` holds no System V message queue,
+// semaphore set or shared memory segment. Enters it (setns) to look.
+bool IpcNamespaceEmpty(int fd);
+
+}  // namespace dsec::fncall
