@@ -70,7 +70,9 @@ TEST(Kill9, TablesSurviveAndTheClientReconnects) {
   auto rec = sb->Get();
   ASSERT_TRUE(rec.ok()) << rec.status().ToString();
   EXPECT_EQ(rec->phase(), v1::SANDBOX_PHASE_RUNNING);
-  EXPECT_EQ(client->connections(), 2u);
+  // At least one reconnect (under load CAF may report a fresh connection as
+  // lost once more before it settles; the client then reconnects again).
+  EXPECT_GE(client->connections(), 2u);
   auto sess = s->Get();
   ASSERT_TRUE(sess.ok()) << sess.status().ToString();
   EXPECT_EQ(sess->step_count(), 3u);
