@@ -1,8 +1,8 @@
 #include "actors/sandbox.hpp"
 
-#include <stdexcept>
 
 #include "actors/context.hpp"
+#include "actors/crash.hpp"
 #include "dsec/status_proto.hpp"
 #include "state/table.hpp"
 
@@ -43,14 +43,7 @@ void Checkpoint(Self self, std::function<void(const Status&)> then) {
 }
 
 sandbox_actor::behavior_type Behavior(Self self) {
-  self->set_exception_handler([self](std::exception_ptr& e) -> caf::error {
-    try {
-      std::rethrow_exception(e);
-    } catch (const std::exception& ex) {
-      self->state.ctx->log->error("sandbox {}: crashed: {}", self->state.rec.id(), ex.what());
-      return caf::make_error(caf::sec::runtime_error, ex.what());
-    }
-  });
+  ExitOnException(self, self->state.ctx->log, "sandbox " + self->state.rec.id());
   return {
       [self](const v1::CreateRequest&) -> caf::result<v1::SandboxReply> {
         auto& st = self->state;
@@ -150,10 +143,7 @@ sandbox_actor::behavior_type Behavior(Self self) {
       },
       [self](const v1::GetSandboxRequest&) { return Reply(Status::Ok(), self->state.rec); },
       [self](Continuation& c) { c.fn(); },
-      [self](crash_atom) {
-        if (!self->state.ctx->options.test_hooks) return;
-        throw std::runtime_error("injected crash (test hook)");
-      },
+      [self](crash_atom) { InjectCrash(self->state.ctx->options.test_hooks); },
   };
 }
 

@@ -4,9 +4,9 @@
 
 #include <deque>
 #include <map>
-#include <stdexcept>
 
 #include "actors/context.hpp"
+#include "actors/crash.hpp"
 #include "dsec/status_proto.hpp"
 #include "state/table.hpp"
 
@@ -200,14 +200,7 @@ void HandleStep(Self self, const v1::StepRequest& req, StepPromise rp) {
 }
 
 session_actor::behavior_type Behavior(Self self) {
-  self->set_exception_handler([self](std::exception_ptr& e) -> caf::error {
-    try {
-      std::rethrow_exception(e);
-    } catch (const std::exception& ex) {
-      self->state.ctx->log->error("session {}: crashed: {}", self->state.rec.name(), ex.what());
-      return caf::make_error(caf::sec::runtime_error, ex.what());
-    }
-  });
+  ExitOnException(self, self->state.ctx->log, "session " + self->state.rec.name());
   return {
       [self](const v1::OpenSessionRequest& req) -> caf::result<v1::SessionReply> {
         auto& st = self->state;
@@ -287,10 +280,7 @@ session_actor::behavior_type Behavior(Self self) {
       },
       [self](const v1::GetSessionRequest&) { return Reply(Status::Ok(), self->state.rec); },
       [self](Continuation& c) { c.fn(); },
-      [self](crash_atom) {
-        if (!self->state.ctx->options.test_hooks) return;
-        throw std::runtime_error("injected crash (test hook)");
-      },
+      [self](crash_atom) { InjectCrash(self->state.ctx->options.test_hooks); },
   };
 }
 

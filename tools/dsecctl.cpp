@@ -4,10 +4,6 @@
 // code; 124 time limit; 128+N killed by signal N (137 for the memory and
 // output limits, which kill); 125 platform error; 126/127 not executable /
 // not found.
-#include <arpa/inet.h>
-#include <netdb.h>
-#include <poll.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -25,6 +21,7 @@
 #include "dsec/client.hpp"
 #include "dsec/status_proto.hpp"
 #include "runtime/files.hpp"
+#include "runtime/line_client.hpp"
 
 namespace {
 
@@ -202,61 +199,7 @@ int Report(const dsec::v1::ExecResult& r, bool json) {
   }
 }
 
-// --- admin console client -------------------------------------------------
-
-class Console {
- public:
-  std::string Connect(const std::string& addr) {
-    auto colon = addr.rfind(':');
-    if (colon == std::string::npos) return "--admin '" + addr + "' is not host:port";
-    addrinfo hints{}, *res = nullptr;
-    hints.ai_socktype = SOCK_STREAM;
-    if (getaddrinfo(addr.substr(0, colon).c_str(), addr.substr(colon + 1).c_str(), &hints, &res) != 0)
-      return "cannot resolve " + addr;
-    fd_ = ::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    int rc = fd_ < 0 ? -1 : ::connect(fd_, res->ai_addr, res->ai_addrlen);
-    freeaddrinfo(res);
-    if (rc < 0)
-      return "cannot reach the admin console at " + addr + ": " + std::strerror(errno) +
-             " (is dsecd running? point --admin / $DSEC_ADMIN at it)";
-    return {};
-  }
-  ~Console() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  // Sends one command line, returns the reply line (or "" on failure, with *err).
-  std::string Ask(const std::string& line, std::string* err) {
-    std::string out = line + "\n";
-    if (::send(fd_, out.data(), out.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(out.size())) {
-      *err = "admin console closed the connection";
-      return {};
-    }
-    for (;;) {
-      auto nl = buf_.find('\n');
-      if (nl != std::string::npos) {
-        std::string reply = buf_.substr(0, nl);
-        buf_.erase(0, nl + 1);
-        return reply;
-      }
-      pollfd p{fd_, POLLIN, 0};
-      if (::poll(&p, 1, 60000) <= 0) {
-        *err = "no reply from the admin console within 60 s";
-        return {};
-      }
-      char tmp[65536];
-      ssize_t n = ::read(fd_, tmp, sizeof tmp);
-      if (n <= 0) {
-        *err = "admin console closed the connection";
-        return {};
-      }
-      buf_.append(tmp, static_cast<size_t>(n));
-    }
-  }
-
- private:
-  int fd_ = -1;
-  std::string buf_;
-};
+// --- admin console -------------------------------------------------------
 
 int Admin(const Common& c, const std::string& line, bool raw) {
   std::string token = c.token;
@@ -270,16 +213,21 @@ int Admin(const Common& c, const std::string& line, bool raw) {
     token = *t;
     while (!token.empty() && (token.back() == '\n' || token.back() == '\r')) token.pop_back();
   }
-  Console con;
-  if (auto e = con.Connect(c.admin); !e.empty()) return Fail(e, 1);
-  std::string err;
-  auto auth = con.Ask("AUTH " + token, &err);
-  if (!err.empty()) return Fail(err, 1);
-  auto aj = nlohmann::json::parse(auth, nullptr, false);
+  dsec::LineClient con;
+  if (auto st = con.Connect(c.admin); !st.ok())
+    return Fail("admin console: " + st.message() + " (is dsecd running? point --admin / $DSEC_ADMIN at it)", 1);
+  auto ask = [&con](const std::string& cmd) -> dsec::Result<std::string> {
+    DSEC_RETURN_IF_ERROR(con.Send(cmd + "\n"));
+    return con.ReadLine(60000);
+  };
+  auto auth = ask("AUTH " + token);
+  if (!auth.ok()) return Fail("admin console: " + auth.status().message(), 1);
+  auto aj = nlohmann::json::parse(*auth, nullptr, false);
   if (aj.is_discarded() || !aj.value("ok", false))
-    return Fail("admin console refused the token: " + (aj.is_discarded() ? auth : aj.value("error", auth)), 1);
-  auto reply = con.Ask(line, &err);
-  if (!err.empty()) return Fail(err, 1);
+    return Fail("admin console refused the token: " + (aj.is_discarded() ? *auth : aj.value("error", *auth)), 1);
+  auto answer = ask(line);
+  if (!answer.ok()) return Fail("admin console: " + answer.status().message(), 1);
+  const std::string& reply = *answer;
   auto j = nlohmann::json::parse(reply, nullptr, false);
   if (raw || j.is_discarded()) std::cout << reply << "\n";
   else std::cout << j.dump(2) << "\n";

@@ -2,12 +2,10 @@
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <netdb.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -244,49 +242,6 @@ nlohmann::json TestDaemon::Admin(const std::string& line) const {
   c.ReadLine();
   c.Send(line + "\n");
   return nlohmann::json::parse(c.ReadLine(), nullptr, false);
-}
-
-ConsoleConn::ConsoleConn(const std::string& addr) {
-  auto colon = addr.rfind(':');
-  addrinfo hints{}, *res = nullptr;
-  hints.ai_socktype = SOCK_STREAM;
-  if (getaddrinfo(addr.substr(0, colon).c_str(), addr.substr(colon + 1).c_str(), &hints, &res) != 0) return;
-  fd_ = ::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd_ >= 0 && ::connect(fd_, res->ai_addr, res->ai_addrlen) < 0) {
-    ::close(fd_);
-    fd_ = -1;
-  }
-  freeaddrinfo(res);
-}
-
-ConsoleConn::~ConsoleConn() {
-  if (fd_ >= 0) ::close(fd_);
-}
-
-bool ConsoleConn::Send(const std::string& bytes) {
-  return fd_ >= 0 && ::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size());
-}
-
-std::string ConsoleConn::ReadLine(int timeout_ms) {
-  auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
-  for (;;) {
-    auto nl = buf_.find('\n');
-    if (nl != std::string::npos) {
-      std::string line = buf_.substr(0, nl);
-      buf_.erase(0, nl + 1);
-      return line;
-    }
-    int left = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count());
-    pollfd p{fd_, POLLIN, 0};
-    if (fd_ < 0 || left <= 0 || ::poll(&p, 1, left) <= 0) return {};
-    char tmp[65536];
-    ssize_t n = ::read(fd_, tmp, sizeof tmp);
-    if (n <= 0) {
-      closed_ = true;
-      return {};
-    }
-    buf_.append(tmp, static_cast<size_t>(n));
-  }
 }
 
 std::vector<pid_t> ChildrenOf(pid_t pid) {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "dsec/status.hpp"
+#include "runtime/line_client.hpp"
 
 namespace dsec::testing {
 
@@ -70,18 +71,18 @@ class TestDaemon {
 // Raw admin console connection for bad-input tests.
 class ConsoleConn {
  public:
-  explicit ConsoleConn(const std::string& addr);
-  ~ConsoleConn();
-  bool ok() const { return fd_ >= 0; }
-  bool Send(const std::string& bytes);
+  explicit ConsoleConn(const std::string& addr) { (void)c_.Connect(addr); }
+  bool ok() const { return c_.connected(); }
+  bool Send(const std::string& bytes) { return c_.Send(bytes).ok(); }
   // The next reply line, "" on EOF/timeout (then closed() tells which).
-  std::string ReadLine(int timeout_ms = 10000);
-  bool closed() const { return closed_; }
+  std::string ReadLine(int timeout_ms = 10000) {
+    auto l = c_.ReadLine(timeout_ms);
+    return l.ok() ? *l : std::string();
+  }
+  bool closed() const { return c_.closed(); }
 
  private:
-  int fd_ = -1;
-  bool closed_ = false;
-  std::string buf_;
+  LineClient c_;
 };
 
 // Children of `pid` (all its threads').
