@@ -15,17 +15,26 @@ using nlohmann::json;
 using caf::io::connection_handle;
 
 struct Conn {
+  // CAF derives connection handles from socket fds, which the kernel reuses:
+  // a reply arriving for a connection that has gone must not reach the next
+  // one on the same handle. Replies carry the generation they were asked in.
+  uint64_t gen = 0;
   std::string inbuf;
   std::deque<std::string> lines;  // waiting for the previous command's reply
   bool busy = false;
   bool authed = false;
   int bad_auth = 0;
+  int unauthenticated = 0;  // commands refused before AUTH
 };
+
+constexpr int kMaxUnauthenticated = 20;  // then the connection is closed
+constexpr size_t kMaxQueuedLines = 256;  // pipelined commands waiting
 
 struct ConsoleState {
   ConsoleOptions opts;
   node_actor node;
   std::map<connection_handle, Conn> conns;
+  uint64_t next_gen = 0;
   uint16_t port = 0;
   std::shared_ptr<spdlog::logger> log;
   static constexpr const char* name = "console";
@@ -72,7 +81,7 @@ bool HandleLine(Broker self, connection_handle h, const std::string& line) {
     Send(self, h, Line(json{{"ok", true},
                             {"commands",
                              {"AUTH <token>   authenticate (first; token in <data-dir>/admin.token)",
-                              "status         node, uptime, kinds, counts", "ls             sandboxes, sessions, runs in flight",
+                              "status         node, uptime, kinds, counts", "nodes          the node records (one node in role all)", "ls             sandboxes, sessions, runs in flight",
                               "inspect ID     one sandbox, session or run", "kill ID        stop a run, destroy a sandbox, close a session",
                               "stats          counters of the node, the store and the drivers", "quit           close this connection"}}}));
     return true;
@@ -98,9 +107,13 @@ bool HandleLine(Broker self, connection_handle h, const std::string& line) {
   }
   if (!c.authed) {
     Send(self, h, ErrorLine("not authenticated: send 'AUTH <token>' first (the token is in <data-dir>/admin.token)"));
+    if (++c.unauthenticated >= kMaxUnauthenticated) {
+      Close(self, h);
+      return false;
+    }
     return true;
   }
-  static const char* kKnown[] = {"status", "ls", "inspect", "kill", "stats", "crash"};
+  static const char* kKnown[] = {"status", "nodes", "ls", "inspect", "kill", "stats", "crash"};
   bool known = false;
   for (const char* k : kKnown) known = known || cmd == k;
   if (!known) {
@@ -109,18 +122,17 @@ bool HandleLine(Broker self, connection_handle h, const std::string& line) {
   }
   if (cmd == "kill") st.log->warn("console: kill {} from {}", args.empty() ? "" : args[0], self->remote_addr(h));
   c.busy = true;
+  uint64_t gen = c.gen;
+  auto answer = [self, h, gen](const std::string& line) {
+    auto it = self->state.conns.find(h);
+    if (it == self->state.conns.end() || it->second.gen != gen) return;  // that client has gone
+    Send(self, h, line);
+    it->second.busy = false;
+    Pump(self, h);
+  };
   self->request(st.node, std::chrono::seconds(35), admin_atom::value, cmd, args)
-      .then(
-          [self, h](const std::string& reply) {
-            Send(self, h, reply + "\n");
-            if (auto it = self->state.conns.find(h); it != self->state.conns.end()) it->second.busy = false;
-            Pump(self, h);
-          },
-          [self, h](caf::error& e) {
-            Send(self, h, ErrorLine("node did not answer: " + self->system().render(e)));
-            if (auto it = self->state.conns.find(h); it != self->state.conns.end()) it->second.busy = false;
-            Pump(self, h);
-          });
+      .then([answer](const std::string& reply) { answer(reply + "\n"); },
+            [self, answer](caf::error& e) { answer(ErrorLine("node did not answer: " + self->system().render(e))); });
   return true;
 }
 
@@ -158,7 +170,9 @@ caf::behavior ConsoleBroker(Broker self, node_actor node, ConsoleOptions opts) {
           self->close(m.handle);
           return;
         }
-        st.conns[m.handle] = Conn{};
+        Conn c;
+        c.gen = ++st.next_gen;
+        st.conns[m.handle] = std::move(c);
         self->configure_read(m.handle, caf::io::receive_policy::at_most(4096));
       },
       [self](const caf::io::new_data_msg& m) {
@@ -174,6 +188,12 @@ caf::behavior ConsoleBroker(Broker self, node_actor node, ConsoleOptions opts) {
           if (line.size() > st.opts.max_line) {
             Send(self, m.handle, ErrorLine("line too long (" + std::to_string(line.size()) + " bytes; max " +
                                            std::to_string(st.opts.max_line) + "); closing"));
+            Close(self, m.handle);
+            return;
+          }
+          if (c.lines.size() >= kMaxQueuedLines) {
+            Send(self, m.handle, ErrorLine("too many commands queued (" + std::to_string(kMaxQueuedLines) +
+                                           "); wait for replies; closing"));
             Close(self, m.handle);
             return;
           }

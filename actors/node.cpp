@@ -159,7 +159,8 @@ caf::result<v1::RunReply> HandleRun(NodeSelf self, v1::RunRequest& req) {
   };
   auto d = ctx.DriverFor(req.spec().kind());
   if (!d.ok()) return reject(d.status());
-  Status s = (*d)->CanHandle(req.spec());
+  Status s = drivers::CheckSpec(ctx.options.limits, req.spec());
+  if (s.ok()) s = (*d)->CanHandle(req.spec());
   if (s.ok()) s = drivers::CheckExecRequest(ctx.options.limits, req.exec());
   if (!s.ok()) return reject(s);
   auto limits = drivers::EffectiveLimits(ctx.options.limits, req.spec(), req.exec());
@@ -214,7 +215,8 @@ node_actor::behavior_type NodeActor(NodeSelf self, std::shared_ptr<NodeContext> 
       [self](v1::CreateRequest& req) -> caf::result<v1::SandboxReply> {
         auto& st = self->state;
         auto d = st.ctx->DriverFor(req.spec().kind());
-        Status s = d.ok() ? (*d)->CanHandle(req.spec()) : d.status();
+        Status s = d.ok() ? drivers::CheckSpec(st.ctx->options.limits, req.spec()) : d.status();
+        if (s.ok()) s = (*d)->CanHandle(req.spec());
         if (!s.ok()) {
           ++st.counters.rejected;
           return ErrorReply<v1::SandboxReply>(s);
@@ -253,6 +255,7 @@ node_actor::behavior_type NodeActor(NodeSelf self, std::shared_ptr<NodeContext> 
       [self](v1::OpenSessionRequest& req) -> caf::result<v1::SessionReply> {
         auto& st = self->state;
         Status s = CheckSessionName(req.name());
+        if (s.ok()) s = drivers::CheckSpec(st.ctx->options.limits, req.spec());
         if (!s.ok()) return ErrorReply<v1::SessionReply>(s);
         auto it = st.sessions.find(req.name());
         if (it != st.sessions.end()) return self->delegate(it->second, std::move(req));

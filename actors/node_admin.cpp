@@ -116,6 +116,15 @@ caf::result<std::string> HandleAdmin(NodeSelf self, const std::string& cmd,
     return args.size() == 1 ? std::string() : "usage: " + cmd + " ID (a sandbox, session or run id)";
   };
   if (cmd == "status") return Status_(self);
+  if (cmd == "nodes") {
+    json nodes = json::array();
+    (void)state::TypedTable<v1::NodeRecord>(st.ctx->store, state::Table::kNodes)
+        .Scan("", [&](const std::string&, v1::NodeRecord&& r) {
+          nodes.push_back(ProtoJson(r));
+          return true;
+        });
+    return Dump(json{{"ok", true}, {"nodes", nodes}});
+  }
   if (cmd == "ls") return Ls(self);
   if (cmd == "stats") return Stats(self);
   if (cmd == "inspect" || cmd == "kill") {

@@ -1,5 +1,7 @@
 #include "actors/sandbox.hpp"
 
+#include <unordered_set>
+
 
 #include "actors/context.hpp"
 #include "actors/crash.hpp"
@@ -17,6 +19,8 @@ struct SandboxState {
   Status driver_status;  // why driver is null
   uint64_t next_exec = 0;
   bool destroying = false;
+  std::unordered_set<std::string> running;  // run ids of execs in flight
+  std::function<void()> after_runs;         // a destroy waiting for them to end
   static constexpr const char* name = "sandbox";
 };
 
@@ -57,14 +61,17 @@ sandbox_actor::behavior_type Behavior(Self self) {
           Post(handle, [self, rp, s]() mutable {
             auto& st = self->state;
             if (!s.ok()) {
+              // Nothing was written: the sandbox never existed.
               st.rec.set_phase(v1::SANDBOX_PHASE_FAILED);
               st.rec.set_error(s.message());
-            } else {
-              st.rec.set_phase(v1::SANDBOX_PHASE_RUNNING);
+              rp.deliver(Reply(s, st.rec));
+              self->quit();
+              return;
             }
+            st.rec.set_phase(v1::SANDBOX_PHASE_RUNNING);
             // Acknowledge only once the new phase is durable.
-            Checkpoint(self, [self, rp, s](const Status& w) mutable {
-              Status out = !s.ok() ? s : w.Annotate("sandbox " + self->state.rec.id() + ": checkpoint");
+            Checkpoint(self, [self, rp](const Status& w) mutable {
+              Status out = w.Annotate("sandbox " + self->state.rec.id() + ": checkpoint");
               rp.deliver(Reply(out, self->state.rec));
               if (!out.ok()) self->quit();
             });
@@ -94,12 +101,16 @@ sandbox_actor::behavior_type Behavior(Self self) {
         }
         *req.mutable_limits() = *limits;
         auto rp = self->make_response_promise<v1::ExecReply>();
-        std::string run_id = st.rec.id() + "/" + std::to_string(++st.next_exec);
+        // Unique across restarts of this actor (restarts() grows with each).
+        std::string run_id = st.rec.id() + "/" + std::to_string(st.rec.restarts()) + "." +
+                             std::to_string(++st.next_exec);
+        st.running.insert(run_id);
         auto handle = caf::actor_cast<sandbox_actor>(self);
-        st.driver->Exec(st.rec, run_id, req, [handle, self, rp](Result<v1::ExecResult> r) mutable {
-          Post(handle, [self, rp, r = std::move(r)]() mutable {
+        st.driver->Exec(st.rec, run_id, req, [handle, self, rp, run_id](Result<v1::ExecResult> r) mutable {
+          Post(handle, [self, rp, run_id, r = std::move(r)]() mutable {
             v1::ExecReply reply;
             auto& st = self->state;
+            st.running.erase(run_id);
             st.rec.set_exec_count(st.rec.exec_count() + 1);
             if (r.ok()) {
               *reply.mutable_result() = std::move(*r);
@@ -108,6 +119,11 @@ sandbox_actor::behavior_type Behavior(Self self) {
               ToProto(r.status().Annotate("sandbox " + st.rec.id()), reply.mutable_status());
             }
             rp.deliver(std::move(reply));
+            if (st.running.empty() && st.after_runs) {
+              auto next = std::move(st.after_runs);
+              st.after_runs = nullptr;
+              next();
+            }
           });
         });
         return rp;
@@ -119,10 +135,18 @@ sandbox_actor::behavior_type Behavior(Self self) {
           rp.deliver(Reply(st.driver_status, st.rec));
           return rp;
         }
+        if (st.destroying) {
+          rp.deliver(Reply(Status::FailedPrecondition("sandbox " + st.rec.id() + " is already being destroyed"),
+                           st.rec));
+          return rp;
+        }
         st.destroying = true;
         st.rec.set_phase(v1::SANDBOX_PHASE_STOPPING);
         auto handle = caf::actor_cast<sandbox_actor>(self);
-        st.driver->Destroy(st.rec, [handle, self, rp](const Status& s) mutable {
+        // Execs in flight are stopped and answered (as killed) before the
+        // sandbox goes; nobody is left waiting on a reply that never comes.
+        st.after_runs = [self, handle, rp]() mutable {
+        self->state.driver->Destroy(self->state.rec, [handle, self, rp](const Status& s) mutable {
           Post(handle, [self, rp, s]() mutable {
             auto& st = self->state;
             st.rec.set_phase(s.ok() ? v1::SANDBOX_PHASE_STOPPED : v1::SANDBOX_PHASE_FAILED);
@@ -139,6 +163,13 @@ sandbox_actor::behavior_type Behavior(Self self) {
             });
           });
         });
+        };
+        for (const auto& id : st.running) (void)st.driver->Kill(id, "sandbox " + st.rec.id() + " was destroyed");
+        if (st.running.empty()) {
+          auto next = std::move(st.after_runs);
+          st.after_runs = nullptr;
+          next();
+        }
         return rp;
       },
       [self](const v1::GetSandboxRequest&) { return Reply(Status::Ok(), self->state.rec); },

@@ -28,6 +28,7 @@ struct SessionState {
   bool running = false;
   v1::ExecRequest running_req;
   std::vector<StepPromise> waiters;
+  std::deque<std::function<void()>> after_step;  // requests waiting for the running step (close)
   static constexpr const char* name = "session";
 };
 
@@ -134,10 +135,14 @@ void Execute(Self self, const v1::StepRequest& req, StepPromise rp) {
     Post(handle, [self, index, started, exec, r = std::move(r)]() mutable {
       auto& st = self->state;
       auto finish = [self](const v1::StepReply& reply) {
-        auto waiters = std::move(self->state.waiters);
-        self->state.waiters.clear();
-        self->state.running = false;
+        auto& st = self->state;
+        auto waiters = std::move(st.waiters);
+        st.waiters.clear();
+        st.running = false;
         for (auto& w : waiters) w.deliver(reply);
+        auto after = std::move(st.after_step);
+        st.after_step.clear();
+        for (auto& f : after) f();
       };
       if (!r.ok()) {
         finish(StepError(r.status().Annotate("session " + st.rec.name() + " step " + std::to_string(index))));
@@ -165,7 +170,10 @@ void Execute(Self self, const v1::StepRequest& req, StepPromise rp) {
                                       " ran but could not be logged")));
           return;
         }
-        self->state.rec = next;
+        // Only the log length changed; a close that waited for this step
+        // runs after it (finish), never in between.
+        self->state.rec.set_step_count(step.index() + 1);
+        self->state.rec.set_updated_ms(next.updated_ms());
         v1::StepReply reply;
         *reply.mutable_step() = step;
         finish(reply);
@@ -177,6 +185,10 @@ void Execute(Self self, const v1::StepRequest& req, StepPromise rp) {
 void HandleStep(Self self, const v1::StepRequest& req, StepPromise rp) {
   auto& st = self->state;
   const std::string& name = st.rec.name();
+  if (st.rec.phase() == v1::SESSION_PHASE_FAILED) {
+    rp.deliver(StepError(Status::FailedPrecondition("session " + name + " failed (see the dsecd log); open a new session")));
+    return;
+  }
   if (st.rec.phase() != v1::SESSION_PHASE_OPEN) {
     rp.deliver(StepError(Status::FailedPrecondition("session " + name + " is closed; open a new session")));
     return;
@@ -199,6 +211,31 @@ void HandleStep(Self self, const v1::StepRequest& req, StepPromise rp) {
       "; the next step is " + std::to_string(len) + "); send steps in order")));
 }
 
+// Closes once nothing is in between: after the open is durable and after a
+// running step is logged, so the closed record always carries the full log
+// length.
+void CloseSession(Self self, caf::typed_response_promise<v1::SessionReply> rp) {
+  auto& st = self->state;
+  if (st.opening) {
+    st.deferred.push_back([self, rp]() mutable { CloseSession(self, rp); });
+    return;
+  }
+  if (st.running) {
+    st.after_step.push_back([self, rp]() mutable { CloseSession(self, rp); });
+    return;
+  }
+  if (st.rec.phase() != v1::SESSION_PHASE_OPEN) {
+    rp.deliver(Reply(Status::Ok(), st.rec));
+    return;
+  }
+  st.rec.set_phase(v1::SESSION_PHASE_CLOSED);
+  state::WriteBatch b;
+  PutRecord(self, &b);
+  Persist(self, std::move(b), [self, rp](const Status& w) mutable {
+    rp.deliver(Reply(w.Annotate("session " + self->state.rec.name() + ": close"), self->state.rec));
+  });
+}
+
 session_actor::behavior_type Behavior(Self self) {
   ExitOnException(self, self->state.ctx->log, "session " + self->state.rec.name());
   return {
@@ -206,17 +243,26 @@ session_actor::behavior_type Behavior(Self self) {
         auto& st = self->state;
         if (st.opening) {
           auto rp = self->make_response_promise<v1::SessionReply>();
-          st.deferred.push_back([self, rp]() mutable { rp.deliver(Reply(Status::Ok(), self->state.rec)); });
+          st.deferred.push_back([self, rp]() mutable {
+            auto& rec = self->state.rec;
+            rp.deliver(Reply(rec.phase() == v1::SESSION_PHASE_FAILED
+                                 ? Status::Unavailable("session " + rec.name() + " could not be opened")
+                                 : Status::Ok(),
+                             rec));
+          });
           return rp;
         }
         if (st.rec.phase() == v1::SESSION_PHASE_UNSPECIFIED) {
           // A new session: durable before it is acknowledged.
+          // A refused open leaves nothing behind: not even this actor.
           auto d = st.ctx->DriverFor(req.spec().kind());
-          if (!d.ok()) return Reply(d.status().Annotate("session " + req.name()), st.rec);
+          Status can = d.ok() ? (*d)->CanHandle(req.spec()) : d.status();
+          if (!can.ok()) {
+            self->quit();
+            return Reply(can.Annotate("session " + req.name()), st.rec);
+          }
           st.driver = *d;
           st.driver_status = Status::Ok();
-          Status can = st.driver->CanHandle(req.spec());
-          if (!can.ok()) return Reply(can.Annotate("session " + req.name()), st.rec);
           st.rec.set_name(req.name());
           *st.rec.mutable_spec() = req.spec();
           st.rec.set_phase(v1::SESSION_PHASE_OPEN);
@@ -228,16 +274,13 @@ session_actor::behavior_type Behavior(Self self) {
           Persist(self, std::move(b), [self, rp](const Status& w) mutable {
             auto& st = self->state;
             st.opening = false;
-            if (!w.ok()) {
-              st.rec.set_phase(v1::SESSION_PHASE_FAILED);
-              rp.deliver(Reply(w.Annotate("session " + st.rec.name() + ": open"), st.rec));
-              self->quit();
-              return;
-            }
-            rp.deliver(Reply(Status::Ok(), st.rec));
+            if (!w.ok()) st.rec.set_phase(v1::SESSION_PHASE_FAILED);
+            rp.deliver(Reply(w.Annotate("session " + st.rec.name() + ": open"), st.rec));
+            // Everyone who waited gets an answer, an error if the open failed.
             auto deferred = std::move(st.deferred);
             st.deferred.clear();
             for (auto& f : deferred) f();
+            if (!w.ok()) self->quit();
           });
           return rp;
         }
@@ -265,17 +308,9 @@ session_actor::behavior_type Behavior(Self self) {
         }
         return rp;
       },
-      [self](const v1::CloseSessionRequest&) -> caf::result<v1::SessionReply> {
-        auto& st = self->state;
-        if (st.rec.phase() != v1::SESSION_PHASE_OPEN || st.opening)
-          return Reply(Status::Ok(), st.rec);
+      [self](const v1::CloseSessionRequest& req) -> caf::result<v1::SessionReply> {
         auto rp = self->make_response_promise<v1::SessionReply>();
-        st.rec.set_phase(v1::SESSION_PHASE_CLOSED);
-        state::WriteBatch b;
-        PutRecord(self, &b);
-        Persist(self, std::move(b), [self, rp](const Status& w) mutable {
-          rp.deliver(Reply(w.Annotate("session " + self->state.rec.name() + ": close"), self->state.rec));
-        });
+        CloseSession(self, rp);
         return rp;
       },
       [self](const v1::GetSessionRequest&) { return Reply(Status::Ok(), self->state.rec); },

@@ -112,4 +112,26 @@ Status CheckExecRequest(const LimitPolicy& p, const v1::ExecRequest& exec) {
   return Status::Ok();
 }
 
+Status CheckSpec(const LimitPolicy& p, const v1::SandboxSpec& spec) {
+  size_t bytes = 0;
+  for (const auto& [k, v] : spec.env()) {
+    if (k.empty()) return Status::InvalidArgument("spec: an environment variable has an empty name");
+    if (k.find('=') != std::string::npos || k.find('\0') != std::string::npos)
+      return Status::InvalidArgument("spec: environment variable name '" + k.substr(0, 64) +
+                                     "' may not contain '=' or NUL");
+    if (v.find('\0') != std::string::npos)
+      return Status::InvalidArgument("spec: the value of environment variable " + k + " contains a NUL byte");
+    bytes += k.size() + v.size() + 2;
+  }
+  if (bytes > p.max_argv_env_bytes)
+    return Status::InvalidArgument("spec: env is " + std::to_string(bytes) + " bytes, above the maximum " +
+                                   std::to_string(p.max_argv_env_bytes));
+  if (spec.workdir().find('\0') != std::string::npos || spec.workdir().size() > 4096)
+    return Status::InvalidArgument("spec: workdir contains a NUL byte or is longer than 4096 bytes");
+  if (spec.image().size() > 256) return Status::InvalidArgument("spec: image name longer than 256 bytes");
+  for (const auto& [k, v] : spec.labels())
+    if (k.size() + v.size() > 4096) return Status::InvalidArgument("spec: label '" + k.substr(0, 64) + "' is too long");
+  return Status::Ok();
+}
+
 }  // namespace dsec::drivers

@@ -26,4 +26,8 @@ Result<v1::Limits> EffectiveLimits(const LimitPolicy& policy, const v1::SandboxS
 // Checks the size of argv/env/stdin and that argv is not empty.
 Status CheckExecRequest(const LimitPolicy& policy, const v1::ExecRequest& exec);
 
+// Checks what a spec adds to every exec: its env (names, NULs, total size
+// against max_argv_env_bytes) and its workdir.
+Status CheckSpec(const LimitPolicy& policy, const v1::SandboxSpec& spec);
+
 }  // namespace dsec::drivers

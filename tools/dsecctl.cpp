@@ -305,13 +305,14 @@ int main(int argc, char** argv) {
   bool raw = false;
   std::string admin_id;
   auto* status = app.add_subcommand("status", "node status (admin console)");
+  auto* nodes = app.add_subcommand("nodes", "node records (admin console)");
   auto* ls = app.add_subcommand("ls", "sandboxes, sessions and runs (admin console)");
   auto* stats = app.add_subcommand("stats", "counters (admin console)");
   auto* inspect = app.add_subcommand("inspect", "one sandbox, session or run (admin console)");
   inspect->add_option("id", admin_id)->required();
   auto* kill = app.add_subcommand("kill", "stop a run, destroy a sandbox, close a session (admin console)");
   kill->add_option("id", admin_id)->required();
-  for (auto* a : {status, ls, stats, inspect, kill}) a->add_flag("--raw", raw, "print the reply line as is");
+  for (auto* a : {status, nodes, ls, stats, inspect, kill}) a->add_flag("--raw", raw, "print the reply line as is");
 
   try {
     app.parse(argc, argv);
@@ -321,6 +322,7 @@ int main(int argc, char** argv) {
   }
 
   if (*status) return Admin(c, "status", raw);
+  if (*nodes) return Admin(c, "nodes", raw);
   if (*ls) return Admin(c, "ls", raw);
   if (*stats) return Admin(c, "stats", raw);
   if (*inspect) return Admin(c, "inspect " + admin_id, raw);
@@ -389,25 +391,27 @@ int main(int argc, char** argv) {
       if (rec.ok()) std::cout << ToJson(*rec);
       return 0;
     }
+    auto session = client->AttachSession(s_name);
+    if (!session.ok()) return Fail(session.status().message(), 1);
     if (*s_step) {
       dsec::v1::ExecRequest req;
       if (auto e = ApplyLimits(s_step_l, req.mutable_limits()); !e.empty()) return Fail(e, 2);
       if (auto e = BuildExec(s_step_l, s_cmd, &req); !e.empty()) return Fail(e, 2);
       if (!::isatty(0)) req.set_stdin(ReadAllStdin(64u << 20));
-      auto r = client->SessionHandle(s_name).Step(s_index, req);
+      auto r = session->Step(s_index, req);
       if (!r.ok()) return Fail(r.status().message(), 1);
       if (r->fast_forwarded()) std::fprintf(stderr, "dsecctl: step %llu answered from the log\n",
                                             static_cast<unsigned long long>(s_index));
       return Report(r->step().result(), false);
     }
     if (*s_show) {
-      auto rec = client->SessionHandle(s_name).Get();
+      auto rec = session->Get();
       if (!rec.ok()) return Fail(rec.status().message(), 1);
       std::cout << ToJson(*rec);
       return 0;
     }
     if (*s_close) {
-      auto st = client->SessionHandle(s_name).Close();
+      auto st = session->Close();
       if (!st.ok()) return Fail(st.message(), 1);
       return 0;
     }

@@ -184,6 +184,20 @@ int Run(const Flags& f) {
                         {"node_id", node_id},
                         {"sdk", ctx->options.sdk_address},
                         {"admin", ctx->options.admin_address}};
+      // This node in the `nodes` table: what it is, where, and what it can run.
+      dsec::v1::NodeRecord nr;
+      nr.set_id(node_id);
+      nr.set_sdk_address(ctx->options.sdk_address);
+      nr.set_admin_address(ctx->options.admin_address);
+      nr.set_boot_count(boot);
+      nr.set_started_ms(dsec::NowMs());
+      nr.set_version(DSEC_VERSION);
+      if (ctx->fncall) nr.add_kinds("fncall");
+      else nr.add_unavailable("fncall: " + ctx->fncall_unavailable.message());
+      for (const char* k : {"container", "microvm", "vm"}) nr.add_unavailable(std::string(k) + ": not implemented yet");
+      dsec::state::WriteBatch nb;
+      dsec::state::TypedTable<dsec::v1::NodeRecord>(store->get(), dsec::state::Table::kNodes).Put(&nb, node_id, nr);
+      if (auto st = committer.WriteSync(std::move(nb)); !st.ok()) log->error("write the node record: {}", st.message());
       (void)dsec::WriteFileAtomic(data + "/dsecd.json", ep.dump() + "\n", 0644);
       log->info("dsecd {} ready: node {} (boot {}), SDK on {}, admin console on {}, data in {}", DSEC_VERSION,
                 node_id, boot, ctx->options.sdk_address, ctx->options.admin_address, data);

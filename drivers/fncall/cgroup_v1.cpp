@@ -116,14 +116,23 @@ Result<CgroupMounts> DiscoverCgroupMounts() {
 
 Status MakeGroupDirs(const CgroupMounts& m, const std::string& rel) {
   for (const auto& h : m.Hierarchies()) {
-    std::string path = h;
-    std::stringstream ss(rel);
-    std::string part;
-    while (std::getline(ss, part, '/')) {
-      if (part.empty()) continue;
-      path += "/" + part;
-      if (::mkdir(path.c_str(), 0755) < 0 && errno != EEXIST)
-        return Status::FromErrno(errno, "cgroup mkdir " + path);
+    // Another spawner may rmdir the shared parent (it removes it when it
+    // looks empty) between our mkdirs: start over when a parent vanishes.
+    for (int attempt = 0;; ++attempt) {
+      std::string path = h;
+      std::stringstream ss(rel);
+      std::string part;
+      int err = 0;
+      while (std::getline(ss, part, '/')) {
+        if (part.empty()) continue;
+        path += "/" + part;
+        if (::mkdir(path.c_str(), 0755) < 0 && errno != EEXIST) {
+          err = errno;
+          break;
+        }
+      }
+      if (err == 0) break;
+      if (err != ENOENT || attempt >= 10) return Status::FromErrno(err, "cgroup mkdir " + path);
     }
   }
   return Status::Ok();
@@ -174,6 +183,7 @@ Result<CgroupSlot> CgroupSlot::Create(const CgroupMounts& m, const std::string& 
   s.cpu_quota_ = OpenAt(cpu, "cpu.cfs_quota_us", O_RDWR);
   s.cpu_period_ = OpenAt(cpu, "cpu.cfs_period_us", O_RDWR);
   s.cpuacct_usage_ = OpenAt(acct, "cpuacct.usage", O_RDWR);
+  s.memsw_limit_ = OpenAt(mem, "memory.memsw.limit_in_bytes", O_RDWR);  // optional
   if (!s.mem_limit_ || !s.mem_peak_ || !s.mem_oom_ || !s.pids_max_ || !s.cpu_quota_ ||
       !s.cpu_period_ || !s.cpuacct_usage_)
     return Status::FromErrno(errno, "cgroup open the control files of " + rel);
@@ -195,7 +205,16 @@ Status CgroupSlot::Attach(pid_t pid) {
 
 Status CgroupSlot::SetMemoryLimit(uint64_t bytes) {
   if (bytes == cur_mem_) return Status::Ok();
-  DSEC_RETURN_IF_ERROR(WriteFd(mem_limit_.get(), std::to_string(bytes), "memory.limit_in_bytes", rel_));
+  std::string v = std::to_string(bytes);
+  // With swap accounted, memory+swap gets the same limit, or a run could
+  // swap past it. memsw must stay >= the memory limit at every step, so the
+  // order depends on the direction.
+  bool raising = bytes > cur_mem_;
+  if (memsw_limit_ && raising)
+    DSEC_RETURN_IF_ERROR(WriteFd(memsw_limit_.get(), v, "memory.memsw.limit_in_bytes", rel_));
+  DSEC_RETURN_IF_ERROR(WriteFd(mem_limit_.get(), v, "memory.limit_in_bytes", rel_));
+  if (memsw_limit_ && !raising)
+    DSEC_RETURN_IF_ERROR(WriteFd(memsw_limit_.get(), v, "memory.memsw.limit_in_bytes", rel_));
   cur_mem_ = bytes;
   return Status::Ok();
 }
@@ -233,7 +252,8 @@ uint64_t CgroupSlot::OomKills() {
 
 void CgroupSlot::Remove() {
   procs_.clear();
-  for (auto* f : {&mem_limit_, &mem_peak_, &mem_oom_, &pids_max_, &cpu_quota_, &cpu_period_, &cpuacct_usage_})
+  for (auto* f : {&mem_limit_, &mem_peak_, &mem_oom_, &pids_max_, &cpu_quota_, &cpu_period_, &cpuacct_usage_,
+                  &memsw_limit_})
     f->Reset();
   for (const auto& d : dirs_) KillAndRemoveTree(d);
   dirs_.clear();

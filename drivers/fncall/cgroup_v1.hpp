@@ -63,7 +63,8 @@ class CgroupSlot {
   std::vector<std::string> dirs_;   // absolute, one per hierarchy
   std::vector<UniqueFd> procs_;     // cgroup.procs per hierarchy
   UniqueFd mem_limit_, mem_peak_, mem_oom_, pids_max_, cpu_quota_, cpu_period_, cpuacct_usage_;
-  uint64_t cur_mem_ = 0;
+  UniqueFd memsw_limit_;  // memory+swap; absent when the kernel does not account swap
+  uint64_t cur_mem_ = UINT64_MAX;  // a new group is unlimited
   int64_t cur_pids_ = -2, cur_quota_ = -2;
 };
 

@@ -230,6 +230,14 @@ void FncallDriver::IoLoop() {
           break;
         }
         case 3: {
+          // The spawner exited. Whatever it wrote before (outcomes of runs
+          // that did finish) is still in the socket: read it first.
+          for (char buf[1 << 16];;) {
+            ssize_t got = sock_ ? ::read(sock_.get(), buf, sizeof buf) : 0;
+            if (got <= 0) break;
+            decoder_.Feed(buf, static_cast<size_t>(got));
+          }
+          for (std::string frame; decoder_.Next(&frame) == 1;) OnFrame(frame);
           int status = 0;
           ::waitpid(spawner_pid_, &status, 0);
           pending.clear();
@@ -380,18 +388,25 @@ void FncallDriver::Exec(const v1::SandboxRecord& sandbox, const std::string& run
   run->set_file_size_bytes(lim.file_size_bytes());
   run->set_open_files(lim.open_files());
   Status refused;
+  std::string frame = r.SerializeAsString();
   {
     std::lock_guard<std::mutex> lk(mu_);
-    if (!unavailable_.ok()) {
+    if (frame.size() + 4096 > kMaxFrameBytes) {
+      // The spawner would take it for a corrupt stream; callers validate
+      // sizes first, so this is a last line of defence.
+      refused = Status::InvalidArgument("fncall: the run request is " + std::to_string(frame.size()) +
+                                        " bytes, above the protocol's limit");
+    } else if (!unavailable_.ok()) {
       refused = unavailable_;
     } else if (stopping_ || spawner_pid_ < 0) {
       refused = Status::Unavailable("fncall spawner is not running (restarting or shutting down)");
     } else {
       uint64_t id = next_id_++;
       run->set_id(id);
+      frame = r.SerializeAsString();
       inflight_[id] = InFlight{std::move(done), lim, req.argv(0), run_id};
       by_run_id_[run_id] = id;
-      AppendFrame(&outbox_, r.SerializeAsString());
+      AppendFrame(&outbox_, frame);
     }
   }
   if (!refused.ok()) {
@@ -483,6 +498,11 @@ v1::ExecResult FncallDriver::ToExecResult(const spawner::Outcome& o, const v1::L
     r.set_verdict(v1::VERDICT_OUTPUT_LIMIT);
     r.set_error("output limit: a stream passed " + std::to_string(limits.output_bytes()) +
                 " bytes; the run was killed and its output truncated");
+  } else if (!o.user_error().empty()) {
+    r.set_verdict(v1::VERDICT_RUNTIME_ERROR);
+    r.set_exec_failed(true);
+    r.set_exit_code(126);
+    r.set_error(o.user_error());
   } else if (o.exec_errno()) {
     r.set_verdict(v1::VERDICT_RUNTIME_ERROR);
     r.set_exec_failed(true);

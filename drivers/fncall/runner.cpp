@@ -41,9 +41,10 @@ struct KernelSigaction {
 
 int ChildMain(void* arg) {
   auto* s = static_cast<RunnerShared*>(arg);
-  auto fail = [s](const char* what, long rc) {
+  auto fail = [s](const char* what, long rc, bool user_error = false) {
     s->setup_what = what;
     s->setup_errno = static_cast<int>(-rc);
+    s->user_error = user_error;
     raw::Exit(126);
   };
   long rc;
@@ -62,10 +63,11 @@ int ChildMain(void* arg) {
     raw::Write(static_cast<int>(adj), "0", 1);  // the runner is -1000; the program is an ordinary victim
     Call(SYS_close, adj);
   }
-  if ((rc = Call(SYS_chdir, s->cwd)) < 0) fail("chdir to the working directory", rc);
   if ((rc = Call(SYS_setgroups, 0, 0)) < 0 || (rc = Call(SYS_setresgid, s->gid, s->gid, s->gid)) < 0 ||
       (rc = Call(SYS_setresuid, s->uid, s->uid, s->uid)) < 0)
     fail("drop to the sandbox user", rc);
+  // As the sandbox user: it may only enter what that user may.
+  if ((rc = Call(SYS_chdir, s->cwd)) < 0) fail("cannot enter the working directory", rc, true);
   // The seccomp filter is already in place (the runner installed it off the
   // per-run path); no_new_privs seals the drop across execve.
   if ((rc = Call(SYS_prctl, PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)) < 0) fail("no_new_privs", rc);
@@ -100,7 +102,8 @@ int RunnerEntry(void* arg) {
   unsigned long none = 0;
   Call(SYS_rt_sigprocmask, SIG_SETMASK, &none, 0, sizeof none);
   KernelSigaction dfl{SIG_DFL, 0, nullptr, 0};
-  Call(SYS_rt_sigaction, SIGPIPE, &dfl, 0, sizeof(unsigned long));
+  for (int sig = 1; sig <= 64; ++sig)
+    if (sig != SIGKILL && sig != SIGSTOP) Call(SYS_rt_sigaction, sig, &dfl, 0, sizeof(unsigned long));
 
   for (int i = 0; i < s->cgroup_hierarchies; ++i)
     CHECK(raw::Write(kSlotCgroup + i, "0", 1), "join the run's cgroup");

@@ -65,6 +65,7 @@ struct RunnerShared {
   // --- results ---
   const char* setup_what = nullptr;  // set when setup or the pre-exec steps failed
   int setup_errno = 0;
+  bool user_error = false;           // setup_what is the request's fault (bad cwd)
   int exec_errno = 0;                // execve failed with this
   int wait_status = 0;               // the program's, as from waitpid
   bool reported = false;             // the runner saw the program end

@@ -51,6 +51,8 @@ constexpr uint64_t kControlKey = 0, kSignalKey = 1;
 
 enum class State { kStarting, kReady, kRunning };
 
+constexpr int64_t kCpuCheckNs = 50'000'000;  // how often CPU-time limits are checked
+
 struct Runner {
   Runner() = default;
   Runner(const Runner&) = delete;
@@ -76,7 +78,7 @@ struct Runner {
   uint64_t output_cap = 0, cpu_time_ms = 0;
   std::string out_buf, err_buf;
   bool out_trunc = false, err_trunc = false;
-  bool timed_out = false, output_exceeded = false, killed = false, kill_sent = false;
+  bool timed_out = false, output_exceeded = false, killed = false, kill_sent = false, cpu_exceeded = false;
   std::string kill_reason;
   std::string platform_error;  // the spawner failed this run
   int64_t start_ns = 0, deadline_ns = 0;
@@ -112,6 +114,8 @@ class Spawner {
   void Go(Runner& r, spawner::Run& run);
   void PrepareRun(Runner& r, const spawner::Run& run);
   void Refill();
+  void RunnerFailed(const std::string& why);
+  void CheckCpuTime(int64_t now);
   bool SpawnRunner();
   int AcquireSlot();
   void* AcquireStack();
@@ -147,11 +151,24 @@ class Spawner {
   uint64_t next_key_ = 2;
   size_t starting_ = 0, running_ = 0;
   uint64_t runs_ = 0, runner_failures_ = 0, consecutive_failures_ = 0, ipcns_dropped_ = 0;
+  // Runner starts failing in a row: back off (doubling up to 5 s), and while
+  // no runner can start, fail runs at once with the reason instead of queueing.
+  int64_t refill_resume_ns_ = 0;
+  int64_t refill_backoff_ns_ = 100'000'000;
+  std::string last_runner_error_;
+  bool refill_progress_ = false;
+  // CPU-time limits are enforced on the whole run's cgroup (RLIMIT_CPU alone
+  // is per process, so forking would escape it): checked on these ticks.
+  std::multimap<int64_t, uint64_t> cpu_checks_;  // check time -> runner key
 };
 
 std::string Spawner::Init() {
   if (::geteuid() != 0)
     return "dsec-spawner must run as root (it creates namespaces and cgroups); run dsecd as root";
+  // Whatever dsecd's parent ignored (nohup, a shell's `&`) must not reach us
+  // or the sandboxes: an ignored SIGCHLD would even auto-reap our runners.
+  for (int sig = 1; sig < NSIG; ++sig)
+    if (sig != SIGKILL && sig != SIGSTOP) ::signal(sig, SIG_DFL);
   ::signal(SIGPIPE, SIG_IGN);
   sigset_t set;
   sigemptyset(&set);
@@ -259,8 +276,18 @@ void Spawner::Loop() {
       int64_t dt = deadlines_.begin()->first - NowNs();
       timeout = dt <= 0 ? 0 : static_cast<int>(dt / 1000000 + 1);
     }
-    // Keep filling the pool in small steps while idle.
-    if (starting_ + ready_.size() < opts_.pool_size && timeout != 0) timeout = 0;
+    if (!cpu_checks_.empty()) {
+      int64_t dt = cpu_checks_.begin()->first - NowNs();
+      int t = dt <= 0 ? 0 : static_cast<int>(dt / 1000000 + 1);
+      if (timeout < 0 || t < timeout) timeout = t;
+    }
+    // Keep filling the pool in small steps while idle, but only while that
+    // makes progress; when paused, wake up when the pause ends.
+    if (starting_ + ready_.size() < opts_.pool_size) {
+      int t = refill_progress_ ? 0 : 1000;
+      if (refill_resume_ns_ > NowNs()) t = static_cast<int>((refill_resume_ns_ - NowNs()) / 1000000 + 1);
+      if (timeout < 0 || t < timeout) timeout = t;
+    }
     int n = ::epoll_wait(epoll_.get(), events, 256, timeout);
     if (n < 0 && errno != EINTR) {
       Log(3, std::string("epoll_wait: ") + std::strerror(errno));
@@ -278,6 +305,7 @@ void Spawner::Loop() {
       }
     }
     int64_t now = NowNs();
+    CheckCpuTime(now);
     while (!deadlines_.empty() && deadlines_.begin()->first <= now) {
       uint64_t key = deadlines_.begin()->second;
       deadlines_.erase(deadlines_.begin());
@@ -360,6 +388,10 @@ void Spawner::OnRequest(spawner::Request& req) {
       auto* run = req.mutable_run();
       if (run->argv_size() == 0) {
         FailRun(run->id(), "empty argv");
+        return;
+      }
+      if (consecutive_failures_ >= 20 && ready_.empty()) {
+        FailRun(run->id(), "fncall runners cannot start: " + last_runner_error_);
         return;
       }
       pending_.push_back(std::move(*run));
@@ -471,12 +503,19 @@ void Spawner::OnRunnerCtl(Runner& r) {
     if (n <= 0) {
       r.ctl_eof = true;
       ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, r.ctl.get(), nullptr);
+      if (r.state == State::kReady)  // died in the pool: not a candidate any more
+        for (auto it = ready_.begin(); it != ready_.end(); ++it)
+          if (*it == r.key) {
+            ready_.erase(it);
+            break;
+          }
       break;
     }
     if (std::memchr(buf, kRunnerReady, static_cast<size_t>(n)) && r.state == State::kStarting) {
       r.state = State::kReady;
       --starting_;
       consecutive_failures_ = 0;
+      refill_backoff_ns_ = 100'000'000;
       ready_.push_back(r.key);
     }
   }
@@ -548,19 +587,8 @@ void Spawner::Discard(Runner& r) {
         ready_.erase(it);
         break;
       }
-  if (!r.setup_error.empty() && !shutting_down_) {
-    ++runner_failures_;
-    ++consecutive_failures_;
-    Log(3, "fncall runner pid " + std::to_string(r.pid) + " failed: " + r.setup_error);
-    if (consecutive_failures_ >= 20) {
-      // Runners cannot start on this host any more: fail queued runs rather
-      // than spin.
-      while (!pending_.empty()) {
-        FailRun(pending_.front().id(), "fncall runners cannot start: " + r.setup_error);
-        pending_.pop_front();
-      }
-    }
-  }
+  if (!r.setup_error.empty() && !shutting_down_)
+    RunnerFailed("runner pid " + std::to_string(r.pid) + ": " + r.setup_error);
   if (r.slot >= 0) free_slots_.push_back(r.slot);
   ReleaseNamespaces(r);
   ReleaseStack(r);
@@ -583,7 +611,12 @@ void Spawner::Finish(Runner& r) {
   const RunnerShared& sh = r.shared;
   if (sh.reported) {
     int st = sh.wait_status;
-    if (sh.setup_what) {
+    if (sh.setup_what && sh.user_error) {
+      // The request's fault (e.g. a cwd that does not exist): like exec failing.
+      o->set_user_error(std::string(sh.setup_what) + ": " + std::strerror(sh.setup_errno));
+      o->set_exited(true);
+      o->set_exit_code(126);
+    } else if (sh.setup_what) {
       o->set_platform_error(std::string("before exec: ") + sh.setup_what + ": " +
                             std::strerror(sh.setup_errno));
     } else if (sh.exec_errno) {
@@ -596,12 +629,14 @@ void Spawner::Finish(Runner& r) {
     } else if (WIFSIGNALED(st)) {
       o->set_signal(WTERMSIG(st));
     }
+  } else if (sh.setup_what) {
+    o->set_platform_error(std::string("runner: ") + sh.setup_what + ": " + std::strerror(sh.setup_errno));
   } else {
     o->set_signal(SIGKILL);  // the runner itself was killed (limit, kill, or OOM)
   }
   if (!r.platform_error.empty()) o->set_platform_error(r.platform_error);
-  if (r.cpu_time_ms && (o->signal() == SIGXCPU ||
-                        (o->signal() == SIGKILL && o->cpu_us() >= r.cpu_time_ms * 1000)))
+  if (r.cpu_exceeded || (r.cpu_time_ms && (o->signal() == SIGXCPU ||
+                                             (o->signal() == SIGKILL && o->cpu_us() >= r.cpu_time_ms * 1000))))
     o->set_cpu_time_exceeded(true);
   *o->mutable_stdout() = std::move(r.out_buf);
   *o->mutable_stderr() = std::move(r.err_buf);
@@ -640,12 +675,30 @@ void Spawner::ReleaseStack(Runner& r) {
   r.stack = nullptr;
 }
 
+// Kills runs whose cgroup used more CPU than their limit (all processes
+// together); rechecks the others a tick later.
+void Spawner::CheckCpuTime(int64_t now) {
+  while (!cpu_checks_.empty() && cpu_checks_.begin()->first <= now) {
+    uint64_t key = cpu_checks_.begin()->second;
+    cpu_checks_.erase(cpu_checks_.begin());
+    auto it = runners_.find(key);
+    if (it == runners_.end() || it->second->state != State::kRunning || it->second->exited) continue;
+    Runner& r = *it->second;
+    if (slots_[r.slot].CpuUsageNs() >= r.cpu_time_ms * 1000000) {
+      r.cpu_exceeded = true;
+      Kill(r, "cpu-time limit");
+    } else {
+      cpu_checks_.emplace(now + kCpuCheckNs, key);
+    }
+  }
+}
+
 void Spawner::Dispatch() {
   while (!pending_.empty() && !ready_.empty()) {
     uint64_t key = ready_.front();
     ready_.pop_front();
     auto it = runners_.find(key);
-    if (it == runners_.end() || it->second->exited) continue;
+    if (it == runners_.end() || it->second->exited || it->second->ctl_eof) continue;
     spawner::Run run = std::move(pending_.front());
     pending_.pop_front();
     Go(*it->second, run);
@@ -725,6 +778,7 @@ void Spawner::Go(Runner& r, spawner::Run& run) {
   r.start_ns = NowNs();
   r.deadline_ns = r.start_ns + static_cast<int64_t>(run.timeout_ms()) * 1000000;
   deadlines_.emplace(r.deadline_ns, r.key);
+  if (r.cpu_time_ms) cpu_checks_.emplace(r.start_ns + kCpuCheckNs, r.key);
   char go = kRunnerGo;
   if (::write(r.ctl.get(), &go, 1) != 1) {
     r.platform_error = std::string("the runner died before its run: ") + std::strerror(errno);
@@ -750,7 +804,7 @@ int Spawner::AcquireSlot() {
   }
   auto slot = CgroupSlot::Create(cgroups_, group_base_ + "/r" + std::to_string(slots_.size()));
   if (!slot.ok()) {
-    Log(3, slot.status().message());
+    last_runner_error_ = slot.status().message();
     return -1;
   }
   slots_.push_back(std::move(*slot));
@@ -782,27 +836,32 @@ bool Spawner::SpawnRunner() {
     netns = netns_.Acquire(&err);
     if (netns >= 0) ipcns = ipcns_.Acquire(&err);
     if (ipcns < 0) {
-      Log(3, err);
+      last_runner_error_ = err;
       if (netns >= 0) netns_.Release(netns);
       free_slots_.push_back(slot);
       return false;
     }
   }
-  int ctl[2], out[2], err[2], in[2];
-  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, ctl) < 0) return false;
-  if (::pipe2(out, O_CLOEXEC) < 0) return ::close(ctl[0]), ::close(ctl[1]), false;
-  if (::pipe2(err, O_CLOEXEC) < 0)
-    return ::close(ctl[0]), ::close(ctl[1]), ::close(out[0]), ::close(out[1]), false;
-  if (::pipe2(in, O_CLOEXEC) < 0)
-    return ::close(ctl[0]), ::close(ctl[1]), ::close(out[0]), ::close(out[1]), ::close(err[0]),
-           ::close(err[1]), false;
-  auto r = std::make_unique<Runner>();
-  r->stack = AcquireStack();
-  if (!r->stack) {
-    for (int fd : {ctl[0], ctl[1], out[0], out[1], err[0], err[1], in[0], in[1]}) ::close(fd);
+  auto give_back = [&] {
     free_slots_.push_back(slot);
     if (netns >= 0) netns_.Release(netns);
     if (ipcns >= 0) ipcns_.Release(ipcns);
+  };
+  int ctl[2] = {-1, -1}, out[2] = {-1, -1}, err[2] = {-1, -1}, in[2] = {-1, -1};
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, ctl) < 0 || ::pipe2(out, O_CLOEXEC) < 0 ||
+      ::pipe2(err, O_CLOEXEC) < 0 || ::pipe2(in, O_CLOEXEC) < 0) {
+    last_runner_error_ = std::string("pipes: ") + std::strerror(errno);
+    for (int fd : {ctl[0], ctl[1], out[0], out[1], err[0], err[1], in[0], in[1]})
+      if (fd >= 0) ::close(fd);
+    give_back();
+    return false;
+  }
+  auto r = std::make_unique<Runner>();
+  r->stack = AcquireStack();
+  if (!r->stack) {
+    last_runner_error_ = "out of memory for a runner stack";
+    for (int fd : {ctl[0], ctl[1], out[0], out[1], err[0], err[1], in[0], in[1]}) ::close(fd);
+    give_back();
     return false;
   }
   RunnerShared& sh = r->shared;
@@ -835,11 +894,11 @@ bool Spawner::SpawnRunner() {
   int clone_errno = errno;
   if (pid > 0) {
     // Until the runner has its own table, ours must not change under it.
-    timespec wait{1, 0};
+    timespec wait{10, 0};
     while (__atomic_load_n(&sh.handed_off, __ATOMIC_ACQUIRE) == 0) {
       long rc = ::syscall(SYS_futex, &sh.handed_off, FUTEX_WAIT, 0, &wait, nullptr, 0);
       if (rc < 0 && errno == ETIMEDOUT) {
-        Log(3, "runner pid " + std::to_string(pid) + " did not start within 1 s; killing it");
+        Log(3, "runner pid " + std::to_string(pid) + " did not start within 10 s; killing it");
         ::kill(pid, SIGKILL);
         break;  // it shares our table no more once it is dead
       }
@@ -853,12 +912,9 @@ bool Spawner::SpawnRunner() {
   r->err.Reset(err[0]);
   r->in.Reset(in[1]);
   if (pid < 0) {
-    Log(3, std::string("clone a runner: ") + std::strerror(clone_errno));
+    last_runner_error_ = std::string("clone a runner: ") + std::strerror(clone_errno);
     ReleaseStack(*r);
-    free_slots_.push_back(slot);
-    if (netns >= 0) netns_.Release(netns);
-    if (ipcns >= 0) ipcns_.Release(ipcns);
-    ++runner_failures_;
+    give_back();
     return false;
   }
   r->key = next_key_++;
@@ -882,13 +938,37 @@ bool Spawner::SpawnRunner() {
 }
 
 void Spawner::Refill() {
-  if (shutting_down_ || consecutive_failures_ >= 20) return;
+  refill_progress_ = false;
+  if (shutting_down_ || NowNs() < refill_resume_ns_) return;
   // Warm pool first; then whatever the queue needs, bounded by max_runners.
   size_t want = opts_.pool_size + pending_.size();
   size_t spawned = 0;
   while (starting_ + ready_.size() < want && runners_.size() < opts_.max_runners && spawned < 8) {
-    if (!SpawnRunner()) break;
+    if (!SpawnRunner()) {
+      RunnerFailed("cannot start a runner: " + last_runner_error_);
+      break;
+    }
     ++spawned;
+  }
+  refill_progress_ = spawned > 0;
+}
+
+// A runner failed to start (SpawnRunner failed, or it died in setup). After
+// 20 in a row, pause starting new ones with a doubling backoff and fail the
+// queued runs with the reason; the first runner that gets ready resets this.
+void Spawner::RunnerFailed(const std::string& why) {
+  ++runner_failures_;
+  ++consecutive_failures_;
+  last_runner_error_ = why;
+  // Log the first failure of a streak and then every doubling, not each one.
+  if ((consecutive_failures_ & (consecutive_failures_ - 1)) == 0)
+    Log(3, "fncall runner failed (" + std::to_string(consecutive_failures_) + " in a row): " + why);
+  if (consecutive_failures_ < 20) return;
+  refill_resume_ns_ = NowNs() + refill_backoff_ns_;
+  refill_backoff_ns_ = std::min<int64_t>(refill_backoff_ns_ * 2, 5'000'000'000);
+  while (!pending_.empty()) {
+    FailRun(pending_.front().id(), "fncall runners cannot start: " + why);
+    pending_.pop_front();
   }
 }
 

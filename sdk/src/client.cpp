@@ -19,9 +19,11 @@ struct Client::Impl {
   caf::actor agent;
 
   ~Impl() {
-    if (agent) caf::anon_send_exit(agent, caf::exit_reason::user_shutdown);
+    // The agent answers everything still pending (Unavailable) and quits;
+    // the actor system's destructor waits for that.
+    if (agent) caf::anon_send(agent, caf::close_atom::value);
     agent = nullptr;
-    sys.reset();  // waits for the agent
+    sys.reset();
   }
 
   Status ToStatus(const caf::error& e, std::chrono::milliseconds timeout) const {
@@ -35,7 +37,7 @@ struct Client::Impl {
       return Status::Unavailable(e.context().get_as<std::string>(0));
     if (e == caf::sec::unexpected_message)
       return Status::Internal("dsecd at " + where + " did not understand the request (version mismatch?)");
-    return Status::Unavailable("dsecd at " + where + ": " + sys->render(e));
+    return Status::Unavailable("dsecd at " + where + ": " + caf::to_string(e));
   }
 
   template <class Reply, class Request>
@@ -141,7 +143,7 @@ Result<Sandbox> Client::Create(const v1::SandboxSpec& spec) {
   *req.mutable_spec() = spec;
   auto r = impl_->CallSync<v1::SandboxReply>(std::move(req), impl_->options.rpc_timeout);
   if (!r.ok()) return r.status();
-  return Sandbox(this, r->sandbox().id());
+  return Sandbox(this, r->sandbox().id(), r->sandbox().spec());
 }
 
 Result<Sandbox> Client::Attach(const std::string& sandbox_id) {
@@ -149,7 +151,7 @@ Result<Sandbox> Client::Attach(const std::string& sandbox_id) {
   req.set_sandbox_id(sandbox_id);
   auto r = impl_->CallSync<v1::SandboxReply>(std::move(req), impl_->options.rpc_timeout);
   if (!r.ok()) return r.status();
-  return Sandbox(this, sandbox_id);
+  return Sandbox(this, sandbox_id, r->sandbox().spec());
 }
 
 Result<Session> Client::OpenSession(const std::string& name, const v1::SandboxSpec& spec) {
@@ -158,14 +160,22 @@ Result<Session> Client::OpenSession(const std::string& name, const v1::SandboxSp
   *req.mutable_spec() = spec;
   auto r = impl_->CallSync<v1::SessionReply>(std::move(req), impl_->options.rpc_timeout);
   if (!r.ok()) return r.status();
-  return Session(this, name);
+  return Session(this, name, r->session().spec());
+}
+
+Result<Session> Client::AttachSession(const std::string& name) {
+  v1::GetSessionRequest req;
+  req.set_name(name);
+  auto r = impl_->CallSync<v1::SessionReply>(std::move(req), impl_->options.rpc_timeout);
+  if (!r.ok()) return r.status();
+  return Session(this, name, r->session().spec());
 }
 
 std::future<Result<v1::ExecResult>> Sandbox::ExecAsync(v1::ExecRequest req) const {
   auto p = std::make_shared<std::promise<Result<v1::ExecResult>>>();
   auto f = p->get_future();
   req.set_sandbox_id(id_);
-  auto timeout = client_->impl_->ExecTimeout(v1::SandboxSpec(), req);
+  auto timeout = client_->impl_->ExecTimeout(spec_, req);
   client_->impl_->Call<v1::ExecReply>(std::move(req), timeout, [p](Result<v1::ExecReply> r) {
     if (!r.ok()) return p->set_value(r.status());
     p->set_value(std::move(*r->mutable_result()));
@@ -195,7 +205,7 @@ std::future<Result<v1::StepReply>> Session::StepAsync(uint64_t index, v1::ExecRe
   v1::StepRequest step;
   step.set_session(name_);
   step.set_index(index);
-  auto timeout = client_->impl_->ExecTimeout(v1::SandboxSpec(), req);
+  auto timeout = client_->impl_->ExecTimeout(spec_, req);
   *step.mutable_exec() = std::move(req);
   client_->impl_->Call<v1::StepReply>(std::move(step), timeout,
                                       [p](Result<v1::StepReply> r) { p->set_value(std::move(r)); });

@@ -139,6 +139,17 @@ caf::behavior Agent(Self self, std::string host, uint16_t port, std::chrono::mil
         Expire(self);
       },
       [self](caf::connect_atom) { Connect(self); },
+      [self](caf::close_atom) {
+        // The client is going away: nobody may be left waiting.
+        auto& st = self->state;
+        auto queued = std::move(st.queued);
+        auto inflight = std::move(st.inflight);
+        st.queued.clear();
+        st.inflight.clear();
+        for (auto& q : queued) q.call.fail(Disconnected("the dsec client is shutting down"));
+        for (auto& [id, call] : inflight) call.fail(Disconnected("the dsec client is shutting down"));
+        self->quit();
+      },
       [self](tick_atom) {
         self->state.ticking = false;
         Expire(self);

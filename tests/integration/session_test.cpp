@@ -82,10 +82,10 @@ TEST_F(Sessions, ClosedSessionRefusesSteps) {
   EXPECT_THAT(r.status().message(), HasSubstr("closed"));
 }
 
-TEST_F(Sessions, StepOnUnknownSessionIsNotFound) {
-  auto r = client_->SessionHandle("never/opened/0").Step(0, Command({"true"}));
-  ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.status().code(), Status::Code::kNotFound);
+TEST_F(Sessions, AttachToUnknownSessionIsNotFound) {
+  auto s = client_->AttachSession("never/opened/0");
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), Status::Code::kNotFound);
 }
 
 }  // namespace

@@ -51,9 +51,11 @@ class Sandbox {
 
  private:
   friend class Client;
-  Sandbox(Client* c, std::string id) : client_(c), id_(std::move(id)) {}
+  Sandbox(Client* c, std::string id, v1::SandboxSpec spec)
+      : client_(c), id_(std::move(id)), spec_(std::move(spec)) {}
   Client* client_;
   std::string id_;
+  v1::SandboxSpec spec_;  // its limits decide how long an exec may take
 };
 
 // A rollout session (DESIGN.md section 4): steps are numbered from 0; a
@@ -69,9 +71,11 @@ class Session {
 
  private:
   friend class Client;
-  Session(Client* c, std::string name) : client_(c), name_(std::move(name)) {}
+  Session(Client* c, std::string name, v1::SandboxSpec spec)
+      : client_(c), name_(std::move(name)), spec_(std::move(spec)) {}
   Client* client_;
   std::string name_;
+  v1::SandboxSpec spec_;
 };
 
 class Client {
@@ -96,9 +100,9 @@ class Client {
 
   // Opens a session by name, or re-opens it (idempotent with the same spec).
   Result<Session> OpenSession(const std::string& name, const v1::SandboxSpec& spec);
-  // A handle to a session that is already open (no call is made; its calls
-  // fail with NotFound if there is none by that name).
-  Session SessionHandle(const std::string& name) { return Session(this, name); }
+  // A handle to a session that is already open (NotFound when there is none
+  // by that name).
+  Result<Session> AttachSession(const std::string& name);
 
   // Connected right now (the client reconnects by itself when not).
   bool connected() const;

@@ -1,6 +1,8 @@
 // fncall verdicts against real sandboxes: every verdict a run can end with.
 #include <signal.h>
 
+#include <gmock/gmock.h>
+
 #include "tests/support/fncall_fixture.hpp"
 
 namespace dsec::testing {
@@ -60,6 +62,35 @@ TEST_F(Verdicts, CpuTimeLimit) {
   auto r = Sh("while :; do :; done", l);
   EXPECT_EQ(r.verdict(), v1::VERDICT_TIME_LIMIT) << r.error();
   EXPECT_GE(r.cpu_us(), 900'000u);
+}
+
+TEST_F(Verdicts, CpuTimeLimitCoversEveryProcessOfTheRun) {
+  // Four busy children, each below the limit on its own: RLIMIT_CPU alone
+  // (per process) would let them run until the wall clock.
+  v1::Limits l;
+  l.set_cpu_time_ms(1000);
+  l.set_timeout_ms(30'000);
+  auto r = Sh("for i in 1 2 3 4; do (while :; do :; done) & done; wait", l);
+  EXPECT_EQ(r.verdict(), v1::VERDICT_TIME_LIMIT) << r.error();
+  EXPECT_THAT(r.error(), ::testing::HasSubstr("CPU-time"));
+  EXPECT_LT(r.wall_us(), 10'000'000u);
+}
+
+TEST_F(Verdicts, MissingWorkingDirectoryIsTheRequestsFault) {
+  v1::ExecRequest req;
+  req.add_argv("true");
+  req.set_cwd("/no/such/dir");
+  v1::SandboxRecord sb;
+  *req.mutable_limits() = *drivers::EffectiveLimits(drivers::LimitPolicy::Default(), sb.spec(), req);
+  std::promise<Result<v1::ExecResult>> p;
+  auto f = p.get_future();
+  driver_->Exec(sb, "bad-cwd", req, [&p](Result<v1::ExecResult> r) { p.set_value(std::move(r)); });
+  auto r = f.get();
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->verdict(), v1::VERDICT_RUNTIME_ERROR);
+  EXPECT_EQ(r->exit_code(), 126);
+  EXPECT_TRUE(r->exec_failed());
+  EXPECT_THAT(r->error(), ::testing::HasSubstr("working directory"));
 }
 
 TEST_F(Verdicts, AllocatingBeyondTheMemoryLimit) {
