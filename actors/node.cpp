@@ -43,42 +43,54 @@ void Restore(NodeSelf self) {
   auto& ctx = *st.ctx;
   size_t sandboxes = 0, sessions = 0, dropped = 0;
   state::WriteBatch cleanup;
-  auto s1 = state::TypedTable<v1::SandboxRecord>(ctx.store, state::Table::kSandboxes)
-                .Scan("", [&](const std::string& key, v1::SandboxRecord&& rec) {
-                  if (rec.phase() == v1::SANDBOX_PHASE_STOPPED || rec.phase() == v1::SANDBOX_PHASE_STOPPING) {
-                    cleanup.Delete(state::Table::kSandboxes, key);
-                    ++dropped;
-                    return true;
-                  }
-                  if (rec.phase() == v1::SANDBOX_PHASE_RUNNING) {
-                    auto d = ctx.DriverFor(rec.spec().kind());
-                    Status re = d.ok() ? (*d)->Readopt(rec) : d.status();
-                    if (!re.ok()) {
-                      rec.set_phase(v1::SANDBOX_PHASE_FAILED);
-                      rec.set_error("not re-adopted after restart: " + re.message());
-                      state::TypedTable<v1::SandboxRecord>(ctx.store, state::Table::kSandboxes)
-                          .Put(&cleanup, key, rec);
-                    }
-                  }
-                  Watch(self, rec.id(), SpawnSandbox(self, st.ctx, rec));
-                  ++sandboxes;
-                  return true;
-                });
-  auto s2 = state::TypedTable<v1::SessionRecord>(ctx.store, state::Table::kSessions)
-                .Scan("", [&](const std::string&, v1::SessionRecord&& rec) {
-                  Watch(self, rec.name(), SpawnSession(self, st.ctx, rec));
-                  ++sessions;
-                  return true;
-                });
+  // One corrupt row must not keep the others from coming back: log it, skip it.
+  size_t corrupt = 0;
+  auto s1 = ctx.store->Scan(state::Table::kSandboxes, "", [&](const std::string& key, const std::string& raw) {
+    v1::SandboxRecord rec;
+    if (!rec.ParseFromString(raw)) {
+      ctx.log->error("restore: sandboxes row '{}' is not a SandboxRecord; skipped", key);
+      ++corrupt;
+      return true;
+    }
+    if (rec.phase() == v1::SANDBOX_PHASE_STOPPED || rec.phase() == v1::SANDBOX_PHASE_STOPPING) {
+      cleanup.Delete(state::Table::kSandboxes, key);
+      ++dropped;
+      return true;
+    }
+    if (rec.phase() == v1::SANDBOX_PHASE_RUNNING) {
+      auto d = ctx.DriverFor(rec.spec().kind());
+      Status re = d.ok() ? (*d)->Readopt(rec) : d.status();
+      if (!re.ok()) {
+        rec.set_phase(v1::SANDBOX_PHASE_FAILED);
+        rec.set_error("not re-adopted after restart: " + re.message());
+        state::TypedTable<v1::SandboxRecord>(ctx.store, state::Table::kSandboxes).Put(&cleanup, key, rec);
+      }
+    }
+    Watch(self, rec.id(), SpawnSandbox(self, st.ctx, rec));
+    ++sandboxes;
+    return true;
+  });
+  auto s2 = ctx.store->Scan(state::Table::kSessions, "", [&](const std::string& key, const std::string& raw) {
+    v1::SessionRecord rec;
+    if (!rec.ParseFromString(raw)) {
+      ctx.log->error("restore: sessions row '{}' is not a SessionRecord; skipped", key);
+      ++corrupt;
+      return true;
+    }
+    Watch(self, rec.name(), SpawnSession(self, st.ctx, rec));
+    ++sessions;
+    return true;
+  });
   if (!s1.ok()) ctx.log->error("restore sandboxes: {}", s1.message());
   if (!s2.ok()) ctx.log->error("restore sessions: {}", s2.message());
   if (!cleanup.empty()) {
     Status w = ctx.committer->WriteSync(std::move(cleanup));
     if (!w.ok()) ctx.log->error("restore: cleanup write: {}", w.message());
   }
-  ctx.log->info("restored {} sandbox(es) and {} session(s) from {}{}", sandboxes, sessions,
+  ctx.log->info("restored {} sandbox(es) and {} session(s) from {}{}{}", sandboxes, sessions,
                 ctx.store->Describe(),
-                dropped ? " (" + std::to_string(dropped) + " stopped sandbox row(s) removed)" : "");
+                dropped ? " (" + std::to_string(dropped) + " stopped sandbox row(s) removed)" : "",
+                corrupt ? " (" + std::to_string(corrupt) + " corrupt row(s) skipped)" : "");
 }
 
 // Supervision: a child that ended abnormally is restarted from its
