@@ -101,9 +101,10 @@ int RunnerEntry(void* arg) {
   // for its signalfd and ignores SIGPIPE; the program must not inherit that).
   unsigned long none = 0;
   Call(SYS_rt_sigprocmask, SIG_SETMASK, &none, 0, sizeof none);
+  // The spawner reset every other disposition to the default at start
+  // (whatever dsecd's parent ignored); SIGPIPE is the one it ignores itself.
   KernelSigaction dfl{SIG_DFL, 0, nullptr, 0};
-  for (int sig = 1; sig <= 64; ++sig)
-    if (sig != SIGKILL && sig != SIGSTOP) Call(SYS_rt_sigaction, sig, &dfl, 0, sizeof(unsigned long));
+  Call(SYS_rt_sigaction, SIGPIPE, &dfl, 0, sizeof(unsigned long));
 
   for (int i = 0; i < s->cgroup_hierarchies; ++i)
     CHECK(raw::Write(kSlotCgroup + i, "0", 1), "join the run's cgroup");
