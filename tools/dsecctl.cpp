@@ -134,11 +134,8 @@ std::unique_ptr<dsec::Client> ConnectOrDie(const Common& c, int* rc) {
   o.threads = 1;
   auto client = dsec::Client::Connect(o);
   if (!client.ok()) {
-    *rc = Fail(client.status().message() +
-               (client.status().code() == dsec::Status::Code::kUnavailable ||
-                        client.status().code() == dsec::Status::Code::kDeadlineExceeded
-                    ? " (start it with `dsecd`, or point --addr / $DSEC_ADDR at it)"
-                    : ""));
+    // The SDK's message already says where it looked and what to check.
+    *rc = Fail(client.status().message());
     return nullptr;
   }
   return std::move(*client);

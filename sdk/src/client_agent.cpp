@@ -56,7 +56,7 @@ void Expire(Self self) {
       auto fail = std::move(it->call.fail);
       it = st.queued.erase(it);
       fail(Disconnected("cannot reach dsecd at " + Where(self) + ": " + st.last_error +
-                        " (is dsecd running? `dsecctl status` checks)"));
+                        " (is dsecd running there? start it with `dsecd`, or point --addr / $DSEC_ADDR at it)"));
     } else {
       ++it;
     }
