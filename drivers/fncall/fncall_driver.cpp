@@ -388,13 +388,13 @@ void FncallDriver::Exec(const v1::SandboxRecord& sandbox, const std::string& run
   run->set_file_size_bytes(lim.file_size_bytes());
   run->set_open_files(lim.open_files());
   Status refused;
-  std::string frame = r.SerializeAsString();
+  size_t frame_size = r.ByteSizeLong();
   {
     std::lock_guard<std::mutex> lk(mu_);
-    if (frame.size() + 4096 > kMaxFrameBytes) {
+    if (frame_size + 4096 > kMaxFrameBytes) {
       // The spawner would take it for a corrupt stream; callers validate
       // sizes first, so this is a last line of defence.
-      refused = Status::InvalidArgument("fncall: the run request is " + std::to_string(frame.size()) +
+      refused = Status::InvalidArgument("fncall: the run request is " + std::to_string(frame_size) +
                                         " bytes, above the protocol's limit");
     } else if (!unavailable_.ok()) {
       refused = unavailable_;
@@ -403,7 +403,7 @@ void FncallDriver::Exec(const v1::SandboxRecord& sandbox, const std::string& run
     } else {
       uint64_t id = next_id_++;
       run->set_id(id);
-      frame = r.SerializeAsString();
+      std::string frame = r.SerializeAsString();
       inflight_[id] = InFlight{std::move(done), lim, req.argv(0), run_id};
       by_run_id_[run_id] = id;
       AppendFrame(&outbox_, frame);

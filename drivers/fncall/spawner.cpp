@@ -502,7 +502,6 @@ void Spawner::OnRunnerCtl(Runner& r) {
     if (n < 0 && errno == EAGAIN) break;
     if (n <= 0) {
       r.ctl_eof = true;
-      ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, r.ctl.get(), nullptr);
       if (r.state == State::kReady)  // died in the pool: not a candidate any more
         for (auto it = ready_.begin(); it != ready_.end(); ++it)
           if (*it == r.key) {
@@ -534,8 +533,7 @@ void Spawner::ReadOutput(Runner& r, bool is_err) {
     if (n < 0 && errno == EAGAIN) return;
     if (n <= 0) {
       eof = true;
-      ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, fd.get(), nullptr);
-      fd.Reset();
+      fd.Reset();  // also leaves the epoll set
       return;
     }
     if (r.state != State::kRunning) continue;  // a runner never writes before its run
@@ -558,10 +556,7 @@ void Spawner::WriteStdin(Runner& r) {
     if (w < 0) break;  // EPIPE: the program closed stdin early; that is its business
     r.stdin_off += static_cast<size_t>(w);
   }
-  if (r.in) {
-    ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, r.in.get(), nullptr);
-    r.in.Reset();
-  }
+  r.in.Reset();
   std::string().swap(r.stdin_data);
 }
 
@@ -924,7 +919,9 @@ bool Spawner::SpawnRunner() {
   r->ipcns = ipcns;
   for (int fd : {r->ctl.get(), r->out.get(), r->err.get(), r->in.get()}) SetNonBlocking(fd);
   epoll_event ev{};
-  ev.events = EPOLLIN;
+  // Edge-triggered: EOF is reported once, so no EPOLL_CTL_DEL is needed; the
+  // fd leaves the epoll set when it is closed (we hold its only reference).
+  ev.events = EPOLLIN | EPOLLET;
   ev.data.u64 = (r->key << 2) | kCtl;
   ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, r->ctl.get(), &ev);
   ev.data.u64 = (r->key << 2) | kOut;
