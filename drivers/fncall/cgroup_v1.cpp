@@ -171,6 +171,7 @@ Result<CgroupSlot> CgroupSlot::Create(const CgroupMounts& m, const std::string& 
   s.rel_ = rel;
   for (const auto& h : m.Hierarchies()) {
     s.dirs_.push_back(h + "/" + rel);
+    s.cpu_only_.push_back(h != m.memory && h != m.pids);
     s.procs_.push_back(OpenAt(s.dirs_.back(), "cgroup.procs", O_WRONLY));
     if (!s.procs_.back()) return Status::FromErrno(errno, "cgroup open " + s.dirs_.back() + "/cgroup.procs");
   }
@@ -190,9 +191,17 @@ Result<CgroupSlot> CgroupSlot::Create(const CgroupMounts& m, const std::string& 
   return s;
 }
 
-std::vector<int> CgroupSlot::ProcsFds() const {
+std::vector<int> CgroupSlot::PoolProcsFds() const {
   std::vector<int> fds;
-  for (const auto& f : procs_) fds.push_back(f.get());
+  for (size_t i = 0; i < procs_.size(); ++i)
+    if (!cpu_only_[i]) fds.push_back(procs_[i].get());
+  return fds;
+}
+
+std::vector<int> CgroupSlot::CpuProcsFds() const {
+  std::vector<int> fds;
+  for (size_t i = 0; i < procs_.size(); ++i)
+    if (cpu_only_[i]) fds.push_back(procs_[i].get());
   return fds;
 }
 
@@ -235,9 +244,9 @@ Status CgroupSlot::SetCpuQuota(uint32_t millis) {
   return Status::Ok();
 }
 
-void CgroupSlot::ResetCounters() {
+void CgroupSlot::ResetCounters(bool cpu) {
   (void)::pwrite(mem_peak_.get(), "0", 1, 0);
-  (void)::pwrite(cpuacct_usage_.get(), "0", 1, 0);
+  if (cpu) (void)::pwrite(cpuacct_usage_.get(), "0", 1, 0);
 }
 
 uint64_t CgroupSlot::CpuUsageNs() { return ParseU64(ReadSmallFd(cpuacct_usage_.get())); }

@@ -42,15 +42,19 @@ class CgroupSlot {
   CgroupSlot& operator=(CgroupSlot&&) = default;
 
   Status Attach(pid_t pid);
-  // cgroup.procs of each hierarchy, open for writing, for a process to join
-  // itself by writing "0".
-  std::vector<int> ProcsFds() const;
+  // cgroup.procs files, open for writing, for a process to join itself by
+  // writing "0": the memory and pids hierarchies, which every run joins, and
+  // the cpu and cpuacct ones (those not shared with the first two), which
+  // only runs with a CPU quota or a CPU-time limit join.
+  std::vector<int> PoolProcsFds() const;
+  std::vector<int> CpuProcsFds() const;
   // Each writes only when the value changes.
   Status SetMemoryLimit(uint64_t bytes);
   Status SetPidsMax(uint32_t n);
   Status SetCpuQuota(uint32_t millis);  // 0: unlimited
-  // Start of a run: peak memory back to the current usage, CPU usage to 0.
-  void ResetCounters();
+  // Start of a run: peak memory back to the current usage, and CPU usage to
+  // 0 when the run joins the cpu groups.
+  void ResetCounters(bool cpu);
   uint64_t CpuUsageNs();
   uint64_t PeakBytes();
   uint64_t OomKills();
@@ -62,6 +66,7 @@ class CgroupSlot {
   std::string rel_;
   std::vector<std::string> dirs_;   // absolute, one per hierarchy
   std::vector<UniqueFd> procs_;     // cgroup.procs per hierarchy
+  std::vector<bool> cpu_only_;      // per hierarchy: cpu/cpuacct, not memory/pids
   UniqueFd mem_limit_, mem_peak_, mem_oom_, pids_max_, cpu_quota_, cpu_period_, cpuacct_usage_;
   UniqueFd memsw_limit_;  // memory+swap; absent when the kernel does not account swap
   uint64_t cur_mem_ = UINT64_MAX;  // a new group is unlimited

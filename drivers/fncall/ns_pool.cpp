@@ -24,13 +24,19 @@ int NamespacePool::Acquire(std::string* error) {
     *error = std::string("open /proc/self/ns/") + name_ + ": " + std::strerror(errno);
     return -1;
   }
+  std::vector<UniqueFd> probes;
+  if (flag_ == CLONE_NEWIPC)
+    for (const char* f : {"/proc/sysvipc/msg", "/proc/sysvipc/sem", "/proc/sysvipc/shm"})
+      probes.emplace_back(::open(f, O_RDONLY | O_CLOEXEC));  // bound to the ns we are in now
   // Reuse a slot of a dropped namespace before growing.
   for (size_t i = 0; i < fds_.size(); ++i)
     if (!fds_[i]) {
       fds_[i] = std::move(fd);
+      probes_[i] = std::move(probes);
       return static_cast<int>(i);
     }
   fds_.push_back(std::move(fd));
+  probes_.push_back(std::move(probes));
   return static_cast<int>(fds_.size() - 1);
 }
 
@@ -40,23 +46,18 @@ size_t NamespacePool::dropped() const {
   return n;
 }
 
-namespace {
-// Each /proc/sysvipc file is a header line plus one line per object.
-bool HeaderOnly(const char* path) {
-  int fd = ::open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
-  char buf[4096];
-  ssize_t n = ::read(fd, buf, sizeof buf);
-  ::close(fd);
-  if (n <= 0) return false;
-  const char* nl = static_cast<const char*>(std::memchr(buf, '\n', static_cast<size_t>(n)));
-  return nl && nl == buf + n - 1;
-}
-}  // namespace
-
-bool IpcNamespaceEmpty(int fd) {
-  if (::setns(fd, CLONE_NEWIPC) < 0) return false;
-  return HeaderOnly("/proc/sysvipc/msg") && HeaderOnly("/proc/sysvipc/sem") && HeaderOnly("/proc/sysvipc/shm");
+bool NamespacePool::IpcEmpty(int index) const {
+  const auto& probes = probes_[static_cast<size_t>(index)];
+  if (probes.size() != 3) return false;
+  for (const auto& p : probes) {
+    // Each file is a header line plus one line per object.
+    char buf[4096];
+    ssize_t n = p ? ::pread(p.get(), buf, sizeof buf, 0) : -1;
+    if (n <= 0) return false;
+    const char* nl = static_cast<const char*>(std::memchr(buf, '\n', static_cast<size_t>(n)));
+    if (!nl || nl != buf + n - 1) return false;
+  }
+  return true;
 }
 
 }  // namespace dsec::fncall

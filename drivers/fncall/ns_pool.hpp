@@ -5,6 +5,8 @@
 // capabilities) and that is verified empty is as good as new.
 #pragma once
 
+#include <sched.h>
+
 #include <string>
 #include <vector>
 
@@ -16,12 +18,19 @@ class NamespacePool {
  public:
   // clone_flag: CLONE_NEWNET or CLONE_NEWIPC; name: "net" or "ipc".
   NamespacePool(int clone_flag, const char* name) : flag_(clone_flag), name_(name) {}
+  // ipc only: true when the namespace holds no System V message queue,
+  // semaphore set or shared memory segment. Reads /proc/sysvipc files opened
+  // inside it when it was made (they stay bound to it), so no setns.
+  bool IpcEmpty(int index) const;
   // A namespace index, or -1 with *error set. Creating one moves the calling
   // (single-threaded) process into it, which the spawner does not mind.
   int Acquire(std::string* error);
   void Release(int index) { free_.push_back(index); }
   // Closes a namespace that must not be reused.
-  void Drop(int index) { fds_[index].Reset(); }
+  void Drop(int index) {
+    fds_[index].Reset();
+    probes_[index].clear();
+  }
   int fd(int index) const { return fds_[index].get(); }
   size_t free() const { return free_.size(); }
   size_t total() const { return fds_.size() - dropped(); }
@@ -32,10 +41,7 @@ class NamespacePool {
   const char* name_;
   std::vector<UniqueFd> fds_;
   std::vector<int> free_;
+  std::vector<std::vector<UniqueFd>> probes_;  // ipc: /proc/sysvipc/{msg,sem,shm} per namespace
 };
-
-// True when the ipc namespace behind `fd` holds no System V message queue,
-// semaphore set or shared memory segment. Enters it (setns) to look.
-bool IpcNamespaceEmpty(int fd);
 
 }  // namespace dsec::fncall

@@ -108,6 +108,7 @@ int RunnerEntry(void* arg) {
 
   for (int i = 0; i < s->cgroup_hierarchies; ++i)
     CHECK(raw::Write(kSlotCgroup + i, "0", 1), "join the run's cgroup");
+  Call(SYS_close_range, kSlotCgroup, kSlotCpuCgroup - 1, 0u);
   if (s->has_net_ns) CHECK(Call(SYS_setns, kSlotNet, CLONE_NEWNET), "enter the net namespace");
   if (s->has_ipc_ns) CHECK(Call(SYS_setns, kSlotIpc, CLONE_NEWIPC), "enter the ipc namespace");
   CHECK(Call(SYS_setns, kSlotRoot, CLONE_NEWNS), "enter the host root");
@@ -117,7 +118,7 @@ int RunnerEntry(void* arg) {
   CHECK(Call(SYS_mount, "proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, 0), "mount /proc");
   CHECK(Call(SYS_chdir, "/work"), "chdir /work");
   // The namespace fds and the host root's are no longer needed.
-  Call(SYS_close_range, kSlotNet, kFirstSpawnerFd - 1, 0u);
+  Call(SYS_close_range, kSlotNet, kSlotIpc, 0u);
   Call(SYS_close, kSlotRoot);
   Call(SYS_prctl, PR_SET_DUMPABLE, 0, 0, 0, 0);
   // Last: the sandbox's seccomp filter, inherited by the program. Nothing the
@@ -131,6 +132,16 @@ int RunnerEntry(void* arg) {
     n = Call(SYS_read, kSlotCtl, &b, 1);
   } while (n == -EINTR);
   if (n != 1 || b != kRunnerGo) raw::Exit(0);  // the spawner dropped us
+  // CPU limits need the cpu/cpuacct groups; joining them costs, so only then.
+  if (s->join_cpu)
+    for (int i = 0; i < s->cpu_hierarchies; ++i)
+      CHECK(raw::Write(kSlotCpuCgroup + i, "0", 1), "join the run's cpu cgroup");
+  Call(SYS_close_range, kSlotCpuCgroup, kFirstSpawnerFd - 1, 0u);
+  // Our own CPU so far is setup, not the run: the spawner subtracts it.
+  struct rusage self_usage;
+  if (Call(SYS_getrusage, RUSAGE_SELF, &self_usage) == 0)
+    s->setup_cpu_us = self_usage.ru_utime.tv_sec * 1000000L + self_usage.ru_utime.tv_usec +
+                      self_usage.ru_stime.tv_sec * 1000000L + self_usage.ru_stime.tv_usec;
 
   // glibc's clone() switches stacks and calls ChildMain there; it only
   // touches errno if it fails, and then the run is lost anyway.

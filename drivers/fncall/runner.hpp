@@ -37,7 +37,8 @@ inline constexpr int kSlotErr = 6;  // the program's stderr
 inline constexpr int kSlotIn = 7;   // the program's stdin (pipe, read end)
 inline constexpr int kSlotNet = 8;  // net namespace to enter (when has_net_ns)
 inline constexpr int kSlotIpc = 9;  // ipc namespace to enter (when has_ipc_ns)
-inline constexpr int kSlotCgroup = 10;  // kSlotCgroup + i: cgroup.procs of hierarchy i (< 4)
+inline constexpr int kSlotCgroup = 10;  // +0, +1: cgroup.procs joined at setup (memory, pids)
+inline constexpr int kSlotCpuCgroup = 12;  // +0, +1: cgroup.procs joined at "go" when join_cpu
 inline constexpr int kFirstSpawnerFd = 14;
 
 // Written by the spawner before clone (setup) and before "go" (the run);
@@ -49,6 +50,7 @@ struct RunnerShared {
   bool has_ipc_ns = false;      // false: cloned with CLONE_NEWIPC
   int handed_off = 0;           // futex word: 1 once the runner has its own fd table
   int cgroup_hierarchies = 0;   // how many kSlotCgroup slots are filled
+  int cpu_hierarchies = 0;      // how many kSlotCpuCgroup slots are filled
   const char* work_opts = nullptr;  // tmpfs options of /work and /tmp
   const char* tmp_opts = nullptr;
   const sock_fprog* seccomp = nullptr;
@@ -62,6 +64,7 @@ struct RunnerShared {
   rlimit cpu{RLIM_INFINITY, RLIM_INFINITY};
   rlimit fsize{RLIM_INFINITY, RLIM_INFINITY};
   rlimit nofile{1024, 1024};
+  bool join_cpu = false;        // the run has a CPU quota or CPU-time limit
   // --- results ---
   const char* setup_what = nullptr;  // set when setup or the pre-exec steps failed
   int setup_errno = 0;
@@ -69,6 +72,7 @@ struct RunnerShared {
   int exec_errno = 0;                // execve failed with this
   int wait_status = 0;               // the program's, as from waitpid
   bool reported = false;             // the runner saw the program end
+  long setup_cpu_us = 0;             // the runner's own CPU before "go" (not the run's)
 };
 
 inline constexpr char kRunnerReady = 'R';

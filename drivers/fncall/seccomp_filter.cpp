@@ -12,10 +12,11 @@ namespace dsec::fncall {
 
 const std::vector<const char*>& DeniedSyscalls() {
   static const std::vector<const char*> kDenied = {
-      // filesystems and roots
+      // filesystems and roots (mknod stays allowed: FIFOs need it, and device
+      // nodes need CAP_MKNOD, which no program has)
       "mount", "umount", "umount2", "pivot_root", "chroot", "fsopen", "fsmount", "fsconfig",
       "fspick", "move_mount", "open_tree", "mount_setattr", "open_by_handle_at",
-      "name_to_handle_at", "quotactl", "quotactl_fd", "mknod", "mknodat", "swapon", "swapoff",
+      "name_to_handle_at", "quotactl", "quotactl_fd", "swapon", "swapoff",
       // namespaces
       "unshare", "setns",
       // other processes

@@ -83,6 +83,7 @@ struct Runner {
   std::string platform_error;  // the spawner failed this run
   int64_t start_ns = 0, deadline_ns = 0;
   uint64_t oom0 = 0;
+  uint64_t cpu_us = 0;  // from wait4: the runner and everything it reaped
 };
 
 class Spawner {
@@ -461,7 +462,8 @@ void Spawner::OnSignal() {
   if (!child) return;
   for (;;) {
     int status = 0;
-    pid_t pid = ::waitpid(-1, &status, WNOHANG);
+    rusage ru{};
+    pid_t pid = ::wait4(-1, &status, WNOHANG, &ru);
     if (pid <= 0) break;
     auto it = by_pid_.find(pid);
     if (it == by_pid_.end()) continue;
@@ -471,6 +473,10 @@ void Spawner::OnSignal() {
     if (r == runners_.end()) continue;
     Runner& rr = *r->second;
     rr.exited = true;
+    // The runner reaped every process of its run (PID 1 reaps orphans, and
+    // the namespace's teardown reaps the rest), so its rusage is the run's.
+    rr.cpu_us = static_cast<uint64_t>(ru.ru_utime.tv_sec * 1000000L + ru.ru_utime.tv_usec +
+                                      ru.ru_stime.tv_sec * 1000000L + ru.ru_stime.tv_usec);
     if (rr.state != State::kRunning && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
       if (rr.shared.setup_what)
         rr.setup_error = std::string(rr.shared.setup_what) + ": " + std::strerror(rr.shared.setup_errno);
@@ -595,7 +601,8 @@ void Spawner::Finish(Runner& r) {
   auto* o = ev.mutable_outcome();
   o->set_id(r.run_id);
   CgroupSlot& slot = slots_[r.slot];
-  o->set_cpu_us(slot.CpuUsageNs() / 1000);
+  uint64_t setup = static_cast<uint64_t>(r.shared.setup_cpu_us > 0 ? r.shared.setup_cpu_us : 0);
+  o->set_cpu_us(r.cpu_us > setup ? r.cpu_us - setup : 0);
   o->set_wall_us(static_cast<uint64_t>((NowNs() - r.start_ns) / 1000));
   o->set_peak_memory_bytes(slot.PeakBytes());
   o->set_oom_killed(slot.OomKills() > r.oom0);
@@ -754,7 +761,8 @@ void Spawner::Go(Runner& r, spawner::Run& run) {
   CgroupSlot& slot = slots_[r.slot];
   Status st = slot.SetMemoryLimit(run.memory_bytes());
   if (st.ok()) st = slot.SetPidsMax(run.pids() ? run.pids() + 1 : 0);  // +1: the runner
-  if (st.ok()) st = slot.SetCpuQuota(run.cpu_millis());
+  r.shared.join_cpu = run.cpu_millis() > 0 || run.cpu_time_ms() > 0;
+  if (st.ok() && r.shared.join_cpu) st = slot.SetCpuQuota(run.cpu_millis());
   r.state = State::kRunning;
   ++running_;
   r.run_id = run.id();
@@ -764,7 +772,7 @@ void Spawner::Go(Runner& r, spawner::Run& run) {
     Kill(r, "limits");
     return;
   }
-  slot.ResetCounters();
+  slot.ResetCounters(r.shared.join_cpu);
   r.oom0 = slot.OomKills();
   r.output_cap = run.output_bytes();
   r.cpu_time_ms = run.cpu_time_ms();
@@ -812,7 +820,7 @@ int Spawner::AcquireSlot() {
 void Spawner::ReleaseNamespaces(Runner& r) {
   if (r.netns >= 0) netns_.Release(r.netns);
   if (r.ipcns >= 0) {
-    if (IpcNamespaceEmpty(ipcns_.fd(r.ipcns))) {
+    if (ipcns_.IpcEmpty(r.ipcns)) {
       ipcns_.Release(r.ipcns);
     } else {
       ipcns_.Drop(r.ipcns);
@@ -872,9 +880,11 @@ bool Spawner::SpawnRunner() {
   ::close(out[1]);
   ::close(err[1]);
   ::close(in[0]);
-  auto procs = slots_[slot].ProcsFds();
-  sh.cgroup_hierarchies = static_cast<int>(procs.size() < 4 ? procs.size() : 4);
-  for (int i = 0; i < sh.cgroup_hierarchies; ++i) ::dup2(procs[static_cast<size_t>(i)], kSlotCgroup + i);
+  auto pool_procs = slots_[slot].PoolProcsFds(), cpu_procs = slots_[slot].CpuProcsFds();
+  sh.cgroup_hierarchies = static_cast<int>(std::min<size_t>(pool_procs.size(), 2));
+  sh.cpu_hierarchies = static_cast<int>(std::min<size_t>(cpu_procs.size(), 2));
+  for (int i = 0; i < sh.cgroup_hierarchies; ++i) ::dup2(pool_procs[static_cast<size_t>(i)], kSlotCgroup + i);
+  for (int i = 0; i < sh.cpu_hierarchies; ++i) ::dup2(cpu_procs[static_cast<size_t>(i)], kSlotCpuCgroup + i);
   sh.work_opts = work_opts_.c_str();
   sh.tmp_opts = tmp_opts_.c_str();
   sh.seccomp = &seccomp_prog_;

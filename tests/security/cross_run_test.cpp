@@ -115,6 +115,25 @@ TEST_F(CrossRun, NextRunStartsClean) {
   }
 }
 
+TEST_F(CrossRun, SysVObjectsLeftBehindNeverReachALaterRun) {
+  // ipc namespaces are recycled only when verified empty: a run that leaves a
+  // shared memory segment, a semaphore set and a message queue behind must
+  // poison its namespace, not hand the objects to the next runs.
+  auto leave = Run({"python3", "-c",
+                    "import ctypes\n"
+                    "libc = ctypes.CDLL(None, use_errno=True)\n"
+                    "print(libc.shmget(0x5ec1, 4096, 0o1600) >= 0, libc.semget(0x5ec2, 1, 0o1600) >= 0,\n"
+                    "      libc.msgget(0x5ec3, 0o1600) >= 0)\n"});
+  ASSERT_EQ(leave.verdict(), v1::VERDICT_OK) << leave.error() << leave.stderr();
+  ASSERT_EQ(leave.stdout(), "True True True\n");
+  // More runs than warm runners, so a recycled namespace would come around.
+  for (int i = 0; i < 12; ++i) {
+    auto look = Sh("cat /proc/sysvipc/shm /proc/sysvipc/sem /proc/sysvipc/msg | grep -c -v '^ *key' || true");
+    ASSERT_EQ(look.verdict(), v1::VERDICT_OK) << look.error() << look.stderr();
+    EXPECT_EQ(look.stdout(), "0\n") << "run " << i << " sees System V objects of an earlier run";
+  }
+}
+
 // Host processes whose command line is exactly `argv`.
 int CountHostProcesses(const std::vector<std::string>& argv) {
   std::string want;

@@ -129,5 +129,12 @@ TEST_F(Filesystem, RootAndUsrAreMountedReadOnly) {
   }
 }
 
+TEST_F(Filesystem, FifosCanBeMadeButDeviceNodesCannot) {
+  auto r = Sh("mkfifo /work/pipe && test -p /work/pipe && echo fifo-ok; "
+              "mknod /work/mem c 1 1 2>/dev/null && echo device-made || echo device-refused");
+  ASSERT_EQ(r.verdict(), v1::VERDICT_OK) << r.error() << "\n" << r.stderr();
+  EXPECT_EQ(r.stdout(), "fifo-ok\ndevice-refused\n");
+}
+
 }  // namespace
 }  // namespace dsec::testing
