@@ -315,6 +315,8 @@ void Spawner::Loop() {
       it->second->timed_out = true;
       Kill(*it->second, "wall-clock limit");
     }
+    // Outcomes go out now, before Refill spends time starting runners.
+    FlushControl();
     if (control_eof_) break;
   }
 }
