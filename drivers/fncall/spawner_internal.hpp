@@ -1,0 +1,171 @@
+// Internal to dsec-spawner (spawner.cpp, spawner_pool.cpp): the Spawner
+// class and the per-runner record. spawner.cpp holds the event loop, the
+// protocol with dsecd and the life of a run; spawner_pool.cpp keeps the warm
+// pool: creating runners and the cgroups, namespaces and stacks they use.
+#pragma once
+
+#include "drivers/fncall/spawner.hpp"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <linux/futex.h>
+#include <sys/epoll.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/signalfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <deque>
+#include <map>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "drivers/fncall/cgroup_v1.hpp"
+#include "drivers/fncall/ns_pool.hpp"
+#include "drivers/fncall/runner.hpp"
+#include "drivers/fncall/sandbox_root.hpp"
+#include "drivers/fncall/seccomp_filter.hpp"
+#include "drivers/fncall/spawner.pb.h"
+#include "runtime/frame.hpp"
+
+
+namespace dsec::fncall::internal {
+
+inline int64_t NowNs() {
+  timespec ts;
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+inline void SetNonBlocking(int fd) { ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK); }
+
+// epoll tags: (key << 2) | stream. Keys 0 and 1 are the dsecd socket and the
+// signalfd; runners count up from 2.
+enum Stream : uint64_t { kCtl = 0, kOut = 1, kErr = 2, kIn = 3 };
+constexpr uint64_t kControlKey = 0, kSignalKey = 1;
+
+enum class State { kStarting, kReady, kRunning };
+
+constexpr int64_t kCpuCheckNs = 50'000'000;  // how often CPU-time limits are checked
+
+struct Runner {
+  Runner() = default;
+  Runner(const Runner&) = delete;
+  ~Runner() = default;
+  uint64_t key = 0;
+  pid_t pid = -1;
+  State state = State::kStarting;
+  UniqueFd ctl, out, err, in;
+  // Shared with the runner process (CLONE_VM); see runner.hpp.
+  RunnerShared shared;
+  RunnerStart start{};
+  void* stack = nullptr;
+  std::vector<std::string> storage;  // argv, env and exec candidates of the run
+  std::vector<char*> argv, envp;
+  std::vector<const char*> candidates;
+  int slot = -1, netns = -1, ipcns = -1;
+  bool exited = false, ctl_eof = false, out_eof = false, err_eof = false;
+  std::string setup_error;
+  // The run, once assigned.
+  uint64_t run_id = 0;
+  std::string stdin_data;
+  size_t stdin_off = 0;
+  uint64_t output_cap = 0, cpu_time_ms = 0;
+  std::string out_buf, err_buf;
+  bool out_trunc = false, err_trunc = false;
+  bool timed_out = false, output_exceeded = false, killed = false, kill_sent = false, cpu_exceeded = false;
+  std::string kill_reason;
+  std::string platform_error;  // the spawner failed this run
+  int64_t start_ns = 0, deadline_ns = 0;
+  uint64_t oom0 = 0;
+  uint64_t cpu_us = 0;  // from wait4: the runner and everything it reaped
+};
+
+class Spawner {
+ public:
+  explicit Spawner(const SpawnerOptions& o) : opts_(o) {}
+  int Main();
+
+ private:
+  // Setup; returns "" or why fncall cannot work on this host.
+  std::string Init();
+  void Loop();
+  void Shutdown();
+
+  void Send(spawner::Event& ev);
+  void Log(int level, const std::string& text);
+  void FlushControl();
+  void OnControlReadable();
+  void OnRequest(spawner::Request& req);
+  void OnSignal();
+  void OnRunnerEvent(uint64_t key, uint64_t stream, uint32_t events);
+  void OnRunnerCtl(Runner& r);
+  void ReadOutput(Runner& r, bool is_err);
+  void WriteStdin(Runner& r);
+  void CheckDone(Runner& r);
+  void Finish(Runner& r);
+  void Discard(Runner& r);
+  void Kill(Runner& r, const char* why);
+  void Dispatch();
+  void Go(Runner& r, spawner::Run& run);
+  void PrepareRun(Runner& r, const spawner::Run& run);
+  void Refill();
+  void RunnerFailed(const std::string& why);
+  void CheckCpuTime(int64_t now);
+  bool SpawnRunner();
+  int AcquireSlot();
+  void* AcquireStack();
+  void ReleaseStack(Runner& r);
+  void ReleaseNamespaces(Runner& r);
+  void FailRun(uint64_t id, const std::string& why);
+  void SendStats();
+
+  SpawnerOptions opts_;
+  UniqueFd epoll_, sigfd_;
+  int control_ = -1;
+  FrameDecoder control_dec_;
+  std::string control_out_;
+  bool control_eof_ = false, shutting_down_ = false;
+  CgroupMounts cgroups_;
+  std::string group_base_;
+  UniqueFd root_ns_;   // always kSlotRoot
+  UniqueFd devnull_;   // fills unused runner slots
+  SeccompProgram seccomp_;
+  std::string work_opts_, tmp_opts_;
+  sock_fprog seccomp_prog_{};
+  std::vector<CgroupSlot> slots_;
+  std::vector<int> free_slots_;
+  NamespacePool netns_{CLONE_NEWNET, "net"};
+  NamespacePool ipcns_{CLONE_NEWIPC, "ipc"};
+  std::vector<void*> free_stacks_;
+  std::unordered_map<uint64_t, std::unique_ptr<Runner>> runners_;
+  std::unordered_map<pid_t, uint64_t> by_pid_;
+  std::unordered_map<uint64_t, uint64_t> by_run_;  // run id -> runner key
+  std::deque<uint64_t> ready_;
+  std::deque<spawner::Run> pending_;
+  std::multimap<int64_t, uint64_t> deadlines_;  // deadline -> runner key
+  uint64_t next_key_ = 2;
+  size_t starting_ = 0, running_ = 0;
+  uint64_t runs_ = 0, runner_failures_ = 0, consecutive_failures_ = 0, ipcns_dropped_ = 0;
+  // Runner starts failing in a row: back off (doubling up to 5 s), and while
+  // no runner can start, fail runs at once with the reason instead of queueing.
+  int64_t refill_resume_ns_ = 0;
+  int64_t refill_backoff_ns_ = 100'000'000;
+  std::string last_runner_error_;
+  bool refill_progress_ = false;
+  // CPU-time limits are enforced on the whole run's cgroup (RLIMIT_CPU alone
+  // is per process, so forking would escape it): checked on these ticks.
+  std::multimap<int64_t, uint64_t> cpu_checks_;  // check time -> runner key
+};
+
+}  // namespace dsec::fncall::internal
