@@ -107,6 +107,28 @@ std::string Stats(NodeSelf self) {
       .dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
+// inspect / kill of a sandbox or session: asks its actor and turns the reply
+// into one JSON line: {"ok":true,"<what>":{record},"killed":id}.
+template <class Reply, class Child, class KillRequest, class GetRequest, class ToJson>
+caf::result<std::string> AskChild(NodeSelf self, const Child& child, bool kill, const KillRequest& kill_req,
+                                  const GetRequest& get_req, const std::string& what, const std::string& id,
+                                  ToJson to_json) {
+  auto rp = self->make_response_promise<std::string>();
+  auto on_reply = [rp, kill, what, id, to_json](const Reply& r) mutable {
+    if (r.status().code() != v1::Status::OK) {
+      rp.deliver(Error(r.status().message()));
+      return;
+    }
+    json j{{"ok", true}, {what, to_json(r)}};
+    if (kill) j["killed"] = id;
+    rp.deliver(Dump(j));
+  };
+  auto on_error = [rp, what, id](caf::error& e) mutable { rp.deliver(Error(what + " " + id + ": " + caf::to_string(e))); };
+  if (kill) self->request(child, std::chrono::seconds(30), kill_req).then(on_reply, on_error);
+  else self->request(child, std::chrono::seconds(5), get_req).then(on_reply, on_error);
+  return rp;
+}
+
 }  // namespace
 
 caf::result<std::string> HandleAdmin(NodeSelf self, const std::string& cmd,
@@ -142,50 +164,20 @@ caf::result<std::string> HandleAdmin(NodeSelf self, const std::string& cmd,
       return Dump(json{{"ok", true}, {"killed", id}});
     }
     if (auto sb = st.sandboxes.find(id); sb != st.sandboxes.end()) {
-      auto rp = self->make_response_promise<std::string>();
-      auto on_reply = [rp, kill](const v1::SandboxReply& r) mutable {
-        if (r.status().code() != v1::Status::OK) {
-          rp.deliver(Error(r.status().message()));
-          return;
-        }
-        json j{{"ok", true}, {"sandbox", ProtoJson(r.sandbox())}};
-        if (kill) j["killed"] = r.sandbox().id();
-        rp.deliver(Dump(j));
-      };
-      auto on_error = [rp, id](caf::error& e) mutable { rp.deliver(Error("sandbox " + id + ": " + caf::to_string(e))); };
-      if (kill) {
-        v1::DestroyRequest d;
-        d.set_sandbox_id(id);
-        self->request(sb->second, std::chrono::seconds(30), d).then(on_reply, on_error);
-      } else {
-        v1::GetSandboxRequest g;
-        g.set_sandbox_id(id);
-        self->request(sb->second, std::chrono::seconds(5), g).then(on_reply, on_error);
-      }
-      return rp;
+      v1::DestroyRequest destroy;
+      destroy.set_sandbox_id(id);
+      v1::GetSandboxRequest get;
+      get.set_sandbox_id(id);
+      return AskChild<v1::SandboxReply>(self, sb->second, kill, destroy, get, "sandbox", id,
+                      [](const v1::SandboxReply& r) { return ProtoJson(r.sandbox()); });
     }
     if (auto se = st.sessions.find(id); se != st.sessions.end()) {
-      auto rp = self->make_response_promise<std::string>();
-      auto on_reply = [rp, kill](const v1::SessionReply& r) mutable {
-        if (r.status().code() != v1::Status::OK) {
-          rp.deliver(Error(r.status().message()));
-          return;
-        }
-        json j{{"ok", true}, {"session", ProtoJson(r.session())}};
-        if (kill) j["closed"] = r.session().name();
-        rp.deliver(Dump(j));
-      };
-      auto on_error = [rp, id](caf::error& e) mutable { rp.deliver(Error("session " + id + ": " + caf::to_string(e))); };
-      if (kill) {
-        v1::CloseSessionRequest c;
-        c.set_name(id);
-        self->request(se->second, std::chrono::seconds(30), c).then(on_reply, on_error);
-      } else {
-        v1::GetSessionRequest g;
-        g.set_name(id);
-        self->request(se->second, std::chrono::seconds(5), g).then(on_reply, on_error);
-      }
-      return rp;
+      v1::CloseSessionRequest close;
+      close.set_name(id);
+      v1::GetSessionRequest get;
+      get.set_name(id);
+      return AskChild<v1::SessionReply>(self, se->second, kill, close, get, "session", id,
+                      [](const v1::SessionReply& r) { return ProtoJson(r.session()); });
     }
     return Error("no sandbox, session or run '" + id + "' on this node (ls lists them)");
   }

@@ -1,3 +1,5 @@
+// dsec-spawner's event loop: the protocol with dsecd, signals, and the life of a
+// run from "go" to its Outcome. The warm pool lives in spawner_pool.cpp.
 #include "drivers/fncall/spawner_internal.hpp"
 
 namespace dsec::fncall {
