@@ -1,0 +1,32 @@
+// dsec-agent: the in-sandbox agent. A small, statically linked,
+// single-threaded process that is PID 1 of a container (later the init of a
+// VM). It serves drivers/agent/agent.proto over length-prefixed frames on a
+// unix socket (--listen) or on one already-connected stream fd (--fd, for a
+// virtio-serial port), runs commands as its own children, streams their
+// output, reads and writes files, and reaps every zombie in the sandbox.
+// Because it, not dsecd, is the parent of the sandbox's processes, the
+// sandbox keeps running while dsecd restarts.
+#pragma once
+
+#include <string>
+
+namespace dsec::agent {
+
+struct AgentOptions {
+  // Unix stream socket to create (mode 0600) and accept connections on; a
+  // stale socket at the path is replaced. Empty: none.
+  std::string listen_path;
+  // An already-connected stream fd to serve (socketpair end, virtio-serial
+  // port). -1: none. At least one of listen_path / fd is required.
+  int fd = -1;
+  // Written "ready\n" and closed once the agent serves requests (the socket
+  // is listening). -1: none.
+  int ready_fd = -1;
+};
+
+// Runs until SIGTERM/SIGINT (ignored when PID 1), or until the --fd
+// connection closes when there is no listening socket and we are not PID 1.
+// Returns the process exit code.
+int RunAgent(const AgentOptions& options);
+
+}  // namespace dsec::agent

@@ -1,0 +1,443 @@
+#include "drivers/agent/agent_client.hpp"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <future>
+
+#include "runtime/frame.hpp"
+
+namespace dsec::drivers {
+
+namespace {
+
+using Event = agent::Event;
+
+Status::Code CodeForErrno(int err) {
+  switch (err) {
+    case ENOENT:
+    case ESRCH: return Status::Code::kNotFound;
+    case EEXIST: return Status::Code::kAlreadyExists;
+    case EINVAL:
+    case EBADMSG:
+    case EMSGSIZE:
+    case ENAMETOOLONG: return Status::Code::kInvalidArgument;
+    case EACCES:
+    case EPERM:
+    case EROFS:
+    case EISDIR:
+    case ENOTDIR:
+    case ENOTEMPTY:
+    case ELOOP:
+    case ETXTBSY: return Status::Code::kFailedPrecondition;
+    case EFBIG:
+    case E2BIG:
+    case ENOSPC:
+    case EDQUOT:
+    case ENOMEM:
+    case EMFILE:
+    case ENFILE:
+    case EAGAIN: return Status::Code::kResourceExhausted;
+    case EOPNOTSUPP: return Status::Code::kUnimplemented;
+    default: return Status::Code::kInternal;
+  }
+}
+
+Status FromAgentError(const std::string& name, const agent::Error& e) {
+  return Status(CodeForErrno(e.errno_value()), name + ": " + e.message());
+}
+
+Status Unexpected(const std::string& name, const char* request) {
+  return Status::Internal(name + ": the agent answered " + request + " with an unexpected event");
+}
+
+// Adapts a typed callback to the final event of a request: an Error becomes
+// its Status; `extract` takes the expected body out of the event.
+template <class T, class Extract>
+std::function<void(Result<Event>)> Answer(std::string name, std::function<void(Result<T>)> done,
+                                          Extract extract) {
+  return [name = std::move(name), done = std::move(done), extract](Result<Event> r) mutable {
+    if (!r.ok()) return done(r.status());
+    if (r->has_error()) return done(FromAgentError(name, r->error()));
+    done(extract(*r));
+  };
+}
+
+std::function<void(Result<Event>)> AnswerOk(std::string name, std::function<void(const Status&)> done,
+                                            const char* request) {
+  return [name = std::move(name), done = std::move(done), request](Result<Event> r) {
+    if (!r.ok()) return done(r.status());
+    if (r->has_error()) return done(FromAgentError(name, r->error()));
+    done(r->has_ok() ? Status::Ok() : Unexpected(name, request));
+  };
+}
+
+template <class T>
+Result<T> Wait(const std::string& name, const char* what, std::chrono::milliseconds timeout,
+               const std::function<void(std::function<void(Result<T>)>)>& start) {
+  auto prom = std::make_shared<std::promise<Result<T>>>();
+  auto fut = prom->get_future();
+  start([prom](Result<T> r) { prom->set_value(std::move(r)); });
+  if (fut.wait_for(timeout) != std::future_status::ready)
+    return Status::DeadlineExceeded(name + ": " + what + " got no answer within " +
+                                    std::to_string(timeout.count()) + " ms");
+  return fut.get();
+}
+
+Status WaitStatus(const std::string& name, const char* what, std::chrono::milliseconds timeout,
+                  const std::function<void(std::function<void(const Status&)>)>& start) {
+  auto prom = std::make_shared<std::promise<Status>>();
+  auto fut = prom->get_future();
+  start([prom](const Status& s) { prom->set_value(s); });
+  if (fut.wait_for(timeout) != std::future_status::ready)
+    return Status::DeadlineExceeded(name + ": " + what + " got no answer within " +
+                                    std::to_string(timeout.count()) + " ms");
+  return fut.get();
+}
+
+}  // namespace
+
+// --- connection -----------------------------------------------------------------
+
+Result<std::unique_ptr<AgentClient>> AgentClient::Connect(const std::string& socket_path,
+                                                          AgentClientOptions options) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (socket_path.size() >= sizeof addr.sun_path)
+    return Status::InvalidArgument("agent socket path '" + socket_path + "' is longer than " +
+                                   std::to_string(sizeof addr.sun_path - 1) + " bytes");
+  std::memcpy(addr.sun_path, socket_path.c_str(), socket_path.size() + 1);
+  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd) return Status::FromErrno(errno, "agent client: socket");
+  int rc;
+  do {
+    rc = ::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  } while (rc < 0 && errno == EINTR);
+  if (rc < 0) {
+    int err = errno;
+    return Status(err == ENOENT || err == ECONNREFUSED ? Status::Code::kUnavailable : CodeForErrno(err),
+                  "connect to the agent at " + socket_path + ": " + std::strerror(err) +
+                      " (is dsec-agent running there?)");
+  }
+  if (options.name.empty()) options.name = "agent at " + socket_path;
+  return FromFd(std::move(fd), std::move(options));
+}
+
+Result<std::unique_ptr<AgentClient>> AgentClient::FromFd(UniqueFd fd, AgentClientOptions options) {
+  if (!fd) return Status::InvalidArgument("agent client: no fd");
+  if (options.name.empty()) options.name = "agent on fd " + std::to_string(fd.get());
+  std::unique_ptr<AgentClient> c(new AgentClient(std::move(fd), std::move(options)));
+  c->epoll_.Reset(::epoll_create1(EPOLL_CLOEXEC));
+  c->wake_.Reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  if (!c->epoll_ || !c->wake_) return Status::FromErrno(errno, c->name() + ": epoll/eventfd");
+  ::fcntl(c->fd_.get(), F_SETFL, ::fcntl(c->fd_.get(), F_GETFL) | O_NONBLOCK);
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = 1;
+  ::epoll_ctl(c->epoll_.get(), EPOLL_CTL_ADD, c->wake_.get(), &ev);
+  ev.data.u64 = 2;
+  if (::epoll_ctl(c->epoll_.get(), EPOLL_CTL_ADD, c->fd_.get(), &ev) < 0)
+    return Status::FromErrno(errno, c->name() + ": cannot poll its fd");
+  c->io_ = std::thread([p = c.get()] { p->IoLoop(); });
+  return c;
+}
+
+AgentClient::AgentClient(UniqueFd fd, AgentClientOptions options)
+    : opts_(std::move(options)), fd_(std::move(fd)) {}
+
+AgentClient::~AgentClient() { Close(); }
+
+void AgentClient::Close() {
+  if (io_.joinable() && std::this_thread::get_id() == io_.get_id()) {
+    stopping_ = true;  // from a callback: the loop ends after it returns
+    return;
+  }
+  std::lock_guard<std::mutex> lk(close_mu_);
+  if (io_.joinable()) {
+    stopping_ = true;
+    Wake();
+    io_.join();
+  }
+  FailAll("connection closed by this client");  // no-op when the thread already did
+  fd_.Reset();
+}
+
+void AgentClient::Wake() {
+  uint64_t one = 1;
+  (void)!::write(wake_.get(), &one, sizeof one);
+}
+
+uint64_t AgentClient::Send(agent::Request& req, std::shared_ptr<Pending> p) {
+  uint64_t id = next_id_++;
+  req.set_id(id);
+  std::string payload = req.SerializeAsString();
+  if (payload.size() > kMaxFrameBytes) {
+    p->done(Status::InvalidArgument(name() + ": the request is " + std::to_string(payload.size()) +
+                                    " bytes, above the protocol's limit of " +
+                                    std::to_string(kMaxFrameBytes)));
+    return 0;
+  }
+  std::string reason;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (closed_) {
+      reason = close_reason_;
+    } else {
+      pending_[id] = std::move(p);
+      AppendFrame(&outbox_, payload);
+    }
+  }
+  if (!reason.empty()) {
+    p->done(Status::Unavailable(name() + ": " + reason));
+    return 0;
+  }
+  Wake();
+  return id;
+}
+
+void AgentClient::FailAll(const std::string& why) {
+  std::unordered_map<uint64_t, std::shared_ptr<Pending>> lost;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!closed_) {
+      closed_ = true;
+      close_reason_ = why;
+    }
+    lost.swap(pending_);
+    outbox_.clear();
+  }
+  for (auto& [id, p] : lost)
+    p->done(Status::Unavailable(name() + ": " + why + "; the outcome of request " + std::to_string(id) +
+                                " is unknown"));
+}
+
+void AgentClient::IoLoop() {
+  std::string out;
+  size_t off = 0;
+  FrameDecoder dec;
+  uint32_t interest = EPOLLIN;
+  bool is_socket = true;
+  std::string why;
+  epoll_event events[8];
+  while (!stopping_ && why.empty()) {
+    if (off == out.size()) {
+      out.clear();
+      off = 0;
+      std::lock_guard<std::mutex> lk(mu_);
+      out.swap(outbox_);
+    }
+    while (off < out.size()) {
+      // MSG_NOSIGNAL: a vanished agent must not SIGPIPE the host process.
+      ssize_t w = is_socket ? ::send(fd_.get(), out.data() + off, out.size() - off, MSG_NOSIGNAL)
+                            : ::write(fd_.get(), out.data() + off, out.size() - off);
+      if (w < 0 && errno == ENOTSOCK) {
+        is_socket = false;
+        continue;
+      }
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0 && errno == EAGAIN) break;
+      if (w < 0) {
+        why = std::string("write to the agent: ") + std::strerror(errno);
+        break;
+      }
+      off += static_cast<size_t>(w);
+    }
+    if (!why.empty()) break;
+    uint32_t want = EPOLLIN | (off < out.size() ? static_cast<uint32_t>(EPOLLOUT) : 0u);
+    if (want != interest) {
+      epoll_event ev{};
+      ev.events = want;
+      ev.data.u64 = 2;
+      ::epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, fd_.get(), &ev);
+      interest = want;
+    }
+    int n = ::epoll_wait(epoll_.get(), events, 8, -1);
+    if (n < 0 && errno != EINTR) {
+      why = std::string("epoll_wait: ") + std::strerror(errno);
+      break;
+    }
+    for (int i = 0; i < n && why.empty(); ++i) {
+      if (events[i].data.u64 == 1) {
+        uint64_t v;
+        (void)!::read(wake_.get(), &v, sizeof v);
+        continue;
+      }
+      if (!(events[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR))) continue;
+      char buf[1 << 16];
+      for (;;) {
+        ssize_t r = ::read(fd_.get(), buf, sizeof buf);
+        if (r > 0) {
+          dec.Feed(buf, static_cast<size_t>(r));
+          continue;
+        }
+        if (r < 0 && errno == EINTR) continue;
+        if (r == 0) why = "the agent closed the connection";
+        else if (errno != EAGAIN) why = std::string("read from the agent: ") + std::strerror(errno);
+        break;
+      }
+      // Frames that arrived before a close are still answers.
+      std::string frame;
+      int rc;
+      while ((rc = dec.Next(&frame)) == 1) OnFrame(frame);
+      if (rc < 0) why = "the agent sent a frame above the protocol's size limit";
+    }
+  }
+  FailAll(stopping_ ? std::string("connection closed by this client") : why);
+}
+
+void AgentClient::OnFrame(const std::string& frame) {
+  Event ev;
+  if (!ev.ParseFromString(frame)) {
+    if (opts_.log) opts_.log(name() + ": a frame that is not an agent Event; ignored");
+    return;
+  }
+  if (ev.id() == 0) {
+    if (opts_.log)
+      opts_.log(name() + ": " + (ev.has_error() ? ev.error().message() : std::string("unsolicited event")));
+    return;
+  }
+  bool final = !ev.has_output();
+  std::shared_ptr<Pending> p;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = pending_.find(ev.id());
+    if (it != pending_.end()) {
+      p = it->second;
+      if (final) pending_.erase(it);
+    }
+  }
+  if (!p) {
+    if (opts_.log) opts_.log(name() + ": event for unknown request " + std::to_string(ev.id()) + "; ignored");
+    return;
+  }
+  if (!final) {
+    if (p->on_output) p->on_output(ev.output());
+    return;
+  }
+  p->done(std::move(ev));
+}
+
+// --- requests -------------------------------------------------------------------
+
+uint64_t AgentClient::Exec(const agent::Exec& exec, OutputCallback on_output, Callback<agent::ExecDone> done) {
+  auto p = std::make_shared<Pending>();
+  p->on_output = std::move(on_output);
+  p->done = Answer<agent::ExecDone>(name(), std::move(done), [n = name()](Event& ev) -> Result<agent::ExecDone> {
+    if (!ev.has_exec_done()) return Unexpected(n, "exec");
+    return std::move(*ev.mutable_exec_done());
+  });
+  agent::Request req;
+  *req.mutable_exec() = exec;
+  return Send(req, std::move(p));
+}
+
+void AgentClient::Signal(uint64_t exec_id, int signal, StatusCallback done) {
+  auto p = std::make_shared<Pending>();
+  p->done = AnswerOk(name(), std::move(done), "signal");
+  agent::Request req;
+  req.mutable_signal()->set_exec_id(exec_id);
+  req.mutable_signal()->set_signal(signal);
+  Send(req, std::move(p));
+}
+
+void AgentClient::ReadFile(const std::string& path, uint64_t max_bytes, Callback<std::string> done) {
+  auto p = std::make_shared<Pending>();
+  p->done = Answer<std::string>(name(), std::move(done), [n = name()](Event& ev) -> Result<std::string> {
+    if (ev.body_case() != Event::kFileData) return Unexpected(n, "read_file");
+    return std::move(*ev.mutable_file_data());
+  });
+  agent::Request req;
+  req.mutable_read_file()->set_path(path);
+  req.mutable_read_file()->set_max_bytes(max_bytes);
+  Send(req, std::move(p));
+}
+
+void AgentClient::WriteFile(const agent::WriteFile& write, StatusCallback done) {
+  auto p = std::make_shared<Pending>();
+  p->done = AnswerOk(name(), std::move(done), "write_file");
+  agent::Request req;
+  *req.mutable_write_file() = write;
+  Send(req, std::move(p));
+}
+
+void AgentClient::Stat(const std::string& path, Callback<agent::FileInfo> done) {
+  auto p = std::make_shared<Pending>();
+  p->done = Answer<agent::FileInfo>(name(), std::move(done), [n = name()](Event& ev) -> Result<agent::FileInfo> {
+    if (!ev.has_stat()) return Unexpected(n, "stat");
+    return std::move(*ev.mutable_stat());
+  });
+  agent::Request req;
+  req.mutable_stat()->set_path(path);
+  Send(req, std::move(p));
+}
+
+void AgentClient::ListDir(const std::string& path, Callback<std::vector<agent::FileInfo>> done) {
+  using List = std::vector<agent::FileInfo>;
+  auto p = std::make_shared<Pending>();
+  p->done = Answer<List>(name(), std::move(done), [n = name()](Event& ev) -> Result<List> {
+    if (!ev.has_dir_list()) return Unexpected(n, "list_dir");
+    List out;
+    out.reserve(static_cast<size_t>(ev.dir_list().entries_size()));
+    for (auto& e : *ev.mutable_dir_list()->mutable_entries()) out.push_back(std::move(e));
+    return out;
+  });
+  agent::Request req;
+  req.mutable_list_dir()->set_path(path);
+  Send(req, std::move(p));
+}
+
+void AgentClient::Ping(Callback<agent::Pong> done) {
+  auto p = std::make_shared<Pending>();
+  p->done = Answer<agent::Pong>(name(), std::move(done), [n = name()](Event& ev) -> Result<agent::Pong> {
+    if (!ev.has_pong()) return Unexpected(n, "ping");
+    return std::move(*ev.mutable_pong());
+  });
+  agent::Request req;
+  req.mutable_ping();
+  Send(req, std::move(p));
+}
+
+// --- blocking wrappers ------------------------------------------------------------
+
+Result<agent::Pong> AgentClient::PingSync(Millis timeout) {
+  return Wait<agent::Pong>(name(), "ping", timeout, [this](Callback<agent::Pong> cb) { Ping(std::move(cb)); });
+}
+
+Result<agent::ExecDone> AgentClient::ExecSync(const agent::Exec& req, Millis timeout, OutputCallback on_output) {
+  return Wait<agent::ExecDone>(name(), "exec", timeout, [&](Callback<agent::ExecDone> cb) {
+    Exec(req, std::move(on_output), std::move(cb));
+  });
+}
+
+Status AgentClient::SignalSync(uint64_t exec_id, int signal, Millis timeout) {
+  return WaitStatus(name(), "signal", timeout,
+                    [&](StatusCallback cb) { Signal(exec_id, signal, std::move(cb)); });
+}
+
+Result<std::string> AgentClient::ReadFileSync(const std::string& path, Millis timeout, uint64_t max_bytes) {
+  return Wait<std::string>(name(), "read_file", timeout, [&](Callback<std::string> cb) {
+    ReadFile(path, max_bytes, std::move(cb));
+  });
+}
+
+Status AgentClient::WriteFileSync(const agent::WriteFile& req, Millis timeout) {
+  return WaitStatus(name(), "write_file", timeout, [&](StatusCallback cb) { WriteFile(req, std::move(cb)); });
+}
+
+Result<agent::FileInfo> AgentClient::StatSync(const std::string& path, Millis timeout) {
+  return Wait<agent::FileInfo>(name(), "stat", timeout,
+                               [&](Callback<agent::FileInfo> cb) { Stat(path, std::move(cb)); });
+}
+
+Result<std::vector<agent::FileInfo>> AgentClient::ListDirSync(const std::string& path, Millis timeout) {
+  using List = std::vector<agent::FileInfo>;
+  return Wait<List>(name(), "list_dir", timeout, [&](Callback<List> cb) { ListDir(path, std::move(cb)); });
+}
+
+}  // namespace dsec::drivers

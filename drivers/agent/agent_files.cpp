@@ -1,0 +1,186 @@
+// File requests of dsec-agent: ReadFile, WriteFile, Stat, ListDir. They run
+// on the event loop and block on the local filesystem, which is the
+// sandbox's own (the agent runs inside it), so paths are taken as given and
+// symlinks followed like any program there would. What could block for good
+// (FIFOs, devices) is refused, and sizes are capped so every answer fits in
+// one frame. Errors name the request, the path and the errno.
+#include "drivers/agent/agent_internal.hpp"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+namespace dsec::agent::internal {
+
+namespace {
+
+const char* TypeName(mode_t m) {
+  if (S_ISDIR(m)) return "a directory";
+  if (S_ISFIFO(m)) return "a FIFO";
+  if (S_ISCHR(m)) return "a character device";
+  if (S_ISBLK(m)) return "a block device";
+  if (S_ISSOCK(m)) return "a socket";
+  if (S_ISLNK(m)) return "a symlink";
+  return "not a regular file";
+}
+
+// errno for "this is not a regular file": EISDIR for directories, else EINVAL.
+int NotRegularErrno(mode_t m) { return S_ISDIR(m) ? EISDIR : EINVAL; }
+
+void FillInfo(FileInfo* fi, const std::string& name, const struct stat& st, const std::string& link) {
+  fi->set_name(name);
+  fi->set_mode(st.st_mode);
+  fi->set_size(static_cast<uint64_t>(st.st_size));
+  fi->set_mtime_ms(static_cast<int64_t>(st.st_mtim.tv_sec) * 1000 + st.st_mtim.tv_nsec / 1000000);
+  if (!link.empty()) fi->set_link_target(link);
+}
+
+std::string ReadLinkAt(int dirfd, const char* path) {
+  char buf[4096];
+  ssize_t n = ::readlinkat(dirfd, path, buf, sizeof buf);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+}
+
+std::string Basename(const std::string& path) {
+  std::string p = path;
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  size_t slash = p.rfind('/');
+  return slash == std::string::npos ? p : p.substr(slash + 1);
+}
+
+}  // namespace
+
+void Agent::OnReadFile(Conn& c, uint64_t id, const ReadFile& req) {
+  const std::string& path = req.path();
+  auto fail = [&](int err, const std::string& why) { SendError(c, id, err, "read_file " + path + ": " + why); };
+  if (path.empty() || path.find('\0') != std::string::npos) return fail(EINVAL, "empty path or NUL byte in it");
+  uint64_t max = req.max_bytes() ? req.max_bytes() : kDefaultReadMax;
+  if (max > kMaxReadBytes) max = kMaxReadBytes;
+  // O_NONBLOCK: opening a FIFO must not wait for a writer; we refuse it below.
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY));
+  if (!fd) return fail(errno, std::strerror(errno));
+  struct stat st;
+  if (::fstat(fd.get(), &st) < 0) return fail(errno, std::string("fstat: ") + std::strerror(errno));
+  if (!S_ISREG(st.st_mode))
+    return fail(NotRegularErrno(st.st_mode), std::string("is ") + TypeName(st.st_mode) + ", not a regular file");
+  if (static_cast<uint64_t>(st.st_size) > max)
+    return fail(EFBIG, "the file is " + std::to_string(st.st_size) + " bytes, above the limit of " +
+                           std::to_string(max));
+  std::string data;
+  data.resize(static_cast<size_t>(st.st_size));
+  size_t got = 0;
+  // Up to one byte past the limit: files in /proc say size 0 and still have data.
+  for (;;) {
+    if (got == data.size()) {
+      if (got > max) break;
+      data.resize(std::min<uint64_t>(max + 1, std::max<uint64_t>(got * 2, 4096)));
+    }
+    ssize_t n = ::read(fd.get(), data.data() + got, data.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return fail(errno, std::string("read: ") + std::strerror(errno));
+    if (n == 0) break;
+    got += static_cast<size_t>(n);
+  }
+  if (got > max) return fail(EFBIG, "the file grew above the limit of " + std::to_string(max) + " bytes");
+  data.resize(got);
+  Event ev;
+  ev.set_id(id);
+  ev.set_file_data(std::move(data));
+  Send(c, ev);
+}
+
+void Agent::OnWriteFile(Conn& c, uint64_t id, const WriteFile& req) {
+  const std::string& path = req.path();
+  auto fail = [&](int err, const std::string& why) { SendError(c, id, err, "write_file " + path + ": " + why); };
+  if (path.empty() || path.find('\0') != std::string::npos) return fail(EINVAL, "empty path or NUL byte in it");
+  if (req.mkdirs()) {
+    for (size_t slash = path.find('/', 1); slash != std::string::npos; slash = path.find('/', slash + 1)) {
+      std::string dir = path.substr(0, slash);
+      if (::mkdir(dir.c_str(), 0755) < 0 && errno != EEXIST)
+        return fail(errno, "create directory " + dir + ": " + std::strerror(errno));
+    }
+  }
+  mode_t mode = req.mode() ? static_cast<mode_t>(req.mode() & 07777) : 0644;
+  // Exclusive create first, to know whether the mode is ours to set.
+  int flags = O_WRONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY;
+  bool created = true;
+  UniqueFd fd(::open(path.c_str(), flags | O_CREAT | O_EXCL, mode));
+  if (!fd && errno == EEXIST) {
+    created = false;
+    fd.Reset(::open(path.c_str(), flags));
+  }
+  if (!fd) return fail(errno, std::strerror(errno));
+  struct stat st;
+  if (::fstat(fd.get(), &st) < 0) return fail(errno, std::string("fstat: ") + std::strerror(errno));
+  if (!S_ISREG(st.st_mode))
+    return fail(NotRegularErrno(st.st_mode), std::string("is ") + TypeName(st.st_mode) + ", not a regular file");
+  // A new file gets exactly `mode` (not masked by the umask); an existing one
+  // keeps its mode unless the request names one.
+  if ((created || req.mode()) && ::fchmod(fd.get(), mode) < 0)
+    return fail(errno, std::string("chmod: ") + std::strerror(errno));
+  if (!created && ::ftruncate(fd.get(), 0) < 0)
+    return fail(errno, std::string("truncate: ") + std::strerror(errno));
+  if (int err = WriteFull(fd.get(), req.data().data(), req.data().size()))
+    return fail(err, std::string("write: ") + std::strerror(err));
+  if (::close(fd.Release()) < 0) return fail(errno, std::string("close: ") + std::strerror(errno));
+  Event ev;
+  ev.set_id(id);
+  ev.mutable_ok();
+  Send(c, ev);
+}
+
+void Agent::OnStat(Conn& c, uint64_t id, const Stat& req) {
+  const std::string& path = req.path();
+  if (path.empty() || path.find('\0') != std::string::npos)
+    return SendError(c, id, EINVAL, "stat " + path + ": empty path or NUL byte in it");
+  struct stat st;
+  // lstat: a symlink is reported as one, with its target.
+  if (::lstat(path.c_str(), &st) < 0) return SendError(c, id, errno, "stat " + path + ": " + std::strerror(errno));
+  Event ev;
+  ev.set_id(id);
+  FillInfo(ev.mutable_stat(), Basename(path), st, S_ISLNK(st.st_mode) ? ReadLinkAt(AT_FDCWD, path.c_str()) : "");
+  Send(c, ev);
+}
+
+void Agent::OnListDir(Conn& c, uint64_t id, const ListDir& req) {
+  const std::string& path = req.path();
+  auto fail = [&](int err, const std::string& why) { SendError(c, id, err, "list_dir " + path + ": " + why); };
+  if (path.empty() || path.find('\0') != std::string::npos) return fail(EINVAL, "empty path or NUL byte in it");
+  int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return fail(errno, std::strerror(errno));
+  DIR* d = ::fdopendir(fd);
+  if (!d) {
+    int err = errno;
+    ::close(fd);
+    return fail(err, std::strerror(err));
+  }
+  Event ev;
+  ev.set_id(id);
+  auto* list = ev.mutable_dir_list();
+  size_t bytes = 0;
+  errno = 0;
+  while (dirent* e = ::readdir(d)) {
+    if (std::strcmp(e->d_name, ".") == 0 || std::strcmp(e->d_name, "..") == 0) continue;
+    struct stat st;
+    if (::fstatat(fd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0) continue;  // gone meanwhile
+    FileInfo* fi = list->add_entries();
+    FillInfo(fi, e->d_name, st, S_ISLNK(st.st_mode) ? ReadLinkAt(fd, e->d_name) : "");
+    bytes += fi->ByteSizeLong() + 8;
+    if (bytes > kMaxReadBytes) {
+      ::closedir(d);
+      return fail(EFBIG, "more entries than fit in one answer (" + std::to_string(list->entries_size()) +
+                             " so far); list its subdirectories or use an exec");
+    }
+  }
+  ::closedir(d);
+  std::sort(list->mutable_entries()->begin(), list->mutable_entries()->end(),
+            [](const FileInfo& a, const FileInfo& b) { return a.name() < b.name(); });
+  Send(c, ev);
+}
+
+}  // namespace dsec::agent::internal

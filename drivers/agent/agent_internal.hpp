@@ -1,0 +1,162 @@
+// Internal to dsec-agent: the Agent class and its records. agent.cpp holds
+// the event loop, connections, framing and signals; agent_exec.cpp the life
+// of an exec (fork/exec, pipes, limits, reaping); agent_files.cpp the file
+// requests. All of it runs on one thread.
+#pragma once
+
+#include <sys/resource.h>
+#include <sys/types.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "drivers/agent/agent.hpp"
+#include "drivers/agent/agent.pb.h"
+#include "runtime/frame.hpp"
+#include "runtime/unique_fd.hpp"
+
+namespace dsec::agent::internal {
+
+int64_t NowNs();
+
+// Tunables. Output buffered for one connection is bounded: above kHighWater
+// the agent stops reading that connection's requests and the pipes of its
+// streaming execs (their programs block on a full pipe), and resumes below
+// kLowWater.
+constexpr size_t kHighWater = 1 << 20;
+constexpr size_t kLowWater = 256 << 10;
+constexpr size_t kReadChunk = 64 << 10;          // one read; one Output event at most
+constexpr uint64_t kDefaultOutputCap = 1 << 20;  // Limits.output_bytes = 0
+// Non-streamed output travels whole in ExecDone, which must fit in a frame.
+constexpr uint64_t kMaxBufferedOutput = 16 << 20;
+// After the exec's own process ended, how long output pipes still held open
+// by processes it left behind (`cmd &`) are read before the exec is reported.
+constexpr int64_t kPipeGraceNs = 200'000'000;
+// ReadFile default and hard maximum (the Event must fit in a frame).
+constexpr uint64_t kDefaultReadMax = 64ull << 20;
+constexpr uint64_t kMaxReadBytes = kMaxFrameBytes - (64 << 10);
+constexpr size_t kMaxConnections = 1024;
+
+// epoll tags: (key << 3) | kind. Keys are unique for the agent's lifetime.
+enum Kind : uint64_t {
+  kListen = 0, kSignal = 1, kConn = 2, kExecOut = 3, kExecErr = 4, kExecIn = 5
+};
+
+struct Conn {
+  uint64_t key = 0;
+  UniqueFd fd;
+  FrameDecoder dec;
+  std::string out;     // encoded frames not yet written
+  size_t out_off = 0;  // written prefix of `out`
+  uint32_t interest = 0;  // current epoll events
+  bool closing = false;
+  bool in_paused = false;  // requests not read while our output backs up
+  std::unordered_map<uint64_t, uint64_t> execs;  // request id -> exec key
+  std::set<uint64_t> paused;                     // exec keys waiting for us to drain
+  size_t pending() const { return out.size() - out_off; }
+};
+
+struct Pipe {
+  UniqueFd fd;
+  uint64_t count = 0;  // bytes accepted (up to the cap)
+  std::string buf;     // when not streaming
+  bool truncated = false;
+  bool eof = false;
+};
+
+struct ExecRun {
+  uint64_t key = 0;
+  uint64_t conn = 0;    // 0: the client went away; events are dropped
+  uint64_t req_id = 0;
+  pid_t pid = -1;       // also the process group
+  bool stream = false;
+  uint64_t cap = 0;
+  Pipe out, err;
+  UniqueFd in, status;  // stdin write end; CLOEXEC pipe the child reports setup errors on
+  std::string stdin_data;
+  size_t stdin_off = 0;
+  bool reaped = false, paused = false, timed_out = false, output_exceeded = false;
+  int wait_status = 0;
+  int setup_stage = 0, setup_errno = 0;  // from the child, when it failed before or at execve
+  rusage ru{};
+  // For messages.
+  std::string cwd;
+  uint32_t uid = 0, gid = 0;
+  int64_t start_ns = 0, deadline_ns = 0, grace_ns = 0;
+};
+
+class Agent {
+ public:
+  explicit Agent(const AgentOptions& o) : opts_(o) {}
+  int Main();
+
+ private:
+  // agent.cpp: setup, loop, connections.
+  std::string Init();
+  void Loop();
+  void Shutdown();
+  void OnSignalFd();
+  void OnListen();
+  Conn* AddConn(int fd);
+  void OnConnEvent(Conn& c, uint32_t events);
+  void OnConnReadable(Conn& c);
+  void ProcessFrames(Conn& c);
+  void OnFrame(Conn& c, const std::string& frame);
+  void Send(Conn& c, const Event& ev);
+  void SendError(Conn& c, uint64_t id, int err, const std::string& message);
+  void Flush(Conn& c);
+  void UpdateInterest(Conn& c);
+  void CloseConn(Conn& c);
+  void CollectClosed();
+  Conn* FindConn(uint64_t key);
+  void OnPing(Conn& c, uint64_t id);
+  int NextTimeoutMs() const;
+  void RunTimers();
+
+  // agent_exec.cpp: execs.
+  void StartExec(Conn& c, uint64_t id, Exec& req);
+  void OnSignalRequest(Conn& c, uint64_t id, const Signal& req);
+  void Reap();
+  void OnExecEvent(uint64_t key, Kind kind, uint32_t events);
+  void ReadPipe(ExecRun& x, bool is_err, int max_reads);
+  void WriteStdin(ExecRun& x);
+  void KillGroup(ExecRun& x);
+  void Pause(ExecRun& x, Conn& c);
+  void Resume(ExecRun& x);
+  void ResumePaused(Conn& c);
+  void MaybeFinish(ExecRun& x);
+  void Finish(ExecRun& x, const std::string& forced_error);
+  void OnExecTimer(uint64_t key, int64_t when);
+  void WatchFd(int fd, uint64_t key, Kind kind, uint32_t events);
+
+  // agent_files.cpp: file requests (blocking, on local files).
+  void OnReadFile(Conn& c, uint64_t id, const ReadFile& req);
+  void OnWriteFile(Conn& c, uint64_t id, const WriteFile& req);
+  void OnStat(Conn& c, uint64_t id, const Stat& req);
+  void OnListDir(Conn& c, uint64_t id, const ListDir& req);
+
+  AgentOptions opts_;
+  bool pid1_ = false;
+  bool stop_ = false;
+  int64_t start_ns_ = 0;
+  rlimit nofile_{0, 0};  // RLIMIT_NOFILE we started with; commands get it back
+  UniqueFd epoll_, sigfd_, listen_;
+  uint64_t fd_conn_ = 0;  // the --fd connection, if any
+  uint64_t next_key_ = 1;
+  std::unordered_map<uint64_t, std::unique_ptr<Conn>> conns_;
+  std::unordered_map<uint64_t, std::unique_ptr<ExecRun>> execs_;
+  std::unordered_map<pid_t, uint64_t> by_pid_;
+  // (when, exec key): deadlines and pipe grace ends; stale entries are skipped.
+  std::multimap<int64_t, uint64_t> timers_;
+  std::set<uint64_t> dirty_;  // connections with output to write
+  std::vector<uint64_t> closed_;  // connections to forget at the end of the iteration
+  ino_t listen_ino_ = 0;          // our socket file, removed at exit if still ours
+  int64_t listen_resume_ns_ = 0;  // out of descriptors: accept again from then
+};
+
+}  // namespace dsec::agent::internal

@@ -1,0 +1,88 @@
+// dsec-agent: PID 1 of a container (later the init of a VM); see agent.hpp.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "drivers/agent/agent.hpp"
+
+namespace {
+
+void Usage(FILE* out) {
+  std::fprintf(out,
+               "usage: dsec-agent (--listen PATH | --fd N) [--ready-fd N]\n"
+               "\n"
+               "The in-sandbox agent of dsec: PID 1 of a container, serving the agent\n"
+               "protocol (drivers/agent/agent.proto) to dsecd. It runs commands, streams\n"
+               "their output, reads and writes files, and reaps every process in the sandbox.\n"
+               "\n"
+               "  --listen PATH   create a unix socket at PATH (mode 0600) and serve every\n"
+               "                  client that connects\n"
+               "  --fd N          serve one already-connected stream fd (socketpair end,\n"
+               "                  virtio-serial port)\n"
+               "  --ready-fd N    write \"ready\\n\" to fd N and close it once serving\n"
+               "\n"
+               "As PID 1 it ignores SIGTERM and SIGINT (the host kills the sandbox to stop\n"
+               "it). Otherwise it makes itself a child subreaper and, on SIGTERM or SIGINT,\n"
+               "kills what it started, removes its socket and exits 0.\n");
+}
+
+bool ParseFd(const char* s, int* out) {
+  char* end = nullptr;
+  errno = 0;
+  long v = std::strtol(s, &end, 10);
+  if (errno || !end || *end || end == s || v < 0 || v > 1 << 30) return false;
+  *out = static_cast<int>(v);
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  dsec::agent::AgentOptions o;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      Usage(stdout);
+      return 0;
+    }
+    bool has_value = i + 1 < argc;
+    if (a == "--listen" && has_value) {
+      o.listen_path = argv[++i];
+    } else if (a == "--fd" && has_value) {
+      if (!ParseFd(argv[++i], &o.fd)) {
+        std::fprintf(stderr, "dsec-agent: --fd needs a descriptor number\n");
+        return 2;
+      }
+    } else if (a == "--ready-fd" && has_value) {
+      if (!ParseFd(argv[++i], &o.ready_fd)) {
+        std::fprintf(stderr, "dsec-agent: --ready-fd needs a descriptor number\n");
+        return 2;
+      }
+    } else {
+      std::fprintf(stderr, "dsec-agent: unknown or incomplete argument '%s'\n", a.c_str());
+      Usage(stderr);
+      return 2;
+    }
+  }
+  if (o.listen_path.empty() && o.fd < 0) {
+    Usage(stderr);
+    return 2;
+  }
+  for (int fd : {o.fd, o.ready_fd})
+    if (fd >= 0 && ::fcntl(fd, F_GETFD) < 0) {
+      std::fprintf(stderr, "dsec-agent: fd %d is not open\n", fd);
+      return 2;
+    }
+  // Keep 0-2 occupied so no socket or pipe of ours lands there (a container
+  // may start us with them closed). Without /dev/null, nothing to be done.
+  for (int fd = 0; fd <= 2; ++fd)
+    if (::fcntl(fd, F_GETFD) < 0) {
+      int n = ::open("/dev/null", O_RDWR);
+      if (n >= 0 && n != fd) ::close(n);
+    }
+  return dsec::agent::RunAgent(o);
+}
