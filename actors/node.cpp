@@ -219,9 +219,11 @@ node_actor::behavior_type NodeActor(NodeSelf self, std::shared_ptr<NodeContext> 
   self->set_exit_handler([self](caf::exit_msg& em) {
     for (auto& [id, a] : self->state.sandboxes) self->send_exit(a, caf::exit_reason::user_shutdown);
     for (auto& [n, a] : self->state.sessions) self->send_exit(a, caf::exit_reason::user_shutdown);
+    if (self->state.images) self->send_exit(self->state.images, caf::exit_reason::user_shutdown);
     self->quit(em.reason);
   });
   Restore(self);
+  st.images = SpawnImageWorker(self, st.ctx);
   return {
       [self](v1::RunRequest& req) -> caf::result<v1::RunReply> { return HandleRun(self, req); },
       [self](v1::CreateRequest& req) -> caf::result<v1::SandboxReply> {
@@ -295,6 +297,18 @@ node_actor::behavior_type NodeActor(NodeSelf self, std::shared_ptr<NodeContext> 
         if (it == self->state.sessions.end())
           return ErrorReply<v1::SessionReply>(Status::NotFound("session '" + req.name() + "' not found"));
         return self->delegate(it->second, std::move(req));
+      },
+      [self](v1::RegisterImageRequest& req) -> caf::result<v1::ImageReply> {
+        return self->delegate(self->state.images, std::move(req));
+      },
+      [self](v1::GetImageRequest& req) -> caf::result<v1::ImageReply> {
+        return self->delegate(self->state.images, std::move(req));
+      },
+      [self](v1::ListImagesRequest& req) -> caf::result<v1::ImagesReply> {
+        return self->delegate(self->state.images, std::move(req));
+      },
+      [self](v1::RemoveImageRequest& req) -> caf::result<v1::ImageReply> {
+        return self->delegate(self->state.images, std::move(req));
       },
       [self](admin_atom, const std::string& cmd, const std::vector<std::string>& args)
           -> caf::result<std::string> { return HandleAdmin(self, cmd, args); },

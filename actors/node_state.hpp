@@ -7,6 +7,7 @@
 #include <unordered_map>
 
 #include "actors/context.hpp"
+#include "actors/image_worker.hpp"
 #include "actors/node.hpp"
 #include "actors/sandbox.hpp"
 #include "actors/session.hpp"
@@ -36,6 +37,7 @@ struct NodeState {
   std::unordered_map<caf::actor_addr, std::string> session_of;
   std::unordered_map<std::string, RunInfo> runs;  // one-shot runs in flight
   std::unique_ptr<RestartIntensity> intensity;
+  image_worker_actor images;  // blocking registry work, off the node's thread
   NodeCounters counters;
   uint64_t next_run = 0;
   int64_t started_ms = 0;

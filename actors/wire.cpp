@@ -19,6 +19,12 @@ void RegisterTypes(caf::actor_system_config& cfg) {
       .add_message_type<v1::StepReply>("dsec.v1.StepReply")
       .add_message_type<v1::CloseSessionRequest>("dsec.v1.CloseSessionRequest")
       .add_message_type<v1::GetSessionRequest>("dsec.v1.GetSessionRequest")
+      .add_message_type<v1::RegisterImageRequest>("dsec.v1.RegisterImageRequest")
+      .add_message_type<v1::GetImageRequest>("dsec.v1.GetImageRequest")
+      .add_message_type<v1::ListImagesRequest>("dsec.v1.ListImagesRequest")
+      .add_message_type<v1::RemoveImageRequest>("dsec.v1.RemoveImageRequest")
+      .add_message_type<v1::ImageReply>("dsec.v1.ImageReply")
+      .add_message_type<v1::ImagesReply>("dsec.v1.ImagesReply")
       .add_message_type<entry_actor>("dsec::entry_actor");
 }
 

@@ -62,6 +62,8 @@ namespace dsec {
 //   StepRequest         run / fast-forward one step           -> StepReply
 //   CloseSessionRequest close a session                       -> SessionReply
 //   GetSessionRequest   a session's record                    -> SessionReply
+//   RegisterImageRequest  register a built EROFS image        -> ImageReply
+//   GetImageRequest / ListImagesRequest / RemoveImageRequest  -> ImageReply / ImagesReply / ImageReply
 using entry_actor = caf::typed_actor<
     caf::replies_to<v1::RunRequest>::with<v1::RunReply>,
     caf::replies_to<v1::CreateRequest>::with<v1::SandboxReply>,
@@ -71,7 +73,11 @@ using entry_actor = caf::typed_actor<
     caf::replies_to<v1::OpenSessionRequest>::with<v1::SessionReply>,
     caf::replies_to<v1::StepRequest>::with<v1::StepReply>,
     caf::replies_to<v1::CloseSessionRequest>::with<v1::SessionReply>,
-    caf::replies_to<v1::GetSessionRequest>::with<v1::SessionReply>>;
+    caf::replies_to<v1::GetSessionRequest>::with<v1::SessionReply>,
+    caf::replies_to<v1::RegisterImageRequest>::with<v1::ImageReply>,
+    caf::replies_to<v1::GetImageRequest>::with<v1::ImageReply>,
+    caf::replies_to<v1::ListImagesRequest>::with<v1::ImagesReply>,
+    caf::replies_to<v1::RemoveImageRequest>::with<v1::ImageReply>>;
 
 // Registers every type that crosses the wire. Call on the config of every
 // dsec process before constructing the actor_system.

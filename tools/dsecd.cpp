@@ -124,6 +124,7 @@ int Run(const Flags& f) {
   ctx->options.max_restarts = f.max_restarts;
   ctx->options.restart_window_s = f.restart_window_s;
   ctx->options.test_hooks = f.test_hooks;
+  ctx->options.image_root = data + "/images";
   ctx->store = store->get();
   ctx->committer = &committer;
   ctx->log = dsec::Logger("node");

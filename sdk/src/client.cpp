@@ -230,6 +230,36 @@ Status Session::Close() const {
   return client_->impl_->CallSync<v1::SessionReply>(std::move(req), client_->impl_->options.rpc_timeout).status();
 }
 
+Result<v1::ImageManifest> Client::RegisterImage(const v1::ImageManifest& manifest, bool replace) {
+  v1::RegisterImageRequest req;
+  *req.mutable_manifest() = manifest;
+  req.set_replace(replace);
+  // Registering hashes the whole file on the node: allow for big images.
+  auto r = impl_->CallSync<v1::ImageReply>(std::move(req), impl_->options.rpc_timeout * 10);
+  if (!r.ok()) return r.status();
+  return std::move(*r->mutable_image());
+}
+
+Result<v1::ImageManifest> Client::GetImage(const std::string& name) {
+  v1::GetImageRequest req;
+  req.set_name(name);
+  auto r = impl_->CallSync<v1::ImageReply>(std::move(req), impl_->options.rpc_timeout);
+  if (!r.ok()) return r.status();
+  return std::move(*r->mutable_image());
+}
+
+Result<std::vector<v1::ImageManifest>> Client::ListImages() {
+  auto r = impl_->CallSync<v1::ImagesReply>(v1::ListImagesRequest(), impl_->options.rpc_timeout);
+  if (!r.ok()) return r.status();
+  return std::vector<v1::ImageManifest>(r->images().begin(), r->images().end());
+}
+
+Status Client::RemoveImage(const std::string& name) {
+  v1::RemoveImageRequest req;
+  req.set_name(name);
+  return impl_->CallSync<v1::ImageReply>(std::move(req), impl_->options.rpc_timeout).status();
+}
+
 v1::ExecRequest Command(std::vector<std::string> argv) {
   v1::ExecRequest r;
   for (auto& a : argv) r.add_argv(std::move(a));

@@ -104,6 +104,12 @@ class Client {
   // by that name).
   Result<Session> AttachSession(const std::string& name);
 
+  // Images (dsec-image builds them; these register and manage them).
+  Result<v1::ImageManifest> RegisterImage(const v1::ImageManifest& manifest, bool replace);
+  Result<v1::ImageManifest> GetImage(const std::string& name);
+  Result<std::vector<v1::ImageManifest>> ListImages();
+  Status RemoveImage(const std::string& name);
+
   // Connected right now (the client reconnects by itself when not).
   bool connected() const;
   // Connections made so far (1 after Connect; +1 per reconnect).

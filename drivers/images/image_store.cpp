@@ -1,0 +1,161 @@
+#include "drivers/images/image_store.hpp"
+
+#include <openssl/evp.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <memory>
+
+#include "runtime/files.hpp"
+#include "state/table.hpp"
+
+namespace dsec::images {
+
+Status CheckImageName(const std::string& name) {
+  if (name.empty()) return Status::InvalidArgument("image name is empty");
+  if (name.size() > 128) return Status::InvalidArgument("image name is longer than 128 bytes");
+  if (name == kHostImage)
+    return Status::InvalidArgument("image name 'host' is the built-in host image; pick another name");
+  for (size_t i = 0; i < name.size(); ++i) {
+    char c = name[i];
+    bool ok = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+              (i > 0 && (c == '.' || c == '_' || c == '-'));
+    if (!ok)
+      return Status::InvalidArgument("image name '" + name +
+                                     "' may hold lowercase letters, digits, '.', '_' and '-', "
+                                     "and must start with a letter or digit");
+  }
+  return Status::Ok();
+}
+
+Result<std::string> Sha256File(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::FromErrno(errno, "open " + path);
+  std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
+  EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr);
+  std::vector<char> buf(1 << 20);
+  while (in) {
+    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    if (in.gcount() > 0) EVP_DigestUpdate(ctx.get(), buf.data(), static_cast<size_t>(in.gcount()));
+  }
+  if (in.bad()) return Status::Internal("read " + path + " failed");
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_DigestFinal_ex(ctx.get(), md, &len);
+  static const char* kHex = "0123456789abcdef";
+  std::string hex = "sha256:";
+  for (unsigned int i = 0; i < len; ++i) {
+    hex += kHex[md[i] >> 4];
+    hex += kHex[md[i] & 15];
+  }
+  return hex;
+}
+
+ImageStore::ImageStore(state::Store* store, std::string root) : store_(store), root_(std::move(root)) {
+  (void)MakeDirs(root_, 0755);
+}
+
+std::string ImageFilePath(const std::string& root, const std::string& digest) {
+  std::string hex = digest.rfind("sha256:", 0) == 0 ? digest.substr(7) : digest;
+  return root + "/" + hex + ".erofs";
+}
+
+std::string ImageStore::FileFor(const std::string& digest) const { return ImageFilePath(root_, digest); }
+
+Result<v1::ImageManifest> ImageStore::Get(const std::string& name) const {
+  auto m = state::TypedTable<v1::ImageManifest>(store_, state::Table::kImages).Get(name);
+  if (!m.ok() && m.status().code() == Status::Code::kNotFound)
+    return Status::NotFound("image '" + name + "' not found (dsec-image ls lists them; dsec-image build makes one)");
+  return m;
+}
+
+Result<std::vector<v1::ImageManifest>> ImageStore::List() const {
+  std::vector<v1::ImageManifest> out;
+  auto st = state::TypedTable<v1::ImageManifest>(store_, state::Table::kImages)
+                .Scan("", [&](const std::string&, v1::ImageManifest&& m) {
+                  out.push_back(std::move(m));
+                  return true;
+                });
+  if (!st.ok()) return st;
+  return out;
+}
+
+Status ImageStore::Register(const v1::ImageManifest& manifest, bool replace) {
+  DSEC_RETURN_IF_ERROR(CheckImageName(manifest.name()));
+  std::string expected = FileFor(manifest.digest());
+  if (manifest.file() != expected)
+    return Status::InvalidArgument("image " + manifest.name() + ": file " + manifest.file() +
+                                   " is not where the store keeps digest " + manifest.digest() + " (" +
+                                   expected + ")");
+  struct stat st;
+  if (::stat(expected.c_str(), &st) < 0) return Status::FromErrno(errno, "image " + manifest.name() + ": " + expected);
+  if (static_cast<uint64_t>(st.st_size) != manifest.size_bytes())
+    return Status::InvalidArgument("image " + manifest.name() + ": " + expected + " is " +
+                                   std::to_string(st.st_size) + " bytes, the manifest says " +
+                                   std::to_string(manifest.size_bytes()));
+  auto digest = Sha256File(expected);
+  if (!digest.ok()) return digest.status();
+  if (*digest != manifest.digest())
+    return Status::InvalidArgument("image " + manifest.name() + ": " + expected + " has digest " + *digest +
+                                   ", the manifest says " + manifest.digest());
+  auto old = Get(manifest.name());
+  if (old.ok()) {
+    if (!replace)
+      return Status::AlreadyExists("image '" + manifest.name() + "' already exists (digest " + old->digest() +
+                                   "); remove it first (dsec-image rm) or build with --replace");
+    auto users = Users(manifest.name());
+    if (!users.empty())
+      return Status::FailedPrecondition("image '" + manifest.name() + "' is in use by " + users.front() +
+                                        (users.size() > 1 ? " and " + std::to_string(users.size() - 1) + " more" : "") +
+                                        "; remove those sandboxes first");
+  }
+  state::WriteBatch b;
+  state::TypedTable<v1::ImageManifest>(store_, state::Table::kImages).Put(&b, manifest.name(), manifest);
+  DSEC_RETURN_IF_ERROR(store_->Write(b, true));
+  // The replaced image's file goes when no name refers to it any more.
+  if (old.ok() && old->digest() != manifest.digest()) {
+    bool shared = false;
+    auto all = List();
+    if (all.ok())
+      for (const auto& m : *all) shared = shared || m.digest() == old->digest();
+    if (!shared) ::unlink(FileFor(old->digest()).c_str());
+  }
+  return Status::Ok();
+}
+
+std::vector<std::string> ImageStore::Users(const std::string& name) const {
+  std::vector<std::string> users;
+  (void)state::TypedTable<v1::SandboxRecord>(store_, state::Table::kSandboxes)
+      .Scan("", [&](const std::string&, v1::SandboxRecord&& r) {
+        if (r.spec().image() == name && r.phase() != v1::SANDBOX_PHASE_STOPPED) users.push_back("sandbox " + r.id());
+        return true;
+      });
+  if (extra_users_)
+    for (auto& u : extra_users_(name)) users.push_back(std::move(u));
+  return users;
+}
+
+Status ImageStore::Remove(const std::string& name) {
+  auto m = Get(name);
+  if (!m.ok()) return m.status();
+  auto users = Users(name);
+  if (!users.empty())
+    return Status::FailedPrecondition("image '" + name + "' is in use by " + users.front() +
+                                      (users.size() > 1 ? " and " + std::to_string(users.size() - 1) + " more" : "") +
+                                      "; remove those sandboxes first");
+  state::WriteBatch b;
+  b.Delete(state::Table::kImages, name);
+  DSEC_RETURN_IF_ERROR(store_->Write(b, true));
+  auto all = List();
+  bool shared = false;
+  if (all.ok())
+    for (const auto& other : *all) shared = shared || other.digest() == m->digest();
+  if (!shared && ::unlink(FileFor(m->digest()).c_str()) < 0 && errno != ENOENT)
+    return Status::FromErrno(errno, "image " + name + ": remove " + FileFor(m->digest()));
+  return Status::Ok();
+}
+
+}  // namespace dsec::images

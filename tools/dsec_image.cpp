@@ -1,0 +1,207 @@
+// dsec-image: build, list, inspect and remove images. An image is an EROFS
+// file in <data-dir>/images plus a manifest in the node's `images` table.
+// With dsecd running on the data dir, the registry is reached through it
+// (SDK); without, dsec-image opens the data dir's database itself.
+//
+// Exit codes: 0 done; 1 failed (the message says why); 2 bad usage.
+#include <CLI/CLI.hpp>
+#include <google/protobuf/util/json_util.h>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "drivers/images/builder.hpp"
+#include "drivers/images/image_store.hpp"
+#include "dsec/client.hpp"
+#include "runtime/files.hpp"
+#include "state/store.hpp"
+
+namespace {
+
+using dsec::Result;
+using dsec::Status;
+
+int Fail(const std::string& msg, int code = 1) {
+  std::fprintf(stderr, "dsec-image: %s\n", msg.c_str());
+  return code;
+}
+
+// Where the manifests are: the daemon, or the data dir's database.
+class Registry {
+ public:
+  virtual ~Registry() = default;
+  virtual Status Register(const dsec::v1::ImageManifest& m, bool replace) = 0;
+  virtual Result<dsec::v1::ImageManifest> Get(const std::string& name) = 0;
+  virtual Result<std::vector<dsec::v1::ImageManifest>> List() = 0;
+  virtual Status Remove(const std::string& name) = 0;
+};
+
+class OfflineRegistry : public Registry {
+ public:
+  OfflineRegistry(std::unique_ptr<dsec::state::Store> db, std::string root)
+      : db_(std::move(db)), store_(db_.get(), std::move(root)) {}
+  Status Register(const dsec::v1::ImageManifest& m, bool replace) override { return store_.Register(m, replace); }
+  Result<dsec::v1::ImageManifest> Get(const std::string& name) override { return store_.Get(name); }
+  Result<std::vector<dsec::v1::ImageManifest>> List() override { return store_.List(); }
+  Status Remove(const std::string& name) override { return store_.Remove(name); }
+
+ private:
+  std::unique_ptr<dsec::state::Store> db_;
+  dsec::images::ImageStore store_;
+};
+
+class OnlineRegistry : public Registry {
+ public:
+  explicit OnlineRegistry(std::unique_ptr<dsec::Client> c) : c_(std::move(c)) {}
+  Status Register(const dsec::v1::ImageManifest& m, bool replace) override {
+    return c_->RegisterImage(m, replace).status();
+  }
+  Result<dsec::v1::ImageManifest> Get(const std::string& name) override { return c_->GetImage(name); }
+  Result<std::vector<dsec::v1::ImageManifest>> List() override { return c_->ListImages(); }
+  Status Remove(const std::string& name) override { return c_->RemoveImage(name); }
+
+ private:
+  std::unique_ptr<dsec::Client> c_;
+};
+
+Result<std::unique_ptr<Registry>> OpenRegistry(const std::string& data, const std::string& addr_flag) {
+  auto db = dsec::state::OpenRocksStore(data + "/db");
+  if (db.ok()) return std::unique_ptr<Registry>(new OfflineRegistry(std::move(*db), data + "/images"));
+  if (db.status().code() != Status::Code::kFailedPrecondition) return db.status();
+  // The database is held: dsecd runs on this data dir. Talk to it.
+  std::string addr = addr_flag;
+  if (addr.empty()) {
+    auto ep = dsec::ReadFileToString(data + "/dsecd.json");
+    auto j = ep.ok() ? nlohmann::json::parse(*ep, nullptr, false) : nlohmann::json();
+    addr = j.is_object() ? j.value("sdk", "") : "";
+    if (addr.empty())
+      return Status::Unavailable("the data dir " + data + " is in use but has no dsecd.json; pass --addr");
+  }
+  dsec::ClientOptions o;
+  o.address = addr;
+  o.threads = 1;
+  auto c = dsec::Client::Connect(o);
+  if (!c.ok()) return c.status();
+  return std::unique_ptr<Registry>(new OnlineRegistry(std::move(*c)));
+}
+
+std::string Human(uint64_t bytes) {
+  char buf[32];
+  if (bytes >= (1ull << 30)) std::snprintf(buf, sizeof buf, "%.1fG", bytes / double(1ull << 30));
+  else if (bytes >= (1ull << 20)) std::snprintf(buf, sizeof buf, "%.1fM", bytes / double(1ull << 20));
+  else std::snprintf(buf, sizeof buf, "%.1fK", bytes / 1024.0);
+  return buf;
+}
+
+std::string ToJson(const google::protobuf::Message& m) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions o;
+  o.preserve_proto_field_names = true;
+  o.add_whitespace = true;
+  (void)google::protobuf::util::MessageToJsonString(m, &out, o);
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"dsec-image: build, list, inspect and remove dsec images (EROFS)"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", DSEC_VERSION);
+  std::string data = "./dsec-data", addr;
+  app.add_option("--data-dir", data, "the node's data dir; images go to <data-dir>/images")->capture_default_str();
+  app.add_option("--addr", addr, "dsecd SDK address (default: from <data-dir>/dsecd.json when it runs)");
+
+  std::string src, name, compression = "lz4";
+  bool keep_owners = false, replace = false;
+  auto* build = app.add_subcommand("build", "build an image from a directory, a tarball or an OCI/docker-save layout");
+  build->add_option("source", src, "directory, tarball (.tar, .tar.gz, ...), OCI layout or docker-save archive")->required();
+  build->add_option("name", name, "image name: lowercase letters, digits, . _ -")->required();
+  build->add_option("--compress", compression, "none | lz4 | lz4hc")->capture_default_str();
+  build->add_flag("--keep-owners", keep_owners, "directory sources: keep file owners (default: all root)");
+  build->add_flag("--replace", replace, "replace an existing, unused image of that name");
+
+  bool json_out = false;
+  auto* ls = app.add_subcommand("ls", "list images");
+  ls->add_flag("--json", json_out, "one JSON object per image");
+  std::vector<std::string> names;
+  auto* rm = app.add_subcommand("rm", "remove images (refused while a sandbox uses one)");
+  rm->add_option("names", names)->required();
+  std::string one;
+  auto* inspect = app.add_subcommand("inspect", "show an image's manifest");
+  inspect->add_option("name", one)->required();
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
+  }
+  data = dsec::AbsolutePath(data);
+  if (auto st = dsec::MakeDirs(data, 0700); !st.ok()) return Fail(st.message());
+  auto reg = OpenRegistry(data, addr);
+  if (!reg.ok()) return Fail(reg.status().message());
+  auto& r = **reg;
+
+  if (*build) {
+    if (auto st = dsec::images::CheckImageName(name); !st.ok()) return Fail(st.message(), 2);
+    auto existing = r.Get(name);
+    if (existing.ok() && !replace)
+      return Fail("image '" + name + "' already exists (digest " + existing->digest() +
+                  "); remove it first (dsec-image rm " + name + ") or build with --replace");
+    dsec::images::BuildOptions o;
+    o.compression = compression;
+    o.keep_owners = keep_owners;
+    o.progress = [](const std::string& s) { std::fprintf(stderr, "dsec-image: %s\n", s.c_str()); };
+    auto m = dsec::images::BuildImage(src, name, data + "/images", o);
+    if (!m.ok()) return Fail(m.status().message());
+    if (auto st = r.Register(*m, replace); !st.ok()) {
+      // Do not leave an orphan file behind unless another image shares it.
+      bool shared = false;
+      if (auto all = r.List(); all.ok())
+        for (const auto& other : *all) shared = shared || other.digest() == m->digest();
+      if (!shared) ::unlink(m->file().c_str());
+      return Fail(st.message());
+    }
+    std::printf("%s %s %s\n", name.c_str(), m->digest().c_str(), Human(m->size_bytes()).c_str());
+    return 0;
+  }
+  if (*ls) {
+    auto all = r.List();
+    if (!all.ok()) return Fail(all.status().message());
+    if (json_out) {
+      for (const auto& m : *all) {
+        std::string line;
+        (void)google::protobuf::util::MessageToJsonString(m, &line);
+        std::printf("%s\n", line.c_str());
+      }
+      return 0;
+    }
+    std::printf("%-24s %-20s %8s %8s  %s\n", "NAME", "DIGEST", "SIZE", "CONTENT", "SOURCE");
+    for (const auto& m : *all)
+      std::printf("%-24s %-20s %8s %8s  %s\n", m.name().c_str(), m.digest().substr(0, 19).c_str(),
+                  Human(m.size_bytes()).c_str(), Human(m.content_bytes()).c_str(), m.source().c_str());
+    return 0;
+  }
+  if (*rm) {
+    int rc = 0;
+    for (const auto& n : names) {
+      auto st = r.Remove(n);
+      if (!st.ok()) rc = Fail(st.message());
+      else std::printf("%s\n", n.c_str());
+    }
+    return rc;
+  }
+  if (*inspect) {
+    auto m = r.Get(one);
+    if (!m.ok()) return Fail(m.status().message());
+    std::cout << ToJson(*m);
+    return 0;
+  }
+  return 0;
+}
