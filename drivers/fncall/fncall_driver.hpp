@@ -13,16 +13,15 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <unordered_map>
 
 #include "drivers/driver.hpp"
+#include "drivers/spawner_link.hpp"
 #include "dsec/status.hpp"
-#include "runtime/frame.hpp"
-#include "runtime/unique_fd.hpp"
 
 namespace dsec::spawner {
 class Outcome;
+class Event;
 }
 
 namespace dsec::drivers {
@@ -67,7 +66,7 @@ class FncallDriver : public Driver {
   // Sends Shutdown, waits for the spawner to clean up and exit, fails what is
   // still in flight. Idempotent; the destructor calls it.
   void Stop();
-  pid_t spawner_pid() const { return spawner_pid_.load(); }
+  pid_t spawner_pid() const { return link_ ? link_->pid() : -1; }
 
   // The verdict logic, exposed for tests.
   static v1::ExecResult ToExecResult(const spawner::Outcome& o, const v1::Limits& limits,
@@ -75,12 +74,8 @@ class FncallDriver : public Driver {
 
  private:
   explicit FncallDriver(FncallOptions options);
-  Status Launch();                 // start a spawner and wait for hello
-  void IoLoop();
-  void OnFrame(const std::string& frame);
-  void OnSpawnerGone(const std::string& why);
-  void Enqueue(const std::string& payload);
-  void Wake();
+  void OnEvent(spawner::Event& ev);
+  void OnGone(const std::string& why, bool stopping);
 
   struct InFlight {
     ExecCallback done;
@@ -90,21 +85,12 @@ class FncallDriver : public Driver {
   };
 
   FncallOptions opts_;
+  std::unique_ptr<SpawnerLink> link_;
   mutable std::mutex mu_;
   std::unordered_map<uint64_t, InFlight> inflight_;      // by spawner run id
   std::unordered_map<std::string, uint64_t> by_run_id_;  // run id -> spawner run id
-  std::string outbox_;
   uint64_t next_id_ = 1;
-  Status unavailable_;             // non-ok once fncall cannot work here
-  std::vector<int64_t> restarts_;  // steady-clock seconds of recent restarts
   std::string last_stats_json_ = "{}";
-
-  UniqueFd sock_, wake_, pidfd_, epoll_;
-  std::atomic<pid_t> spawner_pid_{-1};
-  FrameDecoder decoder_;
-  std::thread io_;
-  std::atomic<bool> stopping_{false};
-  bool stopped_ = false;
   std::atomic<uint64_t> runs_done_{0}, runs_failed_{0};
 };
 
