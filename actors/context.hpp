@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "drivers/driver.hpp"
 #include "drivers/limits.hpp"
@@ -34,11 +35,19 @@ struct NodeContext {
   state::GroupCommitter* committer = nullptr;
   drivers::Driver* fncall = nullptr;    // nullptr: fncall not available here
   Status fncall_unavailable;            // why, when fncall == nullptr
+  drivers::Driver* container = nullptr;
+  Status container_unavailable;
   std::shared_ptr<spdlog::logger> log;
 
-  // The driver for `kind` (auto and unspecified pick fncall, the only kind so
-  // far), or a status naming the kind and why it cannot run here.
-  Result<drivers::Driver*> DriverFor(v1::Kind kind) const;
+  // The driver for `spec`, or a status naming the kind and why it cannot run
+  // here. Auto (and unspecified) picks the lightest kind that meets the
+  // spec's isolation: fncall for process isolation on the host image,
+  // container for container isolation or a built image.
+  Result<drivers::Driver*> DriverFor(const v1::SandboxSpec& spec) const;
+  // Every driver this node has, for start-up and shutdown.
+  std::vector<drivers::Driver*> Drivers() const;
+  // The kinds this node can run now, and "kind: why not" for the others.
+  void Kinds(std::vector<std::string>* available, std::vector<std::string>* unavailable) const;
 };
 
 int64_t NowMs();

@@ -57,8 +57,8 @@ void Restore(NodeSelf self) {
       ++dropped;
       return true;
     }
-    if (rec.phase() == v1::SANDBOX_PHASE_RUNNING) {
-      auto d = ctx.DriverFor(rec.spec().kind());
+    if (rec.phase() == v1::SANDBOX_PHASE_RUNNING || rec.phase() == v1::SANDBOX_PHASE_PAUSED) {
+      auto d = ctx.DriverFor(rec.spec());
       Status re = d.ok() ? (*d)->Readopt(rec) : d.status();
       if (!re.ok()) {
         rec.set_phase(v1::SANDBOX_PHASE_FAILED);
@@ -81,6 +81,9 @@ void Restore(NodeSelf self) {
     ++sessions;
     return true;
   });
+  // Only with every record seen may a driver drop what no record claims.
+  if (s1.ok())
+    for (auto* d : ctx.Drivers()) d->Restored();
   if (!s1.ok()) ctx.log->error("restore sandboxes: {}", s1.message());
   if (!s2.ok()) ctx.log->error("restore sessions: {}", s2.message());
   if (!cleanup.empty()) {
@@ -169,9 +172,12 @@ caf::result<v1::RunReply> HandleRun(NodeSelf self, v1::RunRequest& req) {
     ++st.counters.rejected;
     return ErrorReply<v1::RunReply>(s);
   };
-  auto d = ctx.DriverFor(req.spec().kind());
+  auto d = ctx.DriverFor(req.spec());
   if (!d.ok()) return reject(d.status());
   Status s = drivers::CheckSpec(ctx.options.limits, req.spec());
+  if (s.ok() && (*d)->kind() != v1::KIND_FNCALL)
+    s = Status::InvalidArgument(std::string("one-shot runs are fncall only; for a ") + (*d)->name() +
+                                " create a sandbox (dsecctl create) and exec in it");
   if (s.ok()) s = (*d)->CanHandle(req.spec());
   if (s.ok()) s = drivers::CheckExecRequest(ctx.options.limits, req.exec());
   if (!s.ok()) return reject(s);
@@ -228,7 +234,7 @@ node_actor::behavior_type NodeActor(NodeSelf self, std::shared_ptr<NodeContext> 
       [self](v1::RunRequest& req) -> caf::result<v1::RunReply> { return HandleRun(self, req); },
       [self](v1::CreateRequest& req) -> caf::result<v1::SandboxReply> {
         auto& st = self->state;
-        auto d = st.ctx->DriverFor(req.spec().kind());
+        auto d = st.ctx->DriverFor(req.spec());
         Status s = d.ok() ? drivers::CheckSpec(st.ctx->options.limits, req.spec()) : d.status();
         if (s.ok()) s = (*d)->CanHandle(req.spec());
         if (!s.ok()) {

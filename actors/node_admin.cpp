@@ -47,10 +47,8 @@ json SessionSummary(const v1::SessionRecord& r) {
 std::string Status_(NodeSelf self) {
   auto& st = self->state;
   auto& ctx = *st.ctx;
-  json kinds = json::array(), unavailable = json::array();
-  if (ctx.fncall && ctx.fncall->Available().ok()) kinds.push_back("fncall");
-  else unavailable.push_back("fncall: " + (ctx.fncall ? ctx.fncall->Available() : ctx.fncall_unavailable).message());
-  for (const char* k : {"container", "microvm", "vm"}) unavailable.push_back(std::string(k) + ": not implemented yet");
+  std::vector<std::string> kinds, unavailable;
+  ctx.Kinds(&kinds, &unavailable);
   return json{{"ok", true},
               {"node", ctx.options.node_id},
               {"boot", ctx.options.boot},
@@ -87,11 +85,12 @@ std::string Ls(NodeSelf self) {
   return Dump(json{{"ok", true}, {"sandboxes", sandboxes}, {"sessions", sessions}, {"runs", runs}});
 }
 
+json DriverStats(const drivers::Driver* d) { return d ? json::parse(d->StatsJson(), nullptr, false) : json(nullptr); }
+
 std::string Stats(NodeSelf self) {
   auto& st = self->state;
   auto& c = st.counters;
   auto cs = st.ctx->committer->stats();
-  json driver = st.ctx->fncall ? json::parse(st.ctx->fncall->StatsJson(), nullptr, false) : json(nullptr);
   return json{{"ok", true},
               {"runs", c.runs},
               {"runs_ok", c.runs_ok},
@@ -103,7 +102,8 @@ std::string Stats(NodeSelf self) {
               {"store_writes", cs.writes},
               {"store_batches", cs.batches},
               {"store_ops", cs.ops},
-              {"fncall", driver}}
+              {"fncall", DriverStats(st.ctx->fncall)},
+              {"container", DriverStats(st.ctx->container)}}
       .dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
@@ -158,6 +158,7 @@ caf::result<std::string> HandleAdmin(NodeSelf self, const std::string& cmd,
         return json{{"ok", true}, {"run", {{"id", id}, {"argv0", r->second.argv0},
                                            {"age_ms", NowMs() - r->second.started_ms}}}}
             .dump(-1, ' ', false, json::error_handler_t::replace);
+      // One-shot runs are fncall's (HandleRun); execs in sandboxes go through their actors.
       Status s = st.ctx->fncall ? st.ctx->fncall->Kill(id, "killed by an operator (admin console)")
                                 : Status::NotFound("no fncall driver");
       if (!s.ok()) return Error(s.message());

@@ -54,12 +54,24 @@ sandbox_actor::behavior_type Behavior(Self self) {
         if (st.rec.phase() != v1::SANDBOX_PHASE_PENDING)
           return Reply(Status::FailedPrecondition("sandbox " + st.rec.id() + " already exists"), st.rec);
         if (!st.driver) return Reply(st.driver_status, st.rec);
+        // The sandbox-wide limits (memory, pids, cpu) are fixed at creation:
+        // the record shows the values in force, defaults filled in.
+        auto lim = drivers::EffectiveLimits(st.ctx->options.limits, st.rec.spec(), v1::ExecRequest{});
+        if (!lim.ok()) {
+          self->quit();
+          return Reply(lim.status().Annotate("sandbox " + st.rec.id()), st.rec);
+        }
+        auto* sl = st.rec.mutable_spec()->mutable_limits();
+        if (!sl->memory_bytes()) sl->set_memory_bytes(lim->memory_bytes());
+        if (!sl->pids()) sl->set_pids(lim->pids());
+        if (!sl->cpu_millis()) sl->set_cpu_millis(lim->cpu_millis());
         auto rp = self->make_response_promise<v1::SandboxReply>();
         st.rec.set_phase(v1::SANDBOX_PHASE_STARTING);
         auto handle = caf::actor_cast<sandbox_actor>(self);
-        st.driver->Create(st.rec, [handle, self, rp](const Status& s) mutable {
-          Post(handle, [self, rp, s]() mutable {
+        st.driver->Create(st.rec, [handle, self, rp](Result<std::string> created) mutable {
+          Post(handle, [self, rp, created = std::move(created)]() mutable {
             auto& st = self->state;
+            Status s = created.status();
             if (!s.ok()) {
               // Nothing was written: the sandbox never existed.
               st.rec.set_phase(v1::SANDBOX_PHASE_FAILED);
@@ -69,6 +81,7 @@ sandbox_actor::behavior_type Behavior(Self self) {
               return;
             }
             st.rec.set_phase(v1::SANDBOX_PHASE_RUNNING);
+            st.rec.set_driver_state(*created);
             // Acknowledge only once the new phase is durable.
             Checkpoint(self, [self, rp](const Status& w) mutable {
               Status out = w.Annotate("sandbox " + self->state.rec.id() + ": checkpoint");
@@ -183,7 +196,7 @@ sandbox_actor::behavior_type SandboxActor(Self self, std::shared_ptr<NodeContext
   auto& st = self->state;
   st.ctx = std::move(ctx);
   st.rec = std::move(record);
-  auto d = st.ctx->DriverFor(st.rec.spec().kind());
+  auto d = st.ctx->DriverFor(st.rec.spec());
   if (d.ok()) {
     st.driver = *d;
   } else {

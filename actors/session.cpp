@@ -255,8 +255,11 @@ session_actor::behavior_type Behavior(Self self) {
         if (st.rec.phase() == v1::SESSION_PHASE_UNSPECIFIED) {
           // A new session: durable before it is acknowledged.
           // A refused open leaves nothing behind: not even this actor.
-          auto d = st.ctx->DriverFor(req.spec().kind());
+          auto d = st.ctx->DriverFor(req.spec());
           Status can = d.ok() ? (*d)->CanHandle(req.spec()) : d.status();
+          if (can.ok() && (*d)->kind() != v1::KIND_FNCALL)
+            can = Status::Unimplemented(std::string("sessions run on fncall sandboxes so far, not ") + (*d)->name() +
+                                        "; create a " + (*d)->name() + " sandbox and exec in it instead");
           if (!can.ok()) {
             self->quit();
             return Reply(can.Annotate("session " + req.name()), st.rec);
@@ -324,7 +327,7 @@ session_actor::behavior_type SessionActor(Self self, std::shared_ptr<NodeContext
   auto& st = self->state;
   st.ctx = std::move(ctx);
   st.rec = std::move(record);
-  auto d = st.ctx->DriverFor(st.rec.spec().kind());
+  auto d = st.ctx->DriverFor(st.rec.spec());
   if (d.ok()) st.driver = *d;
   else st.driver_status = d.status();
   return Behavior(self);

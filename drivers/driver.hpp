@@ -14,6 +14,9 @@ namespace dsec::drivers {
 
 using StatusCallback = std::function<void(const Status&)>;
 using ExecCallback = std::function<void(Result<v1::ExecResult>)>;
+// Create's result: the driver's own state to keep in the record
+// (SandboxRecord.driver_state; what Readopt needs after a restart).
+using CreateCallback = std::function<void(Result<std::string>)>;
 
 class Driver {
  public:
@@ -31,7 +34,7 @@ class Driver {
 
   // Brings up the sandbox's resources. For stateless kinds (fncall) there is
   // nothing to create and this only validates.
-  virtual void Create(const v1::SandboxRecord& sandbox, StatusCallback done) = 0;
+  virtual void Create(const v1::SandboxRecord& sandbox, CreateCallback done) = 0;
   // Runs one command. `run_id` names the run for Kill. Limits in `req` are
   // final (see limits.hpp).
   virtual void Exec(const v1::SandboxRecord& sandbox, const std::string& run_id,
@@ -42,6 +45,10 @@ class Driver {
   // After a daemon restart: reconnect to a sandbox from its record, or say
   // why it is gone.
   virtual Status Readopt(const v1::SandboxRecord& sandbox) = 0;
+  // After every record was offered to Readopt: what the driver still holds
+  // that no record claims (a sandbox whose creation a crash cut short) is
+  // removed. Blocking; called once at start-up.
+  virtual void Restored() {}
 
   // One-line JSON object of driver statistics for the admin console.
   virtual std::string StatsJson() const = 0;

@@ -18,6 +18,7 @@
 #include <future>
 
 #include "drivers/fncall/spawner.pb.h"
+#include "runtime/files.hpp"
 
 extern char** environ;
 
@@ -38,14 +39,7 @@ std::string DescribeWait(int status) {
 
 }  // namespace
 
-std::string DefaultSpawnerPath() {
-  if (const char* env = ::getenv("DSEC_SPAWNER"); env && *env) return env;
-  char buf[PATH_MAX];
-  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) return "dsec-spawner";
-  std::string self(buf, static_cast<size_t>(n));
-  return self.substr(0, self.rfind('/') + 1) + "dsec-spawner";
-}
+std::string DefaultSpawnerPath() { return SiblingExecutable("DSEC_SPAWNER", "dsec-spawner"); }
 
 SpawnerLink::SpawnerLink(SpawnerLinkOptions o, EventHandler on_event, GoneHandler on_gone)
     : opts_(std::move(o)), on_event_(std::move(on_event)), on_gone_(std::move(on_gone)) {

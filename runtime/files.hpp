@@ -5,6 +5,7 @@
 #include <sys/types.h>
 
 #include <string>
+#include <vector>
 
 #include "dsec/status.hpp"
 
@@ -19,6 +20,11 @@ Status MakeDirs(const std::string& path, mode_t mode = 0755);
 Result<std::string> LoadOrCreateToken(const std::string& path);
 // Random lowercase hex of `chars` characters from /dev/urandom.
 std::string RandomHex(size_t chars);
+// Names of the subdirectories of `dir` (not . or ..); empty when it cannot
+// be read.
+std::vector<std::string> ListSubdirs(const std::string& dir);
+// A helper binary: $env_var when set, else `name` next to this executable.
+std::string SiblingExecutable(const char* env_var, const std::string& name);
 // Absolute form of `path` (need not exist).
 std::string AbsolutePath(const std::string& path);
 

@@ -21,7 +21,9 @@
 #include "actors/context.hpp"
 #include "actors/node.hpp"
 #include "actors/wire.hpp"
+#include "drivers/container/container_driver.hpp"
 #include "drivers/fncall/fncall_driver.hpp"
+#include "drivers/images/image_store.hpp"
 #include "runtime/files.hpp"
 #include "runtime/log.hpp"
 #include "state/group_commit.hpp"
@@ -41,6 +43,7 @@ struct Flags {
   size_t fncall_pool = 32;
   size_t fncall_max_runners = 1024;
   bool fncall_fresh_namespaces = false;
+  size_t container_netns_pool = 16;
   std::string cgroup_parent = "dsec";
   uint32_t sandbox_uid = 65534;
   uint32_t sandbox_gid = 65534;
@@ -76,6 +79,16 @@ dsec::Status LoadIdentity(dsec::state::Store* store, std::string* node_id, uint6
   batch.Put(dsec::state::Table::kMeta, "node_id", *node_id);
   batch.Put(dsec::state::Table::kMeta, "boot", std::to_string(*boot));
   return store->Write(batch, true);
+}
+
+// A driver's log callback (levels 0 debug .. 3 error) into its own logger.
+std::function<void(int, const std::string&)> DriverLog(const std::string& name) {
+  auto logger = dsec::Logger(name);
+  return [logger](int level, const std::string& text) {
+    static const spdlog::level::level_enum kLevels[] = {spdlog::level::debug, spdlog::level::info,
+                                                        spdlog::level::warn, spdlog::level::err};
+    logger->log(kLevels[level < 0 ? 0 : level > 3 ? 3 : level], "{}", text);
+  };
 }
 
 int Run(const Flags& f) {
@@ -136,18 +149,28 @@ int Run(const Flags& f) {
   fo.max_runners = f.fncall_max_runners;
   fo.fresh_namespaces = f.fncall_fresh_namespaces;
   fo.cgroup_parent = f.cgroup_parent;
-  auto fncall_log = dsec::Logger("fncall");
-  fo.log = [fncall_log](int level, const std::string& text) {
-    static const spdlog::level::level_enum kLevels[] = {spdlog::level::debug, spdlog::level::info,
-                                                        spdlog::level::warn, spdlog::level::err};
-    fncall_log->log(kLevels[level < 0 ? 0 : level > 3 ? 3 : level], "{}", text);
-  };
+  fo.log = DriverLog("fncall");
   auto fncall = dsec::drivers::FncallDriver::Start(fo);
   if (fncall.ok()) {
     ctx->fncall = fncall->get();
   } else {
     ctx->fncall_unavailable = fncall.status();
     log->warn("{}", fncall.status().message());
+  }
+
+  dsec::images::ImageStore image_store(store->get(), ctx->options.image_root);
+  dsec::drivers::ContainerOptions co;
+  co.data_dir = data;
+  co.cgroup_parent = f.cgroup_parent;
+  co.netns_pool = f.container_netns_pool;
+  co.find_image = [&image_store](const std::string& name) { return image_store.Get(name); };
+  co.log = DriverLog("container");
+  auto container = dsec::drivers::ContainerDriver::Start(co);
+  if (container.ok()) {
+    ctx->container = container->get();
+  } else {
+    ctx->container_unavailable = container.status();
+    log->warn("{}", container.status().message());
   }
 
   int rc = 0;
@@ -193,9 +216,10 @@ int Run(const Flags& f) {
       nr.set_boot_count(boot);
       nr.set_started_ms(dsec::NowMs());
       nr.set_version(DSEC_VERSION);
-      if (ctx->fncall) nr.add_kinds("fncall");
-      else nr.add_unavailable("fncall: " + ctx->fncall_unavailable.message());
-      for (const char* k : {"container", "microvm", "vm"}) nr.add_unavailable(std::string(k) + ": not implemented yet");
+      std::vector<std::string> kinds, unavailable;
+      ctx->Kinds(&kinds, &unavailable);
+      for (auto& k : kinds) nr.add_kinds(k);
+      for (auto& u : unavailable) nr.add_unavailable(u);
       dsec::state::WriteBatch nb;
       dsec::state::TypedTable<dsec::v1::NodeRecord>(store->get(), dsec::state::Table::kNodes).Put(&nb, node_id, nr);
       if (auto st = committer.WriteSync(std::move(nb)); !st.ok()) log->error("write the node record: {}", st.message());
@@ -218,6 +242,8 @@ int Run(const Flags& f) {
     // flight end with a platform error the trainer sees (or never sees, if
     // it has gone too).
     if (fncall.ok()) (*fncall)->Stop();
+    // Containers keep running: the next start re-adopts them.
+    if (container.ok()) (*container)->Stop();
   }  // ~actor_system: waits for every actor
   committer.Stop();
   log->info("stopped");
@@ -242,6 +268,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--fncall-fresh-ns", f.fncall_fresh_namespaces,
                "new net and ipc namespaces per run instead of recycled ones (~1.4 ms of CPU each)");
+  app.add_option("--container-netns-pool", f.container_netns_pool,
+                 "network namespaces made ahead of container creation")
+      ->capture_default_str();
   app.add_option("--cgroup-parent", f.cgroup_parent, "cgroups go to <controller>/<parent>/sp<pid>/...")
       ->capture_default_str();
   app.add_option("--sandbox-uid", f.sandbox_uid, "uid programs run as")->capture_default_str();

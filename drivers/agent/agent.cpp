@@ -102,7 +102,16 @@ std::string Agent::Init() {
   ev.data.u64 = kSignal;
   ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, sigfd_.get(), &ev);
 
-  if (opts_.listen_path.empty() && opts_.fd < 0) return "nothing to serve: give --listen PATH or --fd N";
+  if (opts_.listen_path.empty() && opts_.listen_fd < 0 && opts_.fd < 0)
+    return "nothing to serve: give --listen PATH, --listen-fd N or --fd N";
+  if (opts_.listen_fd >= 0) {
+    ::fcntl(opts_.listen_fd, F_SETFD, FD_CLOEXEC);
+    SetNonBlocking(opts_.listen_fd);
+    listen_.Reset(opts_.listen_fd);
+    ev.events = EPOLLIN;
+    ev.data.u64 = kListen;
+    ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, listen_.get(), &ev);
+  }
   if (!opts_.listen_path.empty()) {
     std::string err = ListenUnix(opts_.listen_path, &listen_, &listen_ino_);
     if (!err.empty()) return err;

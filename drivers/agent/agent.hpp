@@ -16,8 +16,11 @@ struct AgentOptions {
   // Unix stream socket to create (mode 0600) and accept connections on; a
   // stale socket at the path is replaced. Empty: none.
   std::string listen_path;
+  // An already-listening unix socket to accept on (a container's init binds
+  // it while it still may, then makes its directory read-only). -1: none.
+  int listen_fd = -1;
   // An already-connected stream fd to serve (socketpair end, virtio-serial
-  // port). -1: none. At least one of listen_path / fd is required.
+  // port). -1: none. At least one of listen_path / listen_fd / fd is required.
   int fd = -1;
   // Written "ready\n" and closed once the agent serves requests (the socket
   // is listening). -1: none.

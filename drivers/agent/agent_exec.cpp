@@ -62,6 +62,12 @@ struct ChildPlan {
   for (int sig = 1; sig < NSIG; ++sig)
     if (sig != SIGKILL && sig != SIGSTOP) ::sigaction(sig, &dfl, nullptr);
   ::setpgid(0, 0);
+  // The agent keeps itself out of the OOM killer's way (its init set -900);
+  // what it runs is an ordinary victim. Raising needs no privilege.
+  if (int adj = ::open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC); adj >= 0) {
+    (void)!::write(adj, "0", 1);
+    ::close(adj);
+  }
   // Lift every pipe end above 2 first so the dup2s below cannot clobber one
   // another, whatever numbers they had.
   int in = ::fcntl(p.in, F_DUPFD, 3), out = ::fcntl(p.out, F_DUPFD, 3), err = ::fcntl(p.err, F_DUPFD, 3);

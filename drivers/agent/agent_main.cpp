@@ -13,7 +13,7 @@ namespace {
 
 void Usage(FILE* out) {
   std::fprintf(out,
-               "usage: dsec-agent (--listen PATH | --fd N) [--ready-fd N]\n"
+               "usage: dsec-agent (--listen PATH | --listen-fd N | --fd N) [--ready-fd N]\n"
                "\n"
                "The in-sandbox agent of dsec: PID 1 of a container, serving the agent\n"
                "protocol (drivers/agent/agent.proto) to dsecd. It runs commands, streams\n"
@@ -21,6 +21,7 @@ void Usage(FILE* out) {
                "\n"
                "  --listen PATH   create a unix socket at PATH (mode 0600) and serve every\n"
                "                  client that connects\n"
+               "  --listen-fd N   accept on an already-listening unix socket\n"
                "  --fd N          serve one already-connected stream fd (socketpair end,\n"
                "                  virtio-serial port)\n"
                "  --ready-fd N    write \"ready\\n\" to fd N and close it once serving\n"
@@ -52,6 +53,11 @@ int main(int argc, char** argv) {
     bool has_value = i + 1 < argc;
     if (a == "--listen" && has_value) {
       o.listen_path = argv[++i];
+    } else if (a == "--listen-fd" && has_value) {
+      if (!ParseFd(argv[++i], &o.listen_fd)) {
+        std::fprintf(stderr, "dsec-agent: --listen-fd needs a descriptor number\n");
+        return 2;
+      }
     } else if (a == "--fd" && has_value) {
       if (!ParseFd(argv[++i], &o.fd)) {
         std::fprintf(stderr, "dsec-agent: --fd needs a descriptor number\n");
@@ -68,11 +74,11 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (o.listen_path.empty() && o.fd < 0) {
+  if (o.listen_path.empty() && o.listen_fd < 0 && o.fd < 0) {
     Usage(stderr);
     return 2;
   }
-  for (int fd : {o.fd, o.ready_fd})
+  for (int fd : {o.fd, o.listen_fd, o.ready_fd})
     if (fd >= 0 && ::fcntl(fd, F_GETFD) < 0) {
       std::fprintf(stderr, "dsec-agent: fd %d is not open\n", fd);
       return 2;

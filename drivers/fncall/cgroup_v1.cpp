@@ -1,4 +1,5 @@
 #include "drivers/fncall/cgroup_v1.hpp"
+#include "runtime/files.hpp"
 
 #include <dirent.h>
 #include <errno.h>
@@ -53,13 +54,7 @@ std::vector<pid_t> ReadProcs(const std::string& dir) {
 
 // Kills everything in dir (and below), then removes the directories bottom-up.
 void KillAndRemoveTree(const std::string& dir) {
-  if (DIR* d = ::opendir(dir.c_str())) {
-    while (dirent* e = ::readdir(d)) {
-      if (e->d_type != DT_DIR || e->d_name[0] == '.') continue;
-      KillAndRemoveTree(dir + "/" + e->d_name);
-    }
-    ::closedir(d);
-  }
+  for (const auto& sub : ListSubdirs(dir)) KillAndRemoveTree(dir + "/" + sub);
   for (int attempt = 0; attempt < 200; ++attempt) {
     auto pids = ReadProcs(dir);
     if (pids.empty()) break;
@@ -73,8 +68,8 @@ void KillAndRemoveTree(const std::string& dir) {
 
 std::vector<std::string> CgroupMounts::Hierarchies() const {
   std::vector<std::string> h;
-  for (const auto* p : {&memory, &pids, &cpu, &cpuacct})
-    if (std::find(h.begin(), h.end(), *p) == h.end()) h.push_back(*p);
+  for (const auto* p : {&memory, &pids, &cpu, &cpuacct, &freezer})
+    if (!p->empty() && std::find(h.begin(), h.end(), *p) == h.end()) h.push_back(*p);
   return h;
 }
 
@@ -98,6 +93,7 @@ Result<CgroupMounts> DiscoverCgroupMounts() {
     if (HasOption(superopts, "pids")) m.pids = mnt;
     if (HasOption(superopts, "cpu")) m.cpu = mnt;
     if (HasOption(superopts, "cpuacct")) m.cpuacct = mnt;
+    if (HasOption(superopts, "freezer")) m.freezer = mnt;
   }
   std::string missing;
   if (m.memory.empty()) missing += " memory";
@@ -138,6 +134,20 @@ Status MakeGroupDirs(const CgroupMounts& m, const std::string& rel) {
   return Status::Ok();
 }
 
+void KillAndRemoveGroup(const CgroupMounts& m, const std::string& rel) {
+  if (!m.freezer.empty()) {
+    std::string state = m.freezer + "/" + rel + "/freezer.state";
+    int fd = ::open(state.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd >= 0) {
+      (void)!::write(fd, "FROZEN", 6);
+      for (pid_t p : ReadProcs(m.freezer + "/" + rel)) ::kill(p, SIGKILL);
+      (void)!::pwrite(fd, "THAWED", 6, 0);
+      ::close(fd);
+    }
+  }
+  for (const auto& h : m.Hierarchies()) KillAndRemoveTree(h + "/" + rel);
+}
+
 void RemoveGroupDirs(const CgroupMounts& m, const std::string& rel) {
   for (const auto& h : m.Hierarchies()) ::rmdir((h + "/" + rel).c_str());
 }
@@ -146,17 +156,14 @@ int SweepStaleSpawnerGroups(const CgroupMounts& m, const std::string& parent) {
   int removed = 0;
   for (const auto& h : m.Hierarchies()) {
     std::string base = h + "/" + parent;
-    DIR* d = ::opendir(base.c_str());
-    if (!d) continue;
     std::vector<std::string> stale;
-    while (dirent* e = ::readdir(d)) {
-      if (std::strncmp(e->d_name, "sp", 2) != 0) continue;
-      pid_t pid = static_cast<pid_t>(std::atoi(e->d_name + 2));
+    for (const auto& name : ListSubdirs(base)) {
+      if (name.compare(0, 2, "sp") != 0) continue;
+      pid_t pid = static_cast<pid_t>(std::atoi(name.c_str() + 2));
       if (pid <= 0) continue;
       if (::kill(pid, 0) == 0 || errno == EPERM) continue;  // its spawner is alive
-      stale.push_back(base + "/" + e->d_name);
+      stale.push_back(base + "/" + name);
     }
-    ::closedir(d);
     for (const auto& dir : stale) {
       KillAndRemoveTree(dir);
       ++removed;
@@ -171,7 +178,8 @@ Result<CgroupSlot> CgroupSlot::Create(const CgroupMounts& m, const std::string& 
   s.rel_ = rel;
   for (const auto& h : m.Hierarchies()) {
     s.dirs_.push_back(h + "/" + rel);
-    s.cpu_only_.push_back(h != m.memory && h != m.pids);
+    s.cpu_only_.push_back(h != m.memory && h != m.pids && (h == m.cpu || h == m.cpuacct));
+    s.freezer_only_.push_back(h == m.freezer && h != m.memory && h != m.pids && h != m.cpu && h != m.cpuacct);
     s.procs_.push_back(OpenAt(s.dirs_.back(), "cgroup.procs", O_WRONLY));
     if (!s.procs_.back()) return Status::FromErrno(errno, "cgroup open " + s.dirs_.back() + "/cgroup.procs");
   }
@@ -185,6 +193,7 @@ Result<CgroupSlot> CgroupSlot::Create(const CgroupMounts& m, const std::string& 
   s.cpu_period_ = OpenAt(cpu, "cpu.cfs_period_us", O_RDWR);
   s.cpuacct_usage_ = OpenAt(acct, "cpuacct.usage", O_RDWR);
   s.memsw_limit_ = OpenAt(mem, "memory.memsw.limit_in_bytes", O_RDWR);  // optional
+  if (!m.freezer.empty()) s.freezer_state_ = OpenAt(m.freezer + "/" + rel, "freezer.state", O_RDWR);
   if (!s.mem_limit_ || !s.mem_peak_ || !s.mem_oom_ || !s.pids_max_ || !s.cpu_quota_ ||
       !s.cpu_period_ || !s.cpuacct_usage_)
     return Status::FromErrno(errno, "cgroup open the control files of " + rel);
@@ -194,9 +203,29 @@ Result<CgroupSlot> CgroupSlot::Create(const CgroupMounts& m, const std::string& 
 std::vector<int> CgroupSlot::PoolProcsFds() const {
   std::vector<int> fds;
   for (size_t i = 0; i < procs_.size(); ++i)
-    if (!cpu_only_[i]) fds.push_back(procs_[i].get());
+    if (!cpu_only_[i] && !freezer_only_[i]) fds.push_back(procs_[i].get());
   return fds;
 }
+
+std::vector<std::string> CgroupSlot::ProcsPaths() const {
+  std::vector<std::string> paths;
+  for (const auto& d : dirs_) paths.push_back(d + "/cgroup.procs");
+  return paths;
+}
+
+Status CgroupSlot::Freeze(bool frozen) {
+  if (!freezer_state_) return Status::FailedPrecondition("cgroup " + rel_ + ": no freezer hierarchy on this host");
+  const char* v = frozen ? "FROZEN" : "THAWED";
+  DSEC_RETURN_IF_ERROR(WriteFd(freezer_state_.get(), v, "freezer.state", rel_));
+  // FREEZING settles asynchronously; wait (bounded) until it has.
+  for (int i = 0; frozen && i < 1000; ++i) {
+    if (ReadSmallFd(freezer_state_.get()).rfind("FROZEN", 0) == 0) return Status::Ok();
+    ::usleep(1000);
+  }
+  return frozen ? Status::Unavailable("cgroup " + rel_ + ": did not freeze within 1 s") : Status::Ok();
+}
+
+std::vector<pid_t> CgroupSlot::Pids() const { return dirs_.empty() ? std::vector<pid_t>{} : ReadProcs(dirs_[0]); }
 
 std::vector<int> CgroupSlot::CpuProcsFds() const {
   std::vector<int> fds;
@@ -260,9 +289,14 @@ uint64_t CgroupSlot::OomKills() {
 }
 
 void CgroupSlot::Remove() {
+  // Freeze first so nothing inside can fork while we kill it.
+  if (freezer_state_ && Freeze(true).ok()) {
+    for (pid_t p : Pids()) ::kill(p, SIGKILL);
+    (void)Freeze(false);
+  }
   procs_.clear();
   for (auto* f : {&mem_limit_, &mem_peak_, &mem_oom_, &pids_max_, &cpu_quota_, &cpu_period_, &cpuacct_usage_,
-                  &memsw_limit_})
+                  &memsw_limit_, &freezer_state_})
     f->Reset();
   for (const auto& d : dirs_) KillAndRemoveTree(d);
   dirs_.clear();

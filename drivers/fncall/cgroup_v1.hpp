@@ -1,8 +1,10 @@
-// cgroup v1 for fncall runs: the controller mounts (memory, pids, cpu,
-// cpuacct; separate or co-mounted), one directory per spawner
-// (<mount>/dsec/sp<pid>) and recycled per-run groups below it with their
-// control files kept open, so a run costs a few pread/pwrite calls rather
-// than mkdir/rmdir. Raw cgroupfs access lives here and nowhere else.
+// cgroup v1 for sandboxes: the controller mounts (memory, pids, cpu,
+// cpuacct, and freezer when present; separate or co-mounted). fncall runs
+// use recycled groups under one directory per spawner (<mount>/dsec/sp<pid>)
+// with their control files kept open, so a run costs a few pread/pwrite
+// calls rather than mkdir/rmdir; a container has a group of its own
+// (<mount>/dsec/c/<sandbox id>) that outlives dsecd restarts. Raw cgroupfs
+// access lives here and nowhere else.
 #pragma once
 
 #include <sys/types.h>
@@ -18,6 +20,7 @@ namespace dsec::fncall {
 
 struct CgroupMounts {
   std::string memory, pids, cpu, cpuacct;  // mount points; cpu may == cpuacct
+  std::string freezer;                      // empty when not mounted
   // The distinct hierarchies, each once.
   std::vector<std::string> Hierarchies() const;
 };
@@ -48,6 +51,8 @@ class CgroupSlot {
   // only runs with a CPU quota or a CPU-time limit join.
   std::vector<int> PoolProcsFds() const;
   std::vector<int> CpuProcsFds() const;
+  // Every hierarchy's cgroup.procs, by path (a container's init joins all).
+  std::vector<std::string> ProcsPaths() const;
   // Each writes only when the value changes.
   Status SetMemoryLimit(uint64_t bytes);
   Status SetPidsMax(uint32_t n);
@@ -58,6 +63,11 @@ class CgroupSlot {
   uint64_t CpuUsageNs();
   uint64_t PeakBytes();
   uint64_t OomKills();
+  // Pause / resume everything inside (freezer); FailedPrecondition without
+  // a freezer hierarchy.
+  Status Freeze(bool frozen);
+  // Pids inside (the memory hierarchy's view).
+  std::vector<pid_t> Pids() const;
   // Kills anything left inside (there should be nothing), then rmdirs.
   void Remove();
   const std::string& rel() const { return rel_; }
@@ -67,11 +77,17 @@ class CgroupSlot {
   std::vector<std::string> dirs_;   // absolute, one per hierarchy
   std::vector<UniqueFd> procs_;     // cgroup.procs per hierarchy
   std::vector<bool> cpu_only_;      // per hierarchy: cpu/cpuacct, not memory/pids
+  std::vector<bool> freezer_only_;  // per hierarchy: the freezer alone
+  UniqueFd freezer_state_;
   UniqueFd mem_limit_, mem_peak_, mem_oom_, pids_max_, cpu_quota_, cpu_period_, cpuacct_usage_;
   UniqueFd memsw_limit_;  // memory+swap; absent when the kernel does not account swap
   uint64_t cur_mem_ = UINT64_MAX;  // a new group is unlimited
   int64_t cur_pids_ = -2, cur_quota_ = -2;
 };
+
+// Kills everything in <mount>/<rel> of every hierarchy (freezing it first
+// when a freezer is mounted) and removes the directories.
+void KillAndRemoveGroup(const CgroupMounts& m, const std::string& rel);
 
 // mkdir -p of <mount>/<rel> in every hierarchy (EEXIST is fine).
 Status MakeGroupDirs(const CgroupMounts& m, const std::string& rel);

@@ -104,8 +104,10 @@ Status FncallDriver::CanHandle(const v1::SandboxSpec& spec) const {
   return Available();
 }
 
-void FncallDriver::Create(const v1::SandboxRecord& sandbox, StatusCallback done) {
-  done(CanHandle(sandbox.spec()));
+void FncallDriver::Create(const v1::SandboxRecord& sandbox, CreateCallback done) {
+  Status st = CanHandle(sandbox.spec());
+  if (st.ok()) done(std::string());
+  else done(st);
 }
 
 void FncallDriver::Destroy(const v1::SandboxRecord&, StatusCallback done) { done(Status::Ok()); }

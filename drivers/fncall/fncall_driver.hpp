@@ -55,7 +55,7 @@ class FncallDriver : public Driver {
   const char* name() const override { return "fncall"; }
   Status Available() const override;
   Status CanHandle(const v1::SandboxSpec& spec) const override;
-  void Create(const v1::SandboxRecord& sandbox, StatusCallback done) override;
+  void Create(const v1::SandboxRecord& sandbox, CreateCallback done) override;
   void Exec(const v1::SandboxRecord& sandbox, const std::string& run_id,
             const v1::ExecRequest& req, ExecCallback done) override;
   Status Kill(const std::string& run_id, const std::string& reason) override;

@@ -39,8 +39,13 @@ std::string Spawner::Init() {
   // program can regain a capability through execve (each drop allocates new
   // credentials; doing it per runner was measurable). Our own effective
   // capabilities, which runners use for mounts and namespaces, stay.
-  for (int cap = 0; cap <= 63; ++cap)
+  // A container spawner keeps the containers' set, which their inits trim
+  // to (container_init.cpp); fncall runs drop to an unprivileged user.
+  unsigned long long keep = opts_.containers ? container::kContainerCaps : 0;
+  for (int cap = 0; cap <= 63; ++cap) {
+    if (keep & (1ull << cap)) continue;
     if (::prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0 && errno == EINVAL) break;
+  }
   // One UTS namespace for every sandbox: nobody inside can change it.
   if (::unshare(CLONE_NEWUTS) < 0) return std::string("unshare(CLONE_NEWUTS): ") + std::strerror(errno);
   (void)::sethostname("sandbox", 7);
@@ -265,6 +270,9 @@ void Spawner::OnRequest(spawner::Request& req) {
     }
     case spawner::Request::kShutdown:
       shutting_down_ = true;
+      return;
+    case spawner::Request::kCreateContainer:
+      CreateContainer(req.create_container());
       return;
     case spawner::Request::kStats:
       SendStats();

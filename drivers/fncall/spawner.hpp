@@ -23,6 +23,10 @@ struct SpawnerOptions {
   bool fresh_namespaces = false;
   std::string cgroup_parent = "dsec";  // groups go to <controller>/<parent>/sp<pid>/r<N>
   uint64_t tmpfs_bytes = 1ull << 30;   // size of /work and /tmp (the memory cgroup is the cap)
+  // Serves containers: keeps container::kContainerCaps in the bounding set
+  // (a fncall-only spawner empties it) and answers CreateContainer.
+  bool containers = false;
+  size_t container_netns = 0;          // fresh net namespaces kept ready for containers
 };
 
 // Runs until dsecd sends Shutdown or closes the socket; returns the exit code.

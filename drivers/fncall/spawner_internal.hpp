@@ -30,6 +30,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "drivers/container/container_init.hpp"
 #include "drivers/fncall/cgroup_v1.hpp"
 #include "drivers/fncall/ns_pool.hpp"
 #include "drivers/fncall/runner.hpp"
@@ -120,6 +121,7 @@ class Spawner {
   void Go(Runner& r, spawner::Run& run);
   void PrepareRun(Runner& r, const spawner::Run& run);
   void Refill();
+  void CreateContainer(const spawner::CreateContainer& req);
   void RunnerFailed(const std::string& why);
   void CheckCpuTime(int64_t now);
   bool SpawnRunner();
@@ -147,6 +149,9 @@ class Spawner {
   std::vector<int> free_slots_;
   NamespacePool netns_{CLONE_NEWNET, "net"};
   NamespacePool ipcns_{CLONE_NEWIPC, "ipc"};
+  // Containers get a fresh net namespace each (used once, never recycled:
+  // their loopback is up and may hold TCP state); these are made ahead.
+  NamespacePool container_netns_{CLONE_NEWNET, "net"};
   std::vector<void*> free_stacks_;
   std::unordered_map<uint64_t, std::unique_ptr<Runner>> runners_;
   std::unordered_map<pid_t, uint64_t> by_pid_;

@@ -16,7 +16,7 @@ namespace {
 void Usage(FILE* out) {
   std::fprintf(out,
                "usage: dsec-spawner [--fd N] [--uid N] [--gid N] [--pool N] [--max-runners N]\n"
-               "                    [--fresh-namespaces] [--cgroup-parent NAME] [--tmpfs-bytes N]\n"
+               "                    [--fresh-namespaces] [--containers] [--container-netns N] [--cgroup-parent NAME] [--tmpfs-bytes N]\n"
                "\n"
                "Internal helper of dsecd: keeps a warm pool of fncall sandboxes and runs\n"
                "programs in them for dsecd, which talks to it over the socket on --fd\n"
@@ -65,6 +65,11 @@ int main(int argc, char** argv) {
     } else if (a == "--tmpfs-bytes") {
       next_u64(&v);
       o.tmpfs_bytes = v;
+    } else if (a == "--container-netns") {
+      next_u64(&v);
+      o.container_netns = v;
+    } else if (a == "--containers") {
+      o.containers = true;
     } else if (a == "--fresh-namespaces") {
       o.fresh_namespaces = true;
     } else if (a == "--cgroup-parent" && i + 1 < argc) {

@@ -106,6 +106,10 @@ Status ApplyWhiteouts(const std::string& archive, const std::string& dest) {
     if (!CleanPath(name, &parts) || parts.empty()) continue;
     const std::string& base = parts.back();
     if (base.rfind(".wh.", 0) != 0) continue;
+    // ".wh.", ".wh.." and ".wh..." name no file of a lower layer; acted on,
+    // they would wipe this directory or its parent (at the top, the tree).
+    if (base == ".wh." || base == ".wh.." || base == ".wh...")
+      return Status::InvalidArgument("archive " + archive + ": whiteout '" + name + "' names no file");
     if (!NoSymlinkOnTheWay(dest, parts, parts.size() - 1)) continue;
     std::string dir = dest + (parts.size() > 1 ? "/" + Join(parts, parts.size() - 1) : "");
     if (base == ".wh..wh..opq") {
@@ -157,9 +161,10 @@ Status Unpack(const std::string& archive, const std::string& dest, bool whiteout
   ArchiveReader r;
   DSEC_RETURN_IF_ERROR(OpenArchive(r, archive));
   std::unique_ptr<::archive, int (*)(::archive*)> out(archive_write_disk_new(), archive_write_free);
-  // Refuse members that would land outside `dest`: absolute paths, "..",
-  // and paths through a symlink already on disk (an earlier layer's
-  // `etc -> /etc` must not let a later `etc/passwd` reach the host).
+  // Members never land outside `dest`: absolute paths and ".." are refused,
+  // and a symlink already on disk in a member's way (an earlier layer's
+  // `etc -> /etc`) is replaced by a real directory rather than followed, so
+  // a later `etc/passwd` stays in the tree.
   int flags = ARCHIVE_EXTRACT_TIME | ARCHIVE_EXTRACT_PERM | ARCHIVE_EXTRACT_OWNER | ARCHIVE_EXTRACT_XATTR |
               ARCHIVE_EXTRACT_UNLINK | ARCHIVE_EXTRACT_SECURE_SYMLINKS | ARCHIVE_EXTRACT_SECURE_NODOTDOT |
               ARCHIVE_EXTRACT_SECURE_NOABSOLUTEPATHS;
@@ -231,7 +236,8 @@ Result<std::vector<std::string>> OciLayers(const std::string& layout) {
   std::string path = BlobPath(layout, chosen.value("digest", ""));
   if (path.empty()) return Status::InvalidArgument(layout + ": bad manifest digest in index.json");
   auto manifest = ReadJson(path);
-  if (!manifest.ok()) return manifest.status();
+  if (!manifest.ok())
+    return manifest.status().Annotate(layout + "/index.json names manifest " + chosen.value("digest", "?"));
   // An index of indexes (multi-platform): descend once.
   if (manifest->contains("manifests") && !manifest->contains("layers")) {
     json inner = (*manifest)["manifests"][0];
@@ -272,7 +278,15 @@ Result<std::vector<std::string>> DockerLayers(const std::string& layout) {
   return layers;
 }
 
+// A root filesystem that happens to hold a manifest.json or an index.json at
+// its top is still a root filesystem: image layouts never have these.
+bool LooksLikeRootfsTop(const std::string& name) {
+  return name == "usr" || name == "etc" || name == "bin" || name == "lib" || name == "sbin";
+}
+
 SourceKind LayoutKind(const std::string& dir) {
+  for (const char* top : {"usr", "etc", "bin", "lib", "sbin"})
+    if (Exists(dir + "/" + top)) return SourceKind::kDirectory;
   if (Exists(dir + "/oci-layout") || (Exists(dir + "/index.json") && IsDir(dir + "/blobs"))) return SourceKind::kOciLayout;
   if (Exists(dir + "/manifest.json")) return SourceKind::kDockerArchive;
   return SourceKind::kDirectory;
@@ -284,12 +298,15 @@ bool ArchiveIsImageLayout(const std::string& path) {
   if (!OpenArchive(r, path).ok()) return false;
   archive_entry* e;
   std::vector<std::string> parts;
+  bool layout = false;
   while (archive_read_next_header(r.a, &e) == ARCHIVE_OK) {
     const char* n = archive_entry_pathname(e);
-    if (!n || !CleanPath(n, &parts) || parts.size() != 1) continue;
-    if (parts[0] == "oci-layout" || parts[0] == "manifest.json" || parts[0] == "index.json") return true;
+    if (!n || !CleanPath(n, &parts) || parts.empty()) continue;
+    if (LooksLikeRootfsTop(parts[0])) return false;
+    if (parts.size() == 1 && (parts[0] == "oci-layout" || parts[0] == "manifest.json" || parts[0] == "index.json"))
+      layout = true;
   }
-  return false;
+  return layout;
 }
 
 struct TreeCount {

@@ -1,8 +1,9 @@
 // Builds an image: a directory, a tarball (plain or compressed), or an OCI
 // image layout / `docker save` archive (directory or tarball) becomes one
 // EROFS file in the store (mkfs.erofs), plus a manifest to register.
-// Archives are unpacked with libarchive, refusing members that would land
-// outside the tree (absolute paths, "..", or through a symlink on disk), and
+// Archives are unpacked with libarchive; no member lands outside the tree
+// (".." is refused, absolute paths are taken as relative, a symlink in a
+// member's way is replaced, never followed), and
 // OCI whiteouts (.wh.<name>, .wh..wh..opq) are applied layer by layer.
 #pragma once
 

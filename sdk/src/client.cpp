@@ -272,4 +272,11 @@ v1::SandboxSpec FncallSpec() {
   return s;
 }
 
+v1::SandboxSpec ContainerSpec(const std::string& image) {
+  v1::SandboxSpec s;
+  s.set_kind(v1::KIND_CONTAINER);
+  s.set_image(image);
+  return s;
+}
+
 }  // namespace dsec

@@ -222,6 +222,10 @@ Status TestDaemon::Restart() {
 
 TestDaemon::~TestDaemon() {
   if (pid_ > 0) Stop();
+  // Containers outlive their spawner, and with it gone they are re-parented
+  // to us (subreaper); reap those a later daemon destroyed.
+  while (::waitpid(-1, nullptr, WNOHANG) > 0) {
+  }
   if (!data_dir_.empty() && std::getenv("DSEC_KEEP_TEST_DATA") == nullptr) {
     RunProcess({"/bin/rm", "-rf", data_dir_});
     ::unlink(log_path_.c_str());

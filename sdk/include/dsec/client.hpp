@@ -128,5 +128,7 @@ class Client {
 // Helpers to build requests.
 v1::ExecRequest Command(std::vector<std::string> argv);
 v1::SandboxSpec FncallSpec();
+// A container on `image` (built with dsec-image build).
+v1::SandboxSpec ContainerSpec(const std::string& image);
 
 }  // namespace dsec

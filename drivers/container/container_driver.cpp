@@ -1,0 +1,499 @@
+#include "drivers/container/container_driver.hpp"
+
+#include <fcntl.h>
+#include <ftw.h>
+#include <limits.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "drivers/agent/agent.pb.h"
+#include "drivers/fncall/fncall_driver.hpp"
+#include "drivers/fncall/spawner.pb.h"
+#include "drivers/images/image_store.hpp"
+#include "runtime/files.hpp"
+
+namespace dsec::drivers {
+
+namespace {
+
+using nlohmann::json;
+
+
+int RemoveOne(const char* path, const struct stat*, int, struct FTW*) { return ::remove(path) < 0 ? -1 : 0; }
+
+// rm -rf: never follows symlinks, never leaves the filesystem (a container's
+// upper dir holds whatever it wrote, links to host paths included).
+void RemoveTree(const std::string& path) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) < 0) return;
+  ::nftw(path.c_str(), RemoveOne, 64, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
+}
+
+std::string CgroupRel(const std::string& parent, const std::string& id) { return parent + "/c/" + id; }
+
+// The agent's account of an exec in the spawner's terms, so both kinds give
+// the same verdicts with the same words (FncallDriver::ToExecResult).
+spawner::Outcome ToOutcome(const agent::ExecDone& d, const v1::Limits& lim, bool oom, const std::string& killed) {
+  spawner::Outcome o;
+  o.set_exited(d.exited());
+  o.set_exit_code(d.exit_code());
+  o.set_signal(d.signal());
+  o.set_timed_out(d.timed_out());
+  o.set_oom_killed(oom && !d.exited());
+  o.set_output_exceeded(d.output_exceeded());
+  o.set_exec_errno(d.exec_errno());
+  o.set_stdout(d.stdout());
+  o.set_stderr(d.stderr());
+  o.set_stdout_truncated(d.stdout_truncated());
+  o.set_stderr_truncated(d.stderr_truncated());
+  o.set_cpu_us(d.cpu_us());
+  o.set_wall_us(d.wall_us());
+  o.set_peak_memory_bytes(d.peak_rss_bytes());
+  o.set_user_error(d.error());
+  // RLIMIT_CPU: SIGXCPU at the soft limit, SIGKILL at the hard one.
+  o.set_cpu_time_exceeded(lim.cpu_time_ms() && !d.exited() &&
+                          (d.signal() == SIGXCPU || (d.signal() == SIGKILL && d.cpu_us() / 1000 >= lim.cpu_time_ms())));
+  if (!killed.empty()) {
+    o.set_killed(true);
+    o.set_kill_reason(killed);
+  }
+  return o;
+}
+
+}  // namespace
+
+std::string SandboxDir(const std::string& data_dir, const std::string& id) { return data_dir + "/sandboxes/" + id; }
+
+struct ContainerDriver::Box {
+  std::string id;
+  std::string digest;
+  std::string image_file;
+  std::string cgroup_rel;
+  int init_pid = 0;
+  v1::Limits limits;
+  std::unique_ptr<fncall::CgroupSlot> cgroup;
+  std::unique_ptr<AgentClient> agent;
+};
+
+ContainerDriver::ContainerDriver(ContainerOptions o) : opts_(std::move(o)) {
+  if (opts_.agent_path.empty()) opts_.agent_path = SiblingExecutable("DSEC_AGENT", "dsec-agent");
+}
+
+ContainerDriver::~ContainerDriver() { Stop(); }
+
+Result<std::unique_ptr<ContainerDriver>> ContainerDriver::Start(ContainerOptions options) {
+  std::unique_ptr<ContainerDriver> d(new ContainerDriver(std::move(options)));
+  if (::access(d->opts_.agent_path.c_str(), X_OK) < 0)
+    return Status::FailedPrecondition("container not available: no dsec-agent at " + d->opts_.agent_path +
+                                      " (build it, or point $DSEC_AGENT at it)");
+  auto cgm = fncall::DiscoverCgroupMounts();
+  if (!cgm.ok()) return Status::FailedPrecondition("container not available on this host: " + cgm.status().message());
+  d->cgm_ = *cgm;
+  d->mounts_ = std::make_unique<images::ImageMounts>(d->opts_.data_dir + "/run/images");
+  d->mounts_->Adopt();
+  DSEC_RETURN_IF_ERROR(MakeDirs(d->opts_.data_dir + "/sandboxes", 0700));
+  SpawnerLinkOptions lo;
+  lo.name = "container";
+  lo.spawner_path = d->opts_.spawner_path;
+  lo.args = {"--containers", "--pool", "0", "--container-netns", std::to_string(d->opts_.netns_pool), "--cgroup-parent",
+             d->opts_.cgroup_parent};
+  lo.log = d->opts_.log;
+  auto* p = d.get();
+  auto link = SpawnerLink::Start(
+      std::move(lo), [p](spawner::Event& ev) { p->OnEvent(ev); },
+      [p](const std::string& why, bool) {
+        // Creations in flight fail; containers themselves live on.
+        std::unordered_map<uint64_t, std::promise<Result<int>>> lost;
+        {
+          std::lock_guard<std::mutex> lk(p->mu_);
+          lost.swap(p->creating_);
+        }
+        for (auto& [id, prom] : lost) prom.set_value(Status::Unavailable(why));
+      });
+  if (!link.ok()) return link.status();
+  d->link_ = std::move(*link);
+  for (int i = 0; i < 2; ++i) d->workers_.emplace_back([p] { p->WorkerLoop(); });
+  return d;
+}
+
+void ContainerDriver::Stop() {
+  {
+    std::lock_guard<std::mutex> lk(work_mu_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  work_cv_.notify_all();
+  for (auto& t : workers_) t.join();
+  workers_.clear();
+  // Containers keep running (that is the point); only our ends close.
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (auto& [id, b] : boxes_)
+      if (b->agent) b->agent->Close();
+  }
+  if (link_) link_->Stop();
+  // The groups' parents go when no container is left in them (rmdir refuses
+  // otherwise, which is what we want).
+  if (!cgm_.memory.empty()) {
+    fncall::RemoveGroupDirs(cgm_, opts_.cgroup_parent + "/c");
+    fncall::RemoveGroupDirs(cgm_, opts_.cgroup_parent);
+  }
+}
+
+void ContainerDriver::Work(std::function<void()> job) {
+  {
+    std::lock_guard<std::mutex> lk(work_mu_);
+    work_.push_back(std::move(job));
+  }
+  work_cv_.notify_one();
+}
+
+void ContainerDriver::WorkerLoop() {
+  for (;;) {
+    std::function<void()> job;
+    {
+      std::unique_lock<std::mutex> lk(work_mu_);
+      work_cv_.wait(lk, [this] { return stopping_ || !work_.empty(); });
+      if (work_.empty()) return;  // stopping, nothing left
+      job = std::move(work_.front());
+      work_.pop_front();
+    }
+    job();
+  }
+}
+
+void ContainerDriver::OnEvent(spawner::Event& ev) {
+  if (!ev.has_container_created()) return;
+  const auto& c = ev.container_created();
+  std::promise<Result<int>> prom;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = creating_.find(c.id());
+    if (it == creating_.end()) return;
+    prom = std::move(it->second);
+    creating_.erase(it);
+  }
+  if (!c.error().empty()) prom.set_value(Status::Internal(c.error()));
+  else prom.set_value(c.pid());
+}
+
+Status ContainerDriver::Available() const { return link_->Available(); }
+
+Status ContainerDriver::CanHandle(const v1::SandboxSpec& spec) const {
+  if (spec.image().empty() || spec.image() == images::kHostImage)
+    return Status::InvalidArgument(
+        "container sandboxes need a built image (dsec-image build DIR NAME, then --image NAME); "
+        "the built-in host image serves fncall runs");
+  if (spec.network().enabled())
+    return Status::Unimplemented("container networking (allow-lists) is not available yet; network stays off");
+  auto image = opts_.find_image(spec.image());
+  if (!image.ok()) return image.status();
+  return Available();
+}
+
+void ContainerDriver::Log(int level, const std::string& text) const {
+  if (opts_.log) opts_.log(level, text);
+}
+
+std::shared_ptr<ContainerDriver::Box> ContainerDriver::Find(const std::string& id) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = boxes_.find(id);
+  return it == boxes_.end() ? nullptr : it->second;
+}
+
+Status ContainerDriver::ConnectAgent(Box& box) const {
+  std::string sock = SandboxDir(opts_.data_dir, box.id) + "/run/agent.sock";
+  AgentClientOptions ao;
+  ao.name = "container " + box.id;
+  auto log = opts_.log;
+  ao.log = [log](const std::string& t) {
+    if (log) log(2, t);
+  };
+  auto c = AgentClient::Connect(sock, ao);
+  if (!c.ok()) return c.status();
+  auto pong = (*c)->PingSync(std::chrono::milliseconds(opts_.agent_timeout_ms));
+  if (!pong.ok()) return pong.status().Annotate("container " + box.id + ": the agent does not answer");
+  box.agent = std::move(*c);
+  return Status::Ok();
+}
+
+void ContainerDriver::Create(const v1::SandboxRecord& sb, CreateCallback done) {
+  Work([this, sb, done = std::move(done)] { done(CreateNow(sb)); });
+}
+
+Result<std::string> ContainerDriver::CreateNow(const v1::SandboxRecord& sb) {
+  const std::string& id = sb.id();
+  auto image = opts_.find_image(sb.spec().image());
+  if (!image.ok()) return image.status();
+  auto box = std::make_shared<Box>();
+  box->id = id;
+  box->digest = image->digest();
+  box->image_file = image->file();
+  box->cgroup_rel = CgroupRel(opts_.cgroup_parent, id);
+  box->limits = sb.spec().limits();
+  auto lower = mounts_->Acquire(*image);
+  if (!lower.ok()) return lower.status();
+  auto undo = [&](const Status& why) -> Result<std::string> {
+    (void)DestroyNow(id, box->digest);
+    return why.Annotate("sandbox " + id);
+  };
+  std::string base = SandboxDir(opts_.data_dir, id);
+  for (const char* sub : {"", "/upper", "/work", "/root", "/run"})
+    if (auto st = MakeDirs(base + sub, 0700); !st.ok()) return undo(st);
+  ::chmod((base + "/upper").c_str(), 0755);
+  if (auto st = WriteFileAtomic(base + "/run/agent", "", 0755); !st.ok()) return undo(st);
+
+  auto cg = fncall::CgroupSlot::Create(cgm_, box->cgroup_rel);
+  if (!cg.ok()) return undo(cg.status());
+  box->cgroup = std::make_unique<fncall::CgroupSlot>(std::move(*cg));
+  const v1::Limits& lim = sb.spec().limits();
+  Status st = box->cgroup->SetMemoryLimit(lim.memory_bytes() ? lim.memory_bytes() : 512ull << 20);
+  if (st.ok()) st = box->cgroup->SetPidsMax(lim.pids() ? lim.pids() + 1 : 0);  // +1: the agent
+  if (st.ok() && lim.cpu_millis()) st = box->cgroup->SetCpuQuota(lim.cpu_millis());
+  if (!st.ok()) return undo(st);
+
+  spawner::Request req;
+  auto* c = req.mutable_create_container();
+  uint64_t rid;
+  std::future<Result<int>> created;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    rid = next_id_++;
+    created = creating_[rid].get_future();
+  }
+  c->set_id(rid);
+  c->set_sandbox_id(id);
+  c->set_root(base + "/root");
+  c->set_lower(*lower);
+  c->set_upper(base + "/upper");
+  c->set_work(base + "/work");
+  c->set_run_dir(base + "/run");
+  c->set_agent_path(opts_.agent_path);
+  c->set_hostname(id.substr(0, 63));
+  for (const auto& p : box->cgroup->ProcsPaths()) c->add_cgroup_procs(p);
+  if (st = link_->Send(req); !st.ok()) {
+    std::lock_guard<std::mutex> lk(mu_);
+    creating_.erase(rid);
+    return undo(st);
+  }
+  if (created.wait_for(std::chrono::seconds(30)) != std::future_status::ready) {
+    std::lock_guard<std::mutex> lk(mu_);
+    creating_.erase(rid);
+    return undo(Status::DeadlineExceeded("the spawner did not create the container within 30 s"));
+  }
+  auto pid = created.get();
+  if (!pid.ok()) return undo(pid.status());
+  box->init_pid = *pid;
+  if (st = ConnectAgent(*box); !st.ok()) return undo(st);
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    boxes_[id] = box;
+  }
+  ++created_;
+  return json{{"digest", box->digest}, {"image_file", box->image_file}, {"cgroup", box->cgroup_rel},
+              {"init_pid", box->init_pid}}
+      .dump();
+}
+
+void ContainerDriver::Exec(const v1::SandboxRecord& sb, const std::string& run_id, const v1::ExecRequest& req,
+                           ExecCallback done) {
+  auto box = Find(sb.id());
+  if (!box || !box->agent || !box->agent->connected()) {
+    done(Status::Unavailable("container " + sb.id() + " is not running on this node (its agent is not connected)"));
+    return;
+  }
+  agent::Exec e;
+  for (const auto& a : req.argv()) e.add_argv(a);
+  std::map<std::string, std::string> env = {{"PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+                                            {"HOME", "/root"},
+                                            {"LANG", "C.UTF-8"},
+                                            {"TMPDIR", "/tmp"}};
+  for (const auto& [k, v] : sb.spec().env()) env[k] = v;
+  for (const auto& [k, v] : req.env()) env[k] = v;
+  for (const auto& [k, v] : env) e.add_env(k + "=" + v);
+  e.set_cwd(!req.cwd().empty() ? req.cwd() : !sb.spec().workdir().empty() ? sb.spec().workdir() : "/work");
+  e.set_stdin(req.stdin());
+  const v1::Limits& lim = req.limits();
+  e.mutable_limits()->set_timeout_ms(lim.timeout_ms());
+  e.mutable_limits()->set_output_bytes(lim.output_bytes());
+  e.mutable_limits()->set_cpu_time_ms(lim.cpu_time_ms());
+  e.mutable_limits()->set_file_size_bytes(lim.file_size_bytes());
+  e.mutable_limits()->set_open_files(lim.open_files());
+  uint64_t oom0 = box->cgroup ? box->cgroup->OomKills() : 0;
+  std::string argv0 = req.argv_size() ? req.argv(0) : "";
+  v1::Limits box_limits = box->limits;
+  v1::Limits merged = lim;
+  merged.set_memory_bytes(box_limits.memory_bytes());
+  {
+    // Registered before the agent can answer, so the answer always finds it.
+    std::lock_guard<std::mutex> lk(mu_);
+    runs_[run_id] = RunRef{sb.id(), 0, {}};
+  }
+  uint64_t exec_id = box->agent->Exec(e, {}, [this, box, oom0, merged, argv0, run_id, done](Result<agent::ExecDone> r) {
+    std::string kill_reason;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (auto it = runs_.find(run_id); it != runs_.end()) {
+        kill_reason = it->second.kill_reason;
+        runs_.erase(it);
+      }
+    }
+    if (!r.ok()) {
+      done(r.status().Annotate("container " + box->id));
+      return;
+    }
+    bool oom = box->cgroup && box->cgroup->OomKills() > oom0;
+    auto res = FncallDriver::ToExecResult(ToOutcome(*r, merged, oom, kill_reason), merged, argv0);
+    res.set_run_id(run_id);
+    done(std::move(res));
+  });
+  bool kill_now = false;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (auto it = runs_.find(run_id); it != runs_.end()) {
+      it->second.exec_id = exec_id;
+      kill_now = !it->second.kill_reason.empty();  // Kill came before we knew the agent's id
+    }
+  }
+  if (kill_now && exec_id) box->agent->Signal(exec_id, SIGKILL, [](const Status&) {});
+}
+
+Status ContainerDriver::Kill(const std::string& run_id, const std::string& reason) {
+  std::string id;
+  uint64_t exec_id;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = runs_.find(run_id);
+    if (it == runs_.end()) return Status::NotFound("run " + run_id + " is not in flight");
+    it->second.kill_reason = reason.empty() ? "killed" : reason;
+    id = it->second.sandbox;
+    exec_id = it->second.exec_id;
+  }
+  if (!exec_id) return Status::Ok();  // Exec signals it once the agent has it
+  auto box = Find(id);
+  if (!box || !box->agent) return Status::NotFound("container " + id + " is gone");
+  box->agent->Signal(exec_id, SIGKILL, [](const Status&) {});
+  return Status::Ok();
+}
+
+void ContainerDriver::Destroy(const v1::SandboxRecord& sb, StatusCallback done) {
+  std::string digest;
+  if (auto box = Find(sb.id())) digest = box->digest;
+  else {
+    auto j = json::parse(sb.driver_state(), nullptr, false);
+    if (j.is_object()) digest = j.value("digest", "");
+  }
+  Work([this, id = sb.id(), digest, done = std::move(done)] { done(DestroyNow(id, digest)); });
+}
+
+Status ContainerDriver::DestroyNow(const std::string& id, const std::string& digest) {
+  std::shared_ptr<Box> box;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = boxes_.find(id);
+    if (it != boxes_.end()) {
+      box = it->second;
+      boxes_.erase(it);
+    }
+  }
+  if (box && box->agent) box->agent->Close();
+  // Killing every process of the container's cgroup ends its namespaces and
+  // with them its overlay; then its files go, then its hold on the image.
+  if (box && box->cgroup) box->cgroup->Remove();
+  else fncall::KillAndRemoveGroup(cgm_, CgroupRel(opts_.cgroup_parent, id));
+  RemoveTree(SandboxDir(opts_.data_dir, id));
+  if (!digest.empty()) mounts_->Release(digest);
+  ++destroyed_;
+  return Status::Ok();
+}
+
+Status ContainerDriver::Readopt(const v1::SandboxRecord& sb) {
+  auto j = json::parse(sb.driver_state(), nullptr, false);
+  if (!j.is_object()) return Status::FailedPrecondition("container " + sb.id() + ": no driver state in its record");
+  auto box = std::make_shared<Box>();
+  box->id = sb.id();
+  box->digest = j.value("digest", "");
+  box->image_file = j.value("image_file", "");
+  box->cgroup_rel = j.value("cgroup", CgroupRel(opts_.cgroup_parent, sb.id()));
+  box->init_pid = j.value("init_pid", 0);
+  box->limits = sb.spec().limits();
+  auto fail = [&](const Status& why) {
+    // Gone or broken: clean up what is left of it; the record is marked failed.
+    (void)DestroyNow(sb.id(), "");
+    return why;
+  };
+  v1::ImageManifest image;
+  image.set_name(sb.spec().image());
+  image.set_digest(box->digest);
+  image.set_file(box->image_file);
+  auto lower = mounts_->Acquire(image);
+  if (!lower.ok()) return fail(lower.status());
+  auto cg = fncall::CgroupSlot::Create(cgm_, box->cgroup_rel);
+  if (!cg.ok()) {
+    mounts_->Release(box->digest);
+    return fail(cg.status());
+  }
+  box->cgroup = std::make_unique<fncall::CgroupSlot>(std::move(*cg));
+  if (box->cgroup->Pids().empty()) {
+    mounts_->Release(box->digest);
+    return fail(Status::Unavailable("container " + sb.id() + " has no process left"));
+  }
+  if (auto st = ConnectAgent(*box); !st.ok()) {
+    mounts_->Release(box->digest);
+    return fail(st);
+  }
+  std::lock_guard<std::mutex> lk(mu_);
+  boxes_[sb.id()] = box;
+  return Status::Ok();
+}
+
+void ContainerDriver::Restored() {
+  // Whatever a crash left half-made: sandbox dirs and cgroups no re-adopted
+  // container owns, then image mounts nobody uses any more.
+  std::set<std::string> known;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (const auto& [id, b] : boxes_) known.insert(id);
+  }
+  // Only what our data dir names: another dsecd on this host may share the
+  // cgroup parent, and its containers are not ours to judge. (Creation
+  // makes the dir before the cgroup and removal drops the cgroup first, so
+  // no cgroup of ours is without its dir.)
+  std::set<std::string> orphans;
+  for (const auto& name : ListSubdirs(opts_.data_dir + "/sandboxes"))
+    if (!known.count(name)) orphans.insert(name);
+  for (const auto& id : orphans) {
+    Log(1, "container " + id + ": left over from before the restart with no running record; removed");
+    (void)DestroyNow(id, "");
+  }
+  mounts_->DropUnused();
+}
+
+std::vector<std::string> ContainerDriver::ImageUsers(const std::string& digest) const {
+  std::vector<std::string> users;
+  std::lock_guard<std::mutex> lk(mu_);
+  for (const auto& [id, b] : boxes_)
+    if (b->digest == digest) users.push_back("container " + id);
+  return users;
+}
+
+std::string ContainerDriver::StatsJson() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  json mounts = json::object();
+  for (const auto& [digest, n] : mounts_->Snapshot()) mounts[digest] = n;
+  return json{{"spawner_pid", link_->pid()},
+              {"containers", boxes_.size()},
+              {"created", created_.load()},
+              {"destroyed", destroyed_.load()},
+              {"execs_in_flight", runs_.size()},
+              {"image_mounts", mounts}}
+      .dump();
+}
+
+}  // namespace dsec::drivers

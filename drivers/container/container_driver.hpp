@@ -1,0 +1,103 @@
+// ContainerDriver: the dsecd side of the container kind. A container is an
+// overlay (per-sandbox upper over the image's shared EROFS mount) with its
+// own pid, mount, ipc, uts and net namespaces and cgroup, whose PID 1 is
+// dsec-agent. The driver asks its spawner to create the init, talks to the
+// agent over the unix socket in <data>/sandboxes/<id>/run/, and destroys a
+// container by killing its cgroup. Containers outlive dsecd: after a restart
+// Readopt reconnects to the agent from the record.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <set>
+#include <functional>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+
+#include "drivers/agent/agent_client.hpp"
+#include "drivers/driver.hpp"
+#include "drivers/fncall/cgroup_v1.hpp"
+#include "drivers/images/mounts.hpp"
+#include "drivers/spawner_link.hpp"
+
+namespace dsec::drivers {
+
+struct ContainerOptions {
+  std::string data_dir;              // sandboxes/<id>/ and run/images/ live here
+  std::string agent_path;            // dsec-agent; default next to this executable ($DSEC_AGENT)
+  std::string spawner_path;          // default next to this executable ($DSEC_SPAWNER)
+  std::string cgroup_parent = "dsec";  // groups: <controller>/<parent>/c/<sandbox id>
+  size_t netns_pool = 16;            // fresh net namespaces made ahead of need
+  int agent_timeout_ms = 10'000;     // connect + first ping after create
+  // The image registry (the node's images table).
+  std::function<Result<v1::ImageManifest>(const std::string& name)> find_image;
+  std::function<void(int level, const std::string& text)> log;
+};
+
+class ContainerDriver : public Driver {
+ public:
+  static Result<std::unique_ptr<ContainerDriver>> Start(ContainerOptions options);
+  ~ContainerDriver() override;
+
+  v1::Kind kind() const override { return v1::KIND_CONTAINER; }
+  const char* name() const override { return "container"; }
+  Status Available() const override;
+  Status CanHandle(const v1::SandboxSpec& spec) const override;
+  void Create(const v1::SandboxRecord& sandbox, CreateCallback done) override;
+  void Exec(const v1::SandboxRecord& sandbox, const std::string& run_id, const v1::ExecRequest& req,
+            ExecCallback done) override;
+  Status Kill(const std::string& run_id, const std::string& reason) override;
+  void Destroy(const v1::SandboxRecord& sandbox, StatusCallback done) override;
+  Status Readopt(const v1::SandboxRecord& sandbox) override;
+  void Restored() override;
+  std::string StatsJson() const override;
+
+  // Image mounts, for the registry's "in use" check.
+  std::vector<std::string> ImageUsers(const std::string& digest) const;
+  void Stop();
+
+ private:
+  explicit ContainerDriver(ContainerOptions options);
+  struct Box;
+  void Work(std::function<void()> job);  // on the worker thread
+  void WorkerLoop();
+  void OnEvent(spawner::Event& ev);
+  Result<std::string> CreateNow(const v1::SandboxRecord& sb);
+  Status DestroyNow(const std::string& id, const std::string& digest);
+  std::shared_ptr<Box> Find(const std::string& id) const;
+  Status ConnectAgent(Box& box) const;
+  void Log(int level, const std::string& text) const;
+
+  ContainerOptions opts_;
+  fncall::CgroupMounts cgm_;
+  std::unique_ptr<images::ImageMounts> mounts_;
+  std::unique_ptr<SpawnerLink> link_;
+
+  mutable std::mutex mu_;
+  std::unordered_map<std::string, std::shared_ptr<Box>> boxes_;
+  std::unordered_map<uint64_t, std::promise<Result<int>>> creating_;  // spawner request id -> init pid
+  struct RunRef {
+    std::string sandbox;
+    uint64_t exec_id = 0;      // the agent's; 0 until it is known
+    std::string kill_reason;   // set by Kill
+  };
+  std::unordered_map<std::string, RunRef> runs_;  // run id -> where it runs
+  uint64_t next_id_ = 1;
+
+  std::mutex work_mu_;
+  std::condition_variable work_cv_;
+  std::deque<std::function<void()>> work_;
+  bool stopping_ = false;
+  std::vector<std::thread> workers_;
+  std::atomic<uint64_t> created_{0}, destroyed_{0};
+};
+
+// Where a sandbox's files live: <data>/sandboxes/<id>.
+std::string SandboxDir(const std::string& data_dir, const std::string& id);
+
+}  // namespace dsec::drivers

@@ -1,0 +1,196 @@
+#include "drivers/container/container_init.hpp"
+
+#include <fcntl.h>
+#include <linux/seccomp.h>
+#include <net/if.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <sys/un.h>
+
+#include <cerrno>
+#include <initializer_list>
+
+#include "drivers/fncall/raw_syscall.hpp"
+
+namespace dsec::container {
+
+namespace {
+
+using fncall::raw::Call;
+
+// A path under the root, built in a stack buffer (no malloc here).
+struct Path {
+  char buf[4096];
+  Path(const char* root, const char* rel) {
+    unsigned long n = 0;
+    for (const char* p = root; *p && n < sizeof buf - 1; ++p) buf[n++] = *p;
+    for (const char* p = rel; *p && n < sizeof buf - 1; ++p) buf[n++] = *p;
+    buf[n] = 0;
+  }
+};
+
+[[noreturn]] void Fail(ContainerSetup* s, const char* what, long rc) {
+  s->failed_what = what;
+  s->failed_errno = static_cast<int>(-rc);
+  fncall::raw::Exit(1);
+}
+
+#define CHECK(call, what)            \
+  do {                               \
+    long rc_ = (call);               \
+    if (rc_ < 0) Fail(s, what, rc_); \
+  } while (0)
+
+long Mkdir(const char* p, int mode) {
+  long rc = Call(SYS_mkdir, p, mode);
+  return rc == -EEXIST ? 0 : rc;
+}
+
+struct KernelSigaction {
+  void (*handler)(int);
+  unsigned long flags;
+  void (*restorer)();
+  unsigned long mask;
+};
+
+void DropCapabilities(ContainerSetup* s) {
+  for (int cap = 0; cap < 64; ++cap) {
+    if (kContainerCaps & (1ull << cap)) continue;
+    long rc = Call(SYS_prctl, PR_CAPBSET_DROP, cap, 0, 0, 0);
+    if (rc == -EINVAL) break;  // past the last capability this kernel knows
+    if (rc < 0) Fail(s, "drop a capability from the bounding set", rc);
+  }
+  CHECK(Call(SYS_prctl, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "clear ambient capabilities");
+  struct {
+    unsigned version;
+    int pid;
+  } header{0x20080522 /*_LINUX_CAPABILITY_VERSION_3*/, 0};
+  struct {
+    unsigned effective, permitted, inheritable;
+  } data[2] = {{static_cast<unsigned>(kContainerCaps), static_cast<unsigned>(kContainerCaps), 0},
+               {static_cast<unsigned>(kContainerCaps >> 32), static_cast<unsigned>(kContainerCaps >> 32), 0}};
+  CHECK(Call(SYS_capset, &header, data), "set the container's capabilities");
+}
+
+}  // namespace
+
+int ContainerInitEntry(void* arg) {
+  auto* s = static_cast<ContainerSetup*>(arg);
+  // Our own fd table with only the slots (the spawner waits: CLONE_VFORK).
+  CHECK(Call(SYS_close_range, kInitFirstFree, ~0u, 2u /*CLOSE_RANGE_UNSHARE*/), "unshare the fd table");
+  Call(SYS_prctl, PR_SET_NAME, "dsec-cinit");
+  unsigned long none = 0;
+  Call(SYS_rt_sigprocmask, SIG_SETMASK, &none, 0, sizeof none);
+  KernelSigaction dfl{SIG_DFL, 0, nullptr, 0};
+  Call(SYS_rt_sigaction, SIGPIPE, &dfl, 0, sizeof(unsigned long));
+
+  // The spawner is -1000 (never an OOM victim); the agent stays nearly as
+  // safe (-900: a memory limit hit kills the program that hit it, not the
+  // container), and its children go back to 0 (agent_exec.cpp).
+  long adj = Call(SYS_open, "/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+  if (adj >= 0) {
+    fncall::raw::Write(static_cast<int>(adj), "-900", 4);
+    Call(SYS_close, adj);
+  }
+  for (int i = 0; i < s->cgroups; ++i) CHECK(fncall::raw::Write(kInitSlotCgroup + i, "0", 1), "join the container's cgroup");
+  if (s->has_net_ns) CHECK(Call(SYS_setns, kInitSlotNet, CLONE_NEWNET), "enter the net namespace");
+  // The slots are used; fd 3 (the fncall runners' root) is not ours.
+  Call(SYS_close_range, 3u, kInitFirstFree - 1, 0u);
+
+  CHECK(Call(SYS_mount, 0, "/", 0, MS_REC | MS_PRIVATE, 0), "make / private");
+  const char* r = s->root;
+  CHECK(Call(SYS_mount, "overlay", r, "overlay", MS_NOSUID, s->overlay_opts), "mount the overlay root");
+  for (const char* d : {"/proc", "/dev", "/run", "/run/dsec", "/tmp", "/work", "/.dsec-old"}) CHECK(Mkdir(Path(r, d).buf, 0755), "mkdir in the root");
+  CHECK(Call(SYS_chmod, Path(r, "/tmp").buf, 01777), "chmod /tmp");
+  CHECK(Call(SYS_mount, "proc", Path(r, "/proc").buf, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, 0), "mount /proc");
+  // A minimal /dev of our own: the usual character devices, ptys, shm.
+  CHECK(Call(SYS_mount, "dev", Path(r, "/dev").buf, "tmpfs", MS_NOSUID, "mode=0755,size=1m"), "mount /dev");
+  struct Node {
+    const char* name;
+    unsigned major, minor;
+  };
+  for (const Node& n : {Node{"/dev/null", 1, 3}, Node{"/dev/zero", 1, 5}, Node{"/dev/full", 1, 7},
+                        Node{"/dev/random", 1, 8}, Node{"/dev/urandom", 1, 9}, Node{"/dev/tty", 5, 0}}) {
+    Path p(r, n.name);
+    CHECK(Call(SYS_mknod, p.buf, S_IFCHR | 0666, makedev(n.major, n.minor)), "mknod in /dev");
+    CHECK(Call(SYS_chmod, p.buf, 0666), "chmod in /dev");
+  }
+  Call(SYS_symlink, "/proc/self/fd", Path(r, "/dev/fd").buf);
+  Call(SYS_symlink, "/proc/self/fd/0", Path(r, "/dev/stdin").buf);
+  Call(SYS_symlink, "/proc/self/fd/1", Path(r, "/dev/stdout").buf);
+  Call(SYS_symlink, "/proc/self/fd/2", Path(r, "/dev/stderr").buf);
+  CHECK(Mkdir(Path(r, "/dev/pts").buf, 0755), "mkdir /dev/pts");
+  CHECK(Mkdir(Path(r, "/dev/shm").buf, 01777), "mkdir /dev/shm");
+  CHECK(Call(SYS_mount, "devpts", Path(r, "/dev/pts").buf, "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620"),
+        "mount /dev/pts");
+  Call(SYS_symlink, "pts/ptmx", Path(r, "/dev/ptmx").buf);
+  CHECK(Call(SYS_mount, "shm", Path(r, "/dev/shm").buf, "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777"), "mount /dev/shm");
+  // /run/dsec: the host's per-sandbox dir (the agent's socket), and the
+  // agent binary over the empty file the host left there.
+  CHECK(Call(SYS_mount, s->run_dir, Path(r, "/run/dsec").buf, 0, MS_BIND, 0), "bind /run/dsec");
+  CHECK(Call(SYS_mount, s->agent_path, Path(r, "/run/dsec/agent").buf, 0, MS_BIND, 0), "bind the agent binary");
+  CHECK(Call(SYS_mount, 0, Path(r, "/run/dsec/agent").buf, 0, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, 0),
+        "remount the agent read-only");
+
+  CHECK(Call(SYS_chdir, r), "chdir to the root");
+  CHECK(Call(SYS_pivot_root, ".", ".dsec-old"), "pivot_root");
+  CHECK(Call(SYS_chdir, "/"), "chdir /");
+  CHECK(Call(SYS_umount2, "/.dsec-old", MNT_DETACH), "detach the old root");
+  Call(SYS_rmdir, "/.dsec-old");
+
+  // The agent's socket, bound while we may, then its directory read-only:
+  // nothing in the container can replace it and impersonate the agent.
+  long sock = Call(SYS_socket, AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (sock < 0) Fail(s, "create the agent socket", sock);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  const char* sp = "/run/dsec/agent.sock";
+  for (int i = 0; sp[i]; ++i) addr.sun_path[i] = sp[i];
+  Call(SYS_unlink, sp);
+  CHECK(Call(SYS_bind, sock, &addr, sizeof addr), "bind the agent socket");
+  CHECK(Call(SYS_chmod, sp, 0600), "chmod the agent socket");
+  CHECK(Call(SYS_listen, sock, 64), "listen on the agent socket");
+  CHECK(Call(SYS_mount, 0, "/run/dsec", 0, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, 0),
+        "remount /run/dsec read-only");
+
+  if (s->hostname) {
+    unsigned long n = fncall::raw::Strlen(s->hostname);
+    CHECK(Call(SYS_sethostname, s->hostname, n), "set the hostname");
+  }
+  if (s->loopback_up) {
+    // Loopback inside the container: its own, nothing else.
+    long fd = Call(SYS_socket, AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd >= 0) {
+      ifreq ifr{};
+      ifr.ifr_name[0] = 'l';
+      ifr.ifr_name[1] = 'o';
+      if (Call(SYS_ioctl, fd, SIOCGIFFLAGS, &ifr) == 0) {
+        ifr.ifr_flags = static_cast<short>(ifr.ifr_flags | IFF_UP);
+        Call(SYS_ioctl, fd, SIOCSIFFLAGS, &ifr);
+      }
+      Call(SYS_close, fd);
+    }
+  }
+
+  // The listening socket to fd 3, nothing else but stdio.
+  if (sock != 3) {
+    CHECK(Call(SYS_dup3, sock, 3, 0), "move the agent socket");
+    Call(SYS_close, sock);
+  } else {
+    Call(SYS_fcntl, 3, F_SETFD, 0);
+  }
+  Call(SYS_close_range, 4u, ~0u, 0u);
+  DropCapabilities(s);
+  CHECK(Call(SYS_prctl, PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs");
+  CHECK(Call(SYS_prctl, PR_SET_SECCOMP, SECCOMP_MODE_FILTER, s->seccomp, 0, 0), "install seccomp");
+  long rc = Call(SYS_execve, "/run/dsec/agent", s->agent_argv, s->agent_envp);
+  Fail(s, "execute the agent (/run/dsec/agent)", rc);
+}
+
+}  // namespace dsec::container

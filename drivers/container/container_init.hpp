@@ -1,0 +1,61 @@
+// The init of a container: cloned by dsec-spawner into new pid, mount, ipc
+// and uts namespaces (and a net namespace from its pool), it joins the
+// container's cgroups, mounts the overlay root (the image's EROFS mount as
+// the lower layer, a per-sandbox upper), a private /proc, a minimal /dev and
+// /run/dsec (the agent's socket, made read-only once bound), pivots into it,
+// installs the seccomp filter, and executes dsec-agent as PID 1, which owns
+// every process of the container from then on.
+//
+// It runs with CLONE_VM (and CLONE_VFORK: the spawner waits until it has
+// executed the agent or failed), so, like the fncall runner, it uses raw
+// system calls only: no malloc, no errno, no libc state.
+#pragma once
+
+#include <linux/filter.h>
+
+#include "drivers/fncall/runner.hpp"
+
+namespace dsec::container {
+
+// Descriptors the init starts with (the spawner dup2()s them in before the
+// clone; the init keeps only these, see fncall/runner.hpp for the scheme).
+inline constexpr int kInitSlotNet = 4;      // net namespace to enter (when has_net_ns)
+inline constexpr int kInitSlotCgroup = 5;   // +i: cgroup.procs to join (i < 6)
+// The spawner's own descriptors start here (and the fncall runner slots end).
+inline constexpr int kInitFirstFree = fncall::kFirstSpawnerFd;
+static_assert(kInitSlotCgroup + 6 <= kInitFirstFree, "container slots overlap the spawner's fds");
+
+// Root in the container keeps what package managers and build tools use
+// (Docker's default set minus MKNOD: there is no devices cgroup to make a
+// block-device node harmless) and loses the rest, from the bounding set too,
+// so no exec can get them back. A spawner serving containers keeps these in
+// its own bounding set (spawner.cpp); the init drops everything else.
+inline constexpr unsigned long long kContainerCaps =
+    (1ull << 0) /*CHOWN*/ | (1ull << 1) /*DAC_OVERRIDE*/ | (1ull << 3) /*FOWNER*/ | (1ull << 4) /*FSETID*/ |
+    (1ull << 5) /*KILL*/ | (1ull << 6) /*SETGID*/ | (1ull << 7) /*SETUID*/ | (1ull << 8) /*SETPCAP*/ |
+    (1ull << 10) /*NET_BIND_SERVICE*/ | (1ull << 18) /*SYS_CHROOT*/ | (1ull << 29) /*AUDIT_WRITE*/ |
+    (1ull << 31) /*SETFCAP*/;
+
+struct ContainerSetup {
+  // Prepared by the spawner (strings live in its memory, shared).
+  const char* root = nullptr;          // empty host dir; the overlay goes on it
+  const char* overlay_opts = nullptr;  // "lowerdir=..,upperdir=..,workdir=.."
+  const char* run_dir = nullptr;       // host dir bound at /run/dsec
+  const char* agent_path = nullptr;    // host path of the static dsec-agent
+  const char* hostname = nullptr;
+  bool has_net_ns = false;             // false: cloned with CLONE_NEWNET
+  bool loopback_up = true;             // bring `lo` up inside
+  int cgroups = 0;                     // kInitSlotCgroup slots filled
+  const sock_fprog* seccomp = nullptr;
+  char* const* agent_argv = nullptr;
+  char* const* agent_envp = nullptr;
+  // Results (read by the spawner once the clone returns).
+  const char* failed_what = nullptr;
+  int failed_errno = 0;
+};
+
+// clone() entry; `arg` is a ContainerSetup*. Executes the agent, or returns
+// 1 with failed_what/failed_errno set.
+int ContainerInitEntry(void* arg);
+
+}  // namespace dsec::container

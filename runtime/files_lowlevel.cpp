@@ -1,0 +1,35 @@
+// The parts of files.hpp that live in dsec_lowlevel (no spdlog): the
+// static spawner and the drivers use them.
+#include <dirent.h>
+#include <limits.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "runtime/files.hpp"
+
+namespace dsec {
+
+std::vector<std::string> ListSubdirs(const std::string& dir) {
+  std::vector<std::string> out;
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return out;
+  while (dirent* e = ::readdir(d)) {
+    if (e->d_type != DT_DIR || std::strcmp(e->d_name, ".") == 0 || std::strcmp(e->d_name, "..") == 0) continue;
+    out.emplace_back(e->d_name);
+  }
+  ::closedir(d);
+  return out;
+}
+
+std::string SiblingExecutable(const char* env_var, const std::string& name) {
+  if (const char* env = ::getenv(env_var); env && *env) return env;
+  char buf[PATH_MAX];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) return name;
+  std::string self(buf, static_cast<size_t>(n));
+  return self.substr(0, self.rfind('/') + 1) + name;
+}
+
+}  // namespace dsec

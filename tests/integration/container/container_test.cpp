@@ -1,0 +1,261 @@
+// Container sandboxes end to end through a real dsecd: create, exec, state
+// kept between execs, verdicts, destroy leaving nothing behind, re-adoption
+// after a restart (clean and kill -9), cleanup of what a crash left, and the
+// errors a user gets for what cannot work.
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <fstream>
+#include <string>
+
+#include "tests/support/container_fixture.hpp"
+
+namespace dsec::testing {
+namespace {
+
+std::string Trim(std::string s) {
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+bool ImageMounted(const std::string& data_dir) {
+  std::ifstream mi("/proc/self/mountinfo");
+  for (std::string line; std::getline(mi, line);)
+    if (line.find(data_dir + "/run/images/") != std::string::npos) return true;
+  return false;
+}
+
+using Container = ContainerTest;
+
+TEST_F(Container, DsecctlCreateExecRmLeavesNothingBehind) {
+  auto created = daemon_->Ctl({"create", "--kind", "container", "--image", kImage});
+  ASSERT_EQ(created.exit_code, 0) << created.err;
+  std::string id = Trim(created.out);
+  ASSERT_EQ(id.rfind("sb-", 0), 0u) << id;
+  EXPECT_TRUE(ImageMounted(daemon_->data_dir()));
+
+  auto hello = daemon_->Ctl({"exec", id, "--", "sh", "-c", "echo hello > /work/f; hostname"});
+  EXPECT_EQ(hello.exit_code, 0) << hello.err;
+  auto again = daemon_->Ctl({"exec", id, "--", "cat", "/work/f"});
+  EXPECT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_EQ(again.out, "hello\n");
+  auto code = daemon_->Ctl({"exec", id, "--", "sh", "-c", "exit 7"});
+  EXPECT_EQ(code.exit_code, 7);
+  auto missing = daemon_->Ctl({"exec", id, "--", "no-such-program"});
+  EXPECT_EQ(missing.exit_code, 127);
+
+  auto rm = daemon_->Ctl({"rm", id});
+  EXPECT_EQ(rm.exit_code, 0) << rm.err;
+  EXPECT_EQ(Remains(id), "");
+  EXPECT_FALSE(ImageMounted(daemon_->data_dir())) << "the image mount outlived its last container";
+  auto gone = daemon_->Ctl({"exec", id, "--", "true"});
+  EXPECT_NE(gone.exit_code, 0);
+  EXPECT_NE(gone.err.find("not found"), std::string::npos) << gone.err;
+}
+
+TEST_F(Container, HundredSequentialExecsSeeEachOthersFiles) {
+  auto sb = NewContainer();
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  for (int i = 0; i < 100; ++i) {
+    // Each exec appends to what the ones before it wrote and checks the count.
+    auto r = ShIn(*sb, "echo " + std::to_string(i) + " >> /work/log && wc -l < /work/log");
+    ASSERT_EQ(r.verdict(), v1::VERDICT_OK) << i << ": " << r.error() << r.stderr();
+    ASSERT_EQ(Trim(r.stdout()), std::to_string(i + 1));
+  }
+  auto all = ShIn(*sb, "cat /work/log | tr '\\n' ' '");
+  std::string want;
+  for (int i = 0; i < 100; ++i) want += std::to_string(i) + " ";
+  EXPECT_EQ(all.stdout(), want);
+  EXPECT_TRUE(sb->Destroy().ok());
+}
+
+TEST_F(Container, ProcessesAndFilesPersistBetweenExecs) {
+  auto sb = NewContainer();
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  // A background process started by one exec is still there for the next.
+  auto start = ShIn(*sb, "sleep 1000 > /dev/null 2>&1 & echo $! > /tmp/bg");
+  ASSERT_EQ(start.verdict(), v1::VERDICT_OK) << start.stderr();
+  auto check = ShIn(*sb, "kill -0 $(cat /tmp/bg) && echo alive");
+  EXPECT_EQ(check.stdout(), "alive\n") << check.stderr();
+  // The environment and working directory are the container's.
+  auto where = ShIn(*sb, "pwd; id -u; echo $HOME");
+  EXPECT_EQ(where.stdout(), "/work\n0\n/root\n");
+  EXPECT_TRUE(sb->Destroy().ok());
+  EXPECT_EQ(Remains(sb->id()), "");
+}
+
+TEST_F(Container, VerdictsMatchFncall) {
+  v1::Limits lim;
+  lim.set_memory_bytes(128 << 20);
+  auto sb = NewContainer(lim);
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+
+  v1::Limits quick;
+  quick.set_timeout_ms(500);
+  auto slow = ShIn(*sb, "sleep 30", quick);
+  EXPECT_EQ(slow.verdict(), v1::VERDICT_TIME_LIMIT) << slow.error();
+  EXPECT_LT(slow.wall_us(), 10'000'000u);
+
+  auto hog = Exec(*sb, Command({"python3", "-c", "x = bytearray(512 << 20); print(len(x))"}));
+  EXPECT_EQ(hog.verdict(), v1::VERDICT_MEMORY_LIMIT) << hog.error() << hog.stderr();
+
+  v1::Limits small_out;
+  small_out.set_output_bytes(4096);
+  auto flood = ShIn(*sb, "yes", small_out);
+  EXPECT_EQ(flood.verdict(), v1::VERDICT_OUTPUT_LIMIT) << flood.error();
+  EXPECT_TRUE(flood.stdout_truncated());
+  EXPECT_EQ(flood.stdout().size(), 4096u);
+
+  auto sig = ShIn(*sb, "kill -SEGV $$");
+  EXPECT_EQ(sig.verdict(), v1::VERDICT_RUNTIME_ERROR);
+  EXPECT_EQ(sig.signal(), SIGSEGV);
+
+  auto missing = Exec(*sb, Command({"definitely-not-here"}));
+  EXPECT_EQ(missing.exit_code(), 127);
+  EXPECT_TRUE(missing.exec_failed());
+
+  v1::Limits cpu;
+  cpu.set_cpu_time_ms(300);
+  auto spin = Exec(*sb, Sh("while :; do :; done", cpu));
+  EXPECT_EQ(spin.verdict(), v1::VERDICT_TIME_LIMIT) << spin.error();
+
+  // After all that the container still answers.
+  auto ok = ShIn(*sb, "echo still here");
+  EXPECT_EQ(ok.stdout(), "still here\n");
+  EXPECT_TRUE(sb->Destroy().ok());
+}
+
+TEST_F(Container, DestroyStopsExecsInFlightAndAnswersThem) {
+  auto sb = NewContainer();
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  auto started = ShIn(*sb, "touch /work/ready");
+  ASSERT_EQ(started.verdict(), v1::VERDICT_OK);
+  auto pending = sb->ExecAsync(Sh("sleep 600"));
+  // The destroy waits for the exec's answer, whichever order they arrive in.
+  Status destroyed = sb->Destroy();
+  EXPECT_TRUE(destroyed.ok()) << destroyed.ToString();
+  auto r = pending.get();
+  if (r.ok()) {
+    EXPECT_NE(r->verdict(), v1::VERDICT_OK);
+  }
+  EXPECT_EQ(Remains(sb->id()), "");
+}
+
+TEST_F(Container, UnknownImageAndWrongUsesSayWhatToDo) {
+  auto none = client_->Create(ContainerSpec("no-such-image"));
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.status().code(), Status::Code::kNotFound);
+  EXPECT_NE(none.status().message().find("no-such-image"), std::string::npos) << none.status().ToString();
+  EXPECT_NE(none.status().message().find("dsec-image ls"), std::string::npos) << none.status().ToString();
+
+  auto host = client_->Create(ContainerSpec(""));
+  ASSERT_FALSE(host.ok());
+  EXPECT_EQ(host.status().code(), Status::Code::kInvalidArgument) << host.status().ToString();
+
+  // One-shot runs are fncall's.
+  auto run = client_->Run(ContainerSpec(kImage), Command({"true"}));
+  ASSERT_FALSE(run.ok());
+  EXPECT_NE(run.status().message().find("create a sandbox"), std::string::npos) << run.status().ToString();
+
+  // An image in use cannot be removed.
+  auto sb = NewContainer();
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  auto rm = RunProcess({BinDir() + "/dsec-image", "--data-dir", daemon_->data_dir(), "rm", kImage});
+  EXPECT_EQ(rm.exit_code, 1);
+  EXPECT_NE(rm.err.find("in use"), std::string::npos) << rm.err;
+  EXPECT_TRUE(sb->Destroy().ok());
+}
+
+TEST_F(Container, AutoKindPicksContainerForABuiltImage) {
+  v1::SandboxSpec spec;
+  spec.set_kind(v1::KIND_AUTO);
+  spec.set_image(kImage);
+  auto sb = client_->Create(spec);
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  auto rec = sb->Get();
+  ASSERT_TRUE(rec.ok());
+  EXPECT_EQ(rec->spec().kind(), v1::KIND_CONTAINER);
+  EXPECT_EQ(rec->spec().limits().memory_bytes(), 512ull << 20) << "the record shows the limits in force";
+  EXPECT_TRUE(sb->Destroy().ok());
+}
+
+// --- restarts: each test has its own daemon, which it stops and starts ------------
+
+class ContainerRestart : public ContainerTest {
+ protected:
+  static void SetUpTestSuite() {}
+  void SetUp() override {
+    skip_ = StartContainerDaemon(TestDaemonOptions(), &daemon_, &client_);
+    if (!client_) GTEST_SKIP() << skip_;
+  }
+  void TearDown() override {
+    client_.reset();
+    daemon_.reset();
+  }
+};
+
+TEST_F(ContainerRestart, CleanRestartReadoptsRunningContainers) {
+  auto sb = NewContainer();
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  ASSERT_EQ(ShIn(*sb, "echo kept > /work/state; sleep 1000 > /dev/null 2>&1 &").verdict(), v1::VERDICT_OK);
+  ASSERT_EQ(daemon_->Stop(), 0);
+  ASSERT_TRUE(daemon_->Restart().ok());
+  auto r = ShIn(*sb, "cat /work/state; ps -e | grep -c 'sleep'");
+  EXPECT_EQ(r.stdout(), "kept\n1\n") << r.stderr() << r.error();
+  EXPECT_TRUE(sb->Destroy().ok());
+  EXPECT_EQ(Remains(sb->id()), "");
+}
+
+TEST_F(ContainerRestart, Kill9ReadoptsAndAGoneAgentIsMarkedFailedAndCleanedUp) {
+  auto keep = NewContainer();
+  auto lose = NewContainer();
+  ASSERT_TRUE(keep.ok() && lose.ok());
+  ASSERT_EQ(ShIn(*keep, "echo kept > /work/state").verdict(), v1::VERDICT_OK);
+  auto pid = ShIn(*lose, "echo $PPID");  // the agent's pid, in the container's namespace: 1
+  EXPECT_EQ(pid.stdout(), "1\n");
+  // The agent of `lose` dies while dsecd is down: kill every process in its cgroup.
+  daemon_->Kill9();
+  std::ifstream procs("/sys/fs/cgroup/memory/dsec-test/c/" + lose->id() + "/cgroup.procs");
+  int n = 0;
+  for (pid_t p; procs >> p; ++n) ::kill(p, SIGKILL);
+  ASSERT_GT(n, 0);
+  ASSERT_TRUE(daemon_->Restart().ok());
+
+  auto r = ShIn(*keep, "cat /work/state");
+  EXPECT_EQ(r.stdout(), "kept\n");
+  auto rec = lose->Get();
+  ASSERT_TRUE(rec.ok()) << rec.status().ToString();
+  EXPECT_EQ(rec->phase(), v1::SANDBOX_PHASE_FAILED);
+  EXPECT_NE(rec->error().find("not re-adopted"), std::string::npos) << rec->error();
+  EXPECT_EQ(Remains(lose->id()), "") << "a container whose agent is gone is cleaned up";
+  auto dead = lose->Exec(Command({"true"}));
+  EXPECT_TRUE(!dead.ok() || dead->verdict() != v1::VERDICT_OK);
+  EXPECT_TRUE(keep->Destroy().ok());
+  EXPECT_TRUE(lose->Destroy().ok());  // removes the failed record
+  EXPECT_EQ(Remains(keep->id()), "");
+}
+
+TEST_F(ContainerRestart, LeftoversOfACutShortCreationAreRemovedAtStart) {
+  // What a crash in the middle of a creation leaves: a sandbox dir and a
+  // cgroup with a process in it, and no record.
+  ASSERT_EQ(daemon_->Stop(), 0);
+  std::string id = "sb-000000leftover";
+  std::string dir = daemon_->data_dir() + "/sandboxes/" + id;
+  ASSERT_EQ(::mkdir(dir.c_str(), 0700), 0);
+  std::string cg = "/sys/fs/cgroup/memory/dsec-test/c/" + id;
+  ASSERT_EQ(RunProcess({"/bin/mkdir", "-p", cg}).exit_code, 0);
+  pid_t child = ::fork();
+  if (child == 0) {
+    ::pause();
+    ::_exit(0);
+  }
+  std::ofstream(cg + "/cgroup.procs") << child;
+  ASSERT_TRUE(daemon_->Restart().ok());
+  EXPECT_EQ(Remains(id), "");
+  int status = 0;
+  EXPECT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFSIGNALED(status)) << "the process in the leftover cgroup was killed";
+}
+
+}  // namespace
+}  // namespace dsec::testing
