@@ -165,6 +165,16 @@ void OnDown(NodeSelf self, caf::down_msg& dm) {
   }
 }
 
+// A request for one sandbox goes to its actor, which answers the sender.
+template <class Reply, class Request>
+caf::result<Reply> ToSandbox(NodeSelf self, Request& req) {
+  auto it = self->state.sandboxes.find(req.sandbox_id());
+  if (it == self->state.sandboxes.end())
+    return ErrorReply<Reply>(
+        Status::NotFound("sandbox '" + req.sandbox_id() + "' not found on this node (dsecctl ls lists sandboxes)"));
+  return self->delegate(it->second, std::move(req));
+}
+
 caf::result<v1::RunReply> HandleRun(NodeSelf self, v1::RunRequest& req) {
   auto& st = self->state;
   auto& ctx = *st.ctx;
@@ -253,25 +263,14 @@ node_actor::behavior_type NodeActor(NodeSelf self, std::shared_ptr<NodeContext> 
         Watch(self, rec.id(), child);
         return self->delegate(child, std::move(req));
       },
-      [self](v1::ExecRequest& req) -> caf::result<v1::ExecReply> {
-        auto it = self->state.sandboxes.find(req.sandbox_id());
-        if (it == self->state.sandboxes.end())
-          return ErrorReply<v1::ExecReply>(Status::NotFound(
-              "sandbox '" + req.sandbox_id() + "' not found on this node (dsecctl ls lists sandboxes)"));
-        return self->delegate(it->second, std::move(req));
-      },
-      [self](v1::DestroyRequest& req) -> caf::result<v1::SandboxReply> {
-        auto it = self->state.sandboxes.find(req.sandbox_id());
-        if (it == self->state.sandboxes.end())
-          return ErrorReply<v1::SandboxReply>(Status::NotFound("sandbox '" + req.sandbox_id() + "' not found"));
-        return self->delegate(it->second, std::move(req));
-      },
-      [self](v1::GetSandboxRequest& req) -> caf::result<v1::SandboxReply> {
-        auto it = self->state.sandboxes.find(req.sandbox_id());
-        if (it == self->state.sandboxes.end())
-          return ErrorReply<v1::SandboxReply>(Status::NotFound("sandbox '" + req.sandbox_id() + "' not found"));
-        return self->delegate(it->second, std::move(req));
-      },
+      [self](v1::ExecRequest& req) { return ToSandbox<v1::ExecReply>(self, req); },
+      [self](v1::DestroyRequest& req) { return ToSandbox<v1::SandboxReply>(self, req); },
+      [self](v1::GetSandboxRequest& req) { return ToSandbox<v1::SandboxReply>(self, req); },
+      [self](v1::PauseRequest& req) { return ToSandbox<v1::SandboxReply>(self, req); },
+      [self](v1::ResumeRequest& req) { return ToSandbox<v1::SandboxReply>(self, req); },
+      [self](v1::ReadFileRequest& req) { return ToSandbox<v1::FileReply>(self, req); },
+      [self](v1::WriteFileRequest& req) { return ToSandbox<v1::FileReply>(self, req); },
+      [self](v1::ListFilesRequest& req) { return ToSandbox<v1::FileReply>(self, req); },
       [self](v1::OpenSessionRequest& req) -> caf::result<v1::SessionReply> {
         auto& st = self->state;
         Status s = CheckSessionName(req.name());

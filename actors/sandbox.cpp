@@ -46,6 +46,69 @@ void Checkpoint(Self self, std::function<void(const Status&)> then) {
   });
 }
 
+// Why the sandbox cannot take an operation now, or Ok.
+Status NotServing(Self self, bool paused_ok) {
+  auto& st = self->state;
+  if (!st.driver) return st.driver_status.Annotate("sandbox " + st.rec.id());
+  bool ok = st.rec.phase() == v1::SANDBOX_PHASE_RUNNING || (paused_ok && st.rec.phase() == v1::SANDBOX_PHASE_PAUSED);
+  if (ok && !st.destroying) return Status::Ok();
+  std::string hint = st.rec.phase() == v1::SANDBOX_PHASE_PAUSED ? " (resume it first)" : "";
+  return Status::FailedPrecondition("sandbox " + st.rec.id() + " is " + PhaseName(st.rec.phase()) + ", not running" +
+                                    hint);
+}
+
+// A file call: checks the path and the phase, runs `call` on the driver and
+// answers on this actor.
+caf::result<v1::FileReply> FileOp(Self self, const std::string& path,
+                                  std::function<void(Self, drivers::FileCallback)> call) {
+  auto fail = [](const Status& s) {
+    v1::FileReply r;
+    ToProto(s, r.mutable_status());
+    return r;
+  };
+  Status ok = NotServing(self, false);
+  if (ok.ok()) ok = drivers::CheckSandboxPath(path).Annotate("sandbox " + self->state.rec.id());
+  if (!ok.ok()) return fail(ok);
+  auto rp = self->make_response_promise<v1::FileReply>();
+  auto handle = caf::actor_cast<sandbox_actor>(self);
+  call(self, [handle, self, rp, path, fail](Result<v1::FileReply> r) mutable {
+    Post(handle, [self, rp, path, fail, r = std::move(r)]() mutable {
+      if (r.ok()) rp.deliver(std::move(*r));
+      else rp.deliver(fail(r.status().Annotate("sandbox " + self->state.rec.id())));
+    });
+  });
+  return rp;
+}
+
+// Pause (freeze) or resume; the phase change is checkpointed before the reply.
+caf::result<v1::SandboxReply> SetPaused(Self self, bool paused) {
+  auto& st = self->state;
+  auto want = paused ? v1::SANDBOX_PHASE_PAUSED : v1::SANDBOX_PHASE_RUNNING;
+  if (st.rec.phase() == want && !st.destroying) return Reply(Status::Ok(), st.rec);  // idempotent
+  Status ok = NotServing(self, true);
+  if (!ok.ok()) return Reply(ok, st.rec);
+  if (paused && !st.running.empty())
+    return Reply(Status::FailedPrecondition("sandbox " + st.rec.id() + " has " + std::to_string(st.running.size()) +
+                                            " exec(s) running; pause it between execs"),
+                 st.rec);
+  auto rp = self->make_response_promise<v1::SandboxReply>();
+  auto handle = caf::actor_cast<sandbox_actor>(self);
+  st.driver->Pause(st.rec, paused, [handle, self, rp, want](const Status& s) mutable {
+    Post(handle, [self, rp, want, s]() mutable {
+      auto& st = self->state;
+      if (!s.ok()) {
+        rp.deliver(Reply(s.Annotate("sandbox " + st.rec.id()), st.rec));
+        return;
+      }
+      st.rec.set_phase(want);
+      Checkpoint(self, [self, rp](const Status& w) mutable {
+        rp.deliver(Reply(w.Annotate("sandbox " + self->state.rec.id() + ": checkpoint"), self->state.rec));
+      });
+    });
+  });
+  return rp;
+}
+
 sandbox_actor::behavior_type Behavior(Self self) {
   ExitOnException(self, self->state.ctx->log, "sandbox " + self->state.rec.id());
   return {
@@ -99,10 +162,8 @@ sandbox_actor::behavior_type Behavior(Self self) {
           ToProto(st.driver_status.Annotate("sandbox " + st.rec.id()), reply.mutable_status());
           return reply;
         }
-        if (st.rec.phase() != v1::SANDBOX_PHASE_RUNNING || st.destroying) {
-          ToProto(Status::FailedPrecondition("sandbox " + st.rec.id() + " is " +
-                                             PhaseName(st.rec.phase()) + ", not running"),
-                  reply.mutable_status());
+        if (Status serving = NotServing(self, false); !serving.ok()) {
+          ToProto(serving, reply.mutable_status());
           return reply;
         }
         Status ok = drivers::CheckExecRequest(st.ctx->options.limits, req);
@@ -119,7 +180,7 @@ sandbox_actor::behavior_type Behavior(Self self) {
                              std::to_string(++st.next_exec);
         st.running.insert(run_id);
         auto handle = caf::actor_cast<sandbox_actor>(self);
-        st.driver->Exec(st.rec, run_id, req, [handle, self, rp, run_id](Result<v1::ExecResult> r) mutable {
+        auto finished = [handle, self, rp, run_id](Result<v1::ExecResult> r) mutable {
           Post(handle, [self, rp, run_id, r = std::move(r)]() mutable {
             v1::ExecReply reply;
             auto& st = self->state;
@@ -138,8 +199,42 @@ sandbox_actor::behavior_type Behavior(Self self) {
               next();
             }
           });
-        });
+        };
+        if (!req.stream()) {
+          st.driver->Exec(st.rec, run_id, req, std::move(finished));
+          return rp;
+        }
+        // Pieces go to whoever asked, from this actor, so they arrive before
+        // the reply (one sender, one receiver: CAF keeps the order).
+        auto to = caf::actor_cast<caf::actor>(self->current_sender());
+        uint64_t stream_id = req.stream_id();
+        st.driver->ExecStreaming(
+            st.rec, run_id, req,
+            [handle, to, stream_id](const v1::ExecOutput& out) {
+              Post(handle, [to, stream_id, piece = v1::ExecOutput(out)]() mutable {
+                piece.set_stream_id(stream_id);
+                if (to) caf::anon_send(to, std::move(piece));
+              });
+            },
+            std::move(finished));
         return rp;
+      },
+      [self](const v1::PauseRequest&) -> caf::result<v1::SandboxReply> { return SetPaused(self, true); },
+      [self](const v1::ResumeRequest&) -> caf::result<v1::SandboxReply> { return SetPaused(self, false); },
+      [self](const v1::ReadFileRequest& req) -> caf::result<v1::FileReply> {
+        return FileOp(self, req.path(), [req](Self s, drivers::FileCallback cb) {
+          s->state.driver->ReadFile(s->state.rec, req, std::move(cb));
+        });
+      },
+      [self](const v1::WriteFileRequest& req) -> caf::result<v1::FileReply> {
+        return FileOp(self, req.path(), [req](Self s, drivers::FileCallback cb) {
+          s->state.driver->WriteFile(s->state.rec, req, std::move(cb));
+        });
+      },
+      [self](const v1::ListFilesRequest& req) -> caf::result<v1::FileReply> {
+        return FileOp(self, req.path(), [req](Self s, drivers::FileCallback cb) {
+          s->state.driver->ListFiles(s->state.rec, req, std::move(cb));
+        });
       },
       [self](const v1::DestroyRequest&) -> caf::result<v1::SandboxReply> {
         auto& st = self->state;

@@ -21,6 +21,9 @@ using crash_atom = caf::atom_constant<caf::atom("crash")>;
 // Messages, and when they are legal:
 //   CreateRequest      first message after spawn by the node (new sandbox)
 //   ExecRequest        while running
+//   PauseRequest       while running (no exec in flight) -> paused
+//   ResumeRequest      while paused -> running
+//   Read/Write/ListFiles while running
 //   DestroyRequest     any time; the actor quits after replying
 //   GetSandboxRequest  any time
 //   Continuation       from the actor's own callbacks only
@@ -30,6 +33,11 @@ using sandbox_actor = caf::typed_actor<
     caf::replies_to<v1::ExecRequest>::with<v1::ExecReply>,
     caf::replies_to<v1::DestroyRequest>::with<v1::SandboxReply>,
     caf::replies_to<v1::GetSandboxRequest>::with<v1::SandboxReply>,
+    caf::replies_to<v1::PauseRequest>::with<v1::SandboxReply>,
+    caf::replies_to<v1::ResumeRequest>::with<v1::SandboxReply>,
+    caf::replies_to<v1::ReadFileRequest>::with<v1::FileReply>,
+    caf::replies_to<v1::WriteFileRequest>::with<v1::FileReply>,
+    caf::replies_to<v1::ListFilesRequest>::with<v1::FileReply>,
     caf::reacts_to<Continuation>,
     caf::reacts_to<crash_atom>>;
 

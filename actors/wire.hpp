@@ -58,6 +58,9 @@ namespace dsec {
 //   ExecRequest         exec in sandbox exec.sandbox_id       -> ExecReply
 //   DestroyRequest      destroy a sandbox                     -> SandboxReply
 //   GetSandboxRequest   a sandbox's record                    -> SandboxReply
+//   PauseRequest / ResumeRequest  freeze / thaw a sandbox     -> SandboxReply
+//   ReadFileRequest / WriteFileRequest / ListFilesRequest     -> FileReply
+//   (a streamed ExecRequest also sends v1::ExecOutput messages to its sender)
 //   OpenSessionRequest  open (or re-open) a rollout session   -> SessionReply
 //   StepRequest         run / fast-forward one step           -> StepReply
 //   CloseSessionRequest close a session                       -> SessionReply
@@ -70,6 +73,11 @@ using entry_actor = caf::typed_actor<
     caf::replies_to<v1::ExecRequest>::with<v1::ExecReply>,
     caf::replies_to<v1::DestroyRequest>::with<v1::SandboxReply>,
     caf::replies_to<v1::GetSandboxRequest>::with<v1::SandboxReply>,
+    caf::replies_to<v1::PauseRequest>::with<v1::SandboxReply>,
+    caf::replies_to<v1::ResumeRequest>::with<v1::SandboxReply>,
+    caf::replies_to<v1::ReadFileRequest>::with<v1::FileReply>,
+    caf::replies_to<v1::WriteFileRequest>::with<v1::FileReply>,
+    caf::replies_to<v1::ListFilesRequest>::with<v1::FileReply>,
     caf::replies_to<v1::OpenSessionRequest>::with<v1::SessionReply>,
     caf::replies_to<v1::StepRequest>::with<v1::StepReply>,
     caf::replies_to<v1::CloseSessionRequest>::with<v1::SessionReply>,

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "dsec/status.hpp"
+#include "dsec/v1/service.pb.h"
 #include "dsec/v1/types.pb.h"
 
 namespace dsec::drivers {
@@ -17,6 +18,10 @@ using ExecCallback = std::function<void(Result<v1::ExecResult>)>;
 // Create's result: the driver's own state to keep in the record
 // (SandboxRecord.driver_state; what Readopt needs after a restart).
 using CreateCallback = std::function<void(Result<std::string>)>;
+// A piece of a streamed exec's output (stream_id left for the caller).
+using OutputCallback = std::function<void(const v1::ExecOutput&)>;
+// ReadFile: content; ListFiles: info and entries; WriteFile: nothing.
+using FileCallback = std::function<void(Result<v1::FileReply>)>;
 
 class Driver {
  public:
@@ -39,9 +44,22 @@ class Driver {
   // final (see limits.hpp).
   virtual void Exec(const v1::SandboxRecord& sandbox, const std::string& run_id,
                     const v1::ExecRequest& req, ExecCallback done) = 0;
+  // Exec with its output delivered through `on_output` while it runs; the
+  // result then carries none. The default runs Exec and hands the output
+  // over in one piece at the end (kinds that cannot stream: fncall).
+  virtual void ExecStreaming(const v1::SandboxRecord& sandbox, const std::string& run_id,
+                             const v1::ExecRequest& req, OutputCallback on_output, ExecCallback done);
   // Stops a run in flight; its ExecCallback reports how it ended.
   virtual Status Kill(const std::string& run_id, const std::string& reason) = 0;
   virtual void Destroy(const v1::SandboxRecord& sandbox, StatusCallback done) = 0;
+  // Files of a sandbox with state. Paths were checked (CheckSandboxPath).
+  // The defaults answer Unimplemented, naming the kind.
+  virtual void ReadFile(const v1::SandboxRecord& sandbox, const v1::ReadFileRequest& req, FileCallback done);
+  virtual void WriteFile(const v1::SandboxRecord& sandbox, const v1::WriteFileRequest& req, FileCallback done);
+  virtual void ListFiles(const v1::SandboxRecord& sandbox, const v1::ListFilesRequest& req, FileCallback done);
+  // Freezes (paused) or thaws every process of the sandbox.
+  virtual void Pause(const v1::SandboxRecord& sandbox, bool paused, StatusCallback done);
+
   // After a daemon restart: reconnect to a sandbox from its record, or say
   // why it is gone.
   virtual Status Readopt(const v1::SandboxRecord& sandbox) = 0;
@@ -53,5 +71,9 @@ class Driver {
   // One-line JSON object of driver statistics for the admin console.
   virtual std::string StatsJson() const = 0;
 };
+
+// A path for the file calls: absolute, no "..", no NUL, at most 4096 bytes.
+// InvalidArgument saying which rule it breaks.
+Status CheckSandboxPath(const std::string& path);
 
 }  // namespace dsec::drivers

@@ -181,6 +181,14 @@ int Run(const Flags& f) {
     dsec::ConfigureCaf(cfg, co);
     caf::actor_system sys{cfg};
     auto node = dsec::SpawnNode(sys, ctx);
+    {
+      // The node restores sandboxes and sessions (and drivers sweep what no
+      // record claims) before its first message: "ready" means all of that.
+      caf::scoped_actor self{sys};
+      self->request(node, caf::infinite, dsec::admin_atom::value, std::string("status"), std::vector<std::string>{})
+          .receive([](const std::string&) {},
+                   [&](caf::error& e) { log->warn("node did not answer its first status: {}", sys.render(e)); });
+    }
     auto entry = caf::actor_cast<dsec::entry_actor>(node);
     auto bound = sys.middleman().publish(entry, sdk_port, sdk_host.c_str(), true);
     caf::actor console;

@@ -1,7 +1,9 @@
 // File requests of dsec-agent: ReadFile, WriteFile, Stat, ListDir. They run
 // on the event loop and block on the local filesystem, which is the
 // sandbox's own (the agent runs inside it), so paths are taken as given and
-// symlinks followed like any program there would. What could block for good
+// symlinks followed like any program there would, except the "magic" links
+// of /proc (/proc/<pid>/root, /proc/<pid>/fd/N), which are refused: they are
+// not paths in the sandbox but handles to wherever a process points. What could block for good
 // (FIFOs, devices) is refused, and sizes are capped so every answer fits in
 // one frame. Errors name the request, the path and the errno.
 #include "drivers/agent/agent_internal.hpp"
@@ -9,7 +11,9 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/openat2.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -53,6 +57,22 @@ std::string Basename(const std::string& path) {
   return slash == std::string::npos ? p : p.substr(slash + 1);
 }
 
+// open(2) that refuses to pass through /proc's magic links (ELOOP).
+int OpenNoMagic(const std::string& path, int flags, mode_t mode = 0) {
+  open_how how{};
+  how.flags = static_cast<uint64_t>(flags);
+  how.mode = (flags & O_CREAT) ? mode : 0;
+  how.resolve = RESOLVE_NO_MAGICLINKS;
+  long fd = ::syscall(SYS_openat2, AT_FDCWD, path.c_str(), &how, sizeof how);
+  if (fd < 0 && errno == ENOSYS) return ::open(path.c_str(), flags, mode);  // kernels before 5.6
+  return static_cast<int>(fd);
+}
+
+std::string MagicLinkWhy(int err) {
+  return err == ELOOP ? std::string(std::strerror(err)) + " (or a /proc magic link in the path, which is refused)"
+                      : std::string(std::strerror(err));
+}
+
 }  // namespace
 
 void Agent::OnReadFile(Conn& c, uint64_t id, const ReadFile& req) {
@@ -62,8 +82,8 @@ void Agent::OnReadFile(Conn& c, uint64_t id, const ReadFile& req) {
   uint64_t max = req.max_bytes() ? req.max_bytes() : kDefaultReadMax;
   if (max > kMaxReadBytes) max = kMaxReadBytes;
   // O_NONBLOCK: opening a FIFO must not wait for a writer; we refuse it below.
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY));
-  if (!fd) return fail(errno, std::strerror(errno));
+  UniqueFd fd(OpenNoMagic(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY));
+  if (!fd) return fail(errno, MagicLinkWhy(errno));
   struct stat st;
   if (::fstat(fd.get(), &st) < 0) return fail(errno, std::string("fstat: ") + std::strerror(errno));
   if (!S_ISREG(st.st_mode))
@@ -109,12 +129,12 @@ void Agent::OnWriteFile(Conn& c, uint64_t id, const WriteFile& req) {
   // Exclusive create first, to know whether the mode is ours to set.
   int flags = O_WRONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY;
   bool created = true;
-  UniqueFd fd(::open(path.c_str(), flags | O_CREAT | O_EXCL, mode));
+  UniqueFd fd(OpenNoMagic(path, flags | O_CREAT | O_EXCL, mode));
   if (!fd && errno == EEXIST) {
     created = false;
-    fd.Reset(::open(path.c_str(), flags));
+    fd.Reset(OpenNoMagic(path, flags));
   }
-  if (!fd) return fail(errno, std::strerror(errno));
+  if (!fd) return fail(errno, MagicLinkWhy(errno));
   struct stat st;
   if (::fstat(fd.get(), &st) < 0) return fail(errno, std::string("fstat: ") + std::strerror(errno));
   if (!S_ISREG(st.st_mode))
@@ -138,12 +158,20 @@ void Agent::OnStat(Conn& c, uint64_t id, const Stat& req) {
   const std::string& path = req.path();
   if (path.empty() || path.find('\0') != std::string::npos)
     return SendError(c, id, EINVAL, "stat " + path + ": empty path or NUL byte in it");
+  // lstat: a symlink is reported as one, with its target. The parent is
+  // resolved without magic links, the last component not followed.
+  std::string base = Basename(path);
+  size_t slash = path.find_last_not_of('/');
+  slash = slash == std::string::npos ? std::string::npos : path.rfind('/', slash);
+  std::string parent = slash == std::string::npos || slash == 0 ? (path[0] == '/' ? "/" : ".") : path.substr(0, slash);
+  if (base == "/" || base.empty()) base = ".";
+  UniqueFd dir(OpenNoMagic(parent, O_PATH | O_DIRECTORY | O_CLOEXEC));
   struct stat st;
-  // lstat: a symlink is reported as one, with its target.
-  if (::lstat(path.c_str(), &st) < 0) return SendError(c, id, errno, "stat " + path + ": " + std::strerror(errno));
+  if (!dir || ::fstatat(dir.get(), base.c_str(), &st, AT_SYMLINK_NOFOLLOW) < 0)
+    return SendError(c, id, errno, "stat " + path + ": " + MagicLinkWhy(errno));
   Event ev;
   ev.set_id(id);
-  FillInfo(ev.mutable_stat(), Basename(path), st, S_ISLNK(st.st_mode) ? ReadLinkAt(AT_FDCWD, path.c_str()) : "");
+  FillInfo(ev.mutable_stat(), Basename(path), st, S_ISLNK(st.st_mode) ? ReadLinkAt(dir.get(), base.c_str()) : "");
   Send(c, ev);
 }
 
@@ -151,8 +179,8 @@ void Agent::OnListDir(Conn& c, uint64_t id, const ListDir& req) {
   const std::string& path = req.path();
   auto fail = [&](int err, const std::string& why) { SendError(c, id, err, "list_dir " + path + ": " + why); };
   if (path.empty() || path.find('\0') != std::string::npos) return fail(EINVAL, "empty path or NUL byte in it");
-  int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return fail(errno, std::strerror(errno));
+  int fd = OpenNoMagic(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return fail(errno, MagicLinkWhy(errno));
   DIR* d = ::fdopendir(fd);
   if (!d) {
     int err = errno;

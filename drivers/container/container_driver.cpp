@@ -301,13 +301,31 @@ Result<std::string> ContainerDriver::CreateNow(const v1::SandboxRecord& sb) {
       .dump();
 }
 
+Result<std::shared_ptr<ContainerDriver::Box>> ContainerDriver::Running(const std::string& id) const {
+  auto box = Find(id);
+  if (!box || !box->agent || !box->agent->connected())
+    return Status::Unavailable("container " + id + " is not running on this node (its agent is not connected)");
+  return box;
+}
+
 void ContainerDriver::Exec(const v1::SandboxRecord& sb, const std::string& run_id, const v1::ExecRequest& req,
                            ExecCallback done) {
-  auto box = Find(sb.id());
-  if (!box || !box->agent || !box->agent->connected()) {
-    done(Status::Unavailable("container " + sb.id() + " is not running on this node (its agent is not connected)"));
+  StartExec(sb, run_id, req, nullptr, std::move(done));
+}
+
+void ContainerDriver::ExecStreaming(const v1::SandboxRecord& sb, const std::string& run_id,
+                                    const v1::ExecRequest& req, OutputCallback on_output, ExecCallback done) {
+  StartExec(sb, run_id, req, std::move(on_output), std::move(done));
+}
+
+void ContainerDriver::StartExec(const v1::SandboxRecord& sb, const std::string& run_id, const v1::ExecRequest& req,
+                                OutputCallback on_output, ExecCallback done) {
+  auto running = Running(sb.id());
+  if (!running.ok()) {
+    done(running.status());
     return;
   }
+  auto box = *running;
   agent::Exec e;
   for (const auto& a : req.argv()) e.add_argv(a);
   std::map<std::string, std::string> env = {{"PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
@@ -319,6 +337,7 @@ void ContainerDriver::Exec(const v1::SandboxRecord& sb, const std::string& run_i
   for (const auto& [k, v] : env) e.add_env(k + "=" + v);
   e.set_cwd(!req.cwd().empty() ? req.cwd() : !sb.spec().workdir().empty() ? sb.spec().workdir() : "/work");
   e.set_stdin(req.stdin());
+  e.set_stream(on_output != nullptr);
   const v1::Limits& lim = req.limits();
   e.mutable_limits()->set_timeout_ms(lim.timeout_ms());
   e.mutable_limits()->set_output_bytes(lim.output_bytes());
@@ -335,7 +354,15 @@ void ContainerDriver::Exec(const v1::SandboxRecord& sb, const std::string& run_i
     std::lock_guard<std::mutex> lk(mu_);
     runs_[run_id] = RunRef{sb.id(), 0, {}};
   }
-  uint64_t exec_id = box->agent->Exec(e, {}, [this, box, oom0, merged, argv0, run_id, done](Result<agent::ExecDone> r) {
+  AgentClient::OutputCallback piece;
+  if (on_output)
+    piece = [on_output](const agent::Output& o) {
+      v1::ExecOutput out;
+      if (o.stream() == 2) out.set_stderr(o.data());
+      else out.set_stdout(o.data());
+      on_output(out);
+    };
+  uint64_t exec_id = box->agent->Exec(e, std::move(piece), [this, box, oom0, merged, argv0, run_id, done](Result<agent::ExecDone> r) {
     std::string kill_reason;
     {
       std::lock_guard<std::mutex> lk(mu_);
@@ -380,6 +407,75 @@ Status ContainerDriver::Kill(const std::string& run_id, const std::string& reaso
   if (!box || !box->agent) return Status::NotFound("container " + id + " is gone");
   box->agent->Signal(exec_id, SIGKILL, [](const Status&) {});
   return Status::Ok();
+}
+
+namespace {
+
+v1::FileInfo ToInfo(const agent::FileInfo& a) {
+  v1::FileInfo f;
+  f.set_name(a.name());
+  f.set_mode(a.mode());
+  f.set_size(a.size());
+  f.set_mtime_ms(a.mtime_ms());
+  f.set_link_target(a.link_target());
+  return f;
+}
+
+}  // namespace
+
+void ContainerDriver::ReadFile(const v1::SandboxRecord& sb, const v1::ReadFileRequest& req, FileCallback done) {
+  auto box = Running(sb.id());
+  if (!box.ok()) return done(box.status());
+  (*box)->agent->ReadFile(req.path(), req.max_bytes(), [done](Result<std::string> r) {
+    if (!r.ok()) return done(r.status());
+    v1::FileReply reply;
+    reply.set_content(std::move(*r));
+    done(std::move(reply));
+  });
+}
+
+void ContainerDriver::WriteFile(const v1::SandboxRecord& sb, const v1::WriteFileRequest& req, FileCallback done) {
+  auto box = Running(sb.id());
+  if (!box.ok()) return done(box.status());
+  agent::WriteFile w;
+  w.set_path(req.path());
+  w.set_data(req.content());
+  w.set_mode(req.mode() ? req.mode() : 0644);
+  w.set_mkdirs(req.make_parents());
+  (*box)->agent->WriteFile(w, [done](const Status& st) {
+    if (!st.ok()) return done(st);
+    done(v1::FileReply());
+  });
+}
+
+void ContainerDriver::ListFiles(const v1::SandboxRecord& sb, const v1::ListFilesRequest& req, FileCallback done) {
+  auto running = Running(sb.id());
+  if (!running.ok()) return done(running.status());
+  auto box = *running;
+  std::string path = req.path();
+  // The path itself first; a directory's entries next.
+  box->agent->Stat(path, [box, path, done](Result<agent::FileInfo> st) {
+    if (!st.ok()) return done(st.status());
+    v1::FileReply reply;
+    *reply.mutable_info() = ToInfo(*st);
+    if (!S_ISDIR(st->mode())) return done(std::move(reply));
+    box->agent->ListDir(path, [reply, done](Result<std::vector<agent::FileInfo>> entries) mutable {
+      if (!entries.ok()) return done(entries.status());
+      for (const auto& e : *entries) *reply.add_entries() = ToInfo(e);
+      done(std::move(reply));
+    });
+  });
+}
+
+void ContainerDriver::Pause(const v1::SandboxRecord& sb, bool paused, StatusCallback done) {
+  auto box = Find(sb.id());
+  if (!box || !box->cgroup) return done(Status::Unavailable("container " + sb.id() + " is not running on this node"));
+  // Freezing waits for the kernel to settle: off the caller's thread.
+  Work([this, box, paused, done] {
+    Status st = box->cgroup->Freeze(paused);
+    if (st.ok() && paused) ++paused_;
+    done(st.Annotate("container " + box->id));
+  });
 }
 
 void ContainerDriver::Destroy(const v1::SandboxRecord& sb, StatusCallback done) {
@@ -444,9 +540,15 @@ Status ContainerDriver::Readopt(const v1::SandboxRecord& sb) {
     mounts_->Release(box->digest);
     return fail(Status::Unavailable("container " + sb.id() + " has no process left"));
   }
-  if (auto st = ConnectAgent(*box); !st.ok()) {
+  // A paused container's agent cannot answer: thaw it for the handshake,
+  // then freeze it again.
+  bool frozen = box->cgroup->Frozen();
+  if (frozen) (void)box->cgroup->Freeze(false);
+  Status connected = ConnectAgent(*box);
+  if (frozen && connected.ok()) connected = box->cgroup->Freeze(true);
+  if (!connected.ok()) {
     mounts_->Release(box->digest);
-    return fail(st);
+    return fail(connected);
   }
   std::lock_guard<std::mutex> lk(mu_);
   boxes_[sb.id()] = box;
@@ -491,6 +593,7 @@ std::string ContainerDriver::StatsJson() const {
               {"containers", boxes_.size()},
               {"created", created_.load()},
               {"destroyed", destroyed_.load()},
+              {"pauses", paused_.load()},
               {"execs_in_flight", runs_.size()},
               {"image_mounts", mounts}}
       .dump();

@@ -51,7 +51,13 @@ class ContainerDriver : public Driver {
   void Create(const v1::SandboxRecord& sandbox, CreateCallback done) override;
   void Exec(const v1::SandboxRecord& sandbox, const std::string& run_id, const v1::ExecRequest& req,
             ExecCallback done) override;
+  void ExecStreaming(const v1::SandboxRecord& sandbox, const std::string& run_id, const v1::ExecRequest& req,
+                     OutputCallback on_output, ExecCallback done) override;
   Status Kill(const std::string& run_id, const std::string& reason) override;
+  void ReadFile(const v1::SandboxRecord& sandbox, const v1::ReadFileRequest& req, FileCallback done) override;
+  void WriteFile(const v1::SandboxRecord& sandbox, const v1::WriteFileRequest& req, FileCallback done) override;
+  void ListFiles(const v1::SandboxRecord& sandbox, const v1::ListFilesRequest& req, FileCallback done) override;
+  void Pause(const v1::SandboxRecord& sandbox, bool paused, StatusCallback done) override;
   void Destroy(const v1::SandboxRecord& sandbox, StatusCallback done) override;
   Status Readopt(const v1::SandboxRecord& sandbox) override;
   void Restored() override;
@@ -70,6 +76,10 @@ class ContainerDriver : public Driver {
   Result<std::string> CreateNow(const v1::SandboxRecord& sb);
   Status DestroyNow(const std::string& id, const std::string& digest);
   std::shared_ptr<Box> Find(const std::string& id) const;
+  // The box of a running container with a live agent, or Unavailable.
+  Result<std::shared_ptr<Box>> Running(const std::string& id) const;
+  void StartExec(const v1::SandboxRecord& sb, const std::string& run_id, const v1::ExecRequest& req,
+                 OutputCallback on_output, ExecCallback done);
   Status ConnectAgent(Box& box) const;
   void Log(int level, const std::string& text) const;
 
@@ -94,7 +104,7 @@ class ContainerDriver : public Driver {
   std::deque<std::function<void()>> work_;
   bool stopping_ = false;
   std::vector<std::thread> workers_;
-  std::atomic<uint64_t> created_{0}, destroyed_{0};
+  std::atomic<uint64_t> created_{0}, destroyed_{0}, paused_{0};
 };
 
 // Where a sandbox's files live: <data>/sandboxes/<id>.

@@ -78,6 +78,33 @@ void DropCapabilities(ContainerSetup* s) {
   CHECK(Call(SYS_capset, &header, data), "set the container's capabilities");
 }
 
+// What Docker protects in /proc. Root in the container is the host's root
+// (no user namespace), so /proc/sys and friends are the host kernel's own
+// knobs (core_pattern would run a program of the container's choosing as
+// root on the host): read-only. The masked files leak host state.
+void ProtectProc(ContainerSetup* s, const char* r) {
+  for (const char* rel : {"/proc/sys", "/proc/sysrq-trigger", "/proc/bus", "/proc/fs", "/proc/irq"}) {
+    Path p(r, rel);
+    long rc = Call(SYS_mount, p.buf, p.buf, 0, MS_BIND | MS_REC, 0);
+    if (rc == -ENOENT) continue;  // not in this kernel
+    CHECK(rc, "bind a /proc path over itself");
+    CHECK(Call(SYS_mount, 0, p.buf, 0, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, 0),
+          "make a /proc path read-only");
+  }
+  Path null(r, "/dev/null");
+  for (const char* rel : {"/proc/kcore", "/proc/keys", "/proc/timer_list", "/proc/sched_debug",
+                          "/proc/latency_stats", "/proc/timer_stats"}) {
+    Path p(r, rel);
+    long rc = Call(SYS_mount, null.buf, p.buf, 0, MS_BIND, 0);
+    if (rc != -ENOENT) CHECK(rc, "mask a /proc file");
+  }
+  for (const char* rel : {"/proc/acpi", "/proc/scsi"}) {
+    Path p(r, rel);
+    long rc = Call(SYS_mount, "none", p.buf, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=0");
+    if (rc != -ENOENT) CHECK(rc, "mask a /proc directory");
+  }
+}
+
 }  // namespace
 
 int ContainerInitEntry(void* arg) {
@@ -105,7 +132,8 @@ int ContainerInitEntry(void* arg) {
 
   CHECK(Call(SYS_mount, 0, "/", 0, MS_REC | MS_PRIVATE, 0), "make / private");
   const char* r = s->root;
-  CHECK(Call(SYS_mount, "overlay", r, "overlay", MS_NOSUID, s->overlay_opts), "mount the overlay root");
+  // nodev: device nodes shipped in an image are inert; /dev is our own.
+  CHECK(Call(SYS_mount, "overlay", r, "overlay", MS_NOSUID | MS_NODEV, s->overlay_opts), "mount the overlay root");
   for (const char* d : {"/proc", "/dev", "/run", "/run/dsec", "/tmp", "/work", "/.dsec-old"}) CHECK(Mkdir(Path(r, d).buf, 0755), "mkdir in the root");
   CHECK(Call(SYS_chmod, Path(r, "/tmp").buf, 01777), "chmod /tmp");
   CHECK(Call(SYS_mount, "proc", Path(r, "/proc").buf, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, 0), "mount /proc");
@@ -131,6 +159,7 @@ int ContainerInitEntry(void* arg) {
         "mount /dev/pts");
   Call(SYS_symlink, "pts/ptmx", Path(r, "/dev/ptmx").buf);
   CHECK(Call(SYS_mount, "shm", Path(r, "/dev/shm").buf, "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777"), "mount /dev/shm");
+  ProtectProc(s, r);
   // /run/dsec: the host's per-sandbox dir (the agent's socket), and the
   // agent binary over the empty file the host left there.
   CHECK(Call(SYS_mount, s->run_dir, Path(r, "/run/dsec").buf, 0, MS_BIND, 0), "bind /run/dsec");

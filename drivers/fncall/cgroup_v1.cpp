@@ -225,6 +225,10 @@ Status CgroupSlot::Freeze(bool frozen) {
   return frozen ? Status::Unavailable("cgroup " + rel_ + ": did not freeze within 1 s") : Status::Ok();
 }
 
+bool CgroupSlot::Frozen() {
+  return freezer_state_ && ReadSmallFd(freezer_state_.get()).rfind("THAWED", 0) != 0;
+}
+
 std::vector<pid_t> CgroupSlot::Pids() const { return dirs_.empty() ? std::vector<pid_t>{} : ReadProcs(dirs_[0]); }
 
 std::vector<int> CgroupSlot::CpuProcsFds() const {

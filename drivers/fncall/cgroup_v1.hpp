@@ -66,6 +66,8 @@ class CgroupSlot {
   // Pause / resume everything inside (freezer); FailedPrecondition without
   // a freezer hierarchy.
   Status Freeze(bool frozen);
+  // True when the freezer holds the group FROZEN (or FREEZING).
+  bool Frozen();
   // Pids inside (the memory hierarchy's view).
   std::vector<pid_t> Pids() const;
   // Kills anything left inside (there should be nothing), then rmdirs.

@@ -14,6 +14,7 @@ struct Client::Impl {
   std::string host;
   uint16_t port = 0;
   sdk::AgentShared shared;
+  std::atomic<uint64_t> next_stream{1};
   std::unique_ptr<caf::actor_system_config> cfg;
   std::unique_ptr<caf::actor_system> sys;
   caf::actor agent;
@@ -40,11 +41,16 @@ struct Client::Impl {
     return Status::Unavailable("dsecd at " + where + ": " + caf::to_string(e));
   }
 
+  // With `on_output`, v1::ExecOutput messages for req.stream_id() go there
+  // until the reply arrives.
   template <class Reply, class Request>
-  void Call(Request req, std::chrono::milliseconds timeout, std::function<void(Result<Reply>)> done) {
+  void Call(Request req, std::chrono::milliseconds timeout, std::function<void(Result<Reply>)> done,
+            std::function<void(const v1::ExecOutput&)> on_output = nullptr) {
     auto shared_done = std::make_shared<std::function<void(Result<Reply>)>>(std::move(done));
     sdk::CallMsg call;
     call.timeout = timeout;
+    if constexpr (std::is_same<Request, v1::ExecRequest>::value) call.stream_id = req.stream_id();
+    call.on_output = std::move(on_output);
     call.fail = [this, timeout, shared_done](const caf::error& e) { (*shared_done)(ToStatus(e, timeout)); };
     call.send = [this, timeout, shared_done, req = std::move(req)](
                     caf::event_based_actor* self, const caf::actor& entry, std::function<bool()> claim) {
@@ -193,10 +199,57 @@ Result<v1::SandboxRecord> Sandbox::Get() const {
   return std::move(*r->mutable_sandbox());
 }
 
-Status Sandbox::Destroy() const {
-  v1::DestroyRequest req;
+template <class Reply, class Request>
+Result<Reply> Sandbox::Call(Request req) const {
   req.set_sandbox_id(id_);
-  return client_->impl_->CallSync<v1::SandboxReply>(std::move(req), client_->impl_->options.rpc_timeout).status();
+  return client_->impl_->CallSync<Reply>(std::move(req), client_->impl_->options.rpc_timeout);
+}
+
+Status Sandbox::Destroy() const { return Call<v1::SandboxReply>(v1::DestroyRequest()).status(); }
+Status Sandbox::Pause() const { return Call<v1::SandboxReply>(v1::PauseRequest()).status(); }
+Status Sandbox::Resume() const { return Call<v1::SandboxReply>(v1::ResumeRequest()).status(); }
+
+Result<std::string> Sandbox::ReadFile(const std::string& path, uint64_t max_bytes) const {
+  v1::ReadFileRequest req;
+  req.set_path(path);
+  req.set_max_bytes(max_bytes);
+  auto r = Call<v1::FileReply>(std::move(req));
+  if (!r.ok()) return r.status();
+  return std::move(*r->mutable_content());
+}
+
+Status Sandbox::WriteFile(const std::string& path, const std::string& content, uint32_t mode,
+                          bool make_parents) const {
+  v1::WriteFileRequest req;
+  req.set_path(path);
+  req.set_content(content);
+  req.set_mode(mode);
+  req.set_make_parents(make_parents);
+  return Call<v1::FileReply>(std::move(req)).status();
+}
+
+Result<v1::FileReply> Sandbox::ListFiles(const std::string& path) const {
+  v1::ListFilesRequest req;
+  req.set_path(path);
+  return Call<v1::FileReply>(std::move(req));
+}
+
+Result<v1::ExecResult> Sandbox::ExecStream(v1::ExecRequest req,
+                                           std::function<void(const v1::ExecOutput&)> on_output) const {
+  std::promise<Result<v1::ExecResult>> p;
+  auto f = p.get_future();
+  req.set_sandbox_id(id_);
+  req.set_stream(true);
+  req.set_stream_id(client_->impl_->next_stream++);
+  auto timeout = client_->impl_->ExecTimeout(spec_, req);
+  client_->impl_->Call<v1::ExecReply>(
+      std::move(req), timeout,
+      [&p](Result<v1::ExecReply> r) {
+        if (!r.ok()) return p.set_value(r.status());
+        p.set_value(std::move(*r->mutable_result()));
+      },
+      std::move(on_output));
+  return f.get();
 }
 
 std::future<Result<v1::StepReply>> Session::StepAsync(uint64_t index, v1::ExecRequest req) const {

@@ -30,6 +30,8 @@ struct AgentState {
   std::string last_error = "not connected yet";
   std::deque<Queued> queued;
   std::unordered_map<uint64_t, CallMsg> inflight;
+  // Streamed execs in flight: stream id -> where their output goes.
+  std::unordered_map<uint64_t, std::function<void(const v1::ExecOutput&)>> streams;
   uint64_t next_id = 0;
   static constexpr const char* name = "dsec_sdk_agent";
 };
@@ -42,8 +44,13 @@ void Dispatch(Self self, CallMsg call) {
   auto& st = self->state;
   uint64_t id = ++st.next_id;
   auto send = call.send;
+  uint64_t stream = call.on_output ? call.stream_id : 0;
+  if (stream) st.streams[stream] = call.on_output;
   st.inflight.emplace(id, std::move(call));
-  auto claim = [self, id] { return self->state.inflight.erase(id) == 1; };
+  auto claim = [self, id, stream] {
+    self->state.streams.erase(stream);
+    return self->state.inflight.erase(id) == 1;
+  };
   send(self, st.entry, claim);
 }
 
@@ -120,6 +127,7 @@ caf::behavior Agent(Self self, std::string host, uint16_t port, std::chrono::mil
     // CAF would let these wait out their timeouts; fail them now.
     auto inflight = std::move(st.inflight);
     st.inflight.clear();
+    st.streams.clear();
     for (auto& [id, call] : inflight)
       call.fail(Disconnected("the connection to dsecd at " + Where(self) +
                              " was lost while the request was in flight; it may or may not have "
@@ -139,6 +147,11 @@ caf::behavior Agent(Self self, std::string host, uint16_t port, std::chrono::mil
         Expire(self);
       },
       [self](caf::connect_atom) { Connect(self); },
+      [self](v1::ExecOutput& piece) {
+        auto& st = self->state;
+        // Pieces for a call that already ended (timed out) are dropped.
+        if (auto it = st.streams.find(piece.stream_id()); it != st.streams.end()) it->second(piece);
+      },
       [self](caf::close_atom) {
         // The client is going away: nobody may be left waiting.
         auto& st = self->state;
@@ -146,6 +159,7 @@ caf::behavior Agent(Self self, std::string host, uint16_t port, std::chrono::mil
         auto inflight = std::move(st.inflight);
         st.queued.clear();
         st.inflight.clear();
+        st.streams.clear();
         for (auto& q : queued) q.call.fail(Disconnected("the dsec client is shutting down"));
         for (auto& [id, call] : inflight) call.fail(Disconnected("the dsec client is shutting down"));
         self->quit();

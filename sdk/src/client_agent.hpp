@@ -12,6 +12,8 @@
 #include <functional>
 #include <string>
 
+#include "dsec/v1/types.pb.h"
+
 namespace dsec::sdk {
 
 // One call. The agent decides when it can be sent; `send` then issues the
@@ -21,6 +23,10 @@ namespace dsec::sdk {
 // agent's own errors. Both run on the agent's thread.
 struct CallMsg {
   std::chrono::milliseconds timeout;
+  // A streamed exec: its v1::ExecOutput pieces (by stream id) go to
+  // on_output until the call ends.
+  uint64_t stream_id = 0;
+  std::function<void(const v1::ExecOutput&)> on_output;
   std::function<void(caf::event_based_actor* self, const caf::actor& entry, std::function<bool()> claim)> send;
   std::function<void(const caf::error&)> fail;
 };

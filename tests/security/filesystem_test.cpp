@@ -13,19 +13,12 @@
 #include <vector>
 
 #include "tests/support/fncall_fixture.hpp"
+#include "tests/support/probes.hpp"
 
 namespace dsec::testing {
 namespace {
 
 using Filesystem = FncallTest;
-
-// "path result" lines, as the probe scripts below print them.
-std::map<std::string, std::string> ParseResults(const std::string& out) {
-  std::map<std::string, std::string> m;
-  std::istringstream in(out);
-  for (std::string path, result; in >> path >> result;) m[path] = result;
-  return m;
-}
 
 // Creates a file in each directory, or writes to each file, and prints
 // "path ok" or "path ERRNO".

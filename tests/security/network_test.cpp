@@ -17,54 +17,12 @@
 
 #include "runtime/unique_fd.hpp"
 #include "tests/support/fncall_fixture.hpp"
+#include "tests/support/probes.hpp"
 
 namespace dsec::testing {
 namespace {
 
 using Network = FncallTest;
-
-// Tries each "family host port" target from argv (TCP, 3 s timeout) and prints
-// "host connected" or "host ERRNO".
-constexpr const char* kConnectProbe =
-    "import errno, socket, sys\n"
-    "args = sys.argv[1:]\n"
-    "for i in range(0, len(args), 3):\n"
-    "    fam = {'4': socket.AF_INET, '6': socket.AF_INET6}[args[i]]\n"
-    "    host, port = args[i + 1], int(args[i + 2])\n"
-    "    s = socket.socket(fam, socket.SOCK_STREAM)\n"
-    "    s.settimeout(3)\n"
-    "    try:\n"
-    "        s.connect((host, port))\n"
-    "        print(host, 'connected')\n"
-    "    except socket.timeout:\n"
-    "        print(host, 'timeout')\n"
-    "    except OSError as e:\n"
-    "        print(host, errno.errorcode.get(e.errno, e.errno))\n"
-    "    s.close()\n";
-
-std::map<std::string, std::string> ParseResults(const std::string& out) {
-  std::map<std::string, std::string> m;
-  std::istringstream in(out);
-  for (std::string k, v; in >> k >> v;) m[k] = v;
-  return m;
-}
-
-// A listener the test owns; the UniqueFd closes it whatever happens.
-UniqueFd NonBlockingListener(int family, const sockaddr* addr, socklen_t len) {
-  UniqueFd fd(::socket(family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
-  if (!fd) return fd;
-  if (::bind(fd.get(), addr, len) < 0 || ::listen(fd.get(), 16) < 0) fd.Reset();
-  return fd;
-}
-
-// Nothing reached the listener: a non-blocking accept finds no connection.
-void ExpectNothingAccepted(const UniqueFd& listener) {
-  int c = ::accept4(listener.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-  int err = errno;
-  if (c >= 0) ::close(c);
-  EXPECT_LT(c, 0) << "the host listener accepted a connection from the sandbox";
-  EXPECT_TRUE(err == EAGAIN || err == EWOULDBLOCK) << std::strerror(err);
-}
 
 TEST_F(Network, CannotConnectToAHostTcpListener) {
   sockaddr_in addr{};

@@ -13,39 +13,12 @@
 #include <vector>
 
 #include "tests/support/fncall_fixture.hpp"
+#include "tests/support/probes.hpp"
 
 namespace dsec::testing {
 namespace {
 
 using Syscalls = FncallTest;
-
-// name -> a python call of sc() or sc_fork() (both return (result, errno)).
-using Probes = std::vector<std::pair<std::string, std::string>>;
-
-constexpr const char* kPrelude =
-    "import ctypes, errno, os\n"
-    "libc = ctypes.CDLL(None, use_errno=True)\n"
-    "libc.syscall.restype = ctypes.c_long\n"
-    "def arg(a):\n"
-    "    return ctypes.c_long(a) if isinstance(a, int) else a\n"
-    "def sc(nr, *args):\n"
-    "    ctypes.set_errno(0)\n"
-    "    r = libc.syscall(ctypes.c_long(nr), *[arg(a) for a in args])\n"
-    "    return r, ctypes.get_errno()\n"
-    "def sc_fork(nr, *args):\n"  // a clone that succeeds must not run on here
-    "    r, e = sc(nr, *args)\n"
-    "    if r == 0:\n"
-    "        os._exit(0)\n"
-    "    if r > 0:\n"
-    "        os.waitpid(r, 0)\n"
-    "    return r, e\n"
-    "def zeros(n):\n"
-    "    return ctypes.create_string_buffer(n)\n"
-    "def report(name, res):\n"
-    "    r, e = res\n"
-    "    print(name, r, errno.errorcode.get(e, e) if r == -1 else '-', flush=True)\n";
-
-std::string N(long nr) { return std::to_string(nr); }
 
 std::vector<std::string> ProbeArgv(const Probes& probes) {
   std::string script = kPrelude;

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 
 namespace dsec::testing {
@@ -71,6 +72,24 @@ v1::ExecResult ContainerTest::Exec(const Sandbox& sb, v1::ExecRequest req) {
   auto r = sb.Exec(std::move(req));
   EXPECT_TRUE(r.ok()) << "exec in " << sb.id() << ": " << r.status().ToString();
   return r.ok() ? *r : v1::ExecResult{};
+}
+
+void ContainerTest::TearDown() {
+  for (const auto& sb : made_) (void)sb.Destroy();
+  made_.clear();
+}
+
+Result<Sandbox> ContainerTest::Make(v1::Limits limits) {
+  auto sb = NewContainer(limits);
+  if (sb.ok()) made_.push_back(*sb);
+  return sb;
+}
+
+void ContainerTest::Destroy(const Sandbox& sb) {
+  EXPECT_TRUE(sb.Destroy().ok()) << sb.id();
+  EXPECT_EQ(Remains(sb.id()), "") << sb.id();
+  made_.erase(std::remove_if(made_.begin(), made_.end(), [&](const Sandbox& s) { return s.id() == sb.id(); }),
+              made_.end());
 }
 
 std::string ContainerTest::Remains(const std::string& id) {

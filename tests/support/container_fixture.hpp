@@ -29,6 +29,14 @@ class ContainerTest : public ::testing::Test {
   void SetUp() override {
     if (!client_) GTEST_SKIP() << skip_;
   }
+  // Destroys what Make made and a failed ASSERT left behind.
+  void TearDown() override;
+
+  // A new container (NewContainer) that TearDown destroys if the test
+  // does not.
+  Result<Sandbox> Make(v1::Limits limits = {});
+  // Destroys `sb` and checks the host keeps nothing of it.
+  void Destroy(const Sandbox& sb);
 
   // Starts a daemon, checks it offers containers, builds the tools image
   // in it and connects a client. "" on success, else why the tests skip.
@@ -50,6 +58,7 @@ class ContainerTest : public ::testing::Test {
   static inline std::unique_ptr<TestDaemon> daemon_;
   static inline std::unique_ptr<Client> client_;
   static inline std::string skip_;
+  std::vector<Sandbox> made_;
 };
 
 }  // namespace dsec::testing

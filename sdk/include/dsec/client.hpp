@@ -46,11 +46,27 @@ class Sandbox {
   const std::string& id() const { return id_; }
   Result<v1::ExecResult> Exec(v1::ExecRequest req) const;
   std::future<Result<v1::ExecResult>> ExecAsync(v1::ExecRequest req) const;
+  // Exec with output handed to `on_output` as it is produced (in order, on
+  // an SDK thread; do not block there); the result carries no output.
+  Result<v1::ExecResult> ExecStream(v1::ExecRequest req,
+                                    std::function<void(const v1::ExecOutput&)> on_output) const;
   Result<v1::SandboxRecord> Get() const;
   Status Destroy() const;
+  // Freeze every process (memory kept, no CPU used) / continue them.
+  Status Pause() const;
+  Status Resume() const;
+  // Files (container kinds). Paths are absolute, without "..", and resolve
+  // inside the sandbox.
+  Result<std::string> ReadFile(const std::string& path, uint64_t max_bytes = 0) const;
+  Status WriteFile(const std::string& path, const std::string& content, uint32_t mode = 0644,
+                   bool make_parents = false) const;
+  // The path's FileInfo in `info`, and a directory's entries.
+  Result<v1::FileReply> ListFiles(const std::string& path) const;
 
  private:
   friend class Client;
+  template <class Reply, class Request>
+  Result<Reply> Call(Request req) const;
   Sandbox(Client* c, std::string id, v1::SandboxSpec spec)
       : client_(c), id_(std::move(id)), spec_(std::move(spec)) {}
   Client* client_;

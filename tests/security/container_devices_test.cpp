@@ -1,0 +1,205 @@
+// Devices and privileges of root in a container: no device node can be
+// made (block or character), /dev holds only the usual harmless nodes and
+// they work, device nodes an image ships are unusable, and root keeps only
+// Docker-like capabilities (no SYS_ADMIN, NET_ADMIN, MKNOD, SYS_PTRACE,
+// DAC_READ_SEARCH) under no_new_privs and the seccomp filter.
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+
+#include <algorithm>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tests/support/container_fixture.hpp"
+#include "tests/support/probes.hpp"
+
+namespace dsec::testing {
+namespace {
+
+class ContainerDevices : public ContainerTest {};
+
+// "Key:\tvalue" lines of /proc/<pid>/status, values with tabs as spaces.
+std::map<std::string, std::string> ParseStatus(const std::string& text) {
+  std::map<std::string, std::string> m;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    size_t colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    std::string v = line.substr(colon + 1);
+    for (char& c : v)
+      if (c == '\t') c = ' ';
+    size_t b = v.find_first_not_of(' '), e = v.find_last_not_of(' ');
+    m[line.substr(0, colon)] = b == std::string::npos ? std::string() : v.substr(b, e - b + 1);
+  }
+  return m;
+}
+
+// Tries each mknod and prints "<path> made" or "<path> <errno>".
+constexpr const char* kMknodProbe =
+    "import errno, os, stat, sys\n"
+    "kinds = {'b': stat.S_IFBLK, 'c': stat.S_IFCHR, 'p': stat.S_IFIFO}\n"
+    "args = sys.argv[1:]\n"
+    "for i in range(0, len(args), 4):\n"
+    "    path, kind, major, minor = args[i], args[i + 1], int(args[i + 2]), int(args[i + 3])\n"
+    "    try:\n"
+    "        os.mknod(path, kinds[kind] | 0o666, os.makedev(major, minor))\n"
+    "        print(path, 'made')\n"
+    "    except OSError as e:\n"
+    "        print(path, errno.errorcode.get(e.errno, e.errno))\n";
+
+TEST_F(ContainerDevices, MknodOfABlockDeviceFails) {
+  auto sb = Make();
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  // The first SCSI/SATA disk, a virtio disk and a loop device; in /tmp (the
+  // overlay) and in /dev (a tmpfs root may write to).
+  auto r = Exec(*sb, Command({"python3", "-c", kMknodProbe, "/tmp/sda", "b", "8", "0", "/dev/sda", "b", "8", "0",
+                              "/tmp/vda", "b", "254", "0", "/dev/loop0", "b", "7", "0", "/tmp/fifo", "p", "0", "0"}));
+  ASSERT_EQ(r.verdict(), v1::VERDICT_OK) << r.error() << "\n" << r.stderr();
+  auto res = ParseResults(r.stdout());
+  ASSERT_EQ(res.size(), 5u) << r.stdout();
+  for (const char* dev : {"/tmp/sda", "/dev/sda", "/tmp/vda", "/dev/loop0"}) EXPECT_EQ(res[dev], "EPERM") << dev;
+  // mknod itself is allowed: a FIFO needs no capability.
+  EXPECT_EQ(res["/tmp/fifo"], "made");
+  Destroy(*sb);
+}
+
+TEST_F(ContainerDevices, MknodOfACharDeviceOutsideTheSetFails) {
+  auto sb = Make();
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  // /dev/mem, /dev/kmem, /dev/port, /dev/kmsg, /dev/net/tun, /dev/fuse, and
+  // a second /dev/null (even a harmless number needs CAP_MKNOD).
+  auto r = Exec(*sb, Command({"python3", "-c", kMknodProbe, "/dev/mem", "c", "1", "1", "/tmp/kmem", "c", "1", "2",
+                              "/tmp/port", "c", "1", "4", "/dev/kmsg", "c", "1", "11", "/tmp/tun", "c", "10", "200",
+                              "/dev/fuse", "c", "10", "229", "/tmp/null", "c", "1", "3"}));
+  ASSERT_EQ(r.verdict(), v1::VERDICT_OK) << r.error() << "\n" << r.stderr();
+  auto res = ParseResults(r.stdout());
+  ASSERT_EQ(res.size(), 7u) << r.stdout();
+  for (const auto& [path, result] : res) EXPECT_EQ(result, "EPERM") << path;
+  Destroy(*sb);
+}
+
+TEST_F(ContainerDevices, DevHoldsOnlyTheUsualNodes) {
+  auto sb = Make();
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  auto r = Exec(*sb, Command({"python3", "-c",
+                              "import os, stat\n"
+                              "for d, dirs, files in os.walk('/dev'):\n"
+                              "    for n in sorted(dirs + files):\n"
+                              "        st = os.lstat(os.path.join(d, n))\n"
+                              "        if stat.S_ISBLK(st.st_mode) or stat.S_ISCHR(st.st_mode):\n"
+                              "            kind = 'b' if stat.S_ISBLK(st.st_mode) else 'c'\n"
+                              "            print(os.path.join(d, n), kind, os.major(st.st_rdev), os.minor(st.st_rdev))\n"}));
+  ASSERT_EQ(r.verdict(), v1::VERDICT_OK) << r.error() << "\n" << r.stderr();
+  // No disk, no memory, no kernel log, no tun, no fuse: the usual character
+  // devices and the container's own pty multiplexer.
+  EXPECT_EQ(r.stdout(),
+            "/dev/full c 1 7\n/dev/null c 1 3\n/dev/random c 1 8\n/dev/tty c 5 0\n/dev/urandom c 1 9\n"
+            "/dev/zero c 1 5\n/dev/pts/ptmx c 5 2\n");
+  Destroy(*sb);
+}
+
+TEST_F(ContainerDevices, TheUsualNodesWork) {
+  auto sb = Make();
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  auto r = Exec(*sb, Command({"python3", "-c",
+                              "import errno, os\n"
+                              "with open('/dev/null', 'wb') as f:\n"
+                              "    print('null', f.write(b'x' * 4096))\n"
+                              "with open('/dev/zero', 'rb') as f:\n"
+                              "    print('zero', f.read(16) == bytes(16))\n"
+                              "with open('/dev/urandom', 'rb') as f:\n"
+                              "    print('urandom', len(f.read(16)))\n"
+                              "try:\n"
+                              "    with open('/dev/full', 'wb', buffering=0) as f:\n"
+                              "        f.write(b'x')\n"
+                              "except OSError as e:\n"
+                              "    print('full', errno.errorcode[e.errno])\n"
+                              "m, s = os.openpty()\n"
+                              "os.write(s, b'hi\\n')\n"
+                              "print('pty', os.read(m, 16).strip().decode())\n"}));
+  ASSERT_EQ(r.verdict(), v1::VERDICT_OK) << r.error() << "\n" << r.stderr();
+  EXPECT_EQ(r.stdout(), "null 4096\nzero True\nurandom 16\nfull ENOSPC\npty hi\n");
+  Destroy(*sb);
+}
+
+TEST_F(ContainerDevices, DeviceNodesShippedInAnImageCannotBeOpened) {
+  // An image is untrusted input (a tarball, an OCI layout): one may carry
+  // device nodes. Here a loop device (block 7,0) and a copy of /dev/null
+  // (char 1,3), both harmless on the host, at the image's top level.
+  char tmpl[] = "/tmp/dsec-test-devimage-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  std::string dir = tmpl;
+  RootfsOptions ro;
+  ro.programs = {"sh", "cat"};
+  ro.python = false;
+  Status made = MakeRootfs(dir, ro);
+  bool nodes = ::mknod((dir + "/evil-loop").c_str(), S_IFBLK | 0666, makedev(7, 0)) == 0 &&
+               ::mknod((dir + "/evil-null").c_str(), S_IFCHR | 0666, makedev(1, 3)) == 0;
+  auto built = RunProcess({BinDir() + "/dsec-image", "--data-dir", daemon_->data_dir(), "build", dir, "devnodes"});
+  RunProcess({"/bin/rm", "-rf", dir});
+  ASSERT_TRUE(made.ok()) << made.ToString();
+  ASSERT_TRUE(nodes) << "mknod on the host failed";
+  ASSERT_EQ(built.exit_code, 0) << built.err;
+
+  auto spec = ContainerSpec("devnodes");
+  auto sb = client_->Create(spec);
+  if (sb.ok()) made_.push_back(*sb);
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  auto r = ShIn(*sb,
+                "for f in /evil-loop /evil-null; do "
+                "  if [ -b $f ] || [ -c $f ]; then echo $f is-a-node; fi; "
+                "  if ( : < $f ) 2>/dev/null; then echo $f opened; else echo $f refused; fi; "
+                "done 2>&1");
+  // (A subshell: a failed redirection of `:` ends a POSIX shell.)
+  EXPECT_EQ(r.stdout(), "/evil-loop is-a-node\n/evil-loop refused\n/evil-null is-a-node\n/evil-null refused\n")
+      << "device nodes of the image are usable in the container";
+  Destroy(*sb);
+  auto rm = RunProcess({BinDir() + "/dsec-image", "--data-dir", daemon_->data_dir(), "rm", "devnodes"});
+  EXPECT_EQ(rm.exit_code, 0) << rm.err;
+}
+
+TEST_F(ContainerDevices, RootHasOnlyDockerLikeCapabilities) {
+  auto sb = Make();
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  // CHOWN DAC_OVERRIDE FOWNER FSETID KILL SETGID SETUID SETPCAP
+  // NET_BIND_SERVICE SYS_CHROOT AUDIT_WRITE SETFCAP: Docker's default set
+  // without MKNOD and NET_RAW.
+  const std::string kCaps = "00000000a00405fb";
+  // The exec's own process and the agent (PID 1) alike.
+  for (const char* who : {"self", "1"}) {
+    auto r = Exec(*sb, Command({"cat", std::string("/proc/") + who + "/status"}));
+    ASSERT_EQ(r.verdict(), v1::VERDICT_OK) << r.error() << "\n" << r.stderr();
+    auto s = ParseStatus(r.stdout());
+    EXPECT_EQ(s["Uid"], "0 0 0 0") << who;
+    EXPECT_EQ(s["CapEff"], kCaps) << who;
+    EXPECT_EQ(s["CapPrm"], kCaps) << who;
+    EXPECT_EQ(s["CapBnd"], kCaps) << who;
+    EXPECT_EQ(s["CapInh"], "0000000000000000") << who;
+    EXPECT_EQ(s["CapAmb"], "0000000000000000") << who;
+    EXPECT_EQ(s["NoNewPrivs"], "1") << who;
+    EXPECT_EQ(s["Seccomp"], "2") << who;  // SECCOMP_MODE_FILTER
+  }
+  // What the missing ones would allow fails: setting the hostname
+  // (SYS_ADMIN), taking lo down (NET_ADMIN), a raw socket (NET_RAW).
+  auto r = Exec(*sb, Command({"python3", "-c",
+                              "import errno, fcntl, socket, struct\n"
+                              "def attempt(name, f):\n"
+                              "    try:\n"
+                              "        f()\n"
+                              "        print(name, 'done')\n"
+                              "    except OSError as e:\n"
+                              "        print(name, errno.errorcode.get(e.errno, e.errno))\n"
+                              "attempt('sethostname', lambda: socket.sethostname('evil'))\n"
+                              "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+                              "attempt('lo_down', lambda: fcntl.ioctl(s, 0x8914, struct.pack('16sH14x', b'lo', 0)))\n"
+                              "attempt('raw_socket', lambda: socket.socket(socket.AF_INET, socket.SOCK_RAW, 1))\n"}));
+  ASSERT_EQ(r.verdict(), v1::VERDICT_OK) << r.error() << "\n" << r.stderr();
+  EXPECT_EQ(r.stdout(), "sethostname EPERM\nlo_down EPERM\nraw_socket EPERM\n");
+  Destroy(*sb);
+}
+
+}  // namespace
+}  // namespace dsec::testing

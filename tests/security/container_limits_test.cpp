@@ -1,0 +1,139 @@
+// Limits hit only the offender: a memory hog in container A is killed with
+// a memory-limit verdict while A's agent and container B live on; a fork
+// bomb in A stops at A's pids limit, B and the host keep working, and A
+// answers again once the bomb is killed.
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <future>
+#include <string>
+#include <vector>
+
+#include "tests/support/container_fixture.hpp"
+
+extern char** environ;
+
+namespace dsec::testing {
+namespace {
+
+class ContainerLimits : public ContainerTest {};
+
+// A cgroup v1 file of a container, e.g. ("pids", id, "pids.current").
+std::string CgroupFile(const std::string& ctrl, const std::string& id, const std::string& file) {
+  std::ifstream in("/sys/fs/cgroup/" + ctrl + "/dsec-test/c/" + id + "/" + file);
+  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  while (!s.empty() && s.back() == '\n') s.pop_back();
+  return s;
+}
+
+uint64_t OomKills(const std::string& id) {
+  std::string s = CgroupFile("memory", id, "memory.oom_control");
+  auto pos = s.find("oom_kill ");
+  return pos == std::string::npos ? 0 : std::stoull(s.substr(pos + 9));
+}
+
+// The host can still fork and spawn.
+void ExpectHostCanFork() {
+  pid_t child = ::fork();
+  ASSERT_GE(child, 0) << "the test process cannot fork: " << std::strerror(errno);
+  if (child == 0) ::_exit(7);
+  int st = 0;
+  ASSERT_EQ(::waitpid(child, &st, 0), child);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 7) << "wait status " << st;
+  pid_t spawned = -1;
+  char* argv[] = {const_cast<char*>("true"), nullptr};
+  ASSERT_EQ(::posix_spawnp(&spawned, "true", nullptr, nullptr, argv, environ), 0);
+  ASSERT_EQ(::waitpid(spawned, &st, 0), spawned);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "wait status " << st;
+}
+
+TEST_F(ContainerLimits, MemoryHogIsKilledAndNothingElse) {
+  v1::Limits small;
+  small.set_memory_bytes(64 << 20);
+  auto a = Make(small);
+  auto b = Make();
+  ASSERT_TRUE(a.ok() && b.ok()) << a.status().ToString() << b.status().ToString();
+  ASSERT_EQ(ShIn(*b, "sleep 1000 > /dev/null 2>&1 & echo $! > /tmp/bg").verdict(), v1::VERDICT_OK);
+  ASSERT_EQ(ShIn(*a, "echo kept > /work/state").verdict(), v1::VERDICT_OK);
+  EXPECT_EQ(CgroupFile("memory", a->id(), "memory.limit_in_bytes"), std::to_string(64 << 20));
+
+  // 256 MiB of touched memory in a 64 MiB container.
+  auto hog = Exec(*a, Command({"python3", "-c", "x = b'\\x01' * (256 << 20); print(len(x))"}));
+  EXPECT_EQ(hog.verdict(), v1::VERDICT_MEMORY_LIMIT) << v1::Verdict_Name(hog.verdict()) << ": " << hog.error();
+  EXPECT_EQ(hog.signal(), SIGKILL);
+  EXPECT_GE(OomKills(a->id()), 1u);
+
+  // A's agent was not the victim: A answers, with its state.
+  auto after = ShIn(*a, "cat /work/state; cat /proc/1/comm");
+  EXPECT_EQ(after.verdict(), v1::VERDICT_OK) << after.error();
+  EXPECT_EQ(after.stdout(), "kept\nagent\n");
+  // B saw nothing of it: no OOM kill there, its sleep alive, it answers.
+  EXPECT_EQ(OomKills(b->id()), 0u);
+  auto bg = ShIn(*b, "kill -0 $(cat /tmp/bg) && echo alive");
+  EXPECT_EQ(bg.stdout(), "alive\n") << bg.stderr();
+  Destroy(*a);
+  Destroy(*b);
+}
+
+TEST_F(ContainerLimits, ForkBombStaysInsideItsPidsLimit) {
+  constexpr uint32_t kPids = 64;
+  v1::Limits lim;
+  lim.set_pids(kPids);
+  auto a = Make(lim);
+  auto b = Make();
+  ASSERT_TRUE(a.ok() && b.ok()) << a.status().ToString() << b.status().ToString();
+  // The agent counts too: one more than the programs may have.
+  ASSERT_EQ(CgroupFile("pids", a->id(), "pids.max"), std::to_string(kPids + 1));
+
+  // Every process forks forever and never exits; failed forks are retried.
+  auto req = Command({"python3", "-c",
+                      "import os\n"
+                      "while True:\n"
+                      "    try:\n"
+                      "        os.fork()\n"
+                      "    except OSError:\n"
+                      "        pass\n"});
+  req.mutable_limits()->set_timeout_ms(5000);
+  auto bomb = a->ExecAsync(req);
+  // Watch A's cgroup until the bomb has filled it (or its exec ended).
+  int peak = 0;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (peak < static_cast<int>(kPids) && std::chrono::steady_clock::now() < deadline &&
+         bomb.wait_for(std::chrono::milliseconds(10)) != std::future_status::ready) {
+    std::string cur = CgroupFile("pids", a->id(), "pids.current");
+    if (!cur.empty()) peak = std::max(peak, std::stoi(cur));
+  }
+  EXPECT_GE(peak, static_cast<int>(kPids)) << "the bomb never filled its container";
+  EXPECT_LE(peak, static_cast<int>(kPids) + 1);
+
+  // While the bomb runs: B and the host work.
+  auto next = ShIn(*b, "echo still here");
+  EXPECT_EQ(next.verdict(), v1::VERDICT_OK) << next.error();
+  EXPECT_EQ(next.stdout(), "still here\n");
+  ExpectHostCanFork();
+  std::string during = CgroupFile("pids", a->id(), "pids.current");
+  EXPECT_LE(std::stoi(during.empty() ? "0" : during), static_cast<int>(kPids) + 1);
+
+  // The bomb ends by its wall clock; A answers again.
+  ASSERT_EQ(bomb.wait_for(std::chrono::seconds(60)), std::future_status::ready) << "the bomb's exec never ended";
+  auto r = bomb.get();
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(r->verdict() == v1::VERDICT_TIME_LIMIT || r->verdict() == v1::VERDICT_RUNTIME_ERROR)
+      << v1::Verdict_Name(r->verdict()) << ": " << r->error();
+  auto again = ShIn(*a, "echo still here");
+  EXPECT_EQ(again.verdict(), v1::VERDICT_OK) << again.error() << again.stderr();
+  EXPECT_EQ(again.stdout(), "still here\n");
+  EXPECT_LE(std::stoi(CgroupFile("pids", a->id(), "pids.current")), 2) << "bomb processes outlived their exec";
+  Destroy(*a);
+  Destroy(*b);
+}
+
+}  // namespace
+}  // namespace dsec::testing

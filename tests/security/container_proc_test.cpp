@@ -1,0 +1,246 @@
+// /proc from inside a container: PID 1 is dsec-agent, rooted in the
+// container, and no /proc/<pid>/root or cwd leads to the host's files; no
+// host process is listed; no process holds a file of the host; the agent's
+// binary and /run/dsec cannot be changed; the kernel's knobs under /proc/sys
+// and /proc/sysrq-trigger cannot be written.
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tests/support/container_fixture.hpp"
+#include "tests/support/probes.hpp"
+
+namespace dsec::testing {
+namespace {
+
+class ContainerProc : public ContainerTest {};
+
+// A file only the host has: /tmp/dsec-test-marker-XXXXXX/marker, removed
+// with its dir when the test ends.
+class HostMarker {
+ public:
+  HostMarker() {
+    char tmpl[] = "/tmp/dsec-test-marker-XXXXXX";
+    if (!::mkdtemp(tmpl)) return;
+    dir_ = tmpl;
+    std::ofstream(dir_ + "/marker") << "the host's\n";
+  }
+  HostMarker(const HostMarker&) = delete;
+  HostMarker& operator=(const HostMarker&) = delete;
+  ~HostMarker() {
+    if (!dir_.empty()) RunProcess({"/bin/rm", "-rf", dir_});
+  }
+  std::string path() const { return dir_ + "/marker"; }
+  bool ok() const { return !dir_.empty() && ::access(path().c_str(), R_OK) == 0; }
+
+ private:
+  std::string dir_;
+};
+
+std::string Sha256(const std::string& host_path) {
+  auto r = RunProcess({"/usr/bin/sha256sum", host_path});
+  return r.exit_code == 0 ? r.out.substr(0, 64) : "sha256sum failed: " + r.err;
+}
+
+TEST_F(ContainerProc, ProcOneIsTheAgentAndItsRootIsTheContainers) {
+  auto sb = Make();
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  ASSERT_EQ(ShIn(*sb, "echo mine > /work/only-here").verdict(), v1::VERDICT_OK);
+  auto r = Exec(*sb, Command({"python3", "-c",
+                              "import os\n"
+                              "print(open('/proc/1/cmdline', 'rb').read().split(b'\\0')[0].decode())\n"
+                              "print(os.readlink('/proc/1/root'))\n"
+                              "a, b = os.stat('/proc/1/root'), os.stat('/')\n"
+                              "print((a.st_dev, a.st_ino) == (b.st_dev, b.st_ino))\n"
+                              "print(open('/proc/1/root/work/only-here').read().strip())\n"}));
+  ASSERT_EQ(r.verdict(), v1::VERDICT_OK) << r.error() << "\n" << r.stderr();
+  // PID 1 is the agent, its root is the container's /: the file this
+  // container wrote is there through /proc/1/root.
+  EXPECT_EQ(r.stdout(), "dsec-agent\n/\nTrue\nmine\n");
+  Destroy(*sb);
+}
+
+TEST_F(ContainerProc, HostFileIsNotReachableThroughAnyProcRootOrCwd) {
+  HostMarker marker;
+  ASSERT_TRUE(marker.ok()) << "cannot make the host marker under /tmp";
+  auto sb = Make();
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  // Every process there (the agent, a sleep, the probe itself): its root and
+  // cwd, and ".." far above them, with the marker's host path appended.
+  auto r = Exec(*sb, Command({"python3", "-c",
+                              "import os, subprocess, sys\n"
+                              "marker = sys.argv[1]\n"
+                              "child = subprocess.Popen(['sleep', '300'])\n"
+                              "seen, bases = [], 0\n"
+                              "for p in ['self'] + [d for d in os.listdir('/proc') if d.isdigit()]:\n"
+                              "    for link in ('root', 'cwd'):\n"
+                              "        base = '/proc/%s/%s' % (p, link)\n"
+                              "        if not os.path.exists(base):\n"
+                              "            continue\n"
+                              "        bases += 1\n"
+                              "        for cand in (base + marker, base + '/..' * 16 + marker):\n"
+                              "            if os.path.exists(cand):\n"
+                              "                seen.append(cand)\n"
+                              "child.kill()\n"
+                              "child.wait()\n"
+                              "print(bases >= 8, 'visible:', ' '.join(seen) or 'nowhere')\n"
+                              "print('direct', os.path.exists(marker))\n",
+                              marker.path()}));
+  ASSERT_EQ(r.verdict(), v1::VERDICT_OK) << r.error() << "\n" << r.stderr();
+  EXPECT_EQ(r.stdout(), "True visible: nowhere\ndirect False\n") << "host marker " << marker.path();
+  Destroy(*sb);
+}
+
+TEST_F(ContainerProc, NoHostProcessIsListed) {
+  auto sb = Make();
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  auto r = Exec(*sb, Command({"python3", "-c",
+                              "import os\n"
+                              "for p in sorted(int(d) for d in os.listdir('/proc') if d.isdigit()):\n"
+                              "    try:\n"
+                              "        argv0 = open('/proc/%d/cmdline' % p, 'rb').read().split(b'\\0')[0]\n"
+                              "    except OSError:\n"
+                              "        continue\n"
+                              "    print(p, os.path.basename(argv0.decode()), p == os.getpid())\n"}));
+  ASSERT_EQ(r.verdict(), v1::VERDICT_OK) << r.error() << "\n" << r.stderr();
+  // The agent and the probe; not the test, dsecd, its spawner or anything
+  // else of the host's.
+  std::istringstream out(r.stdout());
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(out, line);) lines.push_back(line);
+  ASSERT_EQ(lines.size(), 2u) << r.stdout();
+  EXPECT_EQ(lines[0], "1 dsec-agent False");
+  EXPECT_NE(lines[1].find(" python3 True"), std::string::npos) << lines[1];
+  Destroy(*sb);
+}
+
+TEST_F(ContainerProc, NoProcessHoldsAFileOfTheHost) {
+  auto sb = Make();
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  ASSERT_EQ(ShIn(*sb, "sleep 300 > /dev/null 2>&1 &").verdict(), v1::VERDICT_OK);
+  // A descriptor or cwd on a host file or dir would be a way out (openat,
+  // fchdir). For each file and dir any process holds: the path the kernel
+  // names for it must lead, inside the container, to that same file.
+  auto r = Exec(*sb, Command({"python3", "-c",
+                              "import os, stat\n"
+                              "held, foreign = 0, []\n"
+                              "for p in [d for d in os.listdir('/proc') if d.isdigit()]:\n"
+                              "    links = ['/proc/%s/cwd' % p, '/proc/%s/root' % p]\n"
+                              "    try:\n"
+                              "        links += ['/proc/%s/fd/%s' % (p, n) for n in os.listdir('/proc/%s/fd' % p)]\n"
+                              "    except OSError:\n"
+                              "        continue\n"
+                              "    for l in links:\n"
+                              "        try:\n"
+                              "            st, target = os.stat(l), os.readlink(l)\n"
+                              "        except OSError:\n"
+                              "            continue\n"
+                              "        if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):\n"
+                              "            continue\n"
+                              "        held += 1\n"
+                              "        try:\n"
+                              "            here = os.stat(target)\n"
+                              "            same = (here.st_dev, here.st_ino) == (st.st_dev, st.st_ino)\n"
+                              "        except OSError:\n"
+                              "            same = False\n"
+                              "        if not same:\n"
+                              "            foreign.append(l + ' -> ' + target)\n"
+                              "print(held >= 6, 'foreign:', ', '.join(foreign) or 'none')\n"}));
+  ASSERT_EQ(r.verdict(), v1::VERDICT_OK) << r.error() << "\n" << r.stderr();
+  EXPECT_EQ(r.stdout(), "True foreign: none\n");
+  Destroy(*sb);
+}
+
+TEST_F(ContainerProc, AgentBinaryAndRunDsecAreReadOnly) {
+  std::string agent = BinDir() + "/dsec-agent";
+  std::string before = Sha256(agent);
+  auto sb = Make();
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  auto r = Exec(*sb, Command({"python3", "-c",
+                              "import errno, os\n"
+                              "def attempt(name, f):\n"
+                              "    try:\n"
+                              "        f()\n"
+                              "        print(name, 'done')\n"
+                              "    except OSError as e:\n"
+                              "        print(name, errno.errorcode.get(e.errno, e.errno))\n"
+                              "attempt('truncate_agent', lambda: os.truncate('/run/dsec/agent', 0))\n"
+                              "attempt('open_agent_for_write', lambda: os.close(os.open('/run/dsec/agent', os.O_WRONLY)))\n"
+                              "attempt('chmod_agent', lambda: os.chmod('/run/dsec/agent', 0o777))\n"
+                              "attempt('unlink_agent', lambda: os.unlink('/run/dsec/agent'))\n"
+                              "attempt('create_in_run', lambda: os.close(os.open('/run/dsec/fake.sock', "
+                              "os.O_CREAT | os.O_WRONLY, 0o600)))\n"
+                              "attempt('mkdir_in_run', lambda: os.mkdir('/run/dsec/d'))\n"
+                              "attempt('unlink_socket', lambda: os.unlink('/run/dsec/agent.sock'))\n"
+                              "attempt('rename_socket', lambda: os.rename('/run/dsec/agent.sock', '/run/dsec/old'))\n"}));
+  ASSERT_EQ(r.verdict(), v1::VERDICT_OK) << r.error() << "\n" << r.stderr();
+  auto res = ParseResults(r.stdout());
+  ASSERT_EQ(res.size(), 8u) << r.stdout();
+  for (const auto& [what, result] : res) {
+    if (what == "open_agent_for_write")  // a running executable may refuse first
+      EXPECT_TRUE(result == "EROFS" || result == "ETXTBSY") << what << ": " << result;
+    else
+      EXPECT_EQ(result, "EROFS") << what;
+  }
+  // The agent still answers on its own socket; the host's binary and run
+  // dir are as they were.
+  EXPECT_EQ(ShIn(*sb, "echo still here").stdout(), "still here\n");
+  EXPECT_EQ(Sha256(agent), before);
+  auto ls = RunProcess({"/bin/ls", "-A", daemon_->data_dir() + "/sandboxes/" + sb->id() + "/run"});
+  EXPECT_EQ(ls.out, "agent\nagent.sock\n") << ls.err;
+  Destroy(*sb);
+}
+
+TEST_F(ContainerProc, KernelKnobsInProcSysAndSysrqTriggerAreNotWritable) {
+  auto sb = Make();
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  // Root in the container is the host's root (no user namespace): were
+  // /proc/sys writable, core_pattern or modprobe would run a program of its
+  // choosing as root on the host. The probe writes back what it read, so
+  // even a write that goes through changes nothing; sysrq-trigger is only
+  // opened, never written.
+  auto r = Exec(*sb, Command({"python3", "-c",
+                              "import errno, os\n"
+                              "def name(e):\n"
+                              "    return errno.errorcode.get(e.errno, str(e.errno))\n"
+                              "def rewrite(path):\n"
+                              "    try:\n"
+                              "        with open(path, 'rb') as f:\n"
+                              "            value = f.read()\n"
+                              "        fd = os.open(path, os.O_WRONLY)\n"
+                              "    except OSError as e:\n"
+                              "        return name(e)\n"
+                              "    try:\n"
+                              "        os.write(fd, value)\n"
+                              "        return 'written'\n"
+                              "    except OSError as e:\n"
+                              "        return 'opened, write ' + name(e)\n"
+                              "    finally:\n"
+                              "        os.close(fd)\n"
+                              "for p in ('/proc/sys/kernel/core_pattern', '/proc/sys/kernel/modprobe',\n"
+                              "          '/proc/sys/vm/overcommit_memory', '/proc/sys/kernel/panic'):\n"
+                              "    print(p, rewrite(p))\n"
+                              "try:\n"
+                              "    os.close(os.open('/proc/sysrq-trigger', os.O_WRONLY))\n"
+                              "    print('/proc/sysrq-trigger opened')\n"
+                              "except OSError as e:\n"
+                              "    print('/proc/sysrq-trigger', name(e))\n"}));
+  ASSERT_EQ(r.verdict(), v1::VERDICT_OK) << r.error() << "\n" << r.stderr();
+  auto res = ParseResults(r.stdout());
+  ASSERT_EQ(res.size(), 5u) << r.stdout();
+  // ENOENT: a knob this kernel does not have (no CONFIG_MAGIC_SYSRQ, no
+  // modules) is no way out either.
+  for (const auto& [path, result] : res)
+    EXPECT_TRUE(result == "EROFS" || result == "ENOENT") << path << " is writable from the container: " << result;
+  Destroy(*sb);
+}
+
+}  // namespace
+}  // namespace dsec::testing

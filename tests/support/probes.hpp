@@ -1,0 +1,98 @@
+// What security tests share: a python probe that connects to addresses and
+// reports each outcome, the parser for "name result" lines such probes
+// print, and a host listener the test owns and checks nothing reached.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "runtime/unique_fd.hpp"
+
+namespace dsec::testing {
+
+// Tries each "family host port" target from argv (TCP, 3 s timeout) and prints
+// "host connected" or "host ERRNO".
+inline constexpr const char* kConnectProbe =
+    "import errno, socket, sys\n"
+    "args = sys.argv[1:]\n"
+    "for i in range(0, len(args), 3):\n"
+    "    fam = {'4': socket.AF_INET, '6': socket.AF_INET6}[args[i]]\n"
+    "    host, port = args[i + 1], int(args[i + 2])\n"
+    "    s = socket.socket(fam, socket.SOCK_STREAM)\n"
+    "    s.settimeout(3)\n"
+    "    try:\n"
+    "        s.connect((host, port))\n"
+    "        print(host, 'connected')\n"
+    "    except socket.timeout:\n"
+    "        print(host, 'timeout')\n"
+    "    except OSError as e:\n"
+    "        print(host, errno.errorcode.get(e.errno, e.errno))\n"
+    "    s.close()\n";
+
+// "name result" lines -> {name: result}; the result is the rest of the line.
+inline std::map<std::string, std::string> ParseResults(const std::string& out) {
+  std::map<std::string, std::string> m;
+  std::istringstream in(out);
+  for (std::string line; std::getline(in, line);) {
+    size_t sp = line.find(' ');
+    if (sp != std::string::npos) m[line.substr(0, sp)] = line.substr(sp + 1);
+  }
+  return m;
+}
+
+// A listener the test owns; the UniqueFd closes it whatever happens.
+inline UniqueFd NonBlockingListener(int family, const sockaddr* addr, socklen_t len) {
+  UniqueFd fd(::socket(family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (!fd) return fd;
+  if (::bind(fd.get(), addr, len) < 0 || ::listen(fd.get(), 16) < 0) fd.Reset();
+  return fd;
+}
+
+// Nothing reached the listener: a non-blocking accept finds no connection.
+inline void ExpectNothingAccepted(const UniqueFd& listener) {
+  int c = ::accept4(listener.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+  int err = errno;
+  if (c >= 0) ::close(c);
+  EXPECT_LT(c, 0) << "the host listener accepted a connection from the sandbox";
+  EXPECT_TRUE(err == EAGAIN || err == EWOULDBLOCK) << std::strerror(err);
+}
+
+// Syscall probes: name -> a python call of sc() or sc_fork() (both return
+// (result, errno)), run after kPrelude; report() prints "name result errno".
+using Probes = std::vector<std::pair<std::string, std::string>>;
+
+inline constexpr const char* kPrelude =
+    "import ctypes, errno, os, subprocess\n"
+    "libc = ctypes.CDLL(None, use_errno=True)\n"
+    "libc.syscall.restype = ctypes.c_long\n"
+    "def arg(a):\n"
+    "    return ctypes.c_long(a) if isinstance(a, int) else a\n"
+    "def sc(nr, *args):\n"
+    "    ctypes.set_errno(0)\n"
+    "    r = libc.syscall(ctypes.c_long(nr), *[arg(a) for a in args])\n"
+    "    return r, ctypes.get_errno()\n"
+    "def sc_fork(nr, *args):\n"  // a clone that succeeds must not run on here
+    "    r, e = sc(nr, *args)\n"
+    "    if r == 0:\n"
+    "        os._exit(0)\n"
+    "    if r > 0:\n"
+    "        os.waitpid(r, 0)\n"
+    "    return r, e\n"
+    "def zeros(n):\n"
+    "    return ctypes.create_string_buffer(n)\n"
+    "def report(name, res):\n"
+    "    r, e = res\n"
+    "    print(name, r, errno.errorcode.get(e, e) if r == -1 else '-', flush=True)\n";
+
+inline std::string N(long nr) { return std::to_string(nr); }
+
+}  // namespace dsec::testing
