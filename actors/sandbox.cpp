@@ -84,7 +84,9 @@ caf::result<v1::FileReply> FileOp(Self self, const std::string& path,
 caf::result<v1::SandboxReply> SetPaused(Self self, bool paused) {
   auto& st = self->state;
   auto want = paused ? v1::SANDBOX_PHASE_PAUSED : v1::SANDBOX_PHASE_RUNNING;
-  if (st.rec.phase() == want && !st.destroying) return Reply(Status::Ok(), st.rec);  // idempotent
+  // Pausing a paused sandbox is a no-op; resuming a running one still asks
+  // the driver, so a kind without pause says so.
+  if (paused && st.rec.phase() == want && !st.destroying) return Reply(Status::Ok(), st.rec);
   Status ok = NotServing(self, true);
   if (!ok.ok()) return Reply(ok, st.rec);
   if (paused && !st.running.empty())
@@ -167,6 +169,7 @@ sandbox_actor::behavior_type Behavior(Self self) {
           return reply;
         }
         Status ok = drivers::CheckExecRequest(st.ctx->options.limits, req);
+        if (ok.ok()) ok = st.driver->CheckExecLimits(st.rec, req.limits());
         auto limits = ok.ok() ? drivers::EffectiveLimits(st.ctx->options.limits, st.rec.spec(), req)
                               : Result<v1::Limits>(ok);
         if (!limits.ok()) {
@@ -174,6 +177,9 @@ sandbox_actor::behavior_type Behavior(Self self) {
           return reply;
         }
         *req.mutable_limits() = *limits;
+        // Streamed pieces go to the sender; read it first, for the response
+        // promise takes it over (current_sender() is null after this).
+        auto to = req.stream() ? caf::actor_cast<caf::actor>(self->current_sender()) : caf::actor{};
         auto rp = self->make_response_promise<v1::ExecReply>();
         // Unique across restarts of this actor (restarts() grows with each).
         std::string run_id = st.rec.id() + "/" + std::to_string(st.rec.restarts()) + "." +
@@ -206,7 +212,6 @@ sandbox_actor::behavior_type Behavior(Self self) {
         }
         // Pieces go to whoever asked, from this actor, so they arrive before
         // the reply (one sender, one receiver: CAF keeps the order).
-        auto to = caf::actor_cast<caf::actor>(self->current_sender());
         uint64_t stream_id = req.stream_id();
         st.driver->ExecStreaming(
             st.rec, run_id, req,

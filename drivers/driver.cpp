@@ -26,6 +26,8 @@ void Driver::ExecStreaming(const v1::SandboxRecord& sandbox, const std::string& 
   });
 }
 
+Status Driver::CheckExecLimits(const v1::SandboxRecord&, const v1::Limits&) const { return Status::Ok(); }
+
 void Driver::ReadFile(const v1::SandboxRecord&, const v1::ReadFileRequest&, FileCallback done) {
   done(NoState(*this, "files"));
 }

@@ -37,6 +37,11 @@ class Driver {
   // Ok when this driver can run `spec` (image known, limits in range).
   virtual Status CanHandle(const v1::SandboxSpec& spec) const = 0;
 
+  // Ok when an exec may ask for `asked` (the request's own limits, before
+  // defaults) in this sandbox. Kinds whose memory, pids and CPU limits are
+  // sandbox-wide refuse per-exec values that differ, instead of ignoring them.
+  virtual Status CheckExecLimits(const v1::SandboxRecord& sandbox, const v1::Limits& asked) const;
+
   // Brings up the sandbox's resources. For stateless kinds (fncall) there is
   // nothing to create and this only validates.
   virtual void Create(const v1::SandboxRecord& sandbox, CreateCallback done) = 0;

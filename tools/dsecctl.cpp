@@ -1,15 +1,18 @@
-// dsecctl: sandbox commands through the SDK (run, create, exec, rm, session)
+// dsecctl: sandbox commands through the SDK (run, create, exec, rm, pause,
+// resume, cp, session)
 // and admin commands through the admin console (status, ls, inspect, kill,
 // stats). `dsecctl run` behaves like `docker run`: the program's own exit
 // code; 124 time limit; 128+N killed by signal N (137 for the memory and
 // output limits, which kill); 125 platform error; 126/127 not executable /
 // not found.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <google/protobuf/util/json_util.h>
 #include <nlohmann/json.hpp>
 
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -231,6 +234,57 @@ int Admin(const Common& c, const std::string& line, bool raw) {
   return !j.is_discarded() && j.value("ok", false) ? 0 : 1;
 }
 
+// "ID:/path" names a file in a sandbox; anything else is local (write
+// ./a:b for a local name that looks like one).
+bool SandboxPath(const std::string& arg, std::string* id, std::string* path) {
+  size_t colon = arg.find(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 >= arg.size() || arg[colon + 1] != '/') return false;
+  for (size_t i = 0; i < colon; ++i) {
+    char ch = arg[i];
+    if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '-' && ch != '_') return false;
+  }
+  *id = arg.substr(0, colon);
+  *path = arg.substr(colon + 1);
+  return true;
+}
+
+int Copy(const Common& c, const std::string& src, const std::string& dst) {
+  std::string src_id, src_path, dst_id, dst_path;
+  bool from = SandboxPath(src, &src_id, &src_path), to = SandboxPath(dst, &dst_id, &dst_path);
+  if (from == to)
+    return Fail(from ? "cp copies between a sandbox and this host, not between two sandboxes"
+                     : "cp needs one side in a sandbox: ID:/absolute/path",
+                2);
+  int rc = 0;
+  auto client = ConnectOrDie(c, &rc);
+  if (!client) return rc;
+  auto sb = client->Attach(from ? src_id : dst_id);
+  if (!sb.ok()) return Fail(sb.status().message(), 1);
+  if (from) {
+    auto data = sb->ReadFile(src_path);
+    if (!data.ok()) return Fail(data.status().message(), 1);
+    if (dst == "-") {
+      std::fwrite(data->data(), 1, data->size(), stdout);
+      return std::fflush(stdout) == 0 ? 0 : Fail(std::string("write stdout: ") + std::strerror(errno), 1);
+    }
+    auto st = dsec::WriteFileAtomic(dst, *data, 0644);
+    return st.ok() ? 0 : Fail(st.message(), 1);
+  }
+  std::string data;
+  uint32_t mode = 0644;
+  if (src == "-") {
+    data = ReadAllStdin(64u << 20);
+  } else {
+    auto d = dsec::ReadFileToString(src);
+    if (!d.ok()) return Fail(d.status().message(), 1);
+    data = std::move(*d);
+    struct stat st;
+    if (::stat(src.c_str(), &st) == 0) mode = st.st_mode & 07777;
+  }
+  auto st = sb->WriteFile(dst_path, data, mode);
+  return st.ok() ? 0 : Fail(st.message(), 1);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -273,9 +327,19 @@ int main(int argc, char** argv) {
   auto* rm = app.add_subcommand("rm", "destroy sandboxes");
   rm->add_option("ids", rm_ids, "sandbox ids")->required();
 
-  auto* cp = app.add_subcommand("cp", "copy files in or out of a sandbox (container sandboxes)");
-  std::vector<std::string> cp_args;
-  cp->add_option("args", cp_args, "SRC DST");
+  std::vector<std::string> pause_ids, resume_ids;
+  auto* pause = app.add_subcommand("pause", "freeze every process of sandboxes (memory kept, no CPU)");
+  pause->add_option("ids", pause_ids, "sandbox ids")->required();
+  auto* resume = app.add_subcommand("resume", "continue paused sandboxes");
+  resume->add_option("ids", resume_ids, "sandbox ids")->required();
+
+  std::string cp_src, cp_dst;
+  auto* cp = app.add_subcommand("cp",
+                                "copy a file into or out of a sandbox: cp ID:/path LOCAL, cp LOCAL ID:/path "
+                                "(LOCAL may be - for stdin/stdout). Sandbox paths are absolute and resolve "
+                                "inside the sandbox; '..' is refused.");
+  cp->add_option("src", cp_src, "ID:/path or a local file")->required();
+  cp->add_option("dst", cp_dst, "ID:/path or a local file")->required();
 
   // Sessions.
   auto* session = app.add_subcommand("session", "rollout sessions");
@@ -324,7 +388,6 @@ int main(int argc, char** argv) {
   if (*stats) return Admin(c, "stats", raw);
   if (*inspect) return Admin(c, "inspect " + admin_id, raw);
   if (*kill) return Admin(c, "kill " + admin_id, raw);
-  if (*cp) return Fail("cp needs a container sandbox; container sandboxes are not available yet", 2);
 
   int rc = 0;
   if (*run) {
@@ -361,10 +424,37 @@ int main(int argc, char** argv) {
     if (!client) return rc;
     auto sb = client->Attach(exec_id);
     if (!sb.ok()) return Fail(sb.status().message());
-    auto r = sb->Exec(req);
+    if (exec_json) {
+      auto r = sb->Exec(req);
+      if (!r.ok()) return Fail(r.status().message());
+      return Report(*r, true);
+    }
+    // Output as the command writes it (a long build, a test run).
+    auto r = sb->ExecStream(req, [](const dsec::v1::ExecOutput& o) {
+      if (!o.stdout().empty()) {
+        std::fwrite(o.stdout().data(), 1, o.stdout().size(), stdout);
+        std::fflush(stdout);
+      }
+      if (!o.stderr().empty()) {
+        std::fwrite(o.stderr().data(), 1, o.stderr().size(), stderr);
+        std::fflush(stderr);
+      }
+    });
     if (!r.ok()) return Fail(r.status().message());
-    return Report(*r, exec_json);
+    return Report(*r, false);
   }
+  if (*pause || *resume) {
+    auto client = ConnectOrDie(c, &rc);
+    if (!client) return rc;
+    for (const auto& id : *pause ? pause_ids : resume_ids) {
+      auto sb = client->Attach(id);
+      dsec::Status st = !sb.ok() ? sb.status() : *pause ? sb->Pause() : sb->Resume();
+      if (!st.ok()) rc = Fail(st.message(), 1);
+      else std::cout << id << "\n";
+    }
+    return rc;
+  }
+  if (*cp) return Copy(c, cp_src, cp_dst);
   if (*rm) {
     auto client = ConnectOrDie(c, &rc);
     if (!client) return rc;

@@ -391,6 +391,21 @@ void ContainerDriver::StartExec(const v1::SandboxRecord& sb, const std::string& 
   if (kill_now && exec_id) box->agent->Signal(exec_id, SIGKILL, [](const Status&) {});
 }
 
+Status ContainerDriver::CheckExecLimits(const v1::SandboxRecord& sb, const v1::Limits& asked) const {
+  // One cgroup holds the whole container: these are fixed at creation.
+  const v1::Limits& box = sb.spec().limits();
+  auto differs = [](uint64_t want, uint64_t have) { return want != 0 && want != have; };
+  const char* what = differs(asked.memory_bytes(), box.memory_bytes()) ? "memory"
+                     : differs(asked.pids(), box.pids())                 ? "pids"
+                     : differs(asked.cpu_millis(), box.cpu_millis())     ? "cpu"
+                                                                         : nullptr;
+  if (!what) return Status::Ok();
+  return Status::InvalidArgument(std::string("the ") + what + " limit of container " + sb.id() +
+                                 " is set for the whole container when it is created (dsecctl create --" +
+                                 (std::string(what) == "cpu" ? "cpus" : what) +
+                                 "); an exec cannot change it");
+}
+
 Status ContainerDriver::Kill(const std::string& run_id, const std::string& reason) {
   std::string id;
   uint64_t exec_id;

@@ -48,6 +48,7 @@ class ContainerDriver : public Driver {
   const char* name() const override { return "container"; }
   Status Available() const override;
   Status CanHandle(const v1::SandboxSpec& spec) const override;
+  Status CheckExecLimits(const v1::SandboxRecord& sandbox, const v1::Limits& asked) const override;
   void Create(const v1::SandboxRecord& sandbox, CreateCallback done) override;
   void Exec(const v1::SandboxRecord& sandbox, const std::string& run_id, const v1::ExecRequest& req,
             ExecCallback done) override;

@@ -16,7 +16,7 @@ struct RootfsOptions {
   std::vector<std::string> programs = {"sh",   "bash", "cat",  "echo", "ls",    "mkdir", "rm",    "sleep", "true",
                                        "false", "id",  "ps",   "head", "tail",  "yes",   "wc",    "touch", "ln",
                                        "stat",  "kill", "env", "seq",  "dd",    "sha256sum", "hostname", "chmod",
-                                       "chown", "cp",   "mv",  "grep", "mount", "tr",    "timeout"};
+                                       "chown", "cp",   "mv",  "grep", "mount", "tr",    "timeout", "dirname", "mkfifo"};
   bool python = true;  // /usr/bin/python3 and /usr/lib/python3.<minor> (tests and caches left out)
 };
 

@@ -9,6 +9,7 @@
 #include <string>
 #include <thread>
 
+#include "runtime/files.hpp"
 #include "tests/support/container_fixture.hpp"
 
 namespace dsec::testing {
@@ -52,6 +53,46 @@ TEST_F(Container, DsecctlCreateExecRmLeavesNothingBehind) {
   auto gone = daemon_->Ctl({"exec", id, "--", "true"});
   EXPECT_NE(gone.exit_code, 0);
   EXPECT_NE(gone.err.find("not found"), std::string::npos) << gone.err;
+}
+
+TEST_F(Container, DsecctlCpPauseResumeAndStreamedExec) {
+  auto created = daemon_->Ctl({"create", "--kind", "container", "--image", kImage});
+  ASSERT_EQ(created.exit_code, 0) << created.err;
+  std::string id = Trim(created.out);
+  char tmpl[] = "/tmp/dsec-test-cp-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  std::string dir = tmpl;
+  ASSERT_TRUE(WriteFileAtomic(dir + "/in.sh", "echo from the host\n", 0750).ok());
+  auto in = daemon_->Ctl({"cp", dir + "/in.sh", id + ":/work/in.sh"});
+  EXPECT_EQ(in.exit_code, 0) << in.err;
+  // The mode came along; stdout and stderr both reach the caller.
+  auto run = daemon_->Ctl({"exec", id, "--", "sh", "-c", "stat -c %a /work/in.sh; sh /work/in.sh > /work/out; echo warn >&2"});
+  EXPECT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_EQ(run.out, "750\n");
+  EXPECT_EQ(run.err, "warn\n");
+  auto out = daemon_->Ctl({"cp", id + ":/work/out", dir + "/out"});
+  EXPECT_EQ(out.exit_code, 0) << out.err;
+  auto copied = ReadFileToString(dir + "/out");
+  ASSERT_TRUE(copied.ok()) << copied.status().ToString();
+  EXPECT_EQ(*copied, "from the host\n");
+  auto missing = daemon_->Ctl({"cp", id + ":/work/none", dir + "/none"});
+  EXPECT_EQ(missing.exit_code, 1);
+  EXPECT_NE(missing.err.find("/work/none"), std::string::npos) << missing.err;
+  auto both_local = daemon_->Ctl({"cp", dir + "/a", dir + "/b"});
+  EXPECT_EQ(both_local.exit_code, 2);
+  EXPECT_NE(both_local.err.find("ID:/"), std::string::npos) << both_local.err;
+
+  auto paused = daemon_->Ctl({"pause", id});
+  EXPECT_EQ(paused.exit_code, 0) << paused.err;
+  auto refused = daemon_->Ctl({"exec", id, "--", "true"});
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_NE(refused.err.find("paused"), std::string::npos) << refused.err;
+  auto resumed = daemon_->Ctl({"resume", id});
+  EXPECT_EQ(resumed.exit_code, 0) << resumed.err;
+  EXPECT_EQ(daemon_->Ctl({"exec", id, "--", "cat", "/work/out"}).out, "from the host\n");
+  EXPECT_EQ(daemon_->Ctl({"rm", id}).exit_code, 0);
+  RunProcess({"/bin/rm", "-rf", dir});
+  EXPECT_EQ(Remains(id), "");
 }
 
 TEST_F(Container, HundredSequentialExecsSeeEachOthersFiles) {

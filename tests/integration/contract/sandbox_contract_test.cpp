@@ -1,0 +1,309 @@
+// The sandbox contract: one suite, run against every sandbox kind through a
+// real dsecd and the SDK. An operation a kind supports must behave the same
+// everywhere (create, exec, files, limits, streaming, pause/resume, destroy,
+// re-adoption after kill -9); one it does not support must say so, naming
+// the kind, and change nothing.
+#include <signal.h>
+
+#include <algorithm>
+#include <chrono>
+#include <iterator>
+#include <fstream>
+#include <future>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/support/container_fixture.hpp"
+
+namespace dsec::testing {
+namespace {
+
+// What a kind offers; the suite checks the rest is refused cleanly.
+struct Kind {
+  const char* name;
+  bool stateful;     // files and processes outlive an exec
+  bool files;        // ReadFile / WriteFile / ListFiles
+  bool pause;        // Pause / Resume
+  bool live_stream;  // output arrives while the command still runs
+};
+
+const Kind kKinds[] = {
+    {"fncall", false, false, false, false},
+    {"container", true, true, true, true},
+};
+
+class Contract : public ContainerTest, public ::testing::WithParamInterface<Kind> {
+ protected:
+  static v1::SandboxSpec Spec() {
+    return std::string(GetParam().name) == "fncall" ? FncallSpec() : ContainerSpec(kImage);
+  }
+  Result<Sandbox> New() {
+    auto sb = client_->Create(Spec());
+    if (sb.ok()) made_.push_back(*sb);
+    return sb;
+  }
+  // The answer to an operation this kind does not have.
+  static void ExpectUnsupported(const Status& st, const char* op) {
+    EXPECT_EQ(st.code(), Status::Code::kUnimplemented) << op << ": " << st.ToString();
+    EXPECT_NE(st.message().find(GetParam().name), std::string::npos) << op << " should name the kind: " << st.message();
+  }
+  static std::string FreezerState(const std::string& id) {
+    std::ifstream in("/sys/fs/cgroup/freezer/dsec-test/c/" + id + "/freezer.state");
+    std::string s;
+    in >> s;
+    return s;
+  }
+};
+
+std::string Name(const ::testing::TestParamInfo<Kind>& info) { return info.param.name; }
+
+TEST_P(Contract, CreateGivesARunningSandboxAndDestroyRemovesIt) {
+  auto sb = New();
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  EXPECT_EQ(sb->id().rfind("sb-", 0), 0u) << sb->id();
+  auto rec = sb->Get();
+  ASSERT_TRUE(rec.ok()) << rec.status().ToString();
+  EXPECT_EQ(rec->phase(), v1::SANDBOX_PHASE_RUNNING);
+  EXPECT_EQ(rec->id(), sb->id());
+  Destroy(*sb);
+  auto gone = sb->Get();
+  EXPECT_EQ(gone.status().code(), Status::Code::kNotFound) << gone.status().ToString();
+  auto exec = sb->Exec(Command({"true"}));
+  EXPECT_EQ(exec.status().code(), Status::Code::kNotFound) << exec.status().ToString();
+  EXPECT_NE(exec.status().message().find(sb->id()), std::string::npos) << exec.status().message();
+}
+
+TEST_P(Contract, ExecReportsOutputExitCodeAndStdin) {
+  auto sb = New();
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  auto r = ShIn(*sb, "echo out; echo err >&2; exit 3");
+  EXPECT_EQ(r.stdout(), "out\n");
+  EXPECT_EQ(r.stderr(), "err\n");
+  EXPECT_EQ(r.exit_code(), 3);
+  EXPECT_EQ(r.verdict(), v1::VERDICT_RUNTIME_ERROR);
+  auto req = Command({"cat"});
+  req.set_stdin("from stdin");
+  auto cat = Exec(*sb, req);
+  EXPECT_EQ(cat.verdict(), v1::VERDICT_OK);
+  EXPECT_EQ(cat.stdout(), "from stdin");
+  auto env = Command({"sh", "-c", "echo $GREETING; pwd"});
+  (*env.mutable_env())["GREETING"] = "hi";
+  env.set_cwd("/tmp");
+  EXPECT_EQ(Exec(*sb, env).stdout(), "hi\n/tmp\n");
+  auto missing = Exec(*sb, Command({"no-such-program"}));
+  EXPECT_EQ(missing.exit_code(), 127);
+  Destroy(*sb);
+}
+
+TEST_P(Contract, StateOutlivesAnExecOnlyInStatefulKinds) {
+  auto sb = New();
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  ASSERT_EQ(ShIn(*sb, "echo kept > /work/state").verdict(), v1::VERDICT_OK);
+  auto r = ShIn(*sb, "cat /work/state 2>/dev/null || echo fresh");
+  EXPECT_EQ(r.stdout(), GetParam().stateful ? "kept\n" : "fresh\n");
+  Destroy(*sb);
+}
+
+TEST_P(Contract, LimitsGiveVerdictsAndTheSandboxLivesOn) {
+  auto sb = New();
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  v1::Limits t;
+  t.set_timeout_ms(500);
+  auto slow = ShIn(*sb, "sleep 30", t);
+  EXPECT_EQ(slow.verdict(), v1::VERDICT_TIME_LIMIT) << slow.error();
+  auto hog = Command({"python3", "-c", "b = bytearray(256 << 20); print(len(b))"});
+  if (GetParam().stateful) {
+    // One cgroup holds the sandbox: its memory limit is set at creation, and
+    // an exec asking for another is refused, not silently ignored.
+    auto req = hog;
+    req.mutable_limits()->set_memory_bytes(64ull << 20);
+    auto refused = sb->Exec(req);
+    EXPECT_EQ(refused.status().code(), Status::Code::kInvalidArgument) << refused.status().ToString();
+    EXPECT_NE(refused.status().message().find("create"), std::string::npos) << refused.status().message();
+  }
+  auto spec = Spec();
+  spec.mutable_limits()->set_memory_bytes(64ull << 20);
+  auto small = client_->Create(spec);
+  ASSERT_TRUE(small.ok()) << small.status().ToString();
+  made_.push_back(*small);
+  auto capped = Exec(*small, hog);
+  EXPECT_EQ(capped.verdict(), v1::VERDICT_MEMORY_LIMIT) << capped.error() << capped.stderr();
+  EXPECT_EQ(ShIn(*small, "echo survived").stdout(), "survived\n");
+  Destroy(*small);
+  v1::Limits o;
+  o.set_output_bytes(1000);
+  auto loud = ShIn(*sb, "head -c 100000 /dev/zero", o);
+  EXPECT_EQ(loud.verdict(), v1::VERDICT_OUTPUT_LIMIT);
+  EXPECT_TRUE(loud.stdout_truncated());
+  EXPECT_LE(loud.stdout().size(), 1000u);
+  // None of that broke the sandbox.
+  EXPECT_EQ(ShIn(*sb, "echo alive").stdout(), "alive\n");
+  Destroy(*sb);
+}
+
+TEST_P(Contract, StreamedOutputArrivesInOrderAndTheResultCarriesNone) {
+  auto sb = New();
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  std::mutex mu;
+  std::string out, err;
+  auto r = sb->ExecStream(Sh("for i in 1 2 3 4 5; do echo line$i; echo e$i >&2; done"),
+                          [&](const v1::ExecOutput& o) {
+                            std::lock_guard<std::mutex> lk(mu);
+                            out += o.stdout();
+                            err += o.stderr();
+                          });
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->verdict(), v1::VERDICT_OK);
+  EXPECT_EQ(r->stdout(), "");
+  EXPECT_EQ(r->stderr(), "");
+  std::lock_guard<std::mutex> lk(mu);
+  EXPECT_EQ(out, "line1\nline2\nline3\nline4\nline5\n");
+  EXPECT_EQ(err, "e1\ne2\ne3\ne4\ne5\n");
+  Destroy(*sb);
+}
+
+TEST_P(Contract, StreamedOutputArrivesWhileTheCommandRuns) {
+  if (!GetParam().live_stream) GTEST_SKIP() << GetParam().name << " hands output over when the command ends";
+  auto sb = New();
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  // The command prints, then waits for a file only the test creates, and
+  // the test creates it only once it has seen the first line: the exec can
+  // end only if its output was streamed.
+  std::promise<void> first;
+  std::once_flag once;
+  std::mutex mu;
+  std::string out;
+  auto done = std::async(std::launch::async, [&] {
+    return sb->ExecStream(Sh("echo started; while [ ! -e /work/go ]; do sleep 0.01; done; echo finished"),
+                          [&](const v1::ExecOutput& o) {
+                            std::lock_guard<std::mutex> lk(mu);
+                            out += o.stdout();
+                            if (out.find("started\n") != std::string::npos) std::call_once(once, [&] { first.set_value(); });
+                          });
+  });
+  ASSERT_EQ(first.get_future().wait_for(std::chrono::seconds(20)), std::future_status::ready)
+      << "no output streamed while the command ran";
+  ASSERT_EQ(ShIn(*sb, "touch /work/go").verdict(), v1::VERDICT_OK);
+  auto r = done.get();
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->verdict(), v1::VERDICT_OK);
+  std::lock_guard<std::mutex> lk(mu);
+  EXPECT_EQ(out, "started\nfinished\n");
+  Destroy(*sb);
+}
+
+TEST_P(Contract, FilesRoundTripThroughExec) {
+  auto sb = New();
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  if (!GetParam().files) {
+    ExpectUnsupported(sb->WriteFile("/work/a.txt", "x"), "WriteFile");
+    ExpectUnsupported(sb->ReadFile("/work/a.txt").status(), "ReadFile");
+    ExpectUnsupported(sb->ListFiles("/work").status(), "ListFiles");
+    Destroy(*sb);
+    return;
+  }
+  std::string binary(300000, '\0');
+  for (size_t i = 0; i < binary.size(); ++i) binary[i] = static_cast<char>(i * 7);
+  ASSERT_TRUE(sb->WriteFile("/work/blob", binary, 0640).ok());
+  ASSERT_TRUE(sb->WriteFile("/work/deep/er/note.txt", "hello\n", 0644, /*make_parents=*/true).ok());
+  EXPECT_EQ(ShIn(*sb, "stat -c '%a %s' /work/blob; cat /work/deep/er/note.txt").stdout(), "640 300000\nhello\n");
+  ASSERT_EQ(ShIn(*sb, "echo made by exec > /work/out.txt").verdict(), v1::VERDICT_OK);
+  auto back = sb->ReadFile("/work/out.txt");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, "made by exec\n");
+  auto blob = sb->ReadFile("/work/blob");
+  ASSERT_TRUE(blob.ok()) << blob.status().ToString();
+  EXPECT_TRUE(*blob == binary) << "binary content changed on the way";
+  auto list = sb->ListFiles("/work");
+  ASSERT_TRUE(list.ok()) << list.status().ToString();
+  std::vector<std::string> names;
+  for (const auto& e : list->entries()) names.push_back(e.name());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"blob", "deep", "out.txt"}));
+  // Errors name the path and change nothing.
+  auto missing = sb->ReadFile("/work/none");
+  EXPECT_EQ(missing.status().code(), Status::Code::kNotFound) << missing.status().ToString();
+  EXPECT_NE(missing.status().message().find("/work/none"), std::string::npos) << missing.status().message();
+  auto relative = sb->WriteFile("work/x", "x");
+  EXPECT_EQ(relative.code(), Status::Code::kInvalidArgument) << relative.ToString();
+  auto too_big = sb->ReadFile("/work/blob", 1000);
+  EXPECT_FALSE(too_big.ok());
+  EXPECT_EQ(ShIn(*sb, "ls /work | tr '\\n' ' '").stdout(), "blob deep out.txt ");
+  Destroy(*sb);
+}
+
+TEST_P(Contract, PauseFreezesEveryProcessAndResumeContinues) {
+  auto sb = New();
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  if (!GetParam().pause) {
+    ExpectUnsupported(sb->Pause(), "Pause");
+    ExpectUnsupported(sb->Resume(), "Resume");
+    EXPECT_EQ(ShIn(*sb, "echo still").stdout(), "still\n");
+    Destroy(*sb);
+    return;
+  }
+  // A ticker that appends a line every 10 ms.
+  ASSERT_EQ(ShIn(*sb, "(while :; do echo t >> /work/ticks; sleep 0.01; done) > /dev/null 2>&1 &").verdict(),
+            v1::VERDICT_OK);
+  ASSERT_TRUE(sb->Pause().ok());
+  EXPECT_EQ(FreezerState(sb->id()), "FROZEN");
+  auto rec = sb->Get();
+  ASSERT_TRUE(rec.ok());
+  EXPECT_EQ(rec->phase(), v1::SANDBOX_PHASE_PAUSED);
+  auto refused = sb->Exec(Command({"true"}));
+  EXPECT_EQ(refused.status().code(), Status::Code::kFailedPrecondition) << refused.status().ToString();
+  EXPECT_NE(refused.status().message().find("resume"), std::string::npos) << refused.status().message();
+  // Frozen: the ticker's file does not grow (read from the host).
+  std::string upper = daemon_->data_dir() + "/sandboxes/" + sb->id() + "/upper/work/ticks";
+  auto count = [&] {
+    std::ifstream in(upper);
+    return std::count(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>(), '\n');
+  };
+  auto before = count();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the time in which nothing may happen
+  EXPECT_EQ(count(), before) << "a process ran while the sandbox was paused";
+  EXPECT_TRUE(sb->Pause().ok()) << "pausing a paused sandbox is a no-op";
+
+  ASSERT_TRUE(sb->Resume().ok());
+  EXPECT_EQ(FreezerState(sb->id()), "THAWED");
+  rec = sb->Get();
+  ASSERT_TRUE(rec.ok());
+  EXPECT_EQ(rec->phase(), v1::SANDBOX_PHASE_RUNNING);
+  auto r = ShIn(*sb, "n=$(wc -l < /work/ticks); while [ $(wc -l < /work/ticks) -le $n ]; do sleep 0.01; done; echo ticking");
+  EXPECT_EQ(r.stdout(), "ticking\n");
+  EXPECT_TRUE(sb->Resume().ok()) << "resuming a running sandbox is a no-op";
+  Destroy(*sb);
+}
+
+TEST_P(Contract, DestroyWithAnExecInFlightAnswersTheExec) {
+  auto sb = New();
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  auto pending = sb->ExecAsync(Sh("sleep 60"));
+  // Destroy waits for the sandbox to take the exec (it is queued behind it).
+  Destroy(*sb);
+  ASSERT_EQ(pending.wait_for(std::chrono::seconds(20)), std::future_status::ready) << "the exec was never answered";
+  auto r = pending.get();
+  EXPECT_TRUE(!r.ok() || r->verdict() != v1::VERDICT_OK) << "a destroyed sandbox's exec cannot succeed";
+}
+
+// Restarts the shared daemon (gtest runs a suite in the order written: last).
+TEST_P(Contract, Kill9OfTheDaemonKeepsTheSandboxAndItsState) {
+  auto sb = New();
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  ASSERT_EQ(ShIn(*sb, "echo kept > /work/state").verdict(), v1::VERDICT_OK);
+  daemon_->Kill9();
+  ASSERT_TRUE(daemon_->Restart().ok());
+  auto rec = sb->Get();
+  ASSERT_TRUE(rec.ok()) << rec.status().ToString();
+  EXPECT_EQ(rec->phase(), v1::SANDBOX_PHASE_RUNNING) << rec->error();
+  auto r = ShIn(*sb, "cat /work/state 2>/dev/null || echo fresh");
+  EXPECT_EQ(r.stdout(), GetParam().stateful ? "kept\n" : "fresh\n");
+  Destroy(*sb);
+}
+
+INSTANTIATE_TEST_SUITE_P(Kinds, Contract, ::testing::ValuesIn(kKinds), Name);
+
+}  // namespace
+}  // namespace dsec::testing

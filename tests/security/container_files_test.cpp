@@ -1,0 +1,157 @@
+// Copying files in and out of a container (SDK ReadFile/WriteFile and
+// `dsecctl cp`) is no way out of it: paths with ".." are refused before they
+// reach the sandbox, symlinks resolve inside the container (a link to
+// /etc/shadow is the container's own /etc/shadow, never the host's), the
+// /proc magic links that point at other roots are refused, FIFOs cannot
+// hang the agent, and the agent's own files cannot be replaced.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <string>
+
+#include "runtime/files.hpp"
+#include "tests/support/container_fixture.hpp"
+
+namespace dsec::testing {
+namespace {
+
+class ContainerFiles : public ContainerTest {};
+
+std::string Trim(std::string s) {
+  while (!s.empty() && s.back() == '\n') s.pop_back();
+  return s;
+}
+
+// A file only the host has, with known content; removed at the end.
+class HostMarker {
+ public:
+  HostMarker() {
+    char tmpl[] = "/tmp/dsec-test-hostfile-XXXXXX";
+    dir_ = ::mkdtemp(tmpl) ? tmpl : "";
+    path_ = dir_ + "/secret";
+    (void)WriteFileAtomic(path_, "host secret\n", 0600);
+  }
+  ~HostMarker() {
+    ::unlink(path_.c_str());
+    ::rmdir(dir_.c_str());
+  }
+  const std::string& path() const { return path_; }
+  std::string content() const {
+    auto c = ReadFileToString(path_);
+    return c.ok() ? *c : "<" + c.status().message() + ">";
+  }
+
+ private:
+  std::string dir_, path_;
+};
+
+TEST_F(ContainerFiles, DotDotPathsAreRefusedBeforeReachingTheSandbox) {
+  auto sb = Make();
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  for (const char* p : {"/work/../../etc/shadow", "/../etc/shadow", "/work/..", "/work/a/../../../etc/passwd"}) {
+    auto r = sb->ReadFile(p);
+    EXPECT_EQ(r.status().code(), Status::Code::kInvalidArgument) << p << ": " << r.status().ToString();
+    EXPECT_NE(r.status().message().find(".."), std::string::npos) << r.status().message();
+    auto w = sb->WriteFile(p, "x");
+    EXPECT_EQ(w.code(), Status::Code::kInvalidArgument) << p << ": " << w.ToString();
+  }
+  auto rel = sb->ReadFile("etc/shadow");
+  EXPECT_EQ(rel.status().code(), Status::Code::kInvalidArgument) << rel.status().ToString();
+  // The same through dsecctl cp, both directions.
+  char tmpl[] = "/tmp/dsec-test-cp-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  std::string local = std::string(tmpl) + "/out";
+  auto out = daemon_->Ctl({"cp", sb->id() + ":/work/../../etc/shadow", local});
+  EXPECT_NE(out.exit_code, 0);
+  EXPECT_NE(out.err.find(".."), std::string::npos) << out.err;
+  struct stat st;
+  EXPECT_NE(::stat(local.c_str(), &st), 0) << "cp wrote a file although it was refused";
+  ASSERT_TRUE(WriteFileAtomic(local, "payload", 0644).ok());
+  auto in = daemon_->Ctl({"cp", local, sb->id() + ":/work/../../../tmp/payload"});
+  EXPECT_NE(in.exit_code, 0);
+  EXPECT_NE(in.err.find(".."), std::string::npos) << in.err;
+  RunProcess({"/bin/rm", "-rf", tmpl});
+  Destroy(*sb);
+}
+
+TEST_F(ContainerFiles, SymlinksResolveInsideTheContainer) {
+  HostMarker host;
+  auto sb = Make();
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  // Links to the host marker's path (absolute, and climbing with ..), and to
+  // /etc/shadow, which the container has its own copy of.
+  std::string script = "mkdir -p $(dirname " + host.path() + ") && echo container copy > " + host.path() +
+                       " && echo container shadow > /etc/shadow && ln -s " + host.path() +
+                       " /work/abs && ln -s ../../../../../.." + host.path() +
+                       " /work/climb && ln -s /etc/shadow /work/shadow";
+  ASSERT_EQ(ShIn(*sb, script).verdict(), v1::VERDICT_OK);
+  for (const char* link : {"/work/abs", "/work/climb"}) {
+    auto r = sb->ReadFile(link);
+    ASSERT_TRUE(r.ok()) << link << ": " << r.status().ToString();
+    EXPECT_EQ(*r, "container copy\n") << link << " reached outside the container";
+  }
+  auto shadow = sb->ReadFile("/work/shadow");
+  ASSERT_TRUE(shadow.ok()) << shadow.status().ToString();
+  EXPECT_EQ(*shadow, "container shadow\n");
+  // Writing through a link changes the container's file, not the host's.
+  ASSERT_TRUE(sb->WriteFile("/work/climb", "overwritten\n").ok());
+  EXPECT_EQ(host.content(), "host secret\n");
+  EXPECT_EQ(ShIn(*sb, "cat " + host.path()).stdout(), "overwritten\n");
+  // dsecctl cp follows the same rules.
+  auto cp = daemon_->Ctl({"cp", sb->id() + ":/work/abs", "-"});
+  EXPECT_EQ(cp.exit_code, 0) << cp.err;
+  EXPECT_EQ(cp.out, "overwritten\n");
+  Destroy(*sb);
+  EXPECT_EQ(host.content(), "host secret\n");
+}
+
+TEST_F(ContainerFiles, ProcMagicLinksAreRefused) {
+  auto sb = Make();
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  ASSERT_EQ(ShIn(*sb, "ln -s /proc/1/root/etc/hostname /work/magic; sleep 1000 > /dev/null 2>&1 &").verdict(),
+            v1::VERDICT_OK);
+  for (const char* p : {"/proc/1/root/etc/hostname", "/proc/self/root/etc/hostname", "/proc/1/cwd/etc/hostname",
+                        "/work/magic"}) {
+    auto r = sb->ReadFile(p);
+    EXPECT_FALSE(r.ok()) << p << " was read: " << (r.ok() ? *r : "");
+    if (!r.ok()) EXPECT_NE(r.status().message().find("magic link"), std::string::npos) << r.status().message();
+    EXPECT_FALSE(sb->WriteFile(p, "x").ok()) << p << " was written";
+  }
+  // An open fd of a process is a magic link too.
+  auto fd = sb->ReadFile("/proc/1/fd/0");
+  EXPECT_FALSE(fd.ok());
+  Destroy(*sb);
+}
+
+TEST_F(ContainerFiles, FifosAndDevicesAreRefusedAndTheAgentKeepsAnswering) {
+  auto sb = Make();
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  ASSERT_EQ(ShIn(*sb, "mkfifo /work/pipe").verdict(), v1::VERDICT_OK);
+  auto r = sb->ReadFile("/work/pipe");
+  EXPECT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("FIFO"), std::string::npos) << r.status().message();
+  auto w = sb->WriteFile("/work/pipe", "x");
+  EXPECT_FALSE(w.ok());
+  auto dev = sb->ReadFile("/dev/zero");
+  EXPECT_FALSE(dev.ok()) << "an endless device was read";
+  EXPECT_EQ(ShIn(*sb, "echo alive").stdout(), "alive\n");
+  Destroy(*sb);
+}
+
+TEST_F(ContainerFiles, TheAgentAndItsSocketCannotBeReplaced) {
+  auto sb = Make();
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  for (const char* p : {"/run/dsec/agent", "/run/dsec/agent.sock", "/run/dsec/new"}) {
+    auto w = sb->WriteFile(p, "#!/bin/sh\necho pwned\n", 0755);
+    EXPECT_FALSE(w.ok()) << p << " was written";
+  }
+  auto rm = ShIn(*sb, "rm -f /run/dsec/agent.sock 2>&1; mv /run/dsec/agent /work/ 2>&1; echo done");
+  EXPECT_EQ(Trim(rm.stdout()).substr(Trim(rm.stdout()).rfind('\n') + 1), "done");
+  // Still served by the real agent.
+  EXPECT_EQ(ShIn(*sb, "echo alive").stdout(), "alive\n");
+  EXPECT_EQ(ShIn(*sb, "ls /run/dsec | tr '\\n' ' '").stdout(), "agent agent.sock ");
+  Destroy(*sb);
+}
+
+}  // namespace
+}  // namespace dsec::testing
