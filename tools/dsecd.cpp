@@ -6,6 +6,7 @@
 // 2 bad usage; 3 the data dir is unusable or in use by another dsecd;
 // 4 a port could not be opened.
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -13,7 +14,9 @@
 #include <caf/io/all.hpp>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 
@@ -44,6 +47,7 @@ struct Flags {
   size_t fncall_max_runners = 1024;
   bool fncall_fresh_namespaces = false;
   size_t container_netns_pool = 16;
+  double container_idle_freeze_s = 300;
   std::string cgroup_parent = "dsec";
   uint32_t sandbox_uid = 65534;
   uint32_t sandbox_gid = 65534;
@@ -91,8 +95,27 @@ std::function<void(int, const std::string&)> DriverLog(const std::string& name) 
   };
 }
 
+// Every container holds descriptors in dsecd (its agent connection):
+// thousands of them need far more than the usual soft limit of 1024.
+void RaiseOpenFilesLimit(const std::shared_ptr<spdlog::logger>& log) {
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) < 0) return;
+  rlim_t want = 1 << 20;
+  if (auto cap = dsec::ReadFileToString("/proc/sys/fs/nr_open"); cap.ok())
+    want = std::min<rlim_t>(want, std::strtoull(cap->c_str(), nullptr, 10));
+  if (rl.rlim_max < want) {
+    rlimit more{want, want};
+    if (::setrlimit(RLIMIT_NOFILE, &more) == 0) return;  // root may raise the hard limit
+  }
+  rl.rlim_cur = rl.rlim_max;
+  if (::setrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_max < 65536)
+    log->warn("open files limit is {}: about {} containers fit (raise it with ulimit -n)",
+              static_cast<unsigned long long>(rl.rlim_max), static_cast<unsigned long long>(rl.rlim_max / 4));
+}
+
 int Run(const Flags& f) {
   auto log = dsec::Logger("dsecd");
+  RaiseOpenFilesLimit(log);
   if (f.role != "all") {
     log->error("role '{}' is not implemented yet; run with --role all (the default)", f.role);
     return 2;
@@ -163,6 +186,7 @@ int Run(const Flags& f) {
   co.data_dir = data;
   co.cgroup_parent = f.cgroup_parent;
   co.netns_pool = f.container_netns_pool;
+  co.idle_freeze_ms = static_cast<int64_t>(f.container_idle_freeze_s * 1000);
   co.find_image = [&image_store](const std::string& name) { return image_store.Get(name); };
   co.log = DriverLog("container");
   auto container = dsec::drivers::ContainerDriver::Start(co);
@@ -276,6 +300,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--fncall-fresh-ns", f.fncall_fresh_namespaces,
                "new net and ipc namespaces per run instead of recycled ones (~1.4 ms of CPU each)");
+  app.add_option("--container-idle-freeze", f.container_idle_freeze_s,
+                 "seconds without exec, file call or CPU use after which a container is frozen until its next "
+                 "call (0: never)")
+      ->capture_default_str();
   app.add_option("--container-netns-pool", f.container_netns_pool,
                  "network namespaces made ahead of container creation")
       ->capture_default_str();

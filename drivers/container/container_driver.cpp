@@ -17,6 +17,7 @@
 #include "drivers/fncall/spawner.pb.h"
 #include "drivers/images/image_store.hpp"
 #include "runtime/files.hpp"
+#include "runtime/unique_fd.hpp"
 
 namespace dsec::drivers {
 
@@ -28,11 +29,21 @@ using nlohmann::json;
 int RemoveOne(const char* path, const struct stat*, int, struct FTW*) { return ::remove(path) < 0 ? -1 : 0; }
 
 // rm -rf: never follows symlinks, never leaves the filesystem (a container's
-// upper dir holds whatever it wrote, links to host paths included).
-void RemoveTree(const std::string& path) {
-  struct stat st;
-  if (::lstat(path.c_str(), &st) < 0) return;
-  ::nftw(path.c_str(), RemoveOne, 64, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
+// upper dir holds whatever it wrote, links to host paths included). The
+// overlay of a container whose last process just died may still be mounted
+// for a moment (its mount namespace goes away asynchronously): retried for
+// up to 2 s. Ok, or what stopped it (the start-up sweep retries).
+Status RemoveTree(const std::string& path) {
+  int err = 0;
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    struct stat st;
+    if (::lstat(path.c_str(), &st) < 0 && errno == ENOENT) return Status::Ok();
+    errno = 0;
+    if (::nftw(path.c_str(), RemoveOne, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT) == 0) return Status::Ok();
+    err = errno;
+    ::usleep(20000);  // waiting for the kernel to drop the dead container's mounts
+  }
+  return Status::FromErrno(err, "remove " + path);
 }
 
 std::string CgroupRel(const std::string& parent, const std::string& id) { return parent + "/c/" + id; }
@@ -79,7 +90,23 @@ struct ContainerDriver::Box {
   v1::Limits limits;
   std::unique_ptr<fncall::CgroupSlot> cgroup;
   std::unique_ptr<AgentClient> agent;
+  // Idle freezing (IdleLoop), under idle_mu.
+  std::mutex idle_mu;
+  bool idle_frozen = false;  // frozen by the idle timer; the next call thaws it
+  bool user_paused = false;  // frozen by Pause; only Resume thaws it
+  int active = 0;            // execs in flight
+  int64_t last_active_ms = 0;
+  uint64_t cpu_ns_at_check = 0;
 };
+
+namespace {
+
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
 
 ContainerDriver::ContainerDriver(ContainerOptions o) : opts_(std::move(o)) {
   if (opts_.agent_path.empty()) opts_.agent_path = SiblingExecutable("DSEC_AGENT", "dsec-agent");
@@ -98,6 +125,15 @@ Result<std::unique_ptr<ContainerDriver>> ContainerDriver::Start(ContainerOptions
   d->mounts_ = std::make_unique<images::ImageMounts>(d->opts_.data_dir + "/run/images");
   d->mounts_->Adopt();
   DSEC_RETURN_IF_ERROR(MakeDirs(d->opts_.data_dir + "/sandboxes", 0700));
+  // The bottom layer of every container: the mount points and directories
+  // the container init needs, so it finds them instead of creating them in
+  // the container's upper dir (a dozen inodes per creation otherwise). The
+  // image, above it, wins where both have a path.
+  std::string skel = d->opts_.data_dir + "/run/skeleton";
+  for (const char* sub : {"", "/proc", "/dev", "/run", "/run/dsec", "/tmp", "/work"})
+    DSEC_RETURN_IF_ERROR(MakeDirs(skel + sub, 0755));
+  ::chmod((skel + "/tmp").c_str(), 01777);
+  d->skeleton_ = skel;
   SpawnerLinkOptions lo;
   lo.name = "container";
   lo.spawner_path = d->opts_.spawner_path;
@@ -118,7 +154,9 @@ Result<std::unique_ptr<ContainerDriver>> ContainerDriver::Start(ContainerOptions
       });
   if (!link.ok()) return link.status();
   d->link_ = std::move(*link);
-  for (int i = 0; i < 2; ++i) d->workers_.emplace_back([p] { p->WorkerLoop(); });
+  // Creations wait on the spawner and the agent's handshake: a few in flight.
+  for (int i = 0; i < 4; ++i) d->workers_.emplace_back([p] { p->WorkerLoop(); });
+  if (d->opts_.idle_freeze_ms > 0 && !d->cgm_.freezer.empty()) d->idle_thread_ = std::thread([p] { p->IdleLoop(); });
   return d;
 }
 
@@ -129,8 +167,10 @@ void ContainerDriver::Stop() {
     stopping_ = true;
   }
   work_cv_.notify_all();
+  idle_cv_.notify_all();
   for (auto& t : workers_) t.join();
   workers_.clear();
+  if (idle_thread_.joinable()) idle_thread_.join();
   // Containers keep running (that is the point); only our ends close.
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -240,6 +280,7 @@ Result<std::string> ContainerDriver::CreateNow(const v1::SandboxRecord& sb) {
   auto lower = mounts_->Acquire(*image);
   if (!lower.ok()) return lower.status();
   auto undo = [&](const Status& why) -> Result<std::string> {
+    Log(2, "container " + id + ": creation failed: " + why.message());
     (void)DestroyNow(id, box->digest);
     return why.Annotate("sandbox " + id);
   };
@@ -247,7 +288,9 @@ Result<std::string> ContainerDriver::CreateNow(const v1::SandboxRecord& sb) {
   for (const char* sub : {"", "/upper", "/work", "/root", "/run"})
     if (auto st = MakeDirs(base + sub, 0700); !st.ok()) return undo(st);
   ::chmod((base + "/upper").c_str(), 0755);
-  if (auto st = WriteFileAtomic(base + "/run/agent", "", 0755); !st.ok()) return undo(st);
+  // The mount point of the agent binary (no content, nothing to sync).
+  if (UniqueFd f(::open((base + "/run/agent").c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0755)); !f)
+    return undo(Status::FromErrno(errno, "create " + base + "/run/agent"));
 
   auto cg = fncall::CgroupSlot::Create(cgm_, box->cgroup_rel);
   if (!cg.ok()) return undo(cg.status());
@@ -257,6 +300,7 @@ Result<std::string> ContainerDriver::CreateNow(const v1::SandboxRecord& sb) {
   if (st.ok()) st = box->cgroup->SetPidsMax(lim.pids() ? lim.pids() + 1 : 0);  // +1: the agent
   if (st.ok() && lim.cpu_millis()) st = box->cgroup->SetCpuQuota(lim.cpu_millis());
   if (!st.ok()) return undo(st);
+  box->cgroup->CloseFiles();  // a dozen descriptors per container otherwise
 
   spawner::Request req;
   auto* c = req.mutable_create_container();
@@ -270,7 +314,7 @@ Result<std::string> ContainerDriver::CreateNow(const v1::SandboxRecord& sb) {
   c->set_id(rid);
   c->set_sandbox_id(id);
   c->set_root(base + "/root");
-  c->set_lower(*lower);
+  c->set_lower(*lower + ":" + skeleton_);
   c->set_upper(base + "/upper");
   c->set_work(base + "/work");
   c->set_run_dir(base + "/run");
@@ -291,6 +335,7 @@ Result<std::string> ContainerDriver::CreateNow(const v1::SandboxRecord& sb) {
   if (!pid.ok()) return undo(pid.status());
   box->init_pid = *pid;
   if (st = ConnectAgent(*box); !st.ok()) return undo(st);
+  box->last_active_ms = NowMs();
   {
     std::lock_guard<std::mutex> lk(mu_);
     boxes_[id] = box;
@@ -305,7 +350,52 @@ Result<std::shared_ptr<ContainerDriver::Box>> ContainerDriver::Running(const std
   auto box = Find(id);
   if (!box || !box->agent || !box->agent->connected())
     return Status::Unavailable("container " + id + " is not running on this node (its agent is not connected)");
+  if (Status woke = Wake(*box); !woke.ok()) return woke.Annotate("container " + id + ": thaw after idling");
   return box;
+}
+
+Status ContainerDriver::Wake(Box& b) {
+  std::lock_guard<std::mutex> lk(b.idle_mu);
+  b.last_active_ms = NowMs();
+  if (!b.idle_frozen) return Status::Ok();
+  b.idle_frozen = false;
+  return b.cgroup->Freeze(false);
+}
+
+void ContainerDriver::IdleLoop() {
+  const int64_t idle = opts_.idle_freeze_ms;
+  const auto period = std::chrono::milliseconds(std::clamp<int64_t>(idle / 4, 10, 1000));
+  for (;;) {
+    {
+      // Its own condition variable: a notify_one for work must reach a worker.
+      std::unique_lock<std::mutex> lk(work_mu_);
+      if (idle_cv_.wait_for(lk, period, [this] { return stopping_; })) return;
+    }
+    std::vector<std::shared_ptr<Box>> boxes;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      for (const auto& [id, b] : boxes_) boxes.push_back(b);
+    }
+    int64_t now = NowMs();
+    for (const auto& b : boxes) {
+      std::lock_guard<std::mutex> lk(b->idle_mu);
+      if (b->idle_frozen || b->user_paused || b->active > 0 || !b->cgroup) continue;
+      // Background work (a build started with &) keeps a container awake:
+      // idle means under 1% of a CPU over the idle period.
+      uint64_t cpu = b->cgroup->CpuUsageNsByPath();
+      bool busy = cpu - b->cpu_ns_at_check > static_cast<uint64_t>(idle) * 10'000;  // 1% of idle, in ns
+      if (busy || b->cpu_ns_at_check == 0) {
+        b->cpu_ns_at_check = cpu ? cpu : 1;
+        if (busy) b->last_active_ms = now;
+        continue;
+      }
+      if (now - b->last_active_ms < idle) continue;
+      if (b->cgroup->Freeze(true).ok()) {
+        b->idle_frozen = true;
+        ++idle_freezes_;
+      }
+    }
+  }
 }
 
 void ContainerDriver::Exec(const v1::SandboxRecord& sb, const std::string& run_id, const v1::ExecRequest& req,
@@ -362,7 +452,16 @@ void ContainerDriver::StartExec(const v1::SandboxRecord& sb, const std::string& 
       else out.set_stdout(o.data());
       on_output(out);
     };
+  {
+    std::lock_guard<std::mutex> lk(box->idle_mu);
+    ++box->active;
+  }
   uint64_t exec_id = box->agent->Exec(e, std::move(piece), [this, box, oom0, merged, argv0, run_id, done](Result<agent::ExecDone> r) {
+    {
+      std::lock_guard<std::mutex> lk(box->idle_mu);
+      --box->active;
+      box->last_active_ms = NowMs();
+    }
     std::string kill_reason;
     {
       std::lock_guard<std::mutex> lk(mu_);
@@ -487,7 +586,16 @@ void ContainerDriver::Pause(const v1::SandboxRecord& sb, bool paused, StatusCall
   if (!box || !box->cgroup) return done(Status::Unavailable("container " + sb.id() + " is not running on this node"));
   // Freezing waits for the kernel to settle: off the caller's thread.
   Work([this, box, paused, done] {
-    Status st = box->cgroup->Freeze(paused);
+    Status st;
+    {
+      std::lock_guard<std::mutex> lk(box->idle_mu);
+      st = box->cgroup->Freeze(paused);
+      if (st.ok()) {
+        box->user_paused = paused;
+        box->idle_frozen = false;
+        box->last_active_ms = NowMs();
+      }
+    }
     if (st.ok() && paused) ++paused_;
     done(st.Annotate("container " + box->id));
   });
@@ -518,7 +626,8 @@ Status ContainerDriver::DestroyNow(const std::string& id, const std::string& dig
   // with them its overlay; then its files go, then its hold on the image.
   if (box && box->cgroup) box->cgroup->Remove();
   else fncall::KillAndRemoveGroup(cgm_, CgroupRel(opts_.cgroup_parent, id));
-  RemoveTree(SandboxDir(opts_.data_dir, id));
+  if (Status rm = RemoveTree(SandboxDir(opts_.data_dir, id)); !rm.ok())
+    Log(2, "container " + id + ": " + rm.message() + "; the next start of dsecd removes it");
   if (!digest.empty()) mounts_->Release(digest);
   ++destroyed_;
   return Status::Ok();
@@ -551,16 +660,22 @@ Status ContainerDriver::Readopt(const v1::SandboxRecord& sb) {
     return fail(cg.status());
   }
   box->cgroup = std::make_unique<fncall::CgroupSlot>(std::move(*cg));
+  box->cgroup->CloseFiles();
   if (box->cgroup->Pids().empty()) {
     mounts_->Release(box->digest);
     return fail(Status::Unavailable("container " + sb.id() + " has no process left"));
   }
   // A paused container's agent cannot answer: thaw it for the handshake,
   // then freeze it again.
+  // Frozen by Pause: frozen again after the handshake. Frozen by the idle
+  // timer of the dsecd before: left thawed (the timer freezes it again).
   bool frozen = box->cgroup->Frozen();
   if (frozen) (void)box->cgroup->Freeze(false);
   Status connected = ConnectAgent(*box);
-  if (frozen && connected.ok()) connected = box->cgroup->Freeze(true);
+  bool paused = sb.phase() == v1::SANDBOX_PHASE_PAUSED;
+  if (paused && connected.ok()) connected = box->cgroup->Freeze(true);
+  box->user_paused = paused;
+  box->last_active_ms = NowMs();
   if (!connected.ok()) {
     mounts_->Release(box->digest);
     return fail(connected);
@@ -609,6 +724,7 @@ std::string ContainerDriver::StatsJson() const {
               {"created", created_.load()},
               {"destroyed", destroyed_.load()},
               {"pauses", paused_.load()},
+              {"idle_freezes", idle_freezes_.load()},
               {"execs_in_flight", runs_.size()},
               {"image_mounts", mounts}}
       .dump();

@@ -34,6 +34,10 @@ struct ContainerOptions {
   std::string cgroup_parent = "dsec";  // groups: <controller>/<parent>/c/<sandbox id>
   size_t netns_pool = 16;            // fresh net namespaces made ahead of need
   int agent_timeout_ms = 10'000;     // connect + first ping after create
+  // A container with no exec, no file call and (almost) no CPU use for this
+  // long is frozen (cgroup freezer) until the next call thaws it, which the
+  // caller does not notice. 0: never.
+  int64_t idle_freeze_ms = 300'000;
   // The image registry (the node's images table).
   std::function<Result<v1::ImageManifest>(const std::string& name)> find_image;
   std::function<void(int level, const std::string& text)> log;
@@ -82,11 +86,15 @@ class ContainerDriver : public Driver {
   void StartExec(const v1::SandboxRecord& sb, const std::string& run_id, const v1::ExecRequest& req,
                  OutputCallback on_output, ExecCallback done);
   Status ConnectAgent(Box& box) const;
+  // Thaws a container the idle timer froze and marks it active.
+  static Status Wake(Box& box);
+  void IdleLoop();
   void Log(int level, const std::string& text) const;
 
   ContainerOptions opts_;
   fncall::CgroupMounts cgm_;
   std::unique_ptr<images::ImageMounts> mounts_;
+  std::string skeleton_;  // <data>/run/skeleton: the bottom overlay layer
   std::unique_ptr<SpawnerLink> link_;
 
   mutable std::mutex mu_;
@@ -102,10 +110,12 @@ class ContainerDriver : public Driver {
 
   std::mutex work_mu_;
   std::condition_variable work_cv_;
+  std::condition_variable idle_cv_;  // IdleLoop's (never woken by Work)
   std::deque<std::function<void()>> work_;
   bool stopping_ = false;
   std::vector<std::thread> workers_;
-  std::atomic<uint64_t> created_{0}, destroyed_{0}, paused_{0};
+  std::thread idle_thread_;
+  std::atomic<uint64_t> created_{0}, destroyed_{0}, paused_{0}, idle_freezes_{0};
 };
 
 // Where a sandbox's files live: <data>/sandboxes/<id>.

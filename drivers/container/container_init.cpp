@@ -134,8 +134,12 @@ int ContainerInitEntry(void* arg) {
   const char* r = s->root;
   // nodev: device nodes shipped in an image are inert; /dev is our own.
   CHECK(Call(SYS_mount, "overlay", r, "overlay", MS_NOSUID | MS_NODEV, s->overlay_opts), "mount the overlay root");
-  for (const char* d : {"/proc", "/dev", "/run", "/run/dsec", "/tmp", "/work", "/.dsec-old"}) CHECK(Mkdir(Path(r, d).buf, 0755), "mkdir in the root");
-  CHECK(Call(SYS_chmod, Path(r, "/tmp").buf, 01777), "chmod /tmp");
+  // Normally all there already (the skeleton layer): then nothing is
+  // written to the upper dir.
+  for (const char* d : {"/proc", "/dev", "/run", "/run/dsec", "/tmp", "/work"}) CHECK(Mkdir(Path(r, d).buf, 0755), "mkdir in the root");
+  struct stat tmp_st;
+  if (Call(SYS_stat, Path(r, "/tmp").buf, &tmp_st) < 0 || (tmp_st.st_mode & 07777) != 01777)
+    CHECK(Call(SYS_chmod, Path(r, "/tmp").buf, 01777), "chmod /tmp");
   CHECK(Call(SYS_mount, "proc", Path(r, "/proc").buf, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, 0), "mount /proc");
   // A minimal /dev of our own: the usual character devices, ptys, shm.
   CHECK(Call(SYS_mount, "dev", Path(r, "/dev").buf, "tmpfs", MS_NOSUID, "mode=0755,size=1m"), "mount /dev");
@@ -167,11 +171,12 @@ int ContainerInitEntry(void* arg) {
   CHECK(Call(SYS_mount, 0, Path(r, "/run/dsec/agent").buf, 0, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, 0),
         "remount the agent read-only");
 
+  // pivot_root(".", "."): the old root ends up mounted over the new one,
+  // and detaching it leaves the new root alone (no directory for it needed).
   CHECK(Call(SYS_chdir, r), "chdir to the root");
-  CHECK(Call(SYS_pivot_root, ".", ".dsec-old"), "pivot_root");
+  CHECK(Call(SYS_pivot_root, ".", "."), "pivot_root");
+  CHECK(Call(SYS_umount2, ".", MNT_DETACH), "detach the old root");
   CHECK(Call(SYS_chdir, "/"), "chdir /");
-  CHECK(Call(SYS_umount2, "/.dsec-old", MNT_DETACH), "detach the old root");
-  Call(SYS_rmdir, "/.dsec-old");
 
   // The agent's socket, bound while we may, then its directory read-only:
   // nothing in the container can replace it and impersonate the agent.

@@ -193,7 +193,12 @@ Result<CgroupSlot> CgroupSlot::Create(const CgroupMounts& m, const std::string& 
   s.cpu_period_ = OpenAt(cpu, "cpu.cfs_period_us", O_RDWR);
   s.cpuacct_usage_ = OpenAt(acct, "cpuacct.usage", O_RDWR);
   s.memsw_limit_ = OpenAt(mem, "memory.memsw.limit_in_bytes", O_RDWR);  // optional
-  if (!m.freezer.empty()) s.freezer_state_ = OpenAt(m.freezer + "/" + rel, "freezer.state", O_RDWR);
+  s.mem_dir_ = mem;
+  s.acct_dir_ = acct;
+  if (!m.freezer.empty()) {
+    s.freezer_dir_ = m.freezer + "/" + rel;
+    s.freezer_state_ = OpenAt(s.freezer_dir_, "freezer.state", O_RDWR);
+  }
   if (!s.mem_limit_ || !s.mem_peak_ || !s.mem_oom_ || !s.pids_max_ || !s.cpu_quota_ ||
       !s.cpu_period_ || !s.cpuacct_usage_)
     return Status::FromErrno(errno, "cgroup open the control files of " + rel);
@@ -214,19 +219,36 @@ std::vector<std::string> CgroupSlot::ProcsPaths() const {
 }
 
 Status CgroupSlot::Freeze(bool frozen) {
-  if (!freezer_state_) return Status::FailedPrecondition("cgroup " + rel_ + ": no freezer hierarchy on this host");
+  if (freezer_dir_.empty()) return Status::FailedPrecondition("cgroup " + rel_ + ": no freezer hierarchy on this host");
+  UniqueFd opened;
+  int fd = freezer_state_.get();
+  if (fd < 0) {
+    opened = OpenAt(freezer_dir_, "freezer.state", O_RDWR);
+    if (!opened) return Status::FromErrno(errno, "cgroup " + rel_ + ": open freezer.state");
+    fd = opened.get();
+  }
   const char* v = frozen ? "FROZEN" : "THAWED";
-  DSEC_RETURN_IF_ERROR(WriteFd(freezer_state_.get(), v, "freezer.state", rel_));
+  DSEC_RETURN_IF_ERROR(WriteFd(fd, v, "freezer.state", rel_));
   // FREEZING settles asynchronously; wait (bounded) until it has.
   for (int i = 0; frozen && i < 1000; ++i) {
-    if (ReadSmallFd(freezer_state_.get()).rfind("FROZEN", 0) == 0) return Status::Ok();
+    if (ReadSmallFd(fd).rfind("FROZEN", 0) == 0) return Status::Ok();
     ::usleep(1000);
   }
   return frozen ? Status::Unavailable("cgroup " + rel_ + ": did not freeze within 1 s") : Status::Ok();
 }
 
 bool CgroupSlot::Frozen() {
-  return freezer_state_ && ReadSmallFd(freezer_state_.get()).rfind("THAWED", 0) != 0;
+  if (freezer_dir_.empty()) return false;
+  if (freezer_state_) return ReadSmallFd(freezer_state_.get()).rfind("THAWED", 0) != 0;
+  UniqueFd fd = OpenAt(freezer_dir_, "freezer.state", O_RDONLY);
+  return fd && ReadSmallFd(fd.get()).rfind("THAWED", 0) != 0;
+}
+
+void CgroupSlot::CloseFiles() {
+  procs_.clear();
+  for (auto* f : {&mem_limit_, &mem_peak_, &mem_oom_, &pids_max_, &cpu_quota_, &cpu_period_, &cpuacct_usage_,
+                  &memsw_limit_, &freezer_state_})
+    f->Reset();
 }
 
 std::vector<pid_t> CgroupSlot::Pids() const { return dirs_.empty() ? std::vector<pid_t>{} : ReadProcs(dirs_[0]); }
@@ -284,24 +306,32 @@ void CgroupSlot::ResetCounters(bool cpu) {
 
 uint64_t CgroupSlot::CpuUsageNs() { return ParseU64(ReadSmallFd(cpuacct_usage_.get())); }
 
+uint64_t CgroupSlot::CpuUsageNsByPath() const {
+  UniqueFd fd = OpenAt(acct_dir_, "cpuacct.usage", O_RDONLY);
+  return fd ? ParseU64(ReadSmallFd(fd.get())) : 0;
+}
+
 uint64_t CgroupSlot::PeakBytes() { return ParseU64(ReadSmallFd(mem_peak_.get())); }
 
 uint64_t CgroupSlot::OomKills() {
-  std::string s = ReadSmallFd(mem_oom_.get());
+  UniqueFd opened;
+  int fd = mem_oom_.get();
+  if (fd < 0) {
+    opened = OpenAt(mem_dir_, "memory.oom_control", O_RDONLY);
+    fd = opened.get();
+  }
+  std::string s = fd < 0 ? std::string() : ReadSmallFd(fd);
   auto pos = s.find("oom_kill ");
   return pos == std::string::npos ? 0 : ParseU64(s.substr(pos + 9));
 }
 
 void CgroupSlot::Remove() {
   // Freeze first so nothing inside can fork while we kill it.
-  if (freezer_state_ && Freeze(true).ok()) {
+  if (!freezer_dir_.empty() && Freeze(true).ok()) {
     for (pid_t p : Pids()) ::kill(p, SIGKILL);
     (void)Freeze(false);
   }
-  procs_.clear();
-  for (auto* f : {&mem_limit_, &mem_peak_, &mem_oom_, &pids_max_, &cpu_quota_, &cpu_period_, &cpuacct_usage_,
-                  &memsw_limit_, &freezer_state_})
-    f->Reset();
+  CloseFiles();
   for (const auto& d : dirs_) KillAndRemoveTree(d);
   dirs_.clear();
 }

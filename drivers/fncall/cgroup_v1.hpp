@@ -61,6 +61,8 @@ class CgroupSlot {
   // 0 when the run joins the cpu groups.
   void ResetCounters(bool cpu);
   uint64_t CpuUsageNs();
+  // The same, opening cpuacct.usage (after CloseFiles).
+  uint64_t CpuUsageNsByPath() const;
   uint64_t PeakBytes();
   uint64_t OomKills();
   // Pause / resume everything inside (freezer); FailedPrecondition without
@@ -72,6 +74,11 @@ class CgroupSlot {
   std::vector<pid_t> Pids() const;
   // Kills anything left inside (there should be nothing), then rmdirs.
   void Remove();
+  // Closes the control files; OomKills, Freeze, Frozen, Pids and Remove go
+  // on working (they open what they need), the rest must not be called. For
+  // long-lived groups (containers): thousands of them would otherwise hold
+  // a dozen descriptors each.
+  void CloseFiles();
   const std::string& rel() const { return rel_; }
 
  private:
@@ -81,6 +88,7 @@ class CgroupSlot {
   std::vector<bool> cpu_only_;      // per hierarchy: cpu/cpuacct, not memory/pids
   std::vector<bool> freezer_only_;  // per hierarchy: the freezer alone
   UniqueFd freezer_state_;
+  std::string mem_dir_, freezer_dir_, acct_dir_;  // for what CloseFiles closed
   UniqueFd mem_limit_, mem_peak_, mem_oom_, pids_max_, cpu_quota_, cpu_period_, cpuacct_usage_;
   UniqueFd memsw_limit_;  // memory+swap; absent when the kernel does not account swap
   uint64_t cur_mem_ = UINT64_MAX;  // a new group is unlimited

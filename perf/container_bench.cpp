@@ -1,0 +1,328 @@
+// Container macro benchmark against a running dsecd, through the SDK:
+//
+//   build/bin/container_bench --addr 127.0.0.1:7400 --data-dir ./dsec-data
+//       --creates 300 --concurrency 1,16,64 --execs 2000 --idle 5000   (one line)
+//
+// Prints, each from this one run:
+//   - creations/s and create / create-to-first-exec latency (p50, p99) at
+//     each concurrency, and how fast they are removed again;
+//   - exec round trip of `true` in one container (p50, p99);
+//   - host memory per idle container (MemAvailable drop and dsecd's RSS
+//     growth, divided by the count) with --idle N containers up at once, and
+//     whether every one of them still answers an exec;
+//   - `crun run` of the same root filesystem (`true`, create to exit, at
+//     concurrency 1 and 16) as the reference, when crun is installed.
+// The image (--image, default "bench") is built from the host's own sh and
+// true (tests/support/rootfs.hpp) with dsec-image when dsecd does not have it.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "dsec/client.hpp"
+#include "runtime/files.hpp"
+#include "tests/support/daemon.hpp"
+#include "tests/support/rootfs.hpp"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Ms(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); }
+
+struct Pct {
+  double p50 = 0, p99 = 0;
+};
+
+Pct Percentiles(std::vector<double> v) {
+  Pct p;
+  if (v.empty()) return p;
+  std::sort(v.begin(), v.end());
+  p.p50 = v[v.size() / 2];
+  p.p99 = v[std::min(v.size() - 1, v.size() * 99 / 100)];
+  return p;
+}
+
+std::vector<int> SplitInts(const std::string& s) {
+  std::vector<int> out;
+  std::stringstream ss(s);
+  for (std::string part; std::getline(ss, part, ',');)
+    if (!part.empty()) out.push_back(std::stoi(part));
+  return out;
+}
+
+// Runs `fn(i)` for i in [0, n) on `conc` threads.
+template <class F>
+double Parallel(int n, int conc, F fn) {
+  std::atomic<int> next{0};
+  auto t0 = Clock::now();
+  std::vector<std::thread> threads;
+  for (int t = 0; t < conc; ++t)
+    threads.emplace_back([&] {
+      for (int i; (i = next.fetch_add(1)) < n;) fn(i);
+    });
+  for (auto& t : threads) t.join();
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+long MemAvailableKiB() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  long v;
+  std::string unit;
+  while (in >> key >> v >> unit)
+    if (key == "MemAvailable:") return v;
+  return -1;
+}
+
+long RssKiB(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("VmRSS:", 0) == 0) return std::atol(line.c_str() + 6);
+  return -1;
+}
+
+long Threads(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("Threads:", 0) == 0) return std::atol(line.c_str() + 8);
+  return -1;
+}
+
+void DropCaches() {
+  ::sync();
+  std::ofstream("/proc/sys/vm/drop_caches") << "3";
+}
+
+dsec::Status EnsureImage(dsec::Client& c, const std::string& data_dir, const std::string& image,
+                         const std::string& rootfs) {
+  if (c.GetImage(image).ok()) return dsec::Status::Ok();
+  auto r = dsec::testing::RunProcess(
+      {dsec::SiblingExecutable("DSEC_BIN_DIR", "dsec-image"), "--data-dir", data_dir, "build", rootfs, image});
+  if (r.exit_code != 0) return dsec::Status::Internal("dsec-image build " + image + ": " + r.err);
+  return dsec::Status::Ok();
+}
+
+// crun run of `true` on `rootfs`: per-run latency (create to exit).
+bool CrunBench(const std::string& crun, const std::string& rootfs, int runs, int conc, double* per_s, Pct* lat,
+               int* failed) {
+  char tmpl[] = "/tmp/dsec-bench-crun-XXXXXX";
+  if (!::mkdtemp(tmpl)) return false;
+  std::string bundle = tmpl;
+  auto spec = dsec::testing::RunProcess({"/bin/sh", "-c", "cd \"$0\" && exec \"$1\" spec", bundle, crun});
+  if (spec.exit_code != 0) {
+    std::fprintf(stderr, "container_bench: crun spec: %s\n", spec.err.c_str());
+    return false;
+  }
+  auto text = dsec::ReadFileToString(bundle + "/config.json");
+  auto j = nlohmann::json::parse(text.ok() ? *text : "", nullptr, false);
+  if (j.is_discarded()) return false;
+  j["process"]["terminal"] = false;
+  j["process"]["args"] = {"/bin/true"};
+  j["root"]["path"] = rootfs;
+  j["root"]["readonly"] = true;
+  (void)dsec::WriteFileAtomic(bundle + "/config.json", j.dump(2), 0644);
+  std::mutex mu;
+  std::vector<double> v;
+  std::atomic<int> bad{0};
+  double s = Parallel(runs, conc, [&](int i) {
+    auto t0 = Clock::now();
+    auto r = dsec::testing::RunProcess({crun, "run", "--bundle", bundle, "dsec-bench-" + std::to_string(::getpid()) +
+                                                                             "-" + std::to_string(i)});
+    double ms = Ms(t0, Clock::now());
+    if (r.exit_code != 0) {
+      if (bad++ == 0) std::fprintf(stderr, "container_bench: crun run: %s\n", r.err.c_str());
+      return;
+    }
+    std::lock_guard<std::mutex> lk(mu);
+    v.push_back(ms);
+  });
+  dsec::testing::RunProcess({"/bin/rm", "-rf", bundle});
+  *per_s = v.size() / s;
+  *lat = Percentiles(v);
+  *failed = bad;
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"container macro benchmark against a running dsecd"};
+  std::string addr = "127.0.0.1:7400", data_dir = "./dsec-data", image = "bench", conc = "1,16,64";
+  int creates = 300, execs = 2000, idle = 1000, crun_runs = 200;
+  app.add_option("--addr", addr, "dsecd SDK entry")->capture_default_str();
+  app.add_option("--data-dir", data_dir, "dsecd's data dir (to build the image and find dsecd's pid)")
+      ->capture_default_str();
+  app.add_option("--image", image, "image to run (built from host sh/true when missing)")->capture_default_str();
+  app.add_option("--creates", creates, "containers created per concurrency")->capture_default_str();
+  app.add_option("--concurrency", conc, "comma-separated concurrencies")->capture_default_str();
+  app.add_option("--execs", execs, "sequential `true` execs for the round trip")->capture_default_str();
+  app.add_option("--idle", idle, "idle containers held at once for the memory figure (0: skip)")
+      ->capture_default_str();
+  app.add_option("--crun-runs", crun_runs, "crun run repetitions per concurrency (0: skip)")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  dsec::ClientOptions o;
+  o.address = addr;
+  o.threads = 4;
+  auto client = dsec::Client::Connect(o);
+  if (!client.ok()) {
+    std::fprintf(stderr, "container_bench: %s\n", client.status().ToString().c_str());
+    return 1;
+  }
+  dsec::Client& c = **client;
+  auto ep = dsec::ReadFileToString(data_dir + "/dsecd.json");
+  pid_t dsecd = 0;
+  if (ep.ok()) dsecd = nlohmann::json::parse(*ep, nullptr, false).value("pid", 0);
+
+  char tmpl[] = "/tmp/dsec-bench-rootfs-XXXXXX";
+  if (!::mkdtemp(tmpl)) return 1;
+  std::string rootfs = tmpl;
+  dsec::testing::RootfsOptions ro;
+  ro.programs = {"sh", "true", "cat", "sleep"};
+  ro.python = false;
+  if (auto st = dsec::testing::MakeRootfs(rootfs, ro); !st.ok()) {
+    std::fprintf(stderr, "container_bench: rootfs: %s\n", st.ToString().c_str());
+    return 1;
+  }
+  if (auto st = EnsureImage(c, data_dir, image, rootfs); !st.ok()) {
+    std::fprintf(stderr, "container_bench: %s\n", st.ToString().c_str());
+    return 1;
+  }
+  auto spec = dsec::ContainerSpec(image);
+  auto truth = dsec::Command({"/bin/true"});
+
+  // Warm-up: the image mount, the spawner, the SDK connection.
+  for (int i = 0; i < 5; ++i) {
+    auto sb = c.Create(spec);
+    if (sb.ok()) {
+      (void)sb->Exec(truth);
+      (void)sb->Destroy();
+    }
+  }
+
+  std::printf("# container_bench: image %s, %d creations per concurrency, dsecd pid %d\n", image.c_str(), creates,
+              dsecd);
+  std::printf("%5s | %11s %9s %9s | %13s %9s | %10s %6s\n", "conc", "creations/s", "create50", "create99",
+              "to-1st-exec50", "99 ms", "removals/s", "failed");
+  for (int cc : SplitInts(conc)) {
+    std::mutex mu;
+    std::vector<double> create_ms, first_ms;
+    std::vector<dsec::Sandbox> made;
+    std::atomic<int> failed{0};
+    double s = Parallel(creates, cc, [&](int) {
+      auto t0 = Clock::now();
+      auto sb = c.Create(spec);
+      auto t1 = Clock::now();
+      if (!sb.ok()) {
+        if (failed++ == 0) std::fprintf(stderr, "create: %s\n", sb.status().ToString().c_str());
+        return;
+      }
+      auto r = sb->Exec(truth);
+      auto t2 = Clock::now();
+      std::lock_guard<std::mutex> lk(mu);
+      made.push_back(*sb);
+      if (!r.ok() || r->verdict() != dsec::v1::VERDICT_OK) {
+        if (failed++ == 0) std::fprintf(stderr, "first exec: %s\n", r.ok() ? r->error().c_str() : r.status().ToString().c_str());
+        return;
+      }
+      create_ms.push_back(Ms(t0, t1));
+      first_ms.push_back(Ms(t0, t2));
+    });
+    double rs = Parallel(static_cast<int>(made.size()), cc, [&](int i) {
+      if (!made[i].Destroy().ok()) ++failed;
+    });
+    Pct cp = Percentiles(create_ms), fp = Percentiles(first_ms);
+    std::printf("%5d | %11.0f %9.2f %9.2f | %13.2f %9.2f | %10.0f %6d\n", cc, first_ms.size() / s, cp.p50, cp.p99,
+                fp.p50, fp.p99, made.size() / rs, failed.load());
+    std::fflush(stdout);
+  }
+
+  {
+    auto sb = c.Create(spec);
+    if (sb.ok()) {
+      std::vector<double> v;
+      for (int i = 0; i < 100; ++i) (void)sb->Exec(truth);
+      for (int i = 0; i < execs; ++i) {
+        auto t0 = Clock::now();
+        auto r = sb->Exec(truth);
+        if (r.ok() && r->verdict() == dsec::v1::VERDICT_OK) v.push_back(Ms(t0, Clock::now()));
+      }
+      Pct p = Percentiles(v);
+      std::printf("exec round trip of `true`, %d sequential execs in one container: p50 %.2f ms, p99 %.2f ms (%zu ok)\n",
+                  execs, p.p50, p.p99, v.size());
+      (void)sb->Destroy();
+    }
+  }
+
+  if (idle > 0) {
+    DropCaches();
+    long avail0 = MemAvailableKiB(), rss0 = dsecd ? RssKiB(dsecd) : 0;
+    std::mutex mu;
+    std::vector<dsec::Sandbox> held;
+    std::atomic<int> failed{0};
+    auto t0 = Clock::now();
+    Parallel(idle, 16, [&](int) {
+      auto sb = c.Create(spec);
+      if (!sb.ok()) {
+        if (failed++ == 0) std::fprintf(stderr, "idle create: %s\n", sb.status().ToString().c_str());
+        return;
+      }
+      std::lock_guard<std::mutex> lk(mu);
+      held.push_back(*sb);
+    });
+    double up_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    DropCaches();
+    long avail1 = MemAvailableKiB(), rss1 = dsecd ? RssKiB(dsecd) : 0;
+    long threads = dsecd ? Threads(dsecd) : 0;
+    std::atomic<int> answered{0};
+    Parallel(static_cast<int>(held.size()), 16, [&](int i) {
+      auto r = held[i].Exec(truth);
+      if (r.ok() && r->verdict() == dsec::v1::VERDICT_OK) ++answered;
+    });
+    size_t n = held.size();
+    std::printf("idle containers: %zu up (%d failed) in %.1f s; all answered an exec: %d/%zu\n", n, failed.load(),
+                up_s, answered.load(), n);
+    if (n)
+      std::printf("host memory per idle container: %.2f MiB (MemAvailable drop %.0f MiB), dsecd RSS +%.1f KiB each "
+                  "(%ld threads)\n",
+                  (avail0 - avail1) / 1024.0 / n, (avail0 - avail1) / 1024.0, double(rss1 - rss0) / n, threads);
+    auto r0 = Clock::now();
+    Parallel(static_cast<int>(n), 16, [&](int i) { (void)held[i].Destroy(); });
+    std::printf("removed %zu idle containers at %.0f/s\n", n, n / std::chrono::duration<double>(Clock::now() - r0).count());
+    std::fflush(stdout);
+  }
+
+  if (crun_runs > 0) {
+    std::string crun;
+    for (const char* p : {"/usr/bin/crun", "/usr/local/bin/crun"})
+      if (::access(p, X_OK) == 0) crun = p;
+    if (crun.empty()) {
+      std::printf("crun reference: crun is not installed (apt-get install crun)\n");
+    } else {
+      for (int cc : {1, 16}) {
+        double per_s = 0;
+        Pct p;
+        int bad = 0;
+        if (CrunBench(crun, rootfs, crun_runs, cc, &per_s, &p, &bad))
+          std::printf("crun run of `true` on the same rootfs, conc %d: %.0f runs/s, p50 %.2f ms, p99 %.2f ms (%d failed)\n",
+                      cc, per_s, p.p50, p.p99, bad);
+      }
+    }
+  }
+  dsec::testing::RunProcess({"/bin/rm", "-rf", rootfs});
+  return 0;
+}

@@ -1,0 +1,227 @@
+// Containers at scale and over time, each with a daemon of its own:
+//   - kill -9 of dsecd with 200 running containers: all re-adopted, all
+//     answer an exec with the state they had;
+//   - 10 000 creations and removals leave nothing: no mount, cgroup,
+//     namespace, process, descriptor or file of the daemon's is left over
+//     (counted before and after; DSEC_CLEANUP_COUNT overrides the count);
+//   - a container idle past the (shortened) idle period is frozen and still
+//     answers, with its state; one doing background work is not frozen.
+#include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/support/container_fixture.hpp"
+
+namespace dsec::testing {
+namespace {
+
+// Runs fn(i) for i in [0, n) on `threads` threads.
+template <class F>
+void Parallel(int n, int threads, F fn) {
+  std::atomic<int> next{0};
+  std::vector<std::thread> ts;
+  for (int t = 0; t < threads; ++t)
+    ts.emplace_back([&] {
+      for (int i; (i = next.fetch_add(1)) < n;) fn(i);
+    });
+  for (auto& t : ts) t.join();
+}
+
+std::vector<std::string> Entries(const std::string& dir) {
+  std::vector<std::string> out;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d))
+      if (std::string(e->d_name) != "." && std::string(e->d_name) != "..") out.push_back(e->d_name);
+    ::closedir(d);
+  }
+  return out;
+}
+
+// Every process below `root` (by parent links), root included.
+std::vector<pid_t> Descendants(pid_t root) {
+  std::vector<pid_t> all = {root};
+  for (size_t i = 0; i < all.size(); ++i)
+    for (pid_t c : ChildrenOf(all[i])) all.push_back(c);
+  return all;
+}
+
+class ContainerScale : public ContainerTest {
+ protected:
+  static void SetUpTestSuite() {}
+  void SetUp() override {}
+  void Start(std::vector<std::string> args = {}) {
+    TestDaemonOptions o;
+    o.extra_args = std::move(args);
+    skip_ = StartContainerDaemon(o, &daemon_, &client_);
+    if (!client_) GTEST_SKIP() << skip_;
+  }
+  void TearDown() override {
+    ContainerTest::TearDown();
+    client_.reset();
+    daemon_.reset();
+  }
+
+  // What the daemon holds on the host, as counts.
+  struct Footprint {
+    size_t mounts = 0, cgroups = 0, processes = 0, namespaces = 0, fds = 0, sandbox_dirs = 0;
+    std::string ToString() const {
+      return "mounts " + std::to_string(mounts) + ", cgroups " + std::to_string(cgroups) + ", processes " +
+             std::to_string(processes) + ", namespaces " + std::to_string(namespaces) + ", descriptors " +
+             std::to_string(fds) + ", sandbox dirs " + std::to_string(sandbox_dirs);
+    }
+    bool operator==(const Footprint& o) const {
+      return mounts == o.mounts && cgroups == o.cgroups && processes == o.processes && namespaces == o.namespaces &&
+             fds == o.fds && sandbox_dirs == o.sandbox_dirs;
+    }
+  };
+  static Footprint Measure() {
+    Footprint f;
+    std::ifstream mi("/proc/self/mountinfo");
+    for (std::string line; std::getline(mi, line);)
+      if (line.find(daemon_->data_dir()) != std::string::npos) ++f.mounts;
+    for (const char* ctrl : {"memory", "pids", "cpu", "cpuacct", "freezer"})
+      for (const auto& e : Entries(std::string("/sys/fs/cgroup/") + ctrl + "/dsec-test/c"))
+        if (e.rfind("sb-", 0) == 0) ++f.cgroups;
+    std::set<std::string> ns;
+    auto procs = Descendants(daemon_->pid());
+    f.processes = procs.size();
+    for (pid_t p : procs) {
+      std::string base = "/proc/" + std::to_string(p);
+      for (const char* kind : {"mnt", "pid", "net", "ipc", "uts"}) {
+        char buf[64];
+        ssize_t n = ::readlink((base + "/ns/" + kind).c_str(), buf, sizeof buf);
+        if (n > 0) ns.insert(std::string(buf, static_cast<size_t>(n)));
+      }
+      f.fds += Entries(base + "/fd").size();
+    }
+    f.namespaces = ns.size();
+    f.sandbox_dirs = Entries(daemon_->data_dir() + "/sandboxes").size();
+    return f;
+  }
+  static std::string FreezerState(const std::string& id) {
+    std::ifstream in("/sys/fs/cgroup/freezer/dsec-test/c/" + id + "/freezer.state");
+    std::string s;
+    in >> s;
+    return s;
+  }
+};
+
+TEST_F(ContainerScale, Kill9With200RunningContainersReadoptsThemAll) {
+  Start();
+  constexpr int kCount = 200;
+  std::vector<Result<Sandbox>> boxes(kCount, Status::Internal("not created"));
+  Parallel(kCount, 8, [&](int i) {
+    auto sb = NewContainer();
+    if (sb.ok() && ShIn(*sb, "echo " + sb->id() + " > /work/id; sleep 3600 > /dev/null 2>&1 &").verdict() != v1::VERDICT_OK)
+      sb = Status::Internal("first exec failed");
+    boxes[i] = std::move(sb);
+  });
+  for (auto& b : boxes) {
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    made_.push_back(*b);
+  }
+  daemon_->Kill9();
+  ASSERT_TRUE(daemon_->Restart().ok());
+  std::atomic<int> answered{0};
+  std::mutex mu;
+  std::vector<std::string> wrong;
+  Parallel(kCount, 8, [&](int i) {
+    const Sandbox& sb = *boxes[i];
+    auto r = sb.Exec(Sh("cat /work/id; ps -e -o args | grep -c '^sleep 3600'"));
+    if (r.ok() && r->stdout() == sb.id() + "\n1\n") {
+      ++answered;
+    } else {
+      std::lock_guard<std::mutex> lk(mu);
+      wrong.push_back(sb.id() + ": " + (r.ok() ? r->stdout() + r->stderr() + r->error() : r.status().ToString()));
+    }
+  });
+  EXPECT_EQ(answered.load(), kCount) << (wrong.empty() ? "" : wrong.front());
+  auto status = daemon_->Admin("stats");
+  EXPECT_EQ(status["container"].value("containers", 0), kCount) << status.dump();
+  Parallel(kCount, 8, [&](int i) { EXPECT_TRUE(boxes[i]->Destroy().ok()); });
+  made_.clear();
+  for (auto& b : boxes) EXPECT_EQ(Remains(b->id()), "");
+}
+
+TEST_F(ContainerScale, TenThousandCreatedAndRemovedLeaveNothing) {
+  Start();
+  int count = 10000;
+  if (const char* c = std::getenv("DSEC_CLEANUP_COUNT")) count = std::atoi(c);
+  // One container first, so the image mount and the spawner's own state
+  // exist in both counts; it is removed before the second.
+  auto first = NewContainer();
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  Footprint before = Measure();
+  std::atomic<int> failed{0};
+  std::mutex mu;
+  std::string first_error;
+  Parallel(count, 16, [&](int i) {
+    auto sb = NewContainer();
+    Status st = sb.ok() ? Status::Ok() : sb.status();
+    if (st.ok() && i % 100 == 0) {
+      // Some of them are used, with files and a process left running.
+      auto r = ShIn(*sb, "echo x > /work/f; sleep 3600 > /dev/null 2>&1 &");
+      if (r.verdict() != v1::VERDICT_OK) st = Status::Internal("exec: " + r.error());
+    }
+    if (sb.ok()) {
+      Status d = sb->Destroy();
+      if (st.ok()) st = d;
+    }
+    if (!st.ok()) {
+      std::lock_guard<std::mutex> lk(mu);
+      if (failed++ == 0) first_error = st.ToString();
+    }
+  });
+  EXPECT_EQ(failed.load(), 0) << first_error;
+  Footprint after = Measure();
+  EXPECT_TRUE(before == after) << "before: " << before.ToString() << "\nafter:  " << after.ToString();
+  Status gone = first->Destroy();
+  EXPECT_TRUE(gone.ok()) << gone.ToString();
+  EXPECT_EQ(Remains(first->id()), "");
+  auto stats = daemon_->Admin("stats");
+  EXPECT_EQ(stats["container"].value("containers", -1), 0) << stats.dump();
+}
+
+TEST_F(ContainerScale, IdleContainerIsFrozenAndStillAnswersWithItsState) {
+  Start({"--container-idle-freeze", "0.3"});
+  auto sb = Make();
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  ASSERT_EQ(ShIn(*sb, "echo kept > /work/state").verdict(), v1::VERDICT_OK);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (FreezerState(sb->id()) != "FROZEN" && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));  // polling the kernel's freezer state
+  ASSERT_EQ(FreezerState(sb->id()), "FROZEN") << "an idle container was not frozen";
+  auto rec = sb->Get();
+  ASSERT_TRUE(rec.ok());
+  EXPECT_EQ(rec->phase(), v1::SANDBOX_PHASE_RUNNING) << "idle freezing is not a pause the user sees";
+  // The next call thaws it; the caller notices nothing.
+  auto r = ShIn(*sb, "cat /work/state");
+  EXPECT_EQ(r.verdict(), v1::VERDICT_OK) << r.error();
+  EXPECT_EQ(r.stdout(), "kept\n");
+  auto file = sb->ReadFile("/work/state");
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  EXPECT_EQ(*file, "kept\n");
+  EXPECT_GE(daemon_->Admin("stats")["container"].value("idle_freezes", 0), 1);
+
+  // A container busy in the background is not idle.
+  auto busy = Make();
+  ASSERT_TRUE(busy.ok()) << busy.status().ToString();
+  ASSERT_EQ(ShIn(*busy, "(while :; do :; done) > /dev/null 2>&1 &").verdict(), v1::VERDICT_OK);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // five idle periods, in which it must stay awake
+  EXPECT_EQ(FreezerState(busy->id()), "THAWED") << "a container doing background work was frozen";
+  Destroy(*busy);
+  Destroy(*sb);
+}
+
+}  // namespace
+}  // namespace dsec::testing
