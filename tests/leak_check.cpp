@@ -26,11 +26,13 @@ int main() {
         if (c == '\0') c = ' ';
       report("process " + std::to_string(p) + ": " + cmd);
     }
+  // dsec-test and the dsec-test-* parents some tests use for themselves.
   for (const char* ctrl : {"memory", "pids", "cpu", "cpuacct", "freezer"}) {
-    std::string dir = std::string("/sys/fs/cgroup/") + ctrl + "/dsec-test";
-    if (DIR* d = ::opendir(dir.c_str())) {
+    std::string root = std::string("/sys/fs/cgroup/") + ctrl;
+    if (DIR* d = ::opendir(root.c_str())) {
+      while (dirent* e = ::readdir(d))
+        if (std::strncmp(e->d_name, "dsec-test", 9) == 0) report("cgroup " + root + "/" + e->d_name);
       ::closedir(d);
-      report("cgroup " + dir);
     }
   }
   std::ifstream mi("/proc/self/mountinfo");

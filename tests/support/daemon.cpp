@@ -139,7 +139,7 @@ Result<std::unique_ptr<TestDaemon>> TestDaemon::Start(Options options) {
 Status TestDaemon::Launch(const std::string& listen, const std::string& admin) {
   ::unlink((data_dir_ + "/dsecd.json").c_str());
   std::vector<std::string> args = {BinDir() + "/dsecd", "--data-dir", data_dir_, "--listen", listen, "--admin",
-                                   admin, "--cgroup-parent", "dsec-test", "--fncall-pool", "8", "--log-file",
+                                   admin, "--cgroup-parent", options_.cgroup_parent, "--fncall-pool", "8", "--log-file",
                                    log_path_};
   if (options_.test_hooks) args.push_back("--test-hooks");
   for (const auto& a : options_.extra_args) args.push_back(a);

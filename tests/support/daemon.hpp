@@ -29,6 +29,7 @@ ProcResult RunProcess(const std::vector<std::string>& argv, const std::string& s
 
 struct TestDaemonOptions {
   std::vector<std::string> extra_args;  // more dsecd flags
+  std::string cgroup_parent = "dsec-test";
   bool test_hooks = true;
 };
 
