@@ -133,18 +133,10 @@ Result<std::unique_ptr<AgentClient>> AgentClient::FromFd(UniqueFd fd, AgentClien
   if (!fd) return Status::InvalidArgument("agent client: no fd");
   if (options.name.empty()) options.name = "agent on fd " + std::to_string(fd.get());
   std::unique_ptr<AgentClient> c(new AgentClient(std::move(fd), std::move(options)));
-  c->epoll_.Reset(::epoll_create1(EPOLL_CLOEXEC));
-  c->wake_.Reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
-  if (!c->epoll_ || !c->wake_) return Status::FromErrno(errno, c->name() + ": epoll/eventfd");
   ::fcntl(c->fd_.get(), F_SETFL, ::fcntl(c->fd_.get(), F_GETFL) | O_NONBLOCK);
-  epoll_event ev{};
-  ev.events = EPOLLIN;
-  ev.data.u64 = 1;
-  ::epoll_ctl(c->epoll_.get(), EPOLL_CTL_ADD, c->wake_.get(), &ev);
-  ev.data.u64 = 2;
-  if (::epoll_ctl(c->epoll_.get(), EPOLL_CTL_ADD, c->fd_.get(), &ev) < 0)
-    return Status::FromErrno(errno, c->name() + ": cannot poll its fd");
-  c->io_ = std::thread([p = c.get()] { p->IoLoop(); });
+  uint64_t key = 0;
+  DSEC_RETURN_IF_ERROR(AgentLoop::Shared().Add(c.get(), &key));
+  c->loop_id_ = key;
   return c;
 }
 
@@ -154,23 +146,17 @@ AgentClient::AgentClient(UniqueFd fd, AgentClientOptions options)
 AgentClient::~AgentClient() { Close(); }
 
 void AgentClient::Close() {
-  if (io_.joinable() && std::this_thread::get_id() == io_.get_id()) {
-    stopping_ = true;  // from a callback: the loop ends after it returns
+  if (AgentLoop::Shared().OnLoopThread()) {
+    // From a callback: the loop closes it once the callback returns (and
+    // looks at it this round even when the agent is silent).
+    stopping_ = true;
+    AgentLoop::Shared().Wake(this);
     return;
   }
   std::lock_guard<std::mutex> lk(close_mu_);
-  if (io_.joinable()) {
-    stopping_ = true;
-    Wake();
-    io_.join();
-  }
-  FailAll("connection closed by this client");  // no-op when the thread already did
+  AgentLoop::Shared().Remove(this);
+  FailAll("connection closed by this client");  // no-op when the loop already did
   fd_.Reset();
-}
-
-void AgentClient::Wake() {
-  uint64_t one = 1;
-  (void)!::write(wake_.get(), &one, sizeof one);
 }
 
 uint64_t AgentClient::Send(agent::Request& req, std::shared_ptr<Pending> p) {
@@ -197,7 +183,7 @@ uint64_t AgentClient::Send(agent::Request& req, std::shared_ptr<Pending> p) {
     p->done(Status::Unavailable(name() + ": " + reason));
     return 0;
   }
-  Wake();
+  AgentLoop::Shared().Wake(this);
   return id;
 }
 
@@ -217,78 +203,167 @@ void AgentClient::FailAll(const std::string& why) {
                                 " is unknown"));
 }
 
-void AgentClient::IoLoop() {
-  std::string out;
-  size_t off = 0;
-  FrameDecoder dec;
-  uint32_t interest = EPOLLIN;
-  bool is_socket = true;
-  std::string why;
-  epoll_event events[8];
-  while (!stopping_ && why.empty()) {
-    if (off == out.size()) {
-      out.clear();
-      off = 0;
-      std::lock_guard<std::mutex> lk(mu_);
-      out.swap(outbox_);
+bool AgentClient::Flush(std::string* why) {
+  if (off_ == out_.size()) {
+    out_.clear();
+    off_ = 0;
+    std::lock_guard<std::mutex> lk(mu_);
+    out_.swap(outbox_);
+  }
+  while (off_ < out_.size()) {
+    // MSG_NOSIGNAL: a vanished agent must not SIGPIPE the host process.
+    ssize_t w = is_socket_ ? ::send(fd_.get(), out_.data() + off_, out_.size() - off_, MSG_NOSIGNAL)
+                           : ::write(fd_.get(), out_.data() + off_, out_.size() - off_);
+    if (w < 0 && errno == ENOTSOCK) {
+      is_socket_ = false;
+      continue;
     }
-    while (off < out.size()) {
-      // MSG_NOSIGNAL: a vanished agent must not SIGPIPE the host process.
-      ssize_t w = is_socket ? ::send(fd_.get(), out.data() + off, out.size() - off, MSG_NOSIGNAL)
-                            : ::write(fd_.get(), out.data() + off, out.size() - off);
-      if (w < 0 && errno == ENOTSOCK) {
-        is_socket = false;
-        continue;
-      }
-      if (w < 0 && errno == EINTR) continue;
-      if (w < 0 && errno == EAGAIN) break;
-      if (w < 0) {
-        why = std::string("write to the agent: ") + std::strerror(errno);
-        break;
-      }
-      off += static_cast<size_t>(w);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0 && errno == EAGAIN) break;
+    if (w < 0) {
+      *why = std::string("write to the agent: ") + std::strerror(errno);
+      return false;
     }
-    if (!why.empty()) break;
-    uint32_t want = EPOLLIN | (off < out.size() ? static_cast<uint32_t>(EPOLLOUT) : 0u);
-    if (want != interest) {
-      epoll_event ev{};
-      ev.events = want;
-      ev.data.u64 = 2;
-      ::epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, fd_.get(), &ev);
-      interest = want;
+    off_ += static_cast<size_t>(w);
+  }
+  return true;
+}
+
+bool AgentClient::Readable(std::string* why) {
+  char buf[1 << 16];
+  for (;;) {
+    ssize_t r = ::read(fd_.get(), buf, sizeof buf);
+    if (r > 0) {
+      dec_.Feed(buf, static_cast<size_t>(r));
+      if (static_cast<size_t>(r) < sizeof buf) break;  // drained, most likely
+      continue;
     }
-    int n = ::epoll_wait(epoll_.get(), events, 8, -1);
-    if (n < 0 && errno != EINTR) {
-      why = std::string("epoll_wait: ") + std::strerror(errno);
-      break;
-    }
-    for (int i = 0; i < n && why.empty(); ++i) {
-      if (events[i].data.u64 == 1) {
+    if (r < 0 && errno == EINTR) continue;
+    if (r == 0) *why = "the agent closed the connection";
+    else if (errno != EAGAIN) *why = std::string("read from the agent: ") + std::strerror(errno);
+    break;
+  }
+  // Frames that arrived before a close are still answers.
+  std::string frame;
+  int rc;
+  while ((rc = dec_.Next(&frame)) == 1) OnFrame(frame);
+  if (rc < 0) *why = "the agent sent a frame above the protocol's size limit";
+  return why->empty();
+}
+
+// --- the shared I/O thread ------------------------------------------------------
+
+AgentLoop& AgentLoop::Shared() {
+  static AgentLoop loop;
+  return loop;
+}
+
+AgentLoop::AgentLoop() {
+  epoll_.Reset(::epoll_create1(EPOLL_CLOEXEC));
+  wake_.Reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = 0;  // the wake-up
+  if (epoll_ && wake_) ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, wake_.get(), &ev);
+  thread_ = std::thread([this] { Run(); });
+}
+
+AgentLoop::~AgentLoop() {
+  stop_ = true;
+  uint64_t one = 1;
+  (void)!::write(wake_.get(), &one, sizeof one);
+  if (thread_.joinable()) thread_.join();
+}
+
+Status AgentLoop::Add(AgentClient* c, uint64_t* id) {
+  if (!epoll_ || !wake_) return Status::Internal(c->name() + ": the agent I/O loop has no epoll/eventfd");
+  std::lock_guard<std::mutex> lk(busy_);
+  uint64_t key = next_id_++;
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = key;
+  if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, c->fd_.get(), &ev) < 0)
+    return Status::FromErrno(errno, c->name() + ": cannot poll its fd");
+  c->interest_ = EPOLLIN;
+  clients_[key] = c;
+  *id = key;
+  c->loop_id_ = key;
+  return Status::Ok();
+}
+
+void AgentLoop::Remove(AgentClient* c) {
+  // Waits for the loop to finish what it is doing (it may hold events for
+  // `c` fetched before the removal; it looks clients up by id under busy_).
+  std::lock_guard<std::mutex> lk(busy_);
+  if (c->loop_id_ == 0) return;
+  ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, c->fd_.get(), nullptr);
+  clients_.erase(c->loop_id_);
+  c->loop_id_ = 0;
+}
+
+void AgentLoop::Wake(AgentClient* c) {
+  {
+    std::lock_guard<std::mutex> lk(dirty_mu_);
+    dirty_.push_back(c->loop_id_);
+  }
+  uint64_t one = 1;
+  (void)!::write(wake_.get(), &one, sizeof one);
+}
+
+void AgentLoop::Drop(uint64_t id, AgentClient* c, const std::string& why) {
+  ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, c->fd_.get(), nullptr);
+  clients_.erase(id);
+  c->loop_id_ = 0;
+  c->FailAll(why);
+}
+
+void AgentLoop::Run() {
+  epoll_event events[64];
+  std::vector<uint64_t> dirty;
+  while (!stop_) {
+    int n = ::epoll_wait(epoll_.get(), events, 64, -1);
+    if (n < 0 && errno != EINTR) return;
+    std::lock_guard<std::mutex> lk(busy_);
+    // Which clients to flush, read, or close; each at most once a round.
+    std::unordered_map<uint64_t, uint32_t> work;
+    for (int i = 0; i < n; ++i) {
+      if (events[i].data.u64 == 0) {
         uint64_t v;
         (void)!::read(wake_.get(), &v, sizeof v);
+        std::lock_guard<std::mutex> dl(dirty_mu_);
+        dirty.swap(dirty_);
+        for (uint64_t id : dirty) work[id] |= EPOLLOUT;
+        dirty.clear();
         continue;
       }
-      if (!(events[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR))) continue;
-      char buf[1 << 16];
-      for (;;) {
-        ssize_t r = ::read(fd_.get(), buf, sizeof buf);
-        if (r > 0) {
-          dec.Feed(buf, static_cast<size_t>(r));
-          continue;
-        }
-        if (r < 0 && errno == EINTR) continue;
-        if (r == 0) why = "the agent closed the connection";
-        else if (errno != EAGAIN) why = std::string("read from the agent: ") + std::strerror(errno);
-        break;
+      work[events[i].data.u64] |= events[i].events;
+    }
+    for (const auto& [id, what] : work) {
+      auto it = clients_.find(id);
+      if (it == clients_.end()) continue;  // removed meanwhile
+      AgentClient* c = it->second;
+      std::string why;
+      bool ok = true;
+      if (what & (EPOLLIN | EPOLLHUP | EPOLLERR)) ok = c->Readable(&why);
+      if (ok && !c->stopping_) ok = c->Flush(&why);
+      if (c->stopping_) {
+        Drop(id, c, "connection closed by this client");
+        continue;
       }
-      // Frames that arrived before a close are still answers.
-      std::string frame;
-      int rc;
-      while ((rc = dec.Next(&frame)) == 1) OnFrame(frame);
-      if (rc < 0) why = "the agent sent a frame above the protocol's size limit";
+      if (!ok) {
+        Drop(id, c, why);
+        continue;
+      }
+      uint32_t want = EPOLLIN | (c->off_ < c->out_.size() ? static_cast<uint32_t>(EPOLLOUT) : 0u);
+      if (want != c->interest_) {
+        epoll_event ev{};
+        ev.events = want;
+        ev.data.u64 = id;
+        ::epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, c->fd_.get(), &ev);
+        c->interest_ = want;
+      }
     }
   }
-  FailAll(stopping_ ? std::string("connection closed by this client") : why);
 }
 
 void AgentClient::OnFrame(const std::string& frame) {

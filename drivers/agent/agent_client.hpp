@@ -1,13 +1,16 @@
 // AgentClient: the host side of the agent protocol (agent.proto), used by
 // the container driver inside dsecd and by tests. Plain C++, no CAF. One
-// connection to one dsec-agent, served by one I/O thread; requests may be
-// made from any thread and answer through callbacks.
+// connection to one dsec-agent; every client of the process is served by
+// one shared I/O thread (AgentLoop, one epoll set), so thousands of idle
+// containers cost one descriptor each and no thread. Requests may be made
+// from any thread and answer through callbacks.
 //
 // Callbacks run on the I/O thread, in the order the agent's events arrive:
-// they must not block, and must not call the *Sync wrappers (that would wait
-// on the thread that has to deliver the answer). When the connection drops,
-// every request in flight fails at once with Unavailable, and later requests
-// fail at once too (then the callback runs on the caller's thread).
+// they must not block (they hold up every other agent), and must not call
+// the *Sync wrappers (that would wait on the thread that has to deliver the
+// answer). When the connection drops, every request in flight fails at once
+// with Unavailable, and later requests fail at once too (then the callback
+// runs on the caller's thread).
 #pragma once
 
 #include <atomic>
@@ -23,6 +26,7 @@
 
 #include "drivers/agent/agent.pb.h"
 #include "dsec/status.hpp"
+#include "runtime/frame.hpp"
 #include "runtime/unique_fd.hpp"
 
 namespace dsec::drivers {
@@ -83,12 +87,13 @@ class AgentClient {
   // False once the connection dropped or Close() was called.
   bool connected() const { return !closed_.load(); }
   const std::string& name() const { return opts_.name; }
-  // Closes the connection, fails what is in flight with Unavailable, stops
-  // the I/O thread. Idempotent. From a callback it only asks the I/O thread
-  // to stop; the destructor must not run on the I/O thread.
+  // Closes the connection and fails what is in flight with Unavailable.
+  // Idempotent. From a callback it only marks the connection to be closed
+  // once the callback returns; the destructor must not run on the I/O thread.
   void Close();
 
  private:
+  friend class AgentLoop;
   // What waits for the answer to one request.
   struct Pending {
     OutputCallback on_output;                    // Exec only
@@ -99,14 +104,22 @@ class AgentClient {
   // Registers `p` under a fresh id, frames the request, wakes the I/O thread.
   // Fails `p` at once (returns 0) when closed or the request is too large.
   uint64_t Send(agent::Request& req, std::shared_ptr<Pending> p);
-  void IoLoop();
+  // On the I/O thread: writes what is queued (false and *why when the
+  // connection broke), reads what arrived and answers it.
+  bool Flush(std::string* why);
+  bool Readable(std::string* why);
   void OnFrame(const std::string& frame);
   void FailAll(const std::string& why);
-  void Wake();
 
   AgentClientOptions opts_;
-  UniqueFd fd_, epoll_, wake_;
-  std::thread io_;
+  UniqueFd fd_;
+  std::atomic<uint64_t> loop_id_{0};  // its key in the loop; 0 once removed
+  // I/O state, touched by the I/O thread only.
+  std::string out_;
+  size_t off_ = 0;
+  uint32_t interest_ = 0;
+  bool is_socket_ = true;
+  FrameDecoder dec_;
   std::mutex mu_;  // guards pending_, outbox_, close_reason_
   std::unordered_map<uint64_t, std::shared_ptr<Pending>> pending_;
   std::string outbox_;
@@ -114,6 +127,35 @@ class AgentClient {
   std::atomic<uint64_t> next_id_{1};
   std::atomic<bool> closed_{false}, stopping_{false};
   std::mutex close_mu_;  // serialises Close()
+};
+
+// The I/O thread shared by every AgentClient of the process.
+class AgentLoop {
+ public:
+  static AgentLoop& Shared();
+  ~AgentLoop();
+  // Serves `c` from now on; its id in *id.
+  Status Add(AgentClient* c, uint64_t* id);
+  // After this returns the loop never touches `c` again. On the loop thread
+  // (from a callback) it only asks for that after the callback.
+  void Remove(AgentClient* c);
+  // `c` has output queued.
+  void Wake(AgentClient* c);
+  bool OnLoopThread() const { return std::this_thread::get_id() == thread_.get_id(); }
+
+ private:
+  AgentLoop();
+  void Run();
+  void Drop(uint64_t id, AgentClient* c, const std::string& why);  // under busy_
+
+  UniqueFd epoll_, wake_;
+  std::thread thread_;
+  std::mutex busy_;  // held while the loop works on clients; guards clients_
+  std::unordered_map<uint64_t, AgentClient*> clients_;
+  uint64_t next_id_ = 1;
+  std::mutex dirty_mu_;
+  std::vector<uint64_t> dirty_;  // clients with output queued
+  std::atomic<bool> stop_{false};
 };
 
 }  // namespace dsec::drivers

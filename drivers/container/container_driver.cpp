@@ -134,6 +134,9 @@ Result<std::unique_ptr<ContainerDriver>> ContainerDriver::Start(ContainerOptions
     DSEC_RETURN_IF_ERROR(MakeDirs(skel + sub, 0755));
   ::chmod((skel + "/tmp").c_str(), 01777);
   d->skeleton_ = skel;
+  char tag[16];
+  std::snprintf(tag, sizeof tag, "f%08zx", std::hash<std::string>{}(d->opts_.data_dir) & 0xffffffffu);
+  d->group_tag_ = tag;
   SpawnerLinkOptions lo;
   lo.name = "container";
   lo.spawner_path = d->opts_.spawner_path;
@@ -171,16 +174,26 @@ void ContainerDriver::Stop() {
   for (auto& t : workers_) t.join();
   workers_.clear();
   if (idle_thread_.joinable()) idle_thread_.join();
-  // Containers keep running (that is the point); only our ends close.
+  // Containers keep running (that is the point); only our ends close, with
+  // mu_ released (closing waits for the agent I/O thread, whose callbacks
+  // take mu_).
+  std::vector<std::shared_ptr<Box>> boxes;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    for (auto& [id, b] : boxes_)
-      if (b->agent) b->agent->Close();
+    for (auto& [id, b] : boxes_) boxes.push_back(b);
   }
+  for (auto& b : boxes)
+    if (b->agent) b->agent->Close();
   if (link_) link_->Stop();
   // The groups' parents go when no container is left in them (rmdir refuses
-  // otherwise, which is what we want).
+  // otherwise, which is what we want); the recycled groups go first.
   if (!cgm_.memory.empty()) {
+    std::vector<std::string> free;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      free.swap(free_groups_);
+    }
+    for (const auto& rel : free) fncall::RemoveGroupDirs(cgm_, rel);
     fncall::RemoveGroupDirs(cgm_, opts_.cgroup_parent + "/c");
     fncall::RemoveGroupDirs(cgm_, opts_.cgroup_parent);
   }
@@ -292,6 +305,7 @@ Result<std::string> ContainerDriver::CreateNow(const v1::SandboxRecord& sb) {
   if (UniqueFd f(::open((base + "/run/agent").c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0755)); !f)
     return undo(Status::FromErrno(errno, "create " + base + "/run/agent"));
 
+  TakeGroup(box->cgroup_rel);
   auto cg = fncall::CgroupSlot::Create(cgm_, box->cgroup_rel);
   if (!cg.ok()) return undo(cg.status());
   box->cgroup = std::make_unique<fncall::CgroupSlot>(std::move(*cg));
@@ -624,8 +638,8 @@ Status ContainerDriver::DestroyNow(const std::string& id, const std::string& dig
   if (box && box->agent) box->agent->Close();
   // Killing every process of the container's cgroup ends its namespaces and
   // with them its overlay; then its files go, then its hold on the image.
-  if (box && box->cgroup) box->cgroup->Remove();
-  else fncall::KillAndRemoveGroup(cgm_, CgroupRel(opts_.cgroup_parent, id));
+  if (box && box->cgroup) box->cgroup->CloseFiles();
+  ReleaseGroup(box ? box->cgroup_rel : CgroupRel(opts_.cgroup_parent, id));
   if (Status rm = RemoveTree(SandboxDir(opts_.data_dir, id)); !rm.ok())
     Log(2, "container " + id + ": " + rm.message() + "; the next start of dsecd removes it");
   if (!digest.empty()) mounts_->Release(digest);
@@ -685,6 +699,38 @@ Status ContainerDriver::Readopt(const v1::SandboxRecord& sb) {
   return Status::Ok();
 }
 
+void ContainerDriver::TakeGroup(const std::string& rel) {
+  std::string free;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (free_groups_.empty()) return;
+    free = std::move(free_groups_.back());
+    free_groups_.pop_back();
+  }
+  if (Status st = fncall::RenameGroup(cgm_, free, rel); !st.ok()) {
+    Log(2, "recycled " + st.message() + "; making a new group instead");
+    fncall::KillAndRemoveGroup(cgm_, free);
+  }
+}
+
+void ContainerDriver::ReleaseGroup(const std::string& rel) {
+  std::string to;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (free_groups_.size() < kMaxFreeGroups)
+      to = opts_.cgroup_parent + "/c/" + group_tag_ + "." + std::to_string(next_free_++);
+  }
+  struct stat st;
+  bool exists = ::stat((cgm_.memory + "/" + rel).c_str(), &st) == 0;
+  if (exists && !to.empty() && fncall::EmptyGroup(cgm_, rel) && fncall::ResetGroupLimits(cgm_, rel).ok() &&
+      fncall::RenameGroup(cgm_, rel, to).ok()) {
+    std::lock_guard<std::mutex> lk(mu_);
+    free_groups_.push_back(to);
+    return;
+  }
+  fncall::KillAndRemoveGroup(cgm_, rel);
+}
+
 void ContainerDriver::Restored() {
   // Whatever a crash left half-made: sandbox dirs and cgroups no re-adopted
   // container owns, then image mounts nobody uses any more.
@@ -703,6 +749,18 @@ void ContainerDriver::Restored() {
   for (const auto& id : orphans) {
     Log(1, "container " + id + ": left over from before the restart with no running record; removed");
     (void)DestroyNow(id, "");
+  }
+  // Recycled groups the last run of this data dir kept.
+  std::string prefix = group_tag_ + ".";
+  for (const auto& name : ListSubdirs(cgm_.memory + "/" + opts_.cgroup_parent + "/c")) {
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    std::string rel = opts_.cgroup_parent + "/c/" + name;
+    uint64_t n = std::strtoull(name.c_str() + prefix.size(), nullptr, 10);
+    bool ok = fncall::EmptyGroup(cgm_, rel) && fncall::ResetGroupLimits(cgm_, rel).ok();
+    std::lock_guard<std::mutex> lk(mu_);
+    next_free_ = std::max(next_free_, n + 1);
+    if (ok && free_groups_.size() < kMaxFreeGroups) free_groups_.push_back(rel);
+    else fncall::KillAndRemoveGroup(cgm_, rel);
   }
   mounts_->DropUnused();
 }
@@ -725,6 +783,7 @@ std::string ContainerDriver::StatsJson() const {
               {"destroyed", destroyed_.load()},
               {"pauses", paused_.load()},
               {"idle_freezes", idle_freezes_.load()},
+              {"free_cgroups", free_groups_.size()},
               {"execs_in_flight", runs_.size()},
               {"image_mounts", mounts}}
       .dump();

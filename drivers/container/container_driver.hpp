@@ -86,6 +86,12 @@ class ContainerDriver : public Driver {
   void StartExec(const v1::SandboxRecord& sb, const std::string& run_id, const v1::ExecRequest& req,
                  OutputCallback on_output, ExecCallback done);
   Status ConnectAgent(Box& box) const;
+  // A group for a new container: a recycled one renamed to `rel`, or none
+  // (CgroupSlot::Create makes it).
+  void TakeGroup(const std::string& rel);
+  // A dead container's group: emptied, limits lifted and kept for the next
+  // container (up to kMaxFreeGroups), or removed.
+  void ReleaseGroup(const std::string& rel);
   // Thaws a container the idle timer froze and marks it active.
   static Status Wake(Box& box);
   void IdleLoop();
@@ -107,6 +113,12 @@ class ContainerDriver : public Driver {
   };
   std::unordered_map<std::string, RunRef> runs_;  // run id -> where it runs
   uint64_t next_id_ = 1;
+  // Recycled cgroups, <parent>/c/<group_tag_>.<n>: this data dir's only
+  // (other dsecds may share the parent).
+  static constexpr size_t kMaxFreeGroups = 256;
+  std::string group_tag_;
+  std::vector<std::string> free_groups_;  // rel paths
+  uint64_t next_free_ = 0;
 
   std::mutex work_mu_;
   std::condition_variable work_cv_;

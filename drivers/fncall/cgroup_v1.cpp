@@ -112,6 +112,9 @@ Result<CgroupMounts> DiscoverCgroupMounts() {
 
 Status MakeGroupDirs(const CgroupMounts& m, const std::string& rel) {
   for (const auto& h : m.Hierarchies()) {
+    // Usually the parents exist: one mkdir.
+    std::string full = h + "/" + rel;
+    if (::mkdir(full.c_str(), 0755) == 0 || errno == EEXIST) continue;
     // Another spawner may rmdir the shared parent (it removes it when it
     // looks empty) between our mkdirs: start over when a parent vanishes.
     for (int attempt = 0;; ++attempt) {
@@ -146,6 +149,51 @@ void KillAndRemoveGroup(const CgroupMounts& m, const std::string& rel) {
     }
   }
   for (const auto& h : m.Hierarchies()) KillAndRemoveTree(h + "/" + rel);
+}
+
+bool EmptyGroup(const CgroupMounts& m, const std::string& rel) {
+  std::string first = m.memory + "/" + rel;
+  if (ReadProcs(first).empty()) return true;
+  UniqueFd freezer;
+  if (!m.freezer.empty()) freezer = OpenAt(m.freezer + "/" + rel, "freezer.state", O_RDWR);
+  if (freezer) (void)WriteFd(freezer.get(), "FROZEN", "freezer.state", rel);
+  for (const auto& h : m.Hierarchies())
+    for (pid_t p : ReadProcs(h + "/" + rel)) ::kill(p, SIGKILL);
+  if (freezer) (void)WriteFd(freezer.get(), "THAWED", "freezer.state", rel);
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    bool empty = true;
+    for (const auto& h : m.Hierarchies()) empty = empty && ReadProcs(h + "/" + rel).empty();
+    if (empty) return true;
+    ::usleep(5000);  // killed processes leave the group asynchronously
+  }
+  return false;
+}
+
+Status ResetGroupLimits(const CgroupMounts& m, const std::string& rel) {
+  auto put = [&rel](const std::string& dir, const char* file, const char* v, bool optional) -> Status {
+    UniqueFd fd = OpenAt(dir, file, O_WRONLY);
+    if (!fd) return optional ? Status::Ok() : Status::FromErrno(errno, "cgroup " + rel + ": open " + file);
+    return WriteFd(fd.get(), v, file, rel);
+  };
+  std::string mem = m.memory + "/" + rel;
+  // Raising: memory+swap first, it must never be below memory.
+  DSEC_RETURN_IF_ERROR(put(mem, "memory.memsw.limit_in_bytes", "-1", true));
+  DSEC_RETURN_IF_ERROR(put(mem, "memory.limit_in_bytes", "-1", false));
+  DSEC_RETURN_IF_ERROR(put(m.pids + "/" + rel, "pids.max", "max", false));
+  DSEC_RETURN_IF_ERROR(put(m.cpu + "/" + rel, "cpu.cfs_quota_us", "-1", false));
+  if (!m.freezer.empty()) DSEC_RETURN_IF_ERROR(put(m.freezer + "/" + rel, "freezer.state", "THAWED", false));
+  return Status::Ok();
+}
+
+Status RenameGroup(const CgroupMounts& m, const std::string& rel, const std::string& to_rel) {
+  auto hs = m.Hierarchies();
+  for (size_t i = 0; i < hs.size(); ++i) {
+    if (::rename((hs[i] + "/" + rel).c_str(), (hs[i] + "/" + to_rel).c_str()) == 0) continue;
+    int err = errno;
+    for (size_t j = 0; j < i; ++j) (void)::rename((hs[j] + "/" + to_rel).c_str(), (hs[j] + "/" + rel).c_str());
+    return Status::FromErrno(err, "cgroup rename " + hs[i] + "/" + rel + " to " + to_rel);
+  }
+  return Status::Ok();
 }
 
 void RemoveGroupDirs(const CgroupMounts& m, const std::string& rel) {

@@ -101,6 +101,17 @@ void KillAndRemoveGroup(const CgroupMounts& m, const std::string& rel);
 
 // mkdir -p of <mount>/<rel> in every hierarchy (EEXIST is fine).
 Status MakeGroupDirs(const CgroupMounts& m, const std::string& rel);
+// Kills everything in <mount>/<rel> (frozen first when a freezer is
+// mounted) and waits, up to 1 s, until nothing is left in it; leaves it
+// thawed. True when it is empty.
+bool EmptyGroup(const CgroupMounts& m, const std::string& rel);
+// Lifts the limits of <rel> (memory+swap, memory, pids, CPU quota), so it is
+// as a new group: a recycled group then takes new limits in any order.
+Status ResetGroupLimits(const CgroupMounts& m, const std::string& rel);
+// Renames <rel> to <to_rel> (same parent) in every hierarchy, undoing the
+// renames done when one fails. Recycling a memory group this way spares the
+// kernel its removal, which costs more the more superblocks are mounted.
+Status RenameGroup(const CgroupMounts& m, const std::string& rel, const std::string& to_rel);
 // rmdir of <mount>/<rel> in every hierarchy, ignoring "not empty" and "absent".
 void RemoveGroupDirs(const CgroupMounts& m, const std::string& rel);
 

@@ -28,7 +28,11 @@ std::string ContainerTest::StartContainerDaemon(TestDaemonOptions o, std::unique
   if (::geteuid() != 0) return "container tests need root (namespaces, cgroups, mounts)";
   if (!HaveMkfsErofs()) return "mkfs.erofs is missing (apt-get install erofs-utils)";
   auto d = TestDaemon::Start(std::move(o));
-  if (!d.ok()) return d.status().ToString();
+  if (!d.ok()) {
+    // Not a missing capability of the host: a daemon that cannot start fails the test.
+    ADD_FAILURE() << "dsecd did not start: " << d.status().ToString();
+    return "dsecd did not start";
+  }
   *daemon = std::move(*d);
   auto status = (*daemon)->Admin("status");
   bool container = false;
@@ -51,7 +55,10 @@ std::string ContainerTest::StartContainerDaemon(TestDaemonOptions o, std::unique
   ClientOptions co;
   co.address = (*daemon)->sdk_addr();
   auto c = Client::Connect(co);
-  if (!c.ok()) return "SDK cannot connect: " + c.status().ToString();
+  if (!c.ok()) {
+    ADD_FAILURE() << "SDK cannot connect: " << c.status().ToString();
+    return "SDK cannot connect";
+  }
   *client = std::move(*c);
   return "";
 }
