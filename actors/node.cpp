@@ -32,6 +32,27 @@ void Watch(NodeSelf self, const std::string& id, const sandbox_actor& a) {
   self->state.sandbox_of[a.address()] = id;
 }
 
+// Run by a sandbox actor right before it answers its destroy: the node
+// forgets it first (its mailbox has this before any request a client sends
+// after the reply), so later requests get NotFound, not a quitting actor.
+std::function<void()> Gone(NodeSelf self, const std::string& id) {
+  auto handle = caf::actor_cast<node_actor>(self);
+  return [handle, self, id] {
+    Post(handle, [self, id] {
+      auto& st = self->state;
+      auto it = st.sandboxes.find(id);
+      if (it == st.sandboxes.end()) return;
+      st.sandbox_of.erase(it->second.address());
+      st.sandboxes.erase(it);
+      st.intensity->Forget("sb/" + id);
+    });
+  };
+}
+
+sandbox_actor Spawn(NodeSelf self, const v1::SandboxRecord& rec) {
+  return SpawnSandbox(self, self->state.ctx, rec, Gone(self, rec.id()));
+}
+
 void Watch(NodeSelf self, const std::string& name, const session_actor& a) {
   self->state.sessions[name] = a;
   self->state.session_of[a.address()] = name;
@@ -66,7 +87,7 @@ void Restore(NodeSelf self) {
         state::TypedTable<v1::SandboxRecord>(ctx.store, state::Table::kSandboxes).Put(&cleanup, key, rec);
       }
     }
-    Watch(self, rec.id(), SpawnSandbox(self, st.ctx, rec));
+    Watch(self, rec.id(), Spawn(self, rec));
     ++sandboxes;
     return true;
   });
@@ -125,14 +146,14 @@ void OnDown(NodeSelf self, caf::down_msg& dm) {
       state::TypedTable<v1::SandboxRecord>(ctx.store, state::Table::kSandboxes).Put(&b, id, *rec);
       ctx.committer->Submit(std::move(b), [](const Status&) {});
       ctx.log->error("sandbox {}: {}; left failed", id, rec->error());
-      Watch(self, id, SpawnSandbox(self, st.ctx, *rec));  // still answers get/destroy
+      Watch(self, id, Spawn(self, *rec));  // still answers get/destroy
       return;
     }
     ++st.counters.restarts;
     rec->set_restarts(rec->restarts() + 1);
     ctx.log->warn("sandbox {} crashed ({}); restarted from its checkpoint (restart {} in the window)", id,
                   why, st.intensity->Recent("sb/" + id));
-    Watch(self, id, SpawnSandbox(self, st.ctx, *rec));
+    Watch(self, id, Spawn(self, *rec));
     return;
   }
   if (auto it = st.session_of.find(dm.source); it != st.session_of.end()) {
@@ -259,7 +280,7 @@ node_actor::behavior_type NodeActor(NodeSelf self, std::shared_ptr<NodeContext> 
         rec.set_phase(v1::SANDBOX_PHASE_PENDING);
         rec.set_node_id(st.ctx->options.node_id);
         rec.set_created_ms(NowMs());
-        auto child = SpawnSandbox(self, st.ctx, rec);
+        auto child = Spawn(self, rec);
         Watch(self, rec.id(), child);
         return self->delegate(child, std::move(req));
       },

@@ -21,6 +21,7 @@ struct SandboxState {
   bool destroying = false;
   std::unordered_set<std::string> running;  // run ids of execs in flight
   std::function<void()> after_runs;         // a destroy waiting for them to end
+  std::function<void()> gone;               // see SpawnSandbox
   static constexpr const char* name = "sandbox";
 };
 
@@ -270,6 +271,7 @@ sandbox_actor::behavior_type Behavior(Self self) {
             st.ctx->committer->Submit(std::move(b), [handle = caf::actor_cast<sandbox_actor>(self), self,
                                                      rp, s](const Status& w) mutable {
               Post(handle, [self, rp, s, w]() mutable {
+                if (self->state.gone) self->state.gone();
                 rp.deliver(Reply(s.ok() ? w : s, self->state.rec));
                 self->quit();
               });
@@ -292,10 +294,11 @@ sandbox_actor::behavior_type Behavior(Self self) {
 }
 
 sandbox_actor::behavior_type SandboxActor(Self self, std::shared_ptr<NodeContext> ctx,
-                                          v1::SandboxRecord record) {
+                                          v1::SandboxRecord record, std::function<void()> gone) {
   auto& st = self->state;
   st.ctx = std::move(ctx);
   st.rec = std::move(record);
+  st.gone = std::move(gone);
   auto d = st.ctx->DriverFor(st.rec.spec());
   if (d.ok()) {
     st.driver = *d;
@@ -311,8 +314,8 @@ sandbox_actor::behavior_type SandboxActor(Self self, std::shared_ptr<NodeContext
 }  // namespace
 
 sandbox_actor SpawnSandbox(caf::local_actor* parent, std::shared_ptr<NodeContext> ctx,
-                           v1::SandboxRecord record) {
-  return parent->spawn<caf::monitored>(SandboxActor, std::move(ctx), std::move(record));
+                           v1::SandboxRecord record, std::function<void()> gone) {
+  return parent->spawn<caf::monitored>(SandboxActor, std::move(ctx), std::move(record), std::move(gone));
 }
 
 }  // namespace dsec

@@ -7,6 +7,7 @@
 
 #include <caf/all.hpp>
 
+#include <functional>
 #include <memory>
 
 #include "actors/continuation.hpp"
@@ -43,8 +44,10 @@ using sandbox_actor = caf::typed_actor<
 
 // Spawns a sandbox actor monitored by `parent` (its supervisor). `record` is
 // the sandbox to run: new (phase pending; a CreateRequest comes next) or
-// restored from its checkpoint (after a crash or a daemon restart).
+// restored from its checkpoint (after a crash or a daemon restart). `gone`
+// runs on the sandbox actor right before it answers a destroy, so the parent
+// can forget it before anyone learns it is gone.
 sandbox_actor SpawnSandbox(caf::local_actor* parent, std::shared_ptr<NodeContext> ctx,
-                           v1::SandboxRecord record);
+                           v1::SandboxRecord record, std::function<void()> gone = nullptr);
 
 }  // namespace dsec

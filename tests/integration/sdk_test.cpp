@@ -63,6 +63,20 @@ TEST_F(Sdk, SandboxCreateExecGetDestroy) {
   EXPECT_THAT(after.status().message(), HasSubstr(sb->id()));
 }
 
+TEST_F(Sdk, RequestsRightAfterADestroyAreNotFound) {
+  // The node forgets a sandbox before its destroy is answered: a request
+  // sent right after the reply never reaches an actor that is quitting.
+  for (int i = 0; i < 100; ++i) {
+    auto sb = client_->Create(FncallSpec());
+    ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+    ASSERT_TRUE(sb->Destroy().ok());
+    auto get = sb->Get();
+    ASSERT_EQ(get.status().code(), Status::Code::kNotFound) << "round " << i << ": " << get.status().ToString();
+    auto again = sb->Destroy();
+    ASSERT_EQ(again.code(), Status::Code::kNotFound) << "round " << i << ": " << again.ToString();
+  }
+}
+
 TEST_F(Sdk, SandboxSpecLimitsApplyToItsExecs) {
   v1::SandboxSpec spec = FncallSpec();
   spec.mutable_limits()->set_timeout_ms(300);
