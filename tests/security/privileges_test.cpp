@@ -10,27 +10,12 @@
 #include <vector>
 
 #include "tests/support/fncall_fixture.hpp"
+#include "tests/support/probes.hpp"
 
 namespace dsec::testing {
 namespace {
 
 using Privileges = FncallTest;
-
-// "Key:\tvalue" lines of /proc/<pid>/status, values with tabs as spaces.
-std::map<std::string, std::string> ParseStatus(const std::string& text) {
-  std::map<std::string, std::string> m;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) {
-    size_t colon = line.find(':');
-    if (colon == std::string::npos) continue;
-    std::string v = line.substr(colon + 1);
-    for (char& c : v)
-      if (c == '\t') c = ' ';
-    size_t b = v.find_first_not_of(' '), e = v.find_last_not_of(' ');
-    m[line.substr(0, colon)] = b == std::string::npos ? std::string() : v.substr(b, e - b + 1);
-  }
-  return m;
-}
 
 TEST_F(Privileges, StatusShowsAnUnprivilegedSandboxedProcess) {
   auto r = Run({"cat", "/proc/self/status"});

@@ -26,21 +26,6 @@ std::vector<std::string> ProbeArgv(const Probes& probes) {
   return {"python3", "-c", script};
 }
 
-// Each probe printed "<name> -1 <expected errno>".
-void ExpectAllFail(const v1::ExecResult& r, const Probes& probes, const std::string& expected) {
-  ASSERT_EQ(r.verdict(), v1::VERDICT_OK) << r.error() << "\n" << r.stderr();
-  std::map<std::string, std::string> got;
-  std::istringstream in(r.stdout());
-  for (std::string line; std::getline(in, line);) {
-    size_t sp = line.find(' ');
-    if (sp != std::string::npos) got[line.substr(0, sp)] = line.substr(sp + 1);
-  }
-  for (const auto& [name, call] : probes) {
-    ASSERT_EQ(got.count(name), 1u) << name << " printed nothing:\n" << r.stdout() << r.stderr();
-    EXPECT_EQ(got[name], "-1 " + expected) << name << " = " << call << " was not denied";
-  }
-}
-
 TEST_F(Syscalls, MountingIsDenied) {
   Probes p = {
       {"mount", "sc(" + N(SYS_mount) + ", b'none', b'/tmp', b'tmpfs', 0, None)"},

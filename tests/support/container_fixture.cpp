@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <fstream>
 
 namespace dsec::testing {
 
@@ -97,6 +98,13 @@ void ContainerTest::Destroy(const Sandbox& sb) {
   EXPECT_EQ(Remains(sb.id()), "") << sb.id();
   made_.erase(std::remove_if(made_.begin(), made_.end(), [&](const Sandbox& s) { return s.id() == sb.id(); }),
               made_.end());
+}
+
+std::string ContainerTest::FreezerState(const std::string& id) {
+  std::ifstream in("/sys/fs/cgroup/freezer/dsec-test/c/" + id + "/freezer.state");
+  std::string s;
+  in >> s;
+  return s;
 }
 
 std::string ContainerTest::Remains(const std::string& id) {

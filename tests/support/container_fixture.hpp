@@ -54,6 +54,8 @@ class ContainerTest : public ::testing::Test {
   // What the daemon keeps of a container on the host: its dir, its cgroup
   // (memory hierarchy), processes in it; "" when nothing is left.
   static std::string Remains(const std::string& sandbox_id);
+  // The container's freezer.state ("THAWED", "FROZEN"; "" when it has no group).
+  static std::string FreezerState(const std::string& sandbox_id);
 
   static inline std::unique_ptr<TestDaemon> daemon_;
   static inline std::unique_ptr<Client> client_;

@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "dsec/v1/types.pb.h"
 #include "runtime/unique_fd.hpp"
 
 namespace dsec::testing {
@@ -94,5 +95,31 @@ inline constexpr const char* kPrelude =
     "    print(name, r, errno.errorcode.get(e, e) if r == -1 else '-', flush=True)\n";
 
 inline std::string N(long nr) { return std::to_string(nr); }
+
+// Each probe printed "<name> -1 <expected errno>".
+inline void ExpectAllFail(const v1::ExecResult& r, const Probes& probes, const std::string& expected) {
+  ASSERT_EQ(r.verdict(), v1::VERDICT_OK) << r.error() << "\n" << r.stderr();
+  auto got = ParseResults(r.stdout());
+  for (const auto& [name, call] : probes) {
+    ASSERT_EQ(got.count(name), 1u) << name << " printed nothing:\n" << r.stdout() << r.stderr();
+    EXPECT_EQ(got[name], "-1 " + expected) << name << " = " << call << " was not denied";
+  }
+}
+
+inline // "Key:\tvalue" lines of /proc/<pid>/status, values with tabs as spaces.
+std::map<std::string, std::string> ParseStatus(const std::string& text) {
+  std::map<std::string, std::string> m;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    size_t colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    std::string v = line.substr(colon + 1);
+    for (char& c : v)
+      if (c == '\t') c = ' ';
+    size_t b = v.find_first_not_of(' '), e = v.find_last_not_of(' ');
+    m[line.substr(0, colon)] = b == std::string::npos ? std::string() : v.substr(b, e - b + 1);
+  }
+  return m;
+}
 
 }  // namespace dsec::testing

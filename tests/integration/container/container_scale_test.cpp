@@ -111,12 +111,6 @@ class ContainerScale : public ContainerTest {
     return f;
   }
   static inline std::string cgroup_parent_ = "dsec-test";
-  static std::string FreezerState(const std::string& id) {
-    std::ifstream in("/sys/fs/cgroup/freezer/dsec-test/c/" + id + "/freezer.state");
-    std::string s;
-    in >> s;
-    return s;
-  }
 };
 
 TEST_F(ContainerScale, Kill9With200RunningContainersReadoptsThemAll) {

@@ -49,12 +49,6 @@ class Contract : public ContainerTest, public ::testing::WithParamInterface<Kind
     EXPECT_EQ(st.code(), Status::Code::kUnimplemented) << op << ": " << st.ToString();
     EXPECT_NE(st.message().find(GetParam().name), std::string::npos) << op << " should name the kind: " << st.message();
   }
-  static std::string FreezerState(const std::string& id) {
-    std::ifstream in("/sys/fs/cgroup/freezer/dsec-test/c/" + id + "/freezer.state");
-    std::string s;
-    in >> s;
-    return s;
-  }
 };
 
 std::string Name(const ::testing::TestParamInfo<Kind>& info) { return info.param.name; }
