@@ -82,6 +82,7 @@ bool HandleLine(Broker self, connection_handle h, const std::string& line) {
                             {"commands",
                              {"AUTH <token>   authenticate (first; token in <data-dir>/admin.token)",
                               "status         node, uptime, kinds, counts", "nodes          the node records (one node in role all)", "ls             sandboxes, sessions, runs in flight",
+                              "sessions       rollout sessions: phase, steps, sandboxes, why closed",
                               "inspect ID     one sandbox, session or run", "kill ID        stop a run, destroy a sandbox, close a session",
                               "stats          counters of the node, the store and the drivers", "quit           close this connection"}}}));
     return true;
@@ -113,7 +114,7 @@ bool HandleLine(Broker self, connection_handle h, const std::string& line) {
     }
     return true;
   }
-  static const char* kKnown[] = {"status", "nodes", "ls", "inspect", "kill", "stats", "crash"};
+  static const char* kKnown[] = {"status", "nodes", "ls", "sessions", "inspect", "kill", "stats", "crash"};
   bool known = false;
   for (const char* k : kKnown) known = known || cmd == k;
   if (!known) {

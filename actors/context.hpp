@@ -26,6 +26,8 @@ struct NodeOptions {
   size_t max_inflight_runs = 4096;      // one-shot runs; beyond: resource_exhausted
   int max_restarts = 3;                 // supervisor: restarts of one child ...
   int restart_window_s = 10;            // ... within this many seconds
+  uint32_t session_lease_s = 600;       // a session outlives its last trainer this long
+  uint32_t session_retention_s = 7 * 24 * 3600;  // closed sessions' logs are kept this long
   bool test_hooks = false;              // honour crash injection (tests only)
 };
 

@@ -1,5 +1,7 @@
 #include "actors/node.hpp"
 
+#include <algorithm>
+
 #include "actors/node_state.hpp"
 #include "dsec/status_proto.hpp"
 #include "runtime/files.hpp"
@@ -16,15 +18,12 @@ Reply ErrorReply(const Status& st) {
   return r;
 }
 
-Status CheckSessionName(const std::string& name) {
-  if (name.empty()) return Status::InvalidArgument("session name is empty (use job/prompt/sample)");
-  if (name.size() > 512)
-    return Status::InvalidArgument("session name is " + std::to_string(name.size()) +
-                                   " bytes; the limit is 512");
-  for (unsigned char c : name)
-    if (c < 0x20 || c > 0x7e)
-      return Status::InvalidArgument("session name may hold printable ASCII only");
-  return Status::Ok();
+// A sandbox id a user (or a session) picked: [a-z0-9-], at most 64 bytes.
+Status CheckSandboxId(const std::string& id) {
+  bool ok = !id.empty() && id.size() <= 64 && id[0] != '-';
+  for (char c : id) ok = ok && ((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-');
+  if (ok) return Status::Ok();
+  return Status::InvalidArgument("sandbox id '" + id + "' must be 1-64 characters of [a-z0-9-], not starting with '-'");
 }
 
 void Watch(NodeSelf self, const std::string& id, const sandbox_actor& a) {
@@ -58,10 +57,98 @@ void Watch(NodeSelf self, const std::string& name, const session_actor& a) {
   self->state.session_of[a.address()] = name;
 }
 
+// Like Gone for sandboxes: a closing session is forgotten before its close
+// is answered; from then on the node answers for it from the store.
+session_actor SpawnSessionActor(NodeSelf self, const v1::SessionRecord& rec) {
+  auto handle = caf::actor_cast<node_actor>(self);
+  std::string name = rec.name();
+  auto gone = [handle, self, name] {
+    Post(handle, [self, name] {
+      auto& st = self->state;
+      auto it = st.sessions.find(name);
+      if (it == st.sessions.end()) return;
+      st.session_of.erase(it->second.address());
+      st.sessions.erase(it);
+      st.intensity->Forget("se/" + name);
+    });
+  };
+  return SpawnSession(self, self->state.ctx, caf::actor_cast<entry_actor>(self), rec, std::move(gone));
+}
+
+// A session without an actor: closed (or failed, or never opened). Its
+// record from the store, or NotFound.
+Result<v1::SessionRecord> StoredSession(NodeSelf self, const std::string& name) {
+  auto rec = state::TypedTable<v1::SessionRecord>(self->state.ctx->store, state::Table::kSessions).Get(name);
+  if (!rec.ok() && rec.status().code() == Status::Code::kNotFound)
+    return Status::NotFound("session '" + name + "' not found (never opened, or past the retention limit); open it first");
+  return rec;
+}
+
+// The actor of session `name`: the running one, or, for a record that is
+// open in the store but has no actor (its actor quit on a failure that left
+// the record), one respawned from the record. nullptr: not open here.
+session_actor OpenSessionActor(NodeSelf self, const std::string& name, Result<v1::SessionRecord>* stored) {
+  auto& st = self->state;
+  if (auto it = st.sessions.find(name); it != st.sessions.end()) return it->second;
+  *stored = StoredSession(self, name);
+  if (!stored->ok() || (*stored)->phase() != v1::SESSION_PHASE_OPEN) return session_actor{};
+  auto child = SpawnSessionActor(self, **stored);
+  Watch(self, name, child);
+  return child;
+}
+
+Status NotOpen(const v1::SessionRecord& rec) {
+  if (rec.phase() == v1::SESSION_PHASE_FAILED)
+    return Status::FailedPrecondition("session " + rec.name() + " failed (" + rec.error() +
+                                      "); its log is kept; open a new session name");
+  return Status::FailedPrecondition("session " + rec.name() + " is closed (" + rec.close_reason() +
+                                    "); its log is kept; open a new session name");
+}
+
+// Deletes closed sessions (record and log) older than the retention limit,
+// then looks again later (a quarter of the limit, at most an hour).
+void SweepSessions(NodeSelf self) {
+  auto& st = self->state;
+  auto& ctx = *st.ctx;
+  int64_t cutoff = NowMs() - int64_t{ctx.options.session_retention_s} * 1000;
+  state::WriteBatch b;
+  size_t n = 0;
+  Status s = state::TypedTable<v1::SessionRecord>(ctx.store, state::Table::kSessions)
+                 .Scan("", [&](const std::string& key, v1::SessionRecord&& r) {
+                   if (r.phase() == v1::SESSION_PHASE_OPEN || st.sessions.count(key)) return true;
+                   // A sandbox of a closed session whose destroy failed: again.
+                   for (const auto& sb : r.sandboxes()) {
+                     auto it = sb.id().empty() ? st.sandboxes.end() : st.sandboxes.find(sb.id());
+                     if (it == st.sandboxes.end()) continue;
+                     ctx.log->warn("session {} is closed but its sandbox {} is still there; removing it", key, sb.id());
+                     v1::DestroyRequest req;
+                     req.set_sandbox_id(sb.id());
+                     self->request(it->second, std::chrono::seconds(60), std::move(req))
+                         .then([](v1::SandboxReply&) {}, [](caf::error&) {});
+                   }
+                   int64_t ended = r.closed_ms() ? r.closed_ms() : r.updated_ms();
+                   if (ended > cutoff) return true;
+                   b.Delete(state::Table::kSessions, key);
+                   b.DeletePrefix(state::Table::kSteps, state::StepPrefix(key));
+                   ++n;
+                   return true;
+                 });
+  if (!s.ok()) ctx.log->warn("session retention sweep: {}", s.message());
+  if (n) {
+    ctx.committer->Submit(std::move(b), [log = ctx.log, n](const Status& w) {
+      if (w.ok()) log->info("removed {} closed session(s) past the retention limit", n);
+      else log->warn("removing closed sessions: {}", w.message());
+    });
+  }
+  auto next = std::chrono::seconds(std::clamp<uint32_t>(ctx.options.session_retention_s / 4, 1, 3600));
+  self->delayed_send(caf::actor_cast<node_actor>(self), next, Continuation{[self] { SweepSessions(self); }});
+}
+
 // Rebuilds sandbox and session actors from the store (daemon start).
 void Restore(NodeSelf self) {
   auto& st = self->state;
   auto& ctx = *st.ctx;
+  auto started = std::chrono::steady_clock::now();
   size_t sandboxes = 0, sessions = 0, dropped = 0;
   state::WriteBatch cleanup;
   // One corrupt row must not keep the others from coming back: log it, skip it.
@@ -91,6 +178,7 @@ void Restore(NodeSelf self) {
     ++sandboxes;
     return true;
   });
+  size_t closed = 0;
   auto s2 = ctx.store->Scan(state::Table::kSessions, "", [&](const std::string& key, const std::string& raw) {
     v1::SessionRecord rec;
     if (!rec.ParseFromString(raw)) {
@@ -98,7 +186,12 @@ void Restore(NodeSelf self) {
       ++corrupt;
       return true;
     }
-    Watch(self, rec.name(), SpawnSession(self, st.ctx, rec));
+    // A closed session needs no actor: the node answers for it from the store.
+    if (rec.phase() == v1::SESSION_PHASE_CLOSED) {
+      ++closed;
+      return true;
+    }
+    Watch(self, rec.name(), SpawnSessionActor(self, rec));
     ++sessions;
     return true;
   });
@@ -111,8 +204,9 @@ void Restore(NodeSelf self) {
     Status w = ctx.committer->WriteSync(std::move(cleanup));
     if (!w.ok()) ctx.log->error("restore: cleanup write: {}", w.message());
   }
-  ctx.log->info("restored {} sandbox(es) and {} session(s) from {}{}{}", sandboxes, sessions,
-                ctx.store->Describe(),
+  double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
+  ctx.log->info("restored {} sandbox(es) and {} session(s) ({} closed ones kept for replay) from {} in {:.1f} ms{}{}",
+                sandboxes, sessions, closed, ctx.store->Describe(), ms,
                 dropped ? " (" + std::to_string(dropped) + " stopped sandbox row(s) removed)" : "",
                 corrupt ? " (" + std::to_string(corrupt) + " corrupt row(s) skipped)" : "");
 }
@@ -127,7 +221,9 @@ void OnDown(NodeSelf self, caf::down_msg& dm) {
   if (auto it = st.sandbox_of.find(dm.source); it != st.sandbox_of.end()) {
     std::string id = it->second;
     st.sandbox_of.erase(it);
-    st.sandboxes.erase(id);
+    // Only if the map still names this actor (not a newer one by that id).
+    if (auto cur = st.sandboxes.find(id); cur != st.sandboxes.end() && cur->second.address() == dm.source)
+      st.sandboxes.erase(cur);
     if (normal) {
       st.intensity->Forget("sb/" + id);
       return;
@@ -159,7 +255,8 @@ void OnDown(NodeSelf self, caf::down_msg& dm) {
   if (auto it = st.session_of.find(dm.source); it != st.session_of.end()) {
     std::string name = it->second;
     st.session_of.erase(it);
-    st.sessions.erase(name);
+    if (auto cur = st.sessions.find(name); cur != st.sessions.end() && cur->second.address() == dm.source)
+      st.sessions.erase(cur);
     if (normal) {
       st.intensity->Forget("se/" + name);
       return;
@@ -172,17 +269,19 @@ void OnDown(NodeSelf self, caf::down_msg& dm) {
     if (!st.intensity->Allow("se/" + name)) {
       ++st.counters.gave_up;
       rec->set_phase(v1::SESSION_PHASE_FAILED);
+      rec->set_error("its actor crashed " + std::to_string(ctx.options.max_restarts + 1) + " times within " +
+                     std::to_string(ctx.options.restart_window_s) + " s; last: " + why);
       state::WriteBatch b;
       state::TypedTable<v1::SessionRecord>(ctx.store, state::Table::kSessions).Put(&b, name, *rec);
       ctx.committer->Submit(std::move(b), [](const Status&) {});
       ctx.log->error("session {} crashed too often (last: {}); left failed", name, why);
-      Watch(self, name, SpawnSession(self, st.ctx, *rec));
+      Watch(self, name, SpawnSessionActor(self, *rec));
       return;
     }
     ++st.counters.restarts;
     rec->set_restarts(rec->restarts() + 1);
     ctx.log->warn("session {} crashed ({}); restarted from its log ({} steps)", name, why, rec->step_count());
-    Watch(self, name, SpawnSession(self, st.ctx, *rec));
+    Watch(self, name, SpawnSessionActor(self, *rec));
   }
 }
 
@@ -211,6 +310,8 @@ caf::result<v1::RunReply> HandleRun(NodeSelf self, v1::RunRequest& req) {
                                 " create a sandbox (dsecctl create) and exec in it");
   if (s.ok()) s = (*d)->CanHandle(req.spec());
   if (s.ok()) s = drivers::CheckExecRequest(ctx.options.limits, req.exec());
+  if (s.ok() && !req.exec().idempotency_key().empty())
+    s = Status::InvalidArgument("an idempotency_key needs a sandbox with state; a one-shot run is always fresh");
   if (!s.ok()) return reject(s);
   auto limits = drivers::EffectiveLimits(ctx.options.limits, req.spec(), req.exec());
   if (!limits.ok()) return reject(limits.status());
@@ -260,6 +361,7 @@ node_actor::behavior_type NodeActor(NodeSelf self, std::shared_ptr<NodeContext> 
     self->quit(em.reason);
   });
   Restore(self);
+  SweepSessions(self);
   st.images = SpawnImageWorker(self, st.ctx);
   return {
       [self](v1::RunRequest& req) -> caf::result<v1::RunReply> { return HandleRun(self, req); },
@@ -272,8 +374,31 @@ node_actor::behavior_type NodeActor(NodeSelf self, std::shared_ptr<NodeContext> 
           ++st.counters.rejected;
           return ErrorReply<v1::SandboxReply>(s);
         }
+        if (!req.id().empty()) {
+          if (s = CheckSandboxId(req.id()); !s.ok()) {
+            ++st.counters.rejected;
+            return ErrorReply<v1::SandboxReply>(s);
+          }
+          // Taken: say so, with the sandbox as it is (a session re-creating
+          // its sandbox after a restart learns it is already there).
+          if (auto it = st.sandboxes.find(req.id()); it != st.sandboxes.end()) {
+            auto rp = self->make_response_promise<v1::SandboxReply>();
+            std::string id = req.id();
+            self->request(it->second, std::chrono::seconds(30), v1::GetSandboxRequest{})
+                .then(
+                    [rp, id](v1::SandboxReply& r) mutable {
+                      ToProto(Status::AlreadyExists("sandbox id '" + id + "' is taken"), r.mutable_status());
+                      rp.deliver(std::move(r));
+                    },
+                    [rp, id](caf::error& e) mutable {
+                      rp.deliver(ErrorReply<v1::SandboxReply>(Status::Unavailable(
+                          "sandbox id '" + id + "' is taken and did not answer: " + caf::to_string(e))));
+                    });
+            return rp;
+          }
+        }
         v1::SandboxRecord rec;
-        rec.set_id("sb-" + RandomHex(12));
+        rec.set_id(req.id().empty() ? "sb-" + RandomHex(12) : req.id());
         *rec.mutable_spec() = req.spec();
         if (rec.spec().kind() == v1::KIND_UNSPECIFIED || rec.spec().kind() == v1::KIND_AUTO)
           rec.mutable_spec()->set_kind((*d)->kind());
@@ -294,35 +419,52 @@ node_actor::behavior_type NodeActor(NodeSelf self, std::shared_ptr<NodeContext> 
       [self](v1::ListFilesRequest& req) { return ToSandbox<v1::FileReply>(self, req); },
       [self](v1::OpenSessionRequest& req) -> caf::result<v1::SessionReply> {
         auto& st = self->state;
-        Status s = CheckSessionName(req.name());
-        if (s.ok()) s = drivers::CheckSpec(st.ctx->options.limits, req.spec());
+        Status s = CheckOpenRequest(*st.ctx, req);
         if (!s.ok()) return ErrorReply<v1::SessionReply>(s);
-        auto it = st.sessions.find(req.name());
-        if (it != st.sessions.end()) return self->delegate(it->second, std::move(req));
+        Result<v1::SessionRecord> stored = Status::NotFound("");
+        if (auto a = OpenSessionActor(self, req.name(), &stored)) return self->delegate(a, std::move(req));
+        if (stored.ok()) {
+          v1::SessionReply r = ErrorReply<v1::SessionReply>(NotOpen(*stored));
+          *r.mutable_session() = std::move(*stored);
+          return r;
+        }
+        if (stored.status().code() != Status::Code::kNotFound) return ErrorReply<v1::SessionReply>(stored.status());
         v1::SessionRecord rec;
         rec.set_name(req.name());
-        auto child = SpawnSession(self, st.ctx, rec);
+        auto child = SpawnSessionActor(self, rec);
         Watch(self, req.name(), child);
         return self->delegate(child, std::move(req));
       },
       [self](v1::StepRequest& req) -> caf::result<v1::StepReply> {
-        auto it = self->state.sessions.find(req.session());
-        if (it == self->state.sessions.end())
-          return ErrorReply<v1::StepReply>(
-              Status::NotFound("session '" + req.session() + "' not found; open it first"));
-        return self->delegate(it->second, std::move(req));
+        Result<v1::SessionRecord> stored = Status::NotFound("");
+        if (auto a = OpenSessionActor(self, req.session(), &stored)) return self->delegate(a, std::move(req));
+        return ErrorReply<v1::StepReply>(stored.ok() ? NotOpen(*stored) : stored.status());
+      },
+      [self](v1::AnnotateStepRequest& req) -> caf::result<v1::StepReply> {
+        Result<v1::SessionRecord> stored = Status::NotFound("");
+        if (auto a = OpenSessionActor(self, req.session(), &stored)) return self->delegate(a, std::move(req));
+        return ErrorReply<v1::StepReply>(stored.ok() ? NotOpen(*stored) : stored.status());
+      },
+      [self](v1::ListStepsRequest& req) -> caf::result<v1::StepsReply> {
+        Result<v1::SessionRecord> stored = Status::NotFound("");
+        if (auto a = OpenSessionActor(self, req.session(), &stored)) return self->delegate(a, std::move(req));
+        if (!stored.ok()) return ErrorReply<v1::StepsReply>(stored.status());
+        return ListStepsFromStore(*self->state.ctx, *stored, req.from(), req.limit());
       },
       [self](v1::CloseSessionRequest& req) -> caf::result<v1::SessionReply> {
-        auto it = self->state.sessions.find(req.name());
-        if (it == self->state.sessions.end())
-          return ErrorReply<v1::SessionReply>(Status::NotFound("session '" + req.name() + "' not found"));
-        return self->delegate(it->second, std::move(req));
+        Result<v1::SessionRecord> stored = Status::NotFound("");
+        if (auto a = OpenSessionActor(self, req.name(), &stored)) return self->delegate(a, std::move(req));
+        // Closing a closed session is a no-op.
+        v1::SessionReply r = ErrorReply<v1::SessionReply>(stored.status());
+        if (stored.ok()) *r.mutable_session() = std::move(*stored);
+        return r;
       },
       [self](v1::GetSessionRequest& req) -> caf::result<v1::SessionReply> {
-        auto it = self->state.sessions.find(req.name());
-        if (it == self->state.sessions.end())
-          return ErrorReply<v1::SessionReply>(Status::NotFound("session '" + req.name() + "' not found"));
-        return self->delegate(it->second, std::move(req));
+        Result<v1::SessionRecord> stored = Status::NotFound("");
+        if (auto a = OpenSessionActor(self, req.name(), &stored)) return self->delegate(a, std::move(req));
+        v1::SessionReply r = ErrorReply<v1::SessionReply>(stored.status());
+        if (stored.ok()) *r.mutable_session() = std::move(*stored);
+        return r;
       },
       [self](v1::RegisterImageRequest& req) -> caf::result<v1::ImageReply> {
         return self->delegate(self->state.images, std::move(req));

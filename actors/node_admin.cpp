@@ -41,7 +41,28 @@ json SessionSummary(const v1::SessionRecord& r) {
                       : r.phase() == v1::SESSION_PHASE_CLOSED ? "closed"
                       : r.phase() == v1::SESSION_PHASE_FAILED ? "failed"
                                                               : "opening";
-  return json{{"name", r.name()}, {"phase", phase}, {"steps", r.step_count()}, {"restarts", r.restarts()}};
+  json sandboxes = json::object();
+  for (const auto& sb : r.sandboxes()) sandboxes[sb.role()] = sb.id();
+  json j{{"name", r.name()}, {"phase", phase}, {"steps", r.step_count()}, {"restarts", r.restarts()},
+         {"sandboxes", sandboxes}, {"lease_s", r.lease_s()}, {"updated_ms", r.updated_ms()}};
+  if (!r.close_reason().empty()) j["close_reason"] = r.close_reason();
+  if (!r.error().empty()) j["error"] = r.error();
+  return j;
+}
+
+// `sessions`: every session (open ones with a live actor marked), newest
+// first would need an index; store order (by name) it is.
+std::string Sessions(NodeSelf self) {
+  auto& st = self->state;
+  json sessions = json::array();
+  size_t open = 0;
+  (void)state::TypedTable<v1::SessionRecord>(st.ctx->store, state::Table::kSessions)
+      .Scan("", [&](const std::string&, v1::SessionRecord&& r) {
+        if (r.phase() == v1::SESSION_PHASE_OPEN) ++open;
+        sessions.push_back(SessionSummary(r));
+        return sessions.size() < 10000;
+      });
+  return Dump(json{{"ok", true}, {"open", open}, {"listed", sessions.size()}, {"sessions", sessions}});
 }
 
 std::string Status_(NodeSelf self) {
@@ -148,6 +169,7 @@ caf::result<std::string> HandleAdmin(NodeSelf self, const std::string& cmd,
     return Dump(json{{"ok", true}, {"nodes", nodes}});
   }
   if (cmd == "ls") return Ls(self);
+  if (cmd == "sessions") return Sessions(self);
   if (cmd == "stats") return Stats(self);
   if (cmd == "inspect" || cmd == "kill") {
     if (auto u = need_id(); !u.empty()) return Error(u);
@@ -179,6 +201,12 @@ caf::result<std::string> HandleAdmin(NodeSelf self, const std::string& cmd,
       get.set_name(id);
       return AskChild<v1::SessionReply>(self, se->second, kill, close, get, "session", id,
                       [](const v1::SessionReply& r) { return ProtoJson(r.session()); });
+    }
+    // A closed session has no actor; its record is in the store.
+    auto closed = state::TypedTable<v1::SessionRecord>(st.ctx->store, state::Table::kSessions).Get(id);
+    if (closed.ok()) {
+      if (kill) return Dump(json{{"ok", true}, {"session", ProtoJson(*closed)}, {"note", "already closed"}});
+      return Dump(json{{"ok", true}, {"session", ProtoJson(*closed)}});
     }
     return Error("no sandbox, session or run '" + id + "' on this node (ls lists them)");
   }

@@ -170,6 +170,8 @@ sandbox_actor::behavior_type Behavior(Self self) {
           return reply;
         }
         Status ok = drivers::CheckExecRequest(st.ctx->options.limits, req);
+        if (ok.ok() && !req.idempotency_key().empty() && st.driver->kind() == v1::KIND_FNCALL)
+          ok = Status::InvalidArgument("an idempotency_key needs a sandbox with state; every fncall exec is a fresh run");
         if (ok.ok()) ok = st.driver->CheckExecLimits(st.rec, req.limits());
         auto limits = ok.ok() ? drivers::EffectiveLimits(st.ctx->options.limits, st.rec.spec(), req)
                               : Result<v1::Limits>(ok);

@@ -1,18 +1,29 @@
-// The session actor: one per rollout session (DESIGN.md section 4), named by
-// the trainer. Holds the trajectory log in the `steps` table: a step whose
-// index equals the log length runs and is appended (durably, before the
+// The session actor: one per open rollout session (DESIGN.md section 4),
+// named by the trainer.
+//
+// It owns the session's sandboxes (role "agent" and any more, such as
+// "eval"), created through the node with ids chosen before they exist, so a
+// crash between "chosen" and "created" is finished on restart instead of
+// leaking a sandbox. It keeps the trajectory log in the `steps` table: a step
+// whose index equals the log length runs and is appended (durably, before the
 // reply); a lower index is fast-forwarded from the log after checking the
-// request matches; a higher one is a gap and an error. This is the minimal
-// session of the foundation; leases, multiple sandboxes and replay follow.
+// request matches; a higher one is a gap and an error.
+//
+// Trainers that talk to it are monitored; when the last one is gone, the
+// session (and its sandboxes) live on for the lease (`lease_s`), then close.
+// A closed session's actor quits; its record and log stay in the store (the
+// node answers for it) until the retention limit.
 #pragma once
 
 #include <caf/all.hpp>
 
+#include <functional>
 #include <memory>
 
 #include "actors/continuation.hpp"
 #include "actors/sandbox.hpp"
 #include "actors/wire.hpp"
+#include "dsec/status.hpp"
 
 namespace dsec {
 
@@ -20,15 +31,19 @@ struct NodeContext;
 
 // Messages, and when they are legal:
 //   OpenSessionRequest  first message after spawn for a new session; later
-//                       ones are idempotent re-opens (same spec required)
+//                       ones are idempotent re-opens (same specs required)
 //   StepRequest         while open
-//   CloseSessionRequest while open; idempotent once closed
+//   AnnotateStepRequest while open, for a logged (or running) step
+//   ListStepsRequest    any time
+//   CloseSessionRequest while open; the actor quits after replying
 //   GetSessionRequest   any time
 //   Continuation        from the actor's own callbacks only
 //   crash_atom          test hook
 using session_actor = caf::typed_actor<
     caf::replies_to<v1::OpenSessionRequest>::with<v1::SessionReply>,
     caf::replies_to<v1::StepRequest>::with<v1::StepReply>,
+    caf::replies_to<v1::AnnotateStepRequest>::with<v1::StepReply>,
+    caf::replies_to<v1::ListStepsRequest>::with<v1::StepsReply>,
     caf::replies_to<v1::CloseSessionRequest>::with<v1::SessionReply>,
     caf::replies_to<v1::GetSessionRequest>::with<v1::SessionReply>,
     caf::reacts_to<Continuation>,
@@ -36,7 +51,18 @@ using session_actor = caf::typed_actor<
 
 // Spawns a session actor monitored by `parent`. `record` is new (phase
 // unspecified; an OpenSessionRequest comes next) or restored from the store.
-session_actor SpawnSession(caf::local_actor* parent, std::shared_ptr<NodeContext> ctx,
-                           v1::SessionRecord record);
+// `node` creates, runs in and destroys the session's sandboxes. `gone` runs
+// on the session actor right before it answers a close (see SpawnSandbox).
+session_actor SpawnSession(caf::local_actor* parent, std::shared_ptr<NodeContext> ctx, entry_actor node,
+                           v1::SessionRecord record, std::function<void()> gone);
+
+// The record and steps [from, from + limit) of `rec`'s log, read from the
+// store (blocking; a point scan). limit 0 means 1000; more than 1000 is cut.
+v1::StepsReply ListStepsFromStore(NodeContext& ctx, const v1::SessionRecord& rec, uint64_t from,
+                                  uint32_t limit);
+
+// Checks an open request: the name, every role and spec. Does not check
+// whether the kinds can run here (the session actor does).
+Status CheckOpenRequest(const NodeContext& ctx, const v1::OpenSessionRequest& req);
 
 }  // namespace dsec

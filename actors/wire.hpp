@@ -65,6 +65,8 @@ namespace dsec {
 //   StepRequest         run / fast-forward one step           -> StepReply
 //   CloseSessionRequest close a session                       -> SessionReply
 //   GetSessionRequest   a session's record                    -> SessionReply
+//   AnnotateStepRequest attach reward/tokens/notes to a step  -> StepReply
+//   ListStepsRequest    a session's record and logged steps   -> StepsReply
 //   RegisterImageRequest  register a built EROFS image        -> ImageReply
 //   GetImageRequest / ListImagesRequest / RemoveImageRequest  -> ImageReply / ImagesReply / ImageReply
 using entry_actor = caf::typed_actor<
@@ -82,6 +84,8 @@ using entry_actor = caf::typed_actor<
     caf::replies_to<v1::StepRequest>::with<v1::StepReply>,
     caf::replies_to<v1::CloseSessionRequest>::with<v1::SessionReply>,
     caf::replies_to<v1::GetSessionRequest>::with<v1::SessionReply>,
+    caf::replies_to<v1::AnnotateStepRequest>::with<v1::StepReply>,
+    caf::replies_to<v1::ListStepsRequest>::with<v1::StepsReply>,
     caf::replies_to<v1::RegisterImageRequest>::with<v1::ImageReply>,
     caf::replies_to<v1::GetImageRequest>::with<v1::ImageReply>,
     caf::replies_to<v1::ListImagesRequest>::with<v1::ImagesReply>,

@@ -80,6 +80,11 @@ Result<v1::Limits> EffectiveLimits(const LimitPolicy& p, const v1::SandboxSpec& 
 Status CheckExecRequest(const LimitPolicy& p, const v1::ExecRequest& exec) {
   if (exec.argv_size() == 0 || exec.argv(0).empty())
     return Status::InvalidArgument("exec: argv is empty; give the command to run");
+  if (exec.idempotency_key().size() > 1024)
+    return Status::InvalidArgument("exec: idempotency_key is " + std::to_string(exec.idempotency_key().size()) +
+                                   " bytes; the limit is 1024");
+  if (!exec.idempotency_key().empty() && exec.stream())
+    return Status::InvalidArgument("exec: an exec with an idempotency_key cannot stream its output");
   size_t bytes = 0;
   for (const auto& a : exec.argv()) {
     if (a.find('\0') != std::string::npos)

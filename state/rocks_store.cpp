@@ -3,6 +3,7 @@
 #include <rocksdb/options.h>
 #include <rocksdb/write_batch.h>
 
+#include <algorithm>
 #include <array>
 #include <filesystem>
 #include <memory>
@@ -178,7 +179,21 @@ Result<std::unique_ptr<Store>> OpenRocksStore(const std::string& path,
 
   std::vector<rocksdb::ColumnFamilyHandle*> handles;
   rocksdb::DB* raw = nullptr;
-  rocksdb::Status s = rocksdb::DB::Open(db_options, path, descriptors, &handles, &raw);
+  if (options.read_only) {
+    // Only the column families that exist may be named read-only.
+    std::vector<std::string> existing;
+    if (!rocksdb::DB::ListColumnFamilies(db_options, path, &existing).ok())
+      return Status::NotFound("store " + path + " does not exist or is not a dsec store");
+    for (int i = 0; i < kTableCount; ++i)
+      if (std::find(existing.begin(), existing.end(), TableName(static_cast<Table>(i))) == existing.end())
+        return Status::FailedPrecondition("store " + path + " has no table '" + TableName(static_cast<Table>(i)) +
+                                          "' (written by an older dsec? start dsecd on it once)");
+    descriptors.clear();
+    for (const auto& n : existing) descriptors.emplace_back(n, cf_options);
+  }
+  rocksdb::Status s = options.read_only
+                          ? rocksdb::DB::OpenForReadOnly(db_options, path, descriptors, &handles, &raw)
+                          : rocksdb::DB::Open(db_options, path, descriptors, &handles, &raw);
   if (IsLockedByOtherProcess(s)) {
     return Status::FailedPrecondition("store " + path +
                                       " is in use by another process (is another dsecd running "

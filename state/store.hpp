@@ -72,6 +72,9 @@ struct RocksOptions {
   bool create_if_missing = true;
   // Write buffer per column family, bytes (default 16 MiB).
   size_t write_buffer_size = 16 << 20;
+  // Open for reading only (dsec-replay): no lock is taken, so this works
+  // beside a running dsecd (a snapshot as of the open); writes fail.
+  bool read_only = false;
 };
 
 // Opens (or creates) a RocksDB store at `path`. A path already open by another

@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstring>
 #include <cstdlib>
+#include <functional>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -165,21 +166,9 @@ std::string ToJson(const google::protobuf::Message& m) {
   return out;
 }
 
-// Prints a result like a local program would and returns dsecctl's exit code.
-int Report(const dsec::v1::ExecResult& r, bool json) {
-  using dsec::v1::ExecResult;
-  if (json) {
-    std::cout << ToJson(r);
-  } else {
-    std::fwrite(r.stdout().data(), 1, r.stdout().size(), stdout);
-    std::fflush(stdout);
-    std::fwrite(r.stderr().data(), 1, r.stderr().size(), stderr);
-    if (r.stdout_truncated()) std::fprintf(stderr, "dsecctl: stdout was truncated at the output limit\n");
-    if (r.stderr_truncated()) std::fprintf(stderr, "dsecctl: stderr was truncated at the output limit\n");
-  }
-  auto say = [&](const std::string& m) {
-    if (!json) std::fprintf(stderr, "dsecctl: %s\n", m.c_str());
-  };
+// dsecctl's exit code for a result (as docker run's); `say` gets why, for
+// the non-zero ones a human should read about.
+int ExitCode(const dsec::v1::ExecResult& r, const std::function<void(const std::string&)>& say) {
   switch (r.verdict()) {
     case dsec::v1::VERDICT_OK: return 0;
     case dsec::v1::VERDICT_TIME_LIMIT: say(r.error()); return 124;
@@ -197,6 +186,66 @@ int Report(const dsec::v1::ExecResult& r, bool json) {
       return r.exit_code();
     default: say(r.error().empty() ? "platform error" : r.error()); return kPlatformError;
   }
+}
+
+// Prints a result like a local program would and returns dsecctl's exit code.
+int Report(const dsec::v1::ExecResult& r, bool json) {
+  if (json) {
+    std::cout << ToJson(r);
+    return ExitCode(r, [](const std::string&) {});
+  }
+  std::fwrite(r.stdout().data(), 1, r.stdout().size(), stdout);
+  std::fflush(stdout);
+  std::fwrite(r.stderr().data(), 1, r.stderr().size(), stderr);
+  if (r.stdout_truncated()) std::fprintf(stderr, "dsecctl: stdout was truncated at the output limit\n");
+  if (r.stderr_truncated()) std::fprintf(stderr, "dsecctl: stderr was truncated at the output limit\n");
+  return ExitCode(r, [](const std::string& m) { std::fprintf(stderr, "dsecctl: %s\n", m.c_str()); });
+}
+
+// `dsecctl session show`: the record, then one line per step (or all of it
+// as JSON).
+int ShowSession(const dsec::Session& session, bool json) {
+  nlohmann::json steps = nlohmann::json::array();
+  dsec::v1::SessionRecord rec;
+  std::vector<dsec::v1::StepRecord> all;
+  for (uint64_t from = 0;;) {
+    auto page = session.Steps(from, 1000);
+    if (!page.ok()) return Fail(page.status().message());
+    rec = page->session();
+    for (auto& st : *page->mutable_steps()) all.push_back(std::move(st));
+    if (page->steps_size() == 0 || page->steps().rbegin()->index() + 1 >= page->session().step_count()) break;
+    from = all.back().index() + 1;
+  }
+  if (json) {
+    auto out = nlohmann::json::parse(ToJson(rec), nullptr, false);
+    for (const auto& st : all) steps.push_back(nlohmann::json::parse(ToJson(st), nullptr, false));
+    out["steps"] = steps;
+    std::cout << out.dump(2) << "\n";
+    return 0;
+  }
+  const char* phase = rec.phase() == dsec::v1::SESSION_PHASE_OPEN     ? "open"
+                      : rec.phase() == dsec::v1::SESSION_PHASE_CLOSED ? "closed"
+                                                                      : "failed";
+  std::printf("session %s: %s, %llu step(s), lease %u s", rec.name().c_str(), phase,
+              static_cast<unsigned long long>(rec.step_count()), rec.lease_s());
+  if (!rec.close_reason().empty()) std::printf(" (%s)", rec.close_reason().c_str());
+  if (!rec.error().empty()) std::printf(" (%s)", rec.error().c_str());
+  std::printf("\n");
+  for (const auto& sb : rec.sandboxes())
+    std::printf("  sandbox %-8s %s %s\n", sb.role().c_str(), sb.id().empty() ? "(fncall)" : sb.id().c_str(),
+                sb.spec().image().empty() ? "host" : sb.spec().image().c_str());
+  for (const auto& st : all) {
+    std::string cmd;
+    for (const auto& a : st.request().argv()) cmd += (cmd.empty() ? "" : " ") + a;
+    if (cmd.size() > 60) cmd = cmd.substr(0, 57) + "...";
+    std::printf("  #%-4llu %-6s exit %-3d %-14s %6lld ms  %s", static_cast<unsigned long long>(st.index()),
+                st.sandbox().c_str(), st.result().signal() ? 128 + st.result().signal() : st.result().exit_code(),
+                dsec::VerdictName(st.result().verdict()), static_cast<long long>(st.finished_ms() - st.started_ms()),
+                cmd.c_str());
+    if (st.meta().has_reward()) std::printf("  reward %g", st.meta().reward());
+    std::printf("\n");
+  }
+  return 0;
 }
 
 // --- admin console -------------------------------------------------------
@@ -312,6 +361,8 @@ int main(int argc, char** argv) {
   LimitFlags create_l;
   auto* create = app.add_subcommand("create", "create a sandbox; prints its id");
   AddLimitFlags(create, &create_l);
+  std::string create_id;
+  create->add_option("--id", create_id, "name the sandbox ([a-z0-9-], at most 64 bytes; default: made up)");
 
   LimitFlags exec_l;
   std::string exec_id;
@@ -346,19 +397,32 @@ int main(int argc, char** argv) {
   session->require_subcommand(1);
   std::string s_name;
   LimitFlags s_l;
-  auto* s_open = session->add_subcommand("open", "open (or re-open) a session");
+  uint32_t s_lease = 0;
+  auto* s_open = session->add_subcommand("open",
+                                         "open (or re-open) a session; prints its record. The session and its "
+                                         "sandbox outlive the last command by the lease.");
   s_open->add_option("name", s_name, "job/prompt/sample")->required();
   AddLimitFlags(s_open, &s_l);
+  s_open->add_option("--lease", s_lease, "seconds the session lives on without a trainer (default: the node's)");
   uint64_t s_index = 0;
   std::vector<std::string> s_cmd;
   LimitFlags s_step_l;
-  auto* s_step = session->add_subcommand("step", "run (or fast-forward) one step");
+  std::string s_role;
+  double s_reward = 0;
+  bool s_json = false;
+  auto* s_step = session->add_subcommand("step",
+                                         "run step INDEX (or answer it from the log if it ran before); prints "
+                                         "the output and exits like dsecctl run");
   s_step->add_option("name", s_name)->required();
   s_step->add_option("index", s_index)->required();
   AddLimitFlags(s_step, &s_step_l, true);
+  s_step->add_option("--sandbox", s_role, "the session's sandbox to run in (default agent)");
+  auto* reward_opt = s_step->add_option("--reward", s_reward, "reward to log with the step");
+  s_step->add_flag("--json", s_json, "print the step record as JSON");
   s_step->add_option("command", s_cmd, "the command (after --)")->required();
-  auto* s_show = session->add_subcommand("show", "show a session");
+  auto* s_show = session->add_subcommand("show", "a session's record and its steps, one line each");
   s_show->add_option("name", s_name)->required();
+  s_show->add_flag("--json", s_json, "the record and every step as JSON");
   auto* s_close = session->add_subcommand("close", "close a session");
   s_close->add_option("name", s_name)->required();
 
@@ -368,12 +432,13 @@ int main(int argc, char** argv) {
   auto* status = app.add_subcommand("status", "node status (admin console)");
   auto* nodes = app.add_subcommand("nodes", "node records (admin console)");
   auto* ls = app.add_subcommand("ls", "sandboxes, sessions and runs (admin console)");
+  auto* sessions_cmd = app.add_subcommand("sessions", "rollout sessions: phase, steps, sandboxes (admin console)");
   auto* stats = app.add_subcommand("stats", "counters (admin console)");
   auto* inspect = app.add_subcommand("inspect", "one sandbox, session or run (admin console)");
   inspect->add_option("id", admin_id)->required();
   auto* kill = app.add_subcommand("kill", "stop a run, destroy a sandbox, close a session (admin console)");
   kill->add_option("id", admin_id)->required();
-  for (auto* a : {status, nodes, ls, stats, inspect, kill}) a->add_flag("--raw", raw, "print the reply line as is");
+  for (auto* a : {status, nodes, ls, sessions_cmd, stats, inspect, kill}) a->add_flag("--raw", raw, "print the reply line as is");
 
   try {
     app.parse(argc, argv);
@@ -385,6 +450,7 @@ int main(int argc, char** argv) {
   if (*status) return Admin(c, "status", raw);
   if (*nodes) return Admin(c, "nodes", raw);
   if (*ls) return Admin(c, "ls", raw);
+  if (*sessions_cmd) return Admin(c, "sessions", raw);
   if (*stats) return Admin(c, "stats", raw);
   if (*inspect) return Admin(c, "inspect " + admin_id, raw);
   if (*kill) return Admin(c, "kill " + admin_id, raw);
@@ -410,7 +476,7 @@ int main(int argc, char** argv) {
     if (auto e = BuildSpec(create_l, &spec); !e.empty()) return Fail(e, 2);
     auto client = ConnectOrDie(c, &rc);
     if (!client) return rc;
-    auto sb = client->Create(spec);
+    auto sb = client->Create(spec, create_id);
     if (!sb.ok()) return Fail(sb.status().message());
     std::cout << sb->id() << "\n";
     return 0;
@@ -472,34 +538,36 @@ int main(int argc, char** argv) {
     if (*s_open) {
       dsec::v1::SandboxSpec spec;
       if (auto e = BuildSpec(s_l, &spec); !e.empty()) return Fail(e, 2);
-      auto s = client->OpenSession(s_name, spec);
-      if (!s.ok()) return Fail(s.status().message(), 1);
-      auto rec = s->Get();
-      if (rec.ok()) std::cout << ToJson(*rec);
+      dsec::SessionOptions options;
+      options.lease_s = s_lease;
+      auto s = client->OpenSession(s_name, spec, options);
+      if (!s.ok()) return Fail(s.status().message());
+      std::cout << ToJson(s->record());
       return 0;
     }
     auto session = client->AttachSession(s_name);
-    if (!session.ok()) return Fail(session.status().message(), 1);
+    if (!session.ok()) return Fail(session.status().message());
     if (*s_step) {
       dsec::v1::ExecRequest req;
       if (auto e = ApplyLimits(s_step_l, req.mutable_limits()); !e.empty()) return Fail(e, 2);
       if (auto e = BuildExec(s_step_l, s_cmd, &req); !e.empty()) return Fail(e, 2);
       if (!::isatty(0)) req.set_stdin(ReadAllStdin(64u << 20));
-      auto r = session->Step(s_index, req);
-      if (!r.ok()) return Fail(r.status().message(), 1);
-      if (r->fast_forwarded()) std::fprintf(stderr, "dsecctl: step %llu answered from the log\n",
-                                            static_cast<unsigned long long>(s_index));
-      return Report(r->step().result(), false);
+      dsec::StepOptions options;
+      options.sandbox = s_role;
+      if (*reward_opt) options.meta.set_reward(s_reward);
+      auto r = session->Step(s_index, req, options);
+      if (!r.ok()) return Fail(r.status().message());
+      if (r->fast_forwarded())
+        std::fprintf(stderr, "dsecctl: step %llu answered from the log (not run again)\n",
+                     static_cast<unsigned long long>(s_index));
+      if (!s_json) return Report(r->step().result(), false);
+      std::cout << ToJson(r->step());
+      return ExitCode(r->step().result(), [](const std::string&) {});
     }
-    if (*s_show) {
-      auto rec = session->Get();
-      if (!rec.ok()) return Fail(rec.status().message(), 1);
-      std::cout << ToJson(*rec);
-      return 0;
-    }
+    if (*s_show) return ShowSession(*session, s_json);
     if (*s_close) {
       auto st = session->Close();
-      if (!st.ok()) return Fail(st.message(), 1);
+      if (!st.ok()) return Fail(st.message());
       return 0;
     }
   }

@@ -54,6 +54,8 @@ struct Flags {
   size_t max_inflight_runs = 4096;
   int max_restarts = 3;
   int restart_window_s = 10;
+  uint32_t session_lease_s = 600;
+  double session_retention_h = 168;
   bool test_hooks = false;
 };
 
@@ -159,6 +161,8 @@ int Run(const Flags& f) {
   ctx->options.max_inflight_runs = f.max_inflight_runs;
   ctx->options.max_restarts = f.max_restarts;
   ctx->options.restart_window_s = f.restart_window_s;
+  ctx->options.session_lease_s = f.session_lease_s;
+  ctx->options.session_retention_s = static_cast<uint32_t>(f.session_retention_h * 3600);
   ctx->options.test_hooks = f.test_hooks;
   ctx->options.image_root = data + "/images";
   ctx->store = store->get();
@@ -315,6 +319,15 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--max-restarts", f.max_restarts, "supervisor: restarts of one actor ...")->capture_default_str();
   app.add_option("--restart-window", f.restart_window_s, "... within this many seconds")->capture_default_str();
+  app.add_option("--session-lease", f.session_lease_s,
+                 "seconds a session and its sandboxes outlive their last trainer (a trainer may ask for "
+                 "another lease when it opens the session)")
+      ->check(CLI::Range(1u, 7u * 24 * 3600))
+      ->capture_default_str();
+  app.add_option("--session-retention", f.session_retention_h,
+                 "hours a closed session's log is kept for dsec-replay")
+      ->check(CLI::Range(0.0, 24.0 * 3650))
+      ->capture_default_str();
   app.add_flag("--test-hooks", f.test_hooks, "honour crash injection (tests only)");
   try {
     app.parse(argc, argv);

@@ -410,7 +410,7 @@ void Agent::CloseConn(Conn& c) {
   // Its execs run on; what they print is read and dropped.
   for (auto& [id, key] : c.execs) {
     auto it = execs_.find(key);
-    if (it == execs_.end()) continue;
+    if (it == execs_.end() || it->second->conn != c.key) continue;  // a waiter's entry: the run is another's
     it->second->conn = 0;
     Resume(*it->second);
   }

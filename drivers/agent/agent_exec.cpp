@@ -148,11 +148,51 @@ void Agent::WatchFd(int fd, uint64_t key, Kind kind, uint32_t events) {
   ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &ev);
 }
 
+// What a keyed exec runs: the same key must name the same command.
+size_t Fingerprint(const Exec& req) {
+  std::string all;
+  for (const auto& a : req.argv()) all += a + '\0';
+  all += '\1';
+  for (const auto& e : req.env()) all += e + '\0';
+  all += '\1' + req.cwd() + '\1' + req.stdin();
+  return std::hash<std::string>()(all);
+}
+
+bool Agent::JoinKeyed(Conn& c, uint64_t id, const Exec& req, size_t fingerprint) {
+  auto refuse = [&] {
+    SendError(c, id, EEXIST, "exec: key '" + req.key() + "' was used for another command");
+    return true;
+  };
+  if (auto it = keyed_running_.find(req.key()); it != keyed_running_.end()) {
+    ExecRun& x = *execs_.at(it->second);
+    if (x.fingerprint != fingerprint) return refuse();
+    x.waiters.emplace_back(c.key, id);
+    c.execs[id] = x.key;
+    return true;
+  }
+  for (const auto& k : kept_) {
+    if (k.key != req.key()) continue;
+    if (k.fingerprint != fingerprint) return refuse();
+    Event ev;
+    ev.set_id(id);
+    *ev.mutable_exec_done() = k.done;
+    Send(c, ev);
+    return true;
+  }
+  return false;
+}
+
 void Agent::StartExec(Conn& c, uint64_t id, Exec& req) {
   if (c.execs.count(id)) {
     SendError(c, id, EEXIST, "exec: request id " + std::to_string(id) + " is already running on this connection");
     return;
   }
+  if (!req.key().empty() && req.stream()) {
+    SendError(c, id, EINVAL, "exec: a keyed exec cannot stream its output");
+    return;
+  }
+  size_t fingerprint = req.key().empty() ? 0 : Fingerprint(req);
+  if (!req.key().empty() && JoinKeyed(c, id, req, fingerprint)) return;
   if (req.argv_size() == 0) {
     SendError(c, id, EINVAL, "exec: empty argv");
     return;
@@ -255,6 +295,9 @@ void Agent::StartExec(Conn& c, uint64_t id, Exec& req) {
   x->status.Reset(st[0]);
   x->start_ns = start;
   x->cwd = cwd;
+  x->idem_key = req.key();
+  x->fingerprint = fingerprint;
+  if (!x->idem_key.empty()) keyed_running_[x->idem_key] = x->key;
   x->uid = req.uid();
   x->gid = req.gid();
   for (int fd : {in[1], out[0], err[0], st[0]}) ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
@@ -508,6 +551,28 @@ void Agent::Finish(ExecRun& x, const std::string& forced_error) {
     auto it = c->execs.find(x.req_id);
     if (it != c->execs.end() && it->second == x.key) c->execs.erase(it);
     c->paused.erase(x.key);
+  }
+  if (!x.idem_key.empty()) {
+    // Everyone who asked for this key hears; the result is kept for those
+    // who ask later (a client that lost its connection meanwhile).
+    for (auto [conn, req_id] : x.waiters) {
+      Conn* w = FindConn(conn);
+      if (!w) continue;
+      ev.set_id(req_id);
+      Send(*w, ev);
+      auto it = w->execs.find(req_id);
+      if (it != w->execs.end() && it->second == x.key) w->execs.erase(it);
+    }
+    keyed_running_.erase(x.idem_key);
+    kept_.push_back({x.idem_key, x.fingerprint, std::move(*ev.mutable_exec_done())});
+    // Bounded in count and bytes (they live in the container's memory); the
+    // newest is always kept: it is the one a reconnecting client asks for.
+    size_t bytes = 0;
+    for (const auto& k : kept_) bytes += k.done.stdout().size() + k.done.stderr().size();
+    while (kept_.size() > 1 && (kept_.size() > kKeptResults || bytes > kKeptBytes)) {
+      bytes -= kept_.front().done.stdout().size() + kept_.front().done.stderr().size();
+      kept_.erase(kept_.begin());
+    }
   }
   if (!x.reaped) by_pid_.erase(x.pid);
   for (int64_t when : {x.deadline_ns, x.grace_ns}) {

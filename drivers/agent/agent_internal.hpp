@@ -41,6 +41,9 @@ constexpr int64_t kPipeGraceNs = 200'000'000;
 constexpr uint64_t kDefaultReadMax = 64ull << 20;
 constexpr uint64_t kMaxReadBytes = kMaxFrameBytes - (64 << 10);
 constexpr size_t kMaxConnections = 1024;
+// Results of keyed execs kept for a client that asks again (Exec.key).
+constexpr size_t kKeptResults = 4;
+constexpr size_t kKeptBytes = 8 << 20;  // beyond this, older kept results go
 
 // epoll tags: (key << 3) | kind. Keys are unique for the agent's lifetime.
 enum Kind : uint64_t {
@@ -84,6 +87,11 @@ struct ExecRun {
   int wait_status = 0;
   int setup_stage = 0, setup_errno = 0;  // from the child, when it failed before or at execve
   rusage ru{};
+  // Keyed (Exec.key): the key, what the command was (to refuse the key for
+  // another one), and more requests waiting for this run: (conn, request id).
+  std::string idem_key;
+  size_t fingerprint = 0;
+  std::vector<std::pair<uint64_t, uint64_t>> waiters;
   // For messages.
   std::string cwd;
   uint32_t uid = 0, gid = 0;
@@ -120,6 +128,8 @@ class Agent {
 
   // agent_exec.cpp: execs.
   void StartExec(Conn& c, uint64_t id, Exec& req);
+  // A keyed exec already running or kept: answered from it; true if so.
+  bool JoinKeyed(Conn& c, uint64_t id, const Exec& req, size_t fingerprint);
   void OnSignalRequest(Conn& c, uint64_t id, const Signal& req);
   void Reap();
   void OnExecEvent(uint64_t key, Kind kind, uint32_t events);
@@ -150,6 +160,14 @@ class Agent {
   uint64_t next_key_ = 1;
   std::unordered_map<uint64_t, std::unique_ptr<Conn>> conns_;
   std::unordered_map<uint64_t, std::unique_ptr<ExecRun>> execs_;
+  // Keyed execs: running ones by key, and the last kKeptResults results.
+  std::unordered_map<std::string, uint64_t> keyed_running_;
+  struct KeptResult {
+    std::string key;
+    size_t fingerprint = 0;
+    ExecDone done;
+  };
+  std::vector<KeptResult> kept_;
   std::unordered_map<pid_t, uint64_t> by_pid_;
   // (when, exec key): deadlines and pipe grace ends; stale entries are skipped.
   std::multimap<int64_t, uint64_t> timers_;

@@ -442,6 +442,7 @@ void ContainerDriver::StartExec(const v1::SandboxRecord& sb, const std::string& 
   e.set_cwd(!req.cwd().empty() ? req.cwd() : !sb.spec().workdir().empty() ? sb.spec().workdir() : "/work");
   e.set_stdin(req.stdin());
   e.set_stream(on_output != nullptr);
+  e.set_key(req.idempotency_key());
   const v1::Limits& lim = req.limits();
   e.mutable_limits()->set_timeout_ms(lim.timeout_ms());
   e.mutable_limits()->set_output_bytes(lim.output_bytes());

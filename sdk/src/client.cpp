@@ -144,9 +144,10 @@ Result<v1::ExecResult> Client::Run(const v1::SandboxSpec& spec, v1::ExecRequest 
   return RunAsync(spec, std::move(exec)).get();
 }
 
-Result<Sandbox> Client::Create(const v1::SandboxSpec& spec) {
+Result<Sandbox> Client::Create(const v1::SandboxSpec& spec, const std::string& id) {
   v1::CreateRequest req;
   *req.mutable_spec() = spec;
+  req.set_id(id);
   auto r = impl_->CallSync<v1::SandboxReply>(std::move(req), impl_->options.rpc_timeout);
   if (!r.ok()) return r.status();
   return Sandbox(this, r->sandbox().id(), r->sandbox().spec());
@@ -160,13 +161,21 @@ Result<Sandbox> Client::Attach(const std::string& sandbox_id) {
   return Sandbox(this, sandbox_id, r->sandbox().spec());
 }
 
-Result<Session> Client::OpenSession(const std::string& name, const v1::SandboxSpec& spec) {
+Result<Session> Client::OpenSession(const std::string& name, const v1::SandboxSpec& spec,
+                                    const SessionOptions& options) {
   v1::OpenSessionRequest req;
   req.set_name(name);
   *req.mutable_spec() = spec;
-  auto r = impl_->CallSync<v1::SessionReply>(std::move(req), impl_->options.rpc_timeout);
+  for (const auto& [role, more] : options.more_sandboxes) {
+    auto* sb = req.add_more_sandboxes();
+    sb->set_role(role);
+    *sb->mutable_spec() = more;
+  }
+  req.set_lease_s(options.lease_s);
+  // Opening creates the session's sandboxes: allow for a busy node.
+  auto r = impl_->CallSync<v1::SessionReply>(std::move(req), impl_->options.rpc_timeout * 2);
   if (!r.ok()) return r.status();
-  return Session(this, name, r->session().spec());
+  return Session(this, name, std::move(*r->mutable_session()));
 }
 
 Result<Session> Client::AttachSession(const std::string& name) {
@@ -174,7 +183,7 @@ Result<Session> Client::AttachSession(const std::string& name) {
   req.set_name(name);
   auto r = impl_->CallSync<v1::SessionReply>(std::move(req), impl_->options.rpc_timeout);
   if (!r.ok()) return r.status();
-  return Session(this, name, r->session().spec());
+  return Session(this, name, std::move(*r->mutable_session()));
 }
 
 std::future<Result<v1::ExecResult>> Sandbox::ExecAsync(v1::ExecRequest req) const {
@@ -252,21 +261,57 @@ Result<v1::ExecResult> Sandbox::ExecStream(v1::ExecRequest req,
   return f.get();
 }
 
-std::future<Result<v1::StepReply>> Session::StepAsync(uint64_t index, v1::ExecRequest req) const {
+std::future<Result<v1::StepReply>> Session::StepAsync(uint64_t index, v1::ExecRequest req,
+                                                     const StepOptions& options) const {
   auto p = std::make_shared<std::promise<Result<v1::StepReply>>>();
   auto f = p->get_future();
   v1::StepRequest step;
   step.set_session(name_);
   step.set_index(index);
-  auto timeout = client_->impl_->ExecTimeout(spec_, req);
+  step.set_sandbox(options.sandbox);
+  *step.mutable_meta() = options.meta;
+  const std::string& role = options.sandbox.empty() ? std::string("agent") : options.sandbox;
+  v1::SandboxSpec spec = rec_->spec();
+  for (const auto& sb : rec_->sandboxes())
+    if (sb.role() == role) spec = sb.spec();
+  auto timeout = client_->impl_->ExecTimeout(spec, req);
   *step.mutable_exec() = std::move(req);
   client_->impl_->Call<v1::StepReply>(std::move(step), timeout,
                                       [p](Result<v1::StepReply> r) { p->set_value(std::move(r)); });
   return f;
 }
 
-Result<v1::StepReply> Session::Step(uint64_t index, v1::ExecRequest req) const {
-  return StepAsync(index, std::move(req)).get();
+Result<v1::StepReply> Session::Step(uint64_t index, v1::ExecRequest req, const StepOptions& options) const {
+  return StepAsync(index, std::move(req), options).get();
+}
+
+Result<v1::StepRecord> Session::Annotate(uint64_t index, const v1::StepMeta& meta) const {
+  v1::AnnotateStepRequest req;
+  req.set_session(name_);
+  req.set_index(index);
+  *req.mutable_meta() = meta;
+  auto r = client_->impl_->CallSync<v1::StepReply>(std::move(req), client_->impl_->options.rpc_timeout);
+  if (!r.ok()) return r.status();
+  return std::move(*r->mutable_step());
+}
+
+Result<v1::StepsReply> Session::Steps(uint64_t from, uint32_t limit) const {
+  v1::ListStepsRequest req;
+  req.set_session(name_);
+  req.set_from(from);
+  req.set_limit(limit);
+  return client_->impl_->CallSync<v1::StepsReply>(std::move(req), client_->impl_->options.rpc_timeout);
+}
+
+Result<Sandbox> Session::sandbox(const std::string& role) const {
+  for (const auto& sb : rec_->sandboxes()) {
+    if (sb.role() != role) continue;
+    if (sb.id().empty())
+      return Status::FailedPrecondition("session " + name_ + ": sandbox '" + role +
+                                        "' is fncall (a fresh run per step); there is no sandbox to attach to");
+    return client_->Attach(sb.id());
+  }
+  return Status::NotFound("session " + name_ + " has no sandbox '" + role + "'");
 }
 
 Result<v1::SessionRecord> Session::Get() const {

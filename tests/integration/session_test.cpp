@@ -2,6 +2,9 @@
 // order, fast-forward from the durable log, errors for gaps and mismatches.
 #include <gmock/gmock.h>
 
+#include <chrono>
+#include <thread>
+
 #include "tests/support/daemon_fixture.hpp"
 
 namespace dsec::testing {
@@ -86,6 +89,91 @@ TEST_F(Sessions, AttachToUnknownSessionIsNotFound) {
   auto s = client_->AttachSession("never/opened/0");
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.status().code(), Status::Code::kNotFound);
+}
+
+TEST_F(Sessions, OpenRefusesBadRolesLeasesAndSizesAndLeavesNothing) {
+  SessionOptions twice;
+  twice.more_sandboxes = {{"eval", FncallSpec()}, {"eval", FncallSpec()}};
+  auto r = client_->OpenSession("bad/p/0", FncallSpec(), twice);
+  EXPECT_EQ(r.status().code(), Status::Code::kInvalidArgument);
+  EXPECT_THAT(r.status().message(), HasSubstr("role 'eval' is given twice"));
+  SessionOptions agent;
+  agent.more_sandboxes = {{"agent", FncallSpec()}};
+  EXPECT_THAT(client_->OpenSession("bad/p/0", FncallSpec(), agent).status().message(),
+              HasSubstr("'agent' is the spec the session is opened with"));
+  SessionOptions upper;
+  upper.more_sandboxes = {{"Eval!", FncallSpec()}};
+  EXPECT_THAT(client_->OpenSession("bad/p/0", FncallSpec(), upper).status().message(), HasSubstr("[a-z0-9_-]"));
+  SessionOptions many;
+  for (int i = 0; i < 8; ++i) many.more_sandboxes.push_back({"r" + std::to_string(i), FncallSpec()});
+  EXPECT_THAT(client_->OpenSession("bad/p/0", FncallSpec(), many).status().message(), HasSubstr("the limit is 8"));
+  SessionOptions lease;
+  lease.lease_s = 30 * 24 * 3600;
+  EXPECT_THAT(client_->OpenSession("bad/p/0", FncallSpec(), lease).status().message(), HasSubstr("7 days"));
+  EXPECT_THAT(client_->OpenSession(std::string(600, 'x'), FncallSpec()).status().message(), HasSubstr("512"));
+  EXPECT_EQ(client_->AttachSession("bad/p/0").status().code(), Status::Code::kNotFound) << "refused opens leave nothing";
+}
+
+TEST_F(Sessions, CreateWithAnInvalidOrTakenIdIsRefused) {
+  auto bad = client_->Create(FncallSpec(), "Bad_Id");
+  EXPECT_EQ(bad.status().code(), Status::Code::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(), HasSubstr("sandbox id 'Bad_Id' must be"));
+  auto named = client_->Create(FncallSpec(), "my-box-1");
+  ASSERT_TRUE(named.ok()) << named.status().ToString();
+  EXPECT_EQ(named->id(), "my-box-1");
+  auto taken = client_->Create(FncallSpec(), "my-box-1");
+  EXPECT_EQ(taken.status().code(), Status::Code::kAlreadyExists);
+  EXPECT_THAT(taken.status().message(), HasSubstr("sandbox id 'my-box-1' is taken"));
+  EXPECT_TRUE(named->Destroy().ok());
+  auto again = client_->Create(FncallSpec(), "my-box-1");
+  EXPECT_TRUE(again.ok()) << "free again once destroyed: " << again.status().ToString();
+  if (again.ok()) EXPECT_TRUE(again->Destroy().ok());
+}
+
+TEST(SessionRetention, ClosedSessionsArePurgedAfterTheRetentionLimit) {
+  // Retention of 1.8 s: the node sweeps every second.
+  TestDaemonOptions o;
+  o.extra_args = {"--session-retention", "0.0005"};
+  std::unique_ptr<TestDaemon> d;
+  std::unique_ptr<Client> client;
+  if (auto why = StartOwnDaemon(o, &d, &client); !why.empty()) GTEST_SKIP() << why;
+  auto open = client->OpenSession("retention/p/0", FncallSpec());
+  auto closed = client->OpenSession("retention/p/1", FncallSpec());
+  ASSERT_TRUE(open.ok() && closed.ok());
+  ASSERT_TRUE(open->Step(0, Command({"true"})).ok());
+  ASSERT_TRUE(closed->Step(0, Command({"true"})).ok());
+  ASSERT_TRUE(closed->Close().ok());
+  EXPECT_TRUE(closed->Steps().ok()) << "kept right after the close";
+  Status gone = Status::Ok();
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (gone.ok() && std::chrono::steady_clock::now() < deadline) {
+    gone = closed->Steps().status();
+    if (gone.ok()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_EQ(gone.code(), Status::Code::kNotFound) << gone.ToString();
+  EXPECT_THAT(gone.message(), HasSubstr("retention"));
+  // An open session is never purged, however old.
+  auto steps = open->Steps();
+  ASSERT_TRUE(steps.ok()) << steps.status().ToString();
+  EXPECT_EQ(steps->steps_size(), 1);
+}
+
+TEST(SessionReplay, ReadsTheDataDirOfAStoppedDaemon) {
+  std::unique_ptr<TestDaemon> d;
+  std::unique_ptr<Client> client;
+  if (auto why = StartOwnDaemon({}, &d, &client); !why.empty()) GTEST_SKIP() << why;
+  auto s = client->OpenSession("stopped/p/0", FncallSpec());
+  ASSERT_TRUE(s.ok());
+  ASSERT_TRUE(s->Step(0, Command({"echo", "first"})).ok());
+  ASSERT_TRUE(s->Step(1, Command({"echo", "second"})).ok());
+  client.reset();
+  ASSERT_EQ(d->Stop(), 0);
+  auto r = RunProcess({BinDir() + "/dsec-replay", "stopped/p/0", "--data-dir", d->data_dir()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("session stopped/p/0  open  2 step(s)"));
+  EXPECT_THAT(r.out, HasSubstr("$ echo first"));
+  EXPECT_THAT(r.out, HasSubstr("      second"));
+  EXPECT_THAT(r.out, HasSubstr("(fresh per step)")) << "a fncall session has no sandbox to keep";
 }
 
 }  // namespace

@@ -63,6 +63,71 @@ std::string BinDir() {
   return self.substr(0, self.rfind('/'));
 }
 
+Result<std::unique_ptr<Child>> Child::Start(const std::vector<std::string>& argv) {
+  int out[2];
+  if (::pipe2(out, O_CLOEXEC)) return Status::Internal(std::string("pipe: ") + std::strerror(errno));
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+  std::vector<char*> av;
+  for (const auto& a : argv) av.push_back(const_cast<char*>(a.c_str()));
+  av.push_back(nullptr);
+  std::unique_ptr<Child> c(new Child);
+  int rc = posix_spawn(&c->pid_, argv[0].c_str(), &fa, nullptr, av.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  ::close(out[1]);
+  if (rc != 0) {
+    ::close(out[0]);
+    return Status::Internal("spawn " + argv[0] + ": " + std::strerror(rc));
+  }
+  c->out_ = out[0];
+  return c;
+}
+
+Child::~Child() {
+  if (pid_ > 0) {
+    Kill9();
+    Wait();
+  }
+  if (out_ >= 0) ::close(out_);
+}
+
+bool Child::ReadLine(std::string* line, int timeout_s) {
+  auto deadline = Clock::now() + std::chrono::seconds(timeout_s);
+  for (;;) {
+    auto nl = buf_.find('\n');
+    if (nl != std::string::npos) {
+      *line = buf_.substr(0, nl);
+      buf_.erase(0, nl + 1);
+      return true;
+    }
+    if (out_ < 0 || Clock::now() >= deadline) return false;
+    pollfd p{out_, POLLIN, 0};
+    if (::poll(&p, 1, 1000) <= 0) continue;
+    char chunk[65536];
+    ssize_t n = ::read(out_, chunk, sizeof chunk);
+    if (n <= 0) {
+      ::close(out_);
+      out_ = -1;
+      continue;
+    }
+    buf_.append(chunk, static_cast<size_t>(n));
+  }
+}
+
+void Child::Kill9() {
+  if (pid_ > 0) ::kill(pid_, SIGKILL);
+}
+
+int Child::Wait() {
+  if (pid_ <= 0) return -1;
+  int status = 0;
+  ::waitpid(pid_, &status, 0);
+  pid_ = -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
 ProcResult RunProcess(const std::vector<std::string>& argv, const std::string& stdin_data, int timeout_s) {
   ProcResult r;
   int in[2], out[2], err[2];

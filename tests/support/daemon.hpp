@@ -27,6 +27,27 @@ struct ProcResult {
 ProcResult RunProcess(const std::vector<std::string>& argv, const std::string& stdin_data = {},
                       int timeout_s = 120);
 
+// A child process whose stdout is read line by line as it comes (stderr
+// goes to the test's stderr). Killed with SIGKILL and reaped by the
+// destructor if still running.
+class Child {
+ public:
+  static Result<std::unique_ptr<Child>> Start(const std::vector<std::string>& argv);
+  ~Child();
+  // The next stdout line (without '\n'); false at EOF or after timeout_s.
+  bool ReadLine(std::string* line, int timeout_s = 120);
+  void Kill9();
+  // Waits for the exit: the exit code, 128+N when killed by signal N.
+  int Wait();
+  pid_t pid() const { return pid_; }
+
+ private:
+  Child() = default;
+  pid_t pid_ = -1;
+  int out_ = -1;
+  std::string buf_;
+};
+
 struct TestDaemonOptions {
   std::vector<std::string> extra_args;  // more dsecd flags
   std::string cgroup_parent = "dsec-test";

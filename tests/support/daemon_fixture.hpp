@@ -12,6 +12,32 @@
 
 namespace dsec::testing {
 
+// A daemon of one test's own (for flags the shared one lacks) and a client
+// of it. "" when both are up; else why the test cannot go on: fncall missing
+// on this host (skip), or a daemon or client failure (already reported as a
+// test failure).
+inline std::string StartOwnDaemon(TestDaemonOptions o, std::unique_ptr<TestDaemon>* daemon,
+                                  std::unique_ptr<Client>* client) {
+  auto d = TestDaemon::Start(std::move(o));
+  if (!d.ok()) {
+    ADD_FAILURE() << "dsecd did not start: " << d.status().ToString();
+    return "dsecd did not start";
+  }
+  *daemon = std::move(*d);
+  auto status = (*daemon)->Admin("status");
+  if (status.dump().find("\"fncall\"") == std::string::npos)
+    return "fncall sandboxes unavailable on this host: " + status.dump();
+  ClientOptions co;
+  co.address = (*daemon)->sdk_addr();
+  auto c = Client::Connect(co);
+  if (!c.ok()) {
+    ADD_FAILURE() << "SDK cannot connect: " << c.status().ToString();
+    return "SDK cannot connect";
+  }
+  *client = std::move(*c);
+  return "";
+}
+
 class DaemonTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {

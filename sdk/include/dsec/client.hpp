@@ -74,24 +74,53 @@ class Sandbox {
   v1::SandboxSpec spec_;  // its limits decide how long an exec may take
 };
 
+// Per-step options: which of the session's sandboxes runs it, and what the
+// trainer attaches (reward, token counts, notes; see Session::Annotate).
+struct StepOptions {
+  std::string sandbox;              // role; default "agent"
+  v1::StepMeta meta;
+};
+
 // A rollout session (DESIGN.md section 4): steps are numbered from 0; a
 // step already in the log is answered from it (fast-forward) without running
-// again, so a restarted trainer can replay its rollout from the start.
+// again, so a restarted trainer can replay its rollout from the start. The
+// session and its sandboxes outlive the trainer by the lease, so a new
+// trainer process can open it again by name and go on.
 class Session {
  public:
   const std::string& name() const { return name_; }
-  Result<v1::StepReply> Step(uint64_t index, v1::ExecRequest req) const;
-  std::future<Result<v1::StepReply>> StepAsync(uint64_t index, v1::ExecRequest req) const;
+  // The record as of open/attach: roles and sandbox ids, lease.
+  const v1::SessionRecord& record() const { return *rec_; }
+  Result<v1::StepReply> Step(uint64_t index, v1::ExecRequest req, const StepOptions& options = {}) const;
+  std::future<Result<v1::StepReply>> StepAsync(uint64_t index, v1::ExecRequest req,
+                                               const StepOptions& options = {}) const;
+  // Adds metadata to a logged step: a set reward or token count replaces the
+  // old one; notes are merged. The step with its new metadata comes back.
+  Result<v1::StepRecord> Annotate(uint64_t index, const v1::StepMeta& meta) const;
+  // Logged steps [from, from + limit) (limit 0: up to 1 000) and the record.
+  Result<v1::StepsReply> Steps(uint64_t from = 0, uint32_t limit = 0) const;
   Result<v1::SessionRecord> Get() const;
+  // The session's sandbox for `role`, to look at it outside the log (files,
+  // execs that are not steps). FailedPrecondition for a fncall role.
+  Result<Sandbox> sandbox(const std::string& role = "agent") const;
+  // Closes the session: its sandboxes go; its log is kept for dsec-replay.
   Status Close() const;
 
  private:
   friend class Client;
-  Session(Client* c, std::string name, v1::SandboxSpec spec)
-      : client_(c), name_(std::move(name)), spec_(std::move(spec)) {}
+  Session(Client* c, std::string name, v1::SessionRecord rec)
+      : client_(c), name_(std::move(name)), rec_(std::make_shared<const v1::SessionRecord>(std::move(rec))) {}
   Client* client_;
   std::string name_;
-  v1::SandboxSpec spec_;
+  std::shared_ptr<const v1::SessionRecord> rec_;
+};
+
+struct SessionOptions {
+  // Sandboxes beyond "agent" (the spec OpenSession gets), by role, e.g.
+  // {"eval", ContainerSpec("py311")}. Roles: [a-z0-9_-], at most 32 bytes.
+  std::vector<std::pair<std::string, v1::SandboxSpec>> more_sandboxes;
+  // Seconds the session outlives its last trainer; 0: the node's default.
+  uint32_t lease_s = 0;
 };
 
 class Client {
@@ -110,12 +139,16 @@ class Client {
   void RunAsync(const v1::SandboxSpec& spec, v1::ExecRequest exec,
                 std::function<void(Result<v1::ExecResult>)> done);
 
-  Result<Sandbox> Create(const v1::SandboxSpec& spec);
+  // A new sandbox. `id` names it ([a-z0-9-], at most 64 bytes); empty: one
+  // is made up. AlreadyExists when the id is taken.
+  Result<Sandbox> Create(const v1::SandboxSpec& spec, const std::string& id = "");
   // A handle to an existing sandbox (NotFound when the node has none by that id).
   Result<Sandbox> Attach(const std::string& sandbox_id);
 
-  // Opens a session by name, or re-opens it (idempotent with the same spec).
-  Result<Session> OpenSession(const std::string& name, const v1::SandboxSpec& spec);
+  // Opens a session by name, or re-opens it (idempotent with the same specs).
+  // Its sandboxes exist when this returns.
+  Result<Session> OpenSession(const std::string& name, const v1::SandboxSpec& spec,
+                              const SessionOptions& options = {});
   // A handle to a session that is already open (NotFound when there is none
   // by that name).
   Result<Session> AttachSession(const std::string& name);

@@ -1,0 +1,56 @@
+// What the macro benchmarks share: timing, percentiles, a thread pool loop.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace dsec::bench {
+
+using Clock = std::chrono::steady_clock;
+
+inline double Ms(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+struct Pct {
+  double p50 = 0, p99 = 0;
+};
+
+inline Pct Percentiles(std::vector<double> v) {
+  Pct p;
+  if (v.empty()) return p;
+  std::sort(v.begin(), v.end());
+  p.p50 = v[v.size() / 2];
+  p.p99 = v[std::min(v.size() - 1, v.size() * 99 / 100)];
+  return p;
+}
+
+// "1,16,64" -> {1, 16, 64}.
+inline std::vector<int> SplitInts(const std::string& s) {
+  std::vector<int> out;
+  std::stringstream ss(s);
+  for (std::string part; std::getline(ss, part, ',');)
+    if (!part.empty()) out.push_back(std::stoi(part));
+  return out;
+}
+
+// Runs `fn(i)` for i in [0, n) on `conc` threads; the seconds it took.
+template <class F>
+double Parallel(int n, int conc, F fn) {
+  std::atomic<int> next{0};
+  auto t0 = Clock::now();
+  std::vector<std::thread> threads;
+  for (int t = 0; t < conc; ++t)
+    threads.emplace_back([&] {
+      for (int i; (i = next.fetch_add(1)) < n;) fn(i);
+    });
+  for (auto& t : threads) t.join();
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+}  // namespace dsec::bench

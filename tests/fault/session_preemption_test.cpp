@@ -1,0 +1,153 @@
+// Rollouts survive their trainer and their daemon (issue 4, acceptance 1-2):
+// no step is lost and none runs twice, whichever of the two is killed.
+//
+// The trainer is the example dsec-rollout-trainer, a real process, on the
+// "count" task: step k appends a line to /work/steps and prints the line
+// count, so the file and the log show whether a step ran twice or was lost.
+#include <gmock/gmock.h>
+
+#include <map>
+#include <random>
+#include <set>
+#include <sstream>
+
+#include "tests/support/container_fixture.hpp"
+
+namespace dsec::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+class SessionPreemption : public ContainerTest {
+ protected:
+  std::vector<std::string> TrainerArgs(const std::string& job, int rollouts, int steps, bool strict) {
+    std::vector<std::string> argv{BinDir() + "/dsec-rollout-trainer", "--addr", daemon_->sdk_addr(),
+                                  "--job", job, "--task", "count", "--image", kImage,
+                                  "--rollouts", std::to_string(rollouts), "--steps", std::to_string(steps)};
+    if (strict) argv.push_back("--strict-count");
+    return argv;
+  }
+
+  // After the rollouts: every session has `steps` steps, step k printed k+1
+  // (strict) or at least its log matches what the trainer was told, and the
+  // file in the sandbox has one line per step (strict). Closes them.
+  void CheckAndClose(const std::string& job, int rollouts, int steps, bool strict,
+                     const std::map<std::pair<int, int>, std::string>& acked) {
+    for (int r = 0; r < rollouts; ++r) {
+      std::string name = job + "/task" + std::to_string(r) + "/s0";
+      auto s = client_->AttachSession(name);
+      ASSERT_TRUE(s.ok()) << name << ": " << s.status().ToString();
+      auto log = s->Steps();
+      ASSERT_TRUE(log.ok()) << log.status().ToString();
+      ASSERT_EQ(log->steps_size(), steps) << name;
+      for (int k = 0; k < steps; ++k) {
+        std::string out = log->steps(k).result().stdout();
+        if (strict) EXPECT_EQ(out, std::to_string(k + 1) + "\n") << name << " step " << k;
+        auto it = acked.find({r, k});
+        if (it != acked.end()) EXPECT_EQ(out, it->second + "\n") << name << " step " << k << ": acknowledged, then lost";
+      }
+      if (strict) {
+        auto sb = s->sandbox();
+        ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+        auto file = sb->ReadFile("/work/steps");
+        ASSERT_TRUE(file.ok()) << file.status().ToString();
+        EXPECT_EQ(std::count(file->begin(), file->end(), '\n'), steps) << name << ": a step ran twice or was lost";
+      }
+      EXPECT_TRUE(s->Close().ok()) << name;
+    }
+  }
+
+  // Parses "step R K run|ff OUTPUT".
+  static bool ParseStep(const std::string& line, int* r, int* k, std::string* out) {
+    std::istringstream in(line);
+    std::string word, how;
+    if (!(in >> word >> *r >> *k >> how) || word != "step") return false;
+    std::getline(in >> std::ws, *out);
+    return true;
+  }
+};
+
+TEST_F(SessionPreemption, KilledTrainerRestartedThreeTimesLosesNoStepAndRunsNoneTwice) {
+  constexpr int kRollouts = 100, kSteps = 20;
+  std::mt19937 rng(std::random_device{}());
+  std::map<std::pair<int, int>, std::string> acked;
+  // Three kills at random points of the 2 000 steps; each restarted trainer
+  // replays from step 0.
+  int kills = 0;
+  for (int lo : {100, 600, 1100}) {
+    int at = std::uniform_int_distribution<int>(lo, lo + 400)(rng);
+    auto trainer = Child::Start(TrainerArgs("pre", kRollouts, kSteps, true));
+    ASSERT_TRUE(trainer.ok()) << trainer.status().ToString();
+    std::string line;
+    int ran = 0;
+    bool finished = false;
+    while ((*trainer)->ReadLine(&line)) {
+      int r, k;
+      std::string out;
+      if (ParseStep(line, &r, &k, &out)) {
+        acked[{r, k}] = out;
+        if (line.find(" run ") != std::string::npos) ++ran;
+      }
+      ASSERT_THAT(line, ::testing::Not(HasSubstr("MISMATCH")));
+      if (line.rfind("finished", 0) == 0) finished = true;
+      if (acked.size() >= static_cast<size_t>(at)) break;
+    }
+    ASSERT_FALSE(finished) << "the trainer finished before kill " << kills + 1 << " (at " << at << " steps)";
+    (*trainer)->Kill9();
+    EXPECT_EQ((*trainer)->Wait(), 128 + SIGKILL);
+    ++kills;
+  }
+  auto last = Child::Start(TrainerArgs("pre", kRollouts, kSteps, true));
+  ASSERT_TRUE(last.ok()) << last.status().ToString();
+  std::string line, finished;
+  while ((*last)->ReadLine(&line, 300)) {
+    int r, k;
+    std::string out;
+    if (ParseStep(line, &r, &k, &out)) acked[{r, k}] = out;
+    EXPECT_THAT(line, ::testing::Not(HasSubstr("MISMATCH")));
+    EXPECT_THAT(line, ::testing::Not(HasSubstr("error")));
+    if (line.rfind("finished", 0) == 0) finished = line;
+  }
+  EXPECT_EQ((*last)->Wait(), 0);
+  EXPECT_EQ(finished, "finished " + std::to_string(kRollouts) + " rollouts");
+  EXPECT_EQ(kills, 3);
+  EXPECT_EQ(acked.size(), static_cast<size_t>(kRollouts * kSteps));
+  CheckAndClose("pre", kRollouts, kSteps, true, acked);
+}
+
+TEST_F(SessionPreemption, Kill9OfDsecdLosesNoAcknowledgedStep) {
+  constexpr int kRollouts = 200, kSteps = 10;
+  auto trainer = Child::Start(TrainerArgs("crash", kRollouts, kSteps, true));
+  ASSERT_TRUE(trainer.ok()) << trainer.status().ToString();
+  std::map<std::pair<int, int>, std::string> acked;
+  std::string line, finished;
+  bool killed = false;
+  std::mt19937 rng(std::random_device{}());
+  int at = std::uniform_int_distribution<int>(300, 900)(rng);
+  while ((*trainer)->ReadLine(&line, 300)) {
+    int r, k;
+    std::string out;
+    if (ParseStep(line, &r, &k, &out)) {
+      auto it = acked.find({r, k});
+      // What the trainer was told about a step never changes, crash or not.
+      if (it != acked.end()) EXPECT_EQ(it->second, out) << "rollout " << r << " step " << k;
+      acked[{r, k}] = out;
+    }
+    EXPECT_THAT(line, ::testing::Not(HasSubstr("error")));
+    if (line.rfind("finished", 0) == 0) finished = line;
+    if (!killed && acked.size() >= static_cast<size_t>(at)) {
+      // The trainer keeps going: its client reconnects, its steps retry.
+      daemon_->Kill9();
+      ASSERT_TRUE(daemon_->Restart().ok());
+      killed = true;
+    }
+  }
+  EXPECT_TRUE(killed) << "the trainer finished before " << at << " steps";
+  EXPECT_EQ((*trainer)->Wait(), 0);
+  EXPECT_EQ(finished, "finished " + std::to_string(kRollouts) + " rollouts");
+  EXPECT_EQ(acked.size(), static_cast<size_t>(kRollouts * kSteps));
+  CheckAndClose("crash", kRollouts, kSteps, true, acked);
+}
+
+}  // namespace
+}  // namespace dsec::testing
