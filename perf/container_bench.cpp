@@ -84,7 +84,7 @@ dsec::Status EnsureImage(dsec::Client& c, const std::string& data_dir, const std
                          const std::string& rootfs) {
   if (c.GetImage(image).ok()) return dsec::Status::Ok();
   auto r = dsec::testing::RunProcess(
-      {dsec::SiblingExecutable("DSEC_BIN_DIR", "dsec-image"), "--data-dir", data_dir, "build", rootfs, image});
+      {dsec::testing::BinDir() + "/dsec-image", "--data-dir", data_dir, "build", rootfs, image});
   if (r.exit_code != 0) return dsec::Status::Internal("dsec-image build " + image + ": " + r.err);
   return dsec::Status::Ok();
 }

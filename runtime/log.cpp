@@ -3,6 +3,7 @@
 #include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/sinks/stdout_sinks.h>
 
+#include <chrono>
 #include <mutex>
 #include <vector>
 
@@ -35,6 +36,9 @@ std::string InitLogging(const LogOptions& o) {
     }
   }
   spdlog::drop_all();
+  // A log file someone tails shows info lines within a second, not when a
+  // buffer fills (warnings and errors are flushed at once).
+  if (!o.file.empty()) spdlog::flush_every(std::chrono::seconds(1));
   return {};
 }
 

@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <fstream>
 
+#include "tests/support/daemon_fixture.hpp"
+
 namespace dsec::testing {
 
 namespace {
@@ -53,15 +55,7 @@ std::string ContainerTest::StartContainerDaemon(TestDaemonOptions o, std::unique
     ADD_FAILURE() << "dsec-image build failed: " << built.err;
     return "dsec-image build failed";
   }
-  ClientOptions co;
-  co.address = (*daemon)->sdk_addr();
-  auto c = Client::Connect(co);
-  if (!c.ok()) {
-    ADD_FAILURE() << "SDK cannot connect: " << c.status().ToString();
-    return "SDK cannot connect";
-  }
-  *client = std::move(*c);
-  return "";
+  return ConnectClient(**daemon, client);
 }
 
 Result<Sandbox> ContainerTest::NewContainer(v1::Limits limits) {

@@ -16,6 +16,19 @@ namespace dsec::testing {
 // of it. "" when both are up; else why the test cannot go on: fncall missing
 // on this host (skip), or a daemon or client failure (already reported as a
 // test failure).
+// Connects a client to `d`: "" or why not (reported as a test failure).
+inline std::string ConnectClient(const TestDaemon& d, std::unique_ptr<Client>* client) {
+  ClientOptions co;
+  co.address = d.sdk_addr();
+  auto c = Client::Connect(co);
+  if (!c.ok()) {
+    ADD_FAILURE() << "SDK cannot connect: " << c.status().ToString();
+    return "SDK cannot connect";
+  }
+  *client = std::move(*c);
+  return "";
+}
+
 inline std::string StartOwnDaemon(TestDaemonOptions o, std::unique_ptr<TestDaemon>* daemon,
                                   std::unique_ptr<Client>* client) {
   auto d = TestDaemon::Start(std::move(o));
@@ -27,15 +40,7 @@ inline std::string StartOwnDaemon(TestDaemonOptions o, std::unique_ptr<TestDaemo
   auto status = (*daemon)->Admin("status");
   if (status.dump().find("\"fncall\"") == std::string::npos)
     return "fncall sandboxes unavailable on this host: " + status.dump();
-  ClientOptions co;
-  co.address = (*daemon)->sdk_addr();
-  auto c = Client::Connect(co);
-  if (!c.ok()) {
-    ADD_FAILURE() << "SDK cannot connect: " << c.status().ToString();
-    return "SDK cannot connect";
-  }
-  *client = std::move(*c);
-  return "";
+  return ConnectClient(**daemon, client);
 }
 
 class DaemonTest : public ::testing::Test {
