@@ -8,15 +8,19 @@
 #include <spdlog/logger.h>
 
 #include <exception>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
 
 namespace dsec {
 
+// `last_words(what)` runs first, on the crashing actor: it may answer the
+// requests it holds (CAF 0.17 drops a dead actor's promises unanswered).
 template <class Self>
-void ExitOnException(Self* self, std::shared_ptr<spdlog::logger> log, std::string who) {
-  self->set_exception_handler([log, who](std::exception_ptr& e) -> caf::error {
+void ExitOnException(Self* self, std::shared_ptr<spdlog::logger> log, std::string who,
+                     std::function<void(const std::string& what)> last_words = nullptr) {
+  self->set_exception_handler([log, who, last_words](std::exception_ptr& e) -> caf::error {
     std::string what = "an exception that is not a std::exception";
     try {
       std::rethrow_exception(e);
@@ -25,6 +29,7 @@ void ExitOnException(Self* self, std::shared_ptr<spdlog::logger> log, std::strin
     } catch (...) {
     }
     log->error("{}: crashed: {}", who, what);
+    if (last_words) last_words(what);
     return caf::make_error(caf::sec::runtime_error, what);
   });
 }

@@ -636,7 +636,17 @@ bool SameSpecs(const v1::OpenSessionRequest& req, const v1::SessionRecord& rec) 
 }
 
 session_actor::behavior_type Behavior(Self self) {
-  ExitOnException(self, self->state.ctx->log, "session " + self->state.rec.name());
+  // A crash answers the trainers waiting for the running step at once, so
+  // they re-send it to the restarted actor (which collects the run already
+  // going in the sandbox) instead of waiting out their timeouts.
+  ExitOnException(self, self->state.ctx->log, "session " + self->state.rec.name(), [self](const std::string& what) {
+    auto& st = self->state;
+    auto waiters = std::move(st.waiters);
+    st.waiters.clear();
+    for (auto& w : waiters)
+      w.deliver(StepError(Status::Unavailable("session " + st.rec.name() + " crashed (" + what +
+                                              ") and is restarted from its log; resend the step: it runs once")));
+  });
   self->set_down_handler([self](caf::down_msg& dm) {
     auto& st = self->state;
     if (st.trainers.erase(dm.source) && st.trainers.empty()) ArmLease(self);

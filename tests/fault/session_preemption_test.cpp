@@ -151,8 +151,7 @@ TEST_F(SessionPreemption, Kill9OfDsecdLosesNoAcknowledgedStep) {
 }
 
 TEST_F(SessionPreemption, ASessionActorThatCrashesMidStepIsRestartedAndTheStepRunsOnce) {
-  // A request held by an actor that crashes is not answered (CAF 0.17 has
-  // no broken promises): a trainer with short timeouts sees that soon.
+  // Short timeouts: a request left unanswered by the crash would show.
   ClientOptions o;
   o.address = daemon_->sdk_addr();
   o.rpc_timeout = std::chrono::milliseconds(2000);
@@ -162,10 +161,18 @@ TEST_F(SessionPreemption, ASessionActorThatCrashesMidStepIsRestartedAndTheStepRu
   ASSERT_TRUE(s.ok()) << s.status().ToString();
   v1::Limits limits;
   limits.set_timeout_ms(5000);
-  auto slow = Sh("sleep 1; echo x >> /work/n; wc -l < /work/n", limits);
+  auto slow = Sh("touch /work/started; sleep 1; echo x >> /work/n; wc -l < /work/n", limits);
   auto pending = s->StepAsync(0, slow);
   // The step is running in the container when its session actor dies.
+  auto sb = s->sandbox();
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  for (int i = 0; i < 300 && !sb->ReadFile("/work/started").ok(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_TRUE(sb->ReadFile("/work/started").ok()) << "the step never started";
   ASSERT_TRUE(daemon_->Admin("crash crash/actor/0").value("ok", false));
+  auto t0 = std::chrono::steady_clock::now();
+  ASSERT_EQ(pending.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2)) << "answered only at its timeout";
   // The trainer re-sends the step; the restarted actor collects the run
   // already going in the container instead of starting another.
   Result<v1::StepReply> again = s->Step(0, slow);
@@ -180,8 +187,12 @@ TEST_F(SessionPreemption, ASessionActorThatCrashesMidStepIsRestartedAndTheStepRu
   EXPECT_EQ(next->step().result().stdout(), "2\n");
   auto inspect = daemon_->Admin("inspect crash/actor/0");
   EXPECT_EQ(inspect["session"].value("restarts", 0), 1) << inspect.dump();
-  auto first = pending.get();  // lost with the crash, or answered: never a second run
-  if (first.ok()) EXPECT_EQ(first->step().result().stdout(), "1\n");
+  // The request the crashed actor held was answered at once, not left to
+  // time out, and said to resend.
+  auto first = pending.get();
+  ASSERT_FALSE(first.ok());
+  EXPECT_EQ(first.status().code(), Status::Code::kUnavailable);
+  EXPECT_THAT(first.status().message(), HasSubstr("resend the step"));
   EXPECT_TRUE(s->Close().ok());
 }
 
