@@ -1,5 +1,6 @@
 #include "actors/sandbox.hpp"
 
+#include <unordered_map>
 #include <unordered_set>
 
 
@@ -20,6 +21,8 @@ struct SandboxState {
   uint64_t next_exec = 0;
   bool destroying = false;
   std::unordered_set<std::string> running;  // run ids of execs in flight
+  // Their callers, so a crash can answer them (see Behavior).
+  std::unordered_map<std::string, caf::typed_response_promise<v1::ExecReply>> exec_callers;
   std::function<void()> after_runs;         // a destroy waiting for them to end
   std::function<void()> gone;               // see SpawnSandbox
   static constexpr const char* name = "sandbox";
@@ -113,7 +116,23 @@ caf::result<v1::SandboxReply> SetPaused(Self self, bool paused) {
 }
 
 sandbox_actor::behavior_type Behavior(Self self) {
-  ExitOnException(self, self->state.ctx->log, "sandbox " + self->state.rec.id());
+  // A crash answers the execs in flight at once (CAF 0.17 would drop their
+  // promises and leave callers to their timeouts). The command may still
+  // run in the sandbox: an exec with an idempotency_key, sent again, gets
+  // that run's result instead of a second run.
+  ExitOnException(self, self->state.ctx->log, "sandbox " + self->state.rec.id(), [self](const std::string& what) {
+    auto& st = self->state;
+    auto callers = std::move(st.exec_callers);
+    st.exec_callers.clear();
+    for (auto& [run_id, rp] : callers) {
+      v1::ExecReply reply;
+      ToProto(Status::Unavailable("sandbox " + st.rec.id() + " crashed (" + what +
+                                  ") and is restarted from its checkpoint; the command may still be running there: "
+                                  "resend it with an idempotency_key to have it run once"),
+              reply.mutable_status());
+      rp.deliver(std::move(reply));
+    }
+  });
   return {
       [self](const v1::CreateRequest&) -> caf::result<v1::SandboxReply> {
         auto& st = self->state;
@@ -188,12 +207,14 @@ sandbox_actor::behavior_type Behavior(Self self) {
         std::string run_id = st.rec.id() + "/" + std::to_string(st.rec.restarts()) + "." +
                              std::to_string(++st.next_exec);
         st.running.insert(run_id);
+        st.exec_callers.emplace(run_id, rp);
         auto handle = caf::actor_cast<sandbox_actor>(self);
         auto finished = [handle, self, rp, run_id](Result<v1::ExecResult> r) mutable {
           Post(handle, [self, rp, run_id, r = std::move(r)]() mutable {
             v1::ExecReply reply;
             auto& st = self->state;
             st.running.erase(run_id);
+            st.exec_callers.erase(run_id);
             st.rec.set_exec_count(st.rec.exec_count() + 1);
             if (r.ok()) {
               *reply.mutable_result() = std::move(*r);

@@ -79,6 +79,8 @@ int main(int argc, char** argv) {
   app.add_option("--steps", steps, "steps per session")->capture_default_str();
   app.add_option("--rtt-steps", rtt_steps, "sequential steps for the round trip")->capture_default_str();
   app.add_option("--recovery", recovery, "sessions open across the restart (0: skip)")->capture_default_str();
+  int annotations = 0;
+  app.add_option("--annotations", annotations, "annotations per session (default: --steps)");
   CLI11_PARSE(app, argc, argv);
 
   dsec::testing::TestDaemonOptions dopt;
@@ -179,11 +181,12 @@ int main(int argc, char** argv) {
   });
   std::printf("fast-forward steps/s, %zu sessions replayed from step 0: %.0f/s\n", open.size(), ff / ff_s);
   std::atomic<long> notes{0};
+  if (annotations <= 0) annotations = steps;
   double an_s = Parallel(static_cast<int>(open.size()), static_cast<int>(open.size()), [&](int i) {
     dsec::v1::StepMeta meta;
-    for (int k = 0; k < steps; ++k) {
+    for (int k = 0; k < annotations; ++k) {
       meta.set_reward(k);
-      if (open[i].Annotate(k, meta).ok()) ++notes;
+      if (open[i].Annotate(k % steps, meta).ok()) ++notes;
     }
   });
   std::printf("durable session writes/s without exec (annotate), %zu sessions: %.0f/s\n", open.size(),

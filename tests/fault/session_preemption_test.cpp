@@ -1,6 +1,9 @@
 // Rollouts survive their trainer and their daemon (issue 4, acceptance 1-2):
 // no step is lost and none runs twice, whichever of the two is killed.
 //
+// Also: a session or sandbox actor that crashes mid-exec answers what it
+// holds at once, and the re-sent step or keyed exec runs once.
+//
 // The trainer is the example dsec-rollout-trainer, a real process, on the
 // "count" task: step k appends a line to /work/steps and prints the line
 // count, so the file and the log show whether a step ran twice or was lost.
@@ -194,6 +197,49 @@ TEST_F(SessionPreemption, ASessionActorThatCrashesMidStepIsRestartedAndTheStepRu
   EXPECT_EQ(first.status().code(), Status::Code::kUnavailable);
   EXPECT_THAT(first.status().message(), HasSubstr("resend the step"));
   EXPECT_TRUE(s->Close().ok());
+}
+
+TEST_F(SessionPreemption, ASandboxActorThatCrashesAnswersItsExecsAtOnce) {
+  ClientOptions o;
+  o.address = daemon_->sdk_addr();
+  o.rpc_timeout = std::chrono::milliseconds(2000);
+  auto c = Client::Connect(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  auto sb = (*c)->Create(ContainerSpec(kImage));
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  v1::Limits limits;
+  limits.set_timeout_ms(10000);
+  auto req = Sh("touch /work/started; sleep 2; echo x >> /work/n; wc -l < /work/n", limits);
+  req.set_idempotency_key("once");
+  auto pending = sb->ExecAsync(req);
+  for (int i = 0; i < 300 && !sb->ReadFile("/work/started").ok(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_TRUE(sb->ReadFile("/work/started").ok()) << "the exec never started";
+  ASSERT_TRUE(daemon_->Admin("crash " + sb->id()).value("ok", false));
+  auto t0 = std::chrono::steady_clock::now();
+  ASSERT_EQ(pending.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1)) << "answered only at its timeout";
+  auto first = pending.get();
+  ASSERT_FALSE(first.ok());
+  EXPECT_EQ(first.status().code(), Status::Code::kUnavailable);
+  EXPECT_THAT(first.status().message(), HasSubstr("idempotency_key"));
+  // Sent again with the same key, it gets the run still going: once.
+  Result<v1::ExecResult> again = sb->Exec(req);
+  for (int i = 0; i < 50 && !again.ok() && again.status().code() == Status::Code::kUnavailable; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    again = sb->Exec(req);
+  }
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->stdout(), "1\n");
+  auto same_key_other_cmd = sb->Exec([&] {
+    auto other = Sh("echo other");
+    other.set_idempotency_key("once");
+    return other;
+  }());
+  ASSERT_FALSE(same_key_other_cmd.ok());
+  EXPECT_EQ(same_key_other_cmd.status().code(), Status::Code::kAlreadyExists);
+  EXPECT_THAT(same_key_other_cmd.status().message(), HasSubstr("key 'once' was used for another command"));
+  EXPECT_TRUE(sb->Destroy().ok());
 }
 
 }  // namespace
