@@ -768,8 +768,8 @@ v1::StepsReply ListStepsFromStore(NodeContext& ctx, const v1::SessionRecord& rec
   constexpr size_t kPageBytes = 16 << 20;
   size_t bytes = 0;
   Status s = state::TypedTable<v1::StepRecord>(ctx.store, state::Table::kSteps)
-                 .Scan(state::StepPrefix(rec.name()), [&](const std::string&, v1::StepRecord&& step) {
-                   if (step.index() < from) return true;
+                 .ScanFrom(state::StepPrefix(rec.name()), state::StepKey(rec.name(), from),
+                           [&](const std::string&, v1::StepRecord&& step) {
                    size_t size = step.ByteSizeLong();
                    if (reply.steps_size() > 0 && bytes + size > kPageBytes) return false;
                    bytes += size;

@@ -40,8 +40,8 @@ class FaultStore final : public Store {
 
   Status Write(const WriteBatch& batch, bool sync) override;
   Result<std::string> Get(Table t, const std::string& key) override { return base_->Get(t, key); }
-  Status Scan(Table t, const std::string& prefix, const ScanFn& fn) override {
-    return base_->Scan(t, prefix, fn);
+  Status ScanFrom(Table t, const std::string& prefix, const std::string& start, const ScanFn& fn) override {
+    return base_->ScanFrom(t, prefix, start, fn);
   }
   std::string Describe() const override { return base_->Describe() + " (fault-injecting)"; }
 

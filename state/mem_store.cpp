@@ -1,6 +1,7 @@
 // MemStore: the Store for unit tests. Same semantics as RocksStore (atomic
 // batches, byte-ordered scans), nothing durable.
 #include <array>
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <string>
@@ -49,7 +50,7 @@ class MemStore final : public Store {
     return it->second;
   }
 
-  Status Scan(Table t, const std::string& prefix, const ScanFn& fn) override {
+  Status ScanFrom(Table t, const std::string& prefix, const std::string& start, const ScanFn& fn) override {
     if (!internal::ValidTable(t)) return internal::BadTable(kWhere, t);
     // Copy, then visit unlocked: the visitor may call back into the store, and
     // it sees a consistent snapshot as a RocksDB iterator would.
@@ -57,7 +58,7 @@ class MemStore final : public Store {
     {
       std::lock_guard<std::mutex> lock(mu_);
       const auto& table = tables_[static_cast<int>(t)];
-      for (auto it = table.lower_bound(prefix);
+      for (auto it = table.lower_bound(std::max(prefix, start));
            it != table.end() && internal::HasPrefix(it->first, prefix); ++it) {
         rows.emplace_back(it->first, it->second);
       }

@@ -84,7 +84,7 @@ class RocksStore final : public Store {
     return value;
   }
 
-  Status Scan(Table t, const std::string& prefix, const ScanFn& fn) override {
+  Status ScanFrom(Table t, const std::string& prefix, const std::string& start, const ScanFn& fn) override {
     if (!internal::ValidTable(t)) return internal::BadTable(path_, t);
     rocksdb::ReadOptions ro;
     // The bound lets RocksDB stop at the prefix's end instead of reading on
@@ -96,7 +96,7 @@ class RocksStore final : public Store {
       ro.iterate_upper_bound = &upper_slice;
     }
     std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro, cf_[static_cast<int>(t)]));
-    for (it->Seek(prefix); it->Valid(); it->Next()) {
+    for (it->Seek(std::max(prefix, start)); it->Valid(); it->Next()) {
       std::string key = it->key().ToString();
       if (!HasPrefix(key, prefix)) break;
       if (!fn(key, it->value().ToString())) return Status::Ok();

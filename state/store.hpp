@@ -62,7 +62,10 @@ class Store {
   // NotFound when the key is absent.
   virtual Result<std::string> Get(Table t, const std::string& key) = 0;
   // Visits keys starting with `prefix` in ascending byte order.
-  virtual Status Scan(Table t, const std::string& prefix, const ScanFn& fn) = 0;
+  Status Scan(Table t, const std::string& prefix, const ScanFn& fn) { return ScanFrom(t, prefix, prefix, fn); }
+  // The same, from the first key >= `start` (a page of one owner's rows
+  // without reading the rows before it).
+  virtual Status ScanFrom(Table t, const std::string& prefix, const std::string& start, const ScanFn& fn) = 0;
   // Where the data lives, for messages ("<memory>" for MemStore).
   virtual std::string Describe() const = 0;
 };

@@ -25,8 +25,13 @@ class TypedTable {
   // scan with Internal naming it.
   template <class Fn>  // bool(const std::string& key, Msg&& msg)
   Status Scan(const std::string& prefix, Fn&& fn) const {
+    return ScanFrom(prefix, prefix, std::forward<Fn>(fn));
+  }
+  // The same, from the first key >= `start`.
+  template <class Fn>
+  Status ScanFrom(const std::string& prefix, const std::string& start, Fn&& fn) const {
     Status bad;
-    auto st = store_->Scan(table_, prefix, [&](const std::string& k, const std::string& v) {
+    auto st = store_->ScanFrom(table_, prefix, start, [&](const std::string& k, const std::string& v) {
       Msg msg;
       if (!msg.ParseFromString(v)) {
         bad = CorruptValue(k);

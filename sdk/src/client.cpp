@@ -285,14 +285,23 @@ Result<v1::StepReply> Session::Step(uint64_t index, v1::ExecRequest req, const S
   return StepAsync(index, std::move(req), options).get();
 }
 
-Result<v1::StepRecord> Session::Annotate(uint64_t index, const v1::StepMeta& meta) const {
+std::future<Result<v1::StepRecord>> Session::AnnotateAsync(uint64_t index, const v1::StepMeta& meta) const {
+  auto p = std::make_shared<std::promise<Result<v1::StepRecord>>>();
+  auto f = p->get_future();
   v1::AnnotateStepRequest req;
   req.set_session(name_);
   req.set_index(index);
   *req.mutable_meta() = meta;
-  auto r = client_->impl_->CallSync<v1::StepReply>(std::move(req), client_->impl_->options.rpc_timeout);
-  if (!r.ok()) return r.status();
-  return std::move(*r->mutable_step());
+  client_->impl_->Call<v1::StepReply>(std::move(req), client_->impl_->options.rpc_timeout,
+                                      [p](Result<v1::StepReply> r) {
+                                        if (!r.ok()) return p->set_value(r.status());
+                                        p->set_value(std::move(*r->mutable_step()));
+                                      });
+  return f;
+}
+
+Result<v1::StepRecord> Session::Annotate(uint64_t index, const v1::StepMeta& meta) const {
+  return AnnotateAsync(index, meta).get();
 }
 
 Result<v1::StepsReply> Session::Steps(uint64_t from, uint32_t limit) const {

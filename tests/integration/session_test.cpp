@@ -91,6 +91,21 @@ TEST_F(Sessions, AttachToUnknownSessionIsNotFound) {
   EXPECT_EQ(s.status().code(), Status::Code::kNotFound);
 }
 
+TEST_F(Sessions, StepsComeBackInPages) {
+  auto s = client_->OpenSession("job1/pages/s0", FncallSpec());
+  ASSERT_TRUE(s.ok());
+  for (uint64_t i = 0; i < 5; ++i) ASSERT_TRUE(s->Step(i, Command({"echo", std::to_string(i)})).ok());
+  auto page = s->Steps(2, 2);
+  ASSERT_TRUE(page.ok()) << page.status().ToString();
+  ASSERT_EQ(page->steps_size(), 2);
+  EXPECT_EQ(page->steps(0).index(), 2u);
+  EXPECT_EQ(page->steps(1).result().stdout(), "3\n");
+  EXPECT_EQ(page->session().step_count(), 5u);
+  auto past = s->Steps(9);
+  ASSERT_TRUE(past.ok());
+  EXPECT_EQ(past->steps_size(), 0);
+}
+
 TEST_F(Sessions, OpenRefusesBadRolesLeasesAndSizesAndLeavesNothing) {
   SessionOptions twice;
   twice.more_sandboxes = {{"eval", FncallSpec()}, {"eval", FncallSpec()}};

@@ -210,6 +210,35 @@ TEST_P(StoreTest, StepKeysSortByIndexNumerically) {
   EXPECT_EQ(order, (std::vector<uint64_t>{0, 1, 2, 10, 255, 256, 1ull << 40}));
 }
 
+TEST_P(StoreTest, ScanFromStartsAtAStepAndStaysInItsSession) {
+  for (uint64_t i : {0, 1, 2, 10, 255, 256}) Put(Table::kSteps, StepKey("job/7", i), std::to_string(i));
+  Put(Table::kSteps, StepKey("job/70", 5), "other session");
+  Put(Table::kSteps, StepKey("job/8", 0), "next session");
+  std::vector<std::string> seen;
+  auto st = store_->ScanFrom(Table::kSteps, StepPrefix("job/7"), StepKey("job/7", 3),
+                             [&](const std::string&, const std::string& v) {
+                               seen.push_back(v);
+                               return true;
+                             });
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(seen, (std::vector<std::string>{"10", "255", "256"}));
+  // A start before the prefix is the prefix; one past its end finds nothing.
+  seen.clear();
+  ASSERT_TRUE(store_->ScanFrom(Table::kSteps, StepPrefix("job/7"), "", [&](const std::string&, const std::string& v) {
+                  seen.push_back(v);
+                  return true;
+                }).ok());
+  EXPECT_EQ(seen.size(), 6u);
+  seen.clear();
+  ASSERT_TRUE(store_->ScanFrom(Table::kSteps, StepPrefix("job/7"), StepKey("job/7", 1000),
+                               [&](const std::string&, const std::string& v) {
+                                 seen.push_back(v);
+                                 return true;
+                               })
+                  .ok());
+  EXPECT_TRUE(seen.empty());
+}
+
 TEST_P(StoreTest, BatchIsAtomic) {
   Put(Table::kNodes, "old", "x");
   WriteBatch good;
