@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/files.hpp"
 #include "tests/support/fncall_fixture.hpp"
 
 namespace dsec::testing {
@@ -143,9 +144,9 @@ int CountHostProcesses(const std::vector<std::string>& argv) {
   if (!d) return -1;
   while (dirent* e = ::readdir(d)) {
     if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
-    std::ifstream in(std::string("/proc/") + e->d_name + "/cmdline");
-    std::string cmd((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    if (cmd == want) ++n;
+    // Not an ifstream: a process that exits while read makes it throw.
+    auto cmd = ReadFileToString(std::string("/proc/") + e->d_name + "/cmdline");
+    if (cmd.ok() && *cmd == want) ++n;
   }
   ::closedir(d);
   return n;

@@ -328,6 +328,11 @@ std::vector<pid_t> ChildrenOf(pid_t pid) {
   return out;
 }
 
+std::string ProcCmdline(const std::string& pid) {
+  auto cmd = ReadFileToString("/proc/" + pid + "/cmdline");
+  return cmd.ok() ? *cmd : std::string();
+}
+
 std::vector<pid_t> ProcessesMatching(const std::string& needle) {
   std::vector<pid_t> out;
   DIR* d = ::opendir("/proc");
@@ -335,8 +340,7 @@ std::vector<pid_t> ProcessesMatching(const std::string& needle) {
   while (dirent* e = ::readdir(d)) {
     pid_t pid = static_cast<pid_t>(std::atoi(e->d_name));
     if (pid <= 0 || pid == ::getpid()) continue;
-    std::ifstream in(std::string("/proc/") + e->d_name + "/cmdline");
-    std::string cmd((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::string cmd = ProcCmdline(e->d_name);
     for (auto& c : cmd)
       if (c == '\0') c = ' ';
     if (cmd.find(needle) != std::string::npos) out.push_back(pid);

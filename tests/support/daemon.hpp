@@ -112,5 +112,8 @@ std::vector<pid_t> ChildrenOf(pid_t pid);
 
 // Processes whose command line contains `needle` (for leak checks).
 std::vector<pid_t> ProcessesMatching(const std::string& needle);
+// /proc/<pid>/cmdline as is ('\0' after each argument); "" when the process
+// is gone (it may exit while it is read).
+std::string ProcCmdline(const std::string& pid);
 
 }  // namespace dsec::testing
