@@ -23,6 +23,8 @@ struct SandboxState {
   std::unordered_set<std::string> running;  // run ids of execs in flight
   // Their callers, so a crash can answer them (see Behavior).
   std::unordered_map<std::string, caf::typed_response_promise<v1::ExecReply>> exec_callers;
+  std::unordered_map<uint64_t, caf::typed_response_promise<v1::FileReply>> file_callers;
+  uint64_t next_file_call = 0;
   std::function<void()> after_runs;         // a destroy waiting for them to end
   std::function<void()> gone;               // see SpawnSandbox
   static constexpr const char* name = "sandbox";
@@ -75,8 +77,11 @@ caf::result<v1::FileReply> FileOp(Self self, const std::string& path,
   if (!ok.ok()) return fail(ok);
   auto rp = self->make_response_promise<v1::FileReply>();
   auto handle = caf::actor_cast<sandbox_actor>(self);
-  call(self, [handle, self, rp, path, fail](Result<v1::FileReply> r) mutable {
-    Post(handle, [self, rp, path, fail, r = std::move(r)]() mutable {
+  uint64_t call_id = ++self->state.next_file_call;
+  self->state.file_callers.emplace(call_id, rp);
+  call(self, [handle, self, rp, path, fail, call_id](Result<v1::FileReply> r) mutable {
+    Post(handle, [self, rp, path, fail, call_id, r = std::move(r)]() mutable {
+      self->state.file_callers.erase(call_id);
       if (r.ok()) rp.deliver(std::move(*r));
       else rp.deliver(fail(r.status().Annotate("sandbox " + self->state.rec.id())));
     });
@@ -116,10 +121,10 @@ caf::result<v1::SandboxReply> SetPaused(Self self, bool paused) {
 }
 
 sandbox_actor::behavior_type Behavior(Self self) {
-  // A crash answers the execs in flight at once (CAF 0.17 would drop their
-  // promises and leave callers to their timeouts). The command may still
-  // run in the sandbox: an exec with an idempotency_key, sent again, gets
-  // that run's result instead of a second run.
+  // A crash answers the execs and file calls in flight at once (CAF 0.17
+  // would drop their promises and leave callers to their timeouts). A
+  // command may still run in the sandbox: an exec with an idempotency_key,
+  // sent again, gets that run's result instead of a second run.
   ExitOnException(self, self->state.ctx->log, "sandbox " + self->state.rec.id(), [self](const std::string& what) {
     auto& st = self->state;
     auto callers = std::move(st.exec_callers);
@@ -129,6 +134,15 @@ sandbox_actor::behavior_type Behavior(Self self) {
       ToProto(Status::Unavailable("sandbox " + st.rec.id() + " crashed (" + what +
                                   ") and is restarted from its checkpoint; the command may still be running there: "
                                   "resend it with an idempotency_key to have it run once"),
+              reply.mutable_status());
+      rp.deliver(std::move(reply));
+    }
+    auto files = std::move(st.file_callers);
+    st.file_callers.clear();
+    for (auto& [id, rp] : files) {
+      v1::FileReply reply;
+      ToProto(Status::Unavailable("sandbox " + st.rec.id() + " crashed (" + what +
+                                  ") and is restarted from its checkpoint; retry the file call"),
               reply.mutable_status());
       rp.deliver(std::move(reply));
     }
