@@ -31,25 +31,30 @@ void Watch(NodeSelf self, const std::string& id, const sandbox_actor& a) {
   self->state.sandbox_of[a.address()] = id;
 }
 
-// Run by a sandbox actor right before it answers its destroy: the node
+// Run by a sandbox (or session) actor right before it answers its destroy (close): the node
 // forgets it first (its mailbox has this before any request a client sends
 // after the reply), so later requests get NotFound, not a quitting actor.
-std::function<void()> Gone(NodeSelf self, const std::string& id) {
+// `children` / `of` are the node's maps of one kind (sandboxes or sessions);
+// `tag` prefixes the key in the restart-intensity history.
+template <class Children, class Of>
+std::function<void()> Gone(NodeSelf self, Children NodeState::*children, Of NodeState::*of, std::string tag,
+                           const std::string& key) {
   auto handle = caf::actor_cast<node_actor>(self);
-  return [handle, self, id] {
-    Post(handle, [self, id] {
+  return [handle, self, children, of, tag, key] {
+    Post(handle, [self, children, of, tag, key] {
       auto& st = self->state;
-      auto it = st.sandboxes.find(id);
-      if (it == st.sandboxes.end()) return;
-      st.sandbox_of.erase(it->second.address());
-      st.sandboxes.erase(it);
-      st.intensity->Forget("sb/" + id);
+      auto it = (st.*children).find(key);
+      if (it == (st.*children).end()) return;
+      (st.*of).erase(it->second.address());
+      (st.*children).erase(it);
+      st.intensity->Forget(tag + key);
     });
   };
 }
 
 sandbox_actor Spawn(NodeSelf self, const v1::SandboxRecord& rec) {
-  return SpawnSandbox(self, self->state.ctx, rec, Gone(self, rec.id()));
+  return SpawnSandbox(self, self->state.ctx, rec,
+                      Gone(self, &NodeState::sandboxes, &NodeState::sandbox_of, "sb/", rec.id()));
 }
 
 void Watch(NodeSelf self, const std::string& name, const session_actor& a) {
@@ -60,18 +65,7 @@ void Watch(NodeSelf self, const std::string& name, const session_actor& a) {
 // Like Gone for sandboxes: a closing session is forgotten before its close
 // is answered; from then on the node answers for it from the store.
 session_actor SpawnSessionActor(NodeSelf self, const v1::SessionRecord& rec) {
-  auto handle = caf::actor_cast<node_actor>(self);
-  std::string name = rec.name();
-  auto gone = [handle, self, name] {
-    Post(handle, [self, name] {
-      auto& st = self->state;
-      auto it = st.sessions.find(name);
-      if (it == st.sessions.end()) return;
-      st.session_of.erase(it->second.address());
-      st.sessions.erase(it);
-      st.intensity->Forget("se/" + name);
-    });
-  };
+  auto gone = Gone(self, &NodeState::sessions, &NodeState::session_of, "se/", rec.name());
   return SpawnSession(self, self->state.ctx, caf::actor_cast<entry_actor>(self), rec, std::move(gone));
 }
 

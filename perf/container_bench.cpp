@@ -42,12 +42,7 @@
 
 namespace {
 
-using dsec::bench::Clock;
-using dsec::bench::Ms;
-using dsec::bench::Parallel;
-using dsec::bench::Pct;
-using dsec::bench::Percentiles;
-using dsec::bench::SplitInts;
+using namespace dsec::bench;  // NOLINT: the benchmark helpers
 
 long MemAvailableKiB() {
   std::ifstream in("/proc/meminfo");

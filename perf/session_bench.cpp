@@ -34,11 +34,7 @@
 
 namespace {
 
-using dsec::bench::Clock;
-using dsec::bench::Ms;
-using dsec::bench::Parallel;
-using dsec::bench::Pct;
-using dsec::bench::Percentiles;
+using namespace dsec::bench;  // NOLINT: the benchmark helpers
 
 std::unique_ptr<dsec::Client> Connect(const std::string& addr) {
   dsec::ClientOptions o;
