@@ -6,6 +6,8 @@
 // Prints, each from this one run:
 //   - creations/s and create / create-to-first-exec latency (p50, p99) at
 //     each concurrency, and how fast they are removed again;
+//   - with --churn N, rollout-style cycles (create, one exec, remove) per
+//     second at each concurrency;
 //   - exec round trip of `true` in one container (p50, p99);
 //   - host memory per idle container (MemAvailable drop and dsecd's RSS
 //     growth, divided by the count) with --idle N containers up at once, and
@@ -130,13 +132,16 @@ bool CrunBench(const std::string& crun, const std::string& rootfs, int runs, int
 int main(int argc, char** argv) {
   CLI::App app{"container macro benchmark against a running dsecd"};
   std::string addr = "127.0.0.1:7400", data_dir = "./dsec-data", image = "bench", conc = "1,16,64";
-  int creates = 300, execs = 2000, idle = 1000, crun_runs = 200;
+  int creates = 300, execs = 2000, idle = 1000, crun_runs = 200, churn = 0;
   app.add_option("--addr", addr, "dsecd SDK entry")->capture_default_str();
   app.add_option("--data-dir", data_dir, "dsecd's data dir (to build the image and find dsecd's pid)")
       ->capture_default_str();
   app.add_option("--image", image, "image to run (built from host sh/true when missing)")->capture_default_str();
   app.add_option("--creates", creates, "containers created per concurrency")->capture_default_str();
   app.add_option("--concurrency", conc, "comma-separated concurrencies")->capture_default_str();
+  app.add_option("--churn", churn,
+                 "rollout-style cycles per concurrency: create, one `true` exec, remove (0: skip)")
+      ->capture_default_str();
   app.add_option("--execs", execs, "sequential `true` execs for the round trip")->capture_default_str();
   app.add_option("--idle", idle, "idle containers held at once for the memory figure (0: skip)")
       ->capture_default_str();
@@ -217,6 +222,36 @@ int main(int argc, char** argv) {
     std::printf("%5d | %11.0f %9.2f %9.2f | %13.2f %9.2f | %10.0f %6d\n", cc, first_ms.size() / s, cp.p50, cp.p99,
                 fp.p50, fp.p99, made.size() / rs, failed.load());
     std::fflush(stdout);
+  }
+
+  // Churn, as RL rollouts use containers: each made, used once and removed
+  // while others are being made; the node recycles what a removal frees.
+  if (churn > 0) {
+    std::printf("%5s | %9s %11s %11s %6s\n", "conc", "cycles/s", "cycle50 ms", "cycle99 ms", "failed");
+    for (int cc : SplitInts(conc)) {
+      std::mutex mu;
+      std::vector<double> cycle_ms;
+      std::atomic<int> failed{0};
+      double s = Parallel(churn, cc, [&](int) {
+        auto t0 = Clock::now();
+        auto sb = c.Create(spec);
+        if (!sb.ok()) {
+          if (failed++ == 0) std::fprintf(stderr, "churn create: %s\n", sb.status().ToString().c_str());
+          return;
+        }
+        auto r = sb->Exec(truth);
+        bool ok = r.ok() && r->verdict() == dsec::v1::VERDICT_OK && sb->Destroy().ok();
+        if (!ok) {
+          ++failed;
+          return;
+        }
+        std::lock_guard<std::mutex> lk(mu);
+        cycle_ms.push_back(Ms(t0, Clock::now()));
+      });
+      Pct p = Percentiles(cycle_ms);
+      std::printf("%5d | %9.0f %11.2f %11.2f %6d\n", cc, cycle_ms.size() / s, p.p50, p.p99, failed.load());
+      std::fflush(stdout);
+    }
   }
 
   {

@@ -47,6 +47,7 @@ struct Flags {
   size_t fncall_max_runners = 1024;
   bool fncall_fresh_namespaces = false;
   size_t container_netns_pool = 16;
+  bool container_fresh_netns = false;
   double container_idle_freeze_s = 300;
   std::string cgroup_parent = "dsec";
   uint32_t sandbox_uid = 65534;
@@ -190,6 +191,7 @@ int Run(const Flags& f) {
   co.data_dir = data;
   co.cgroup_parent = f.cgroup_parent;
   co.netns_pool = f.container_netns_pool;
+  co.fresh_netns = f.container_fresh_netns;
   co.idle_freeze_ms = static_cast<int64_t>(f.container_idle_freeze_s * 1000);
   co.find_image = [&image_store](const std::string& name) { return image_store.Get(name); };
   co.log = DriverLog("container");
@@ -311,6 +313,9 @@ int main(int argc, char** argv) {
   app.add_option("--container-netns-pool", f.container_netns_pool,
                  "network namespaces made ahead of container creation")
       ->capture_default_str();
+  app.add_flag("--container-fresh-ns", f.container_fresh_netns,
+               "a new network namespace per container instead of one recycled from a removed container "
+               "(~1.2 ms of CPU each)");
   app.add_option("--cgroup-parent", f.cgroup_parent, "cgroups go to <controller>/<parent>/sp<pid>/...")
       ->capture_default_str();
   app.add_option("--sandbox-uid", f.sandbox_uid, "uid programs run as")->capture_default_str();

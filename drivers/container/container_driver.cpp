@@ -142,6 +142,7 @@ Result<std::unique_ptr<ContainerDriver>> ContainerDriver::Start(ContainerOptions
   lo.spawner_path = d->opts_.spawner_path;
   lo.args = {"--containers", "--pool", "0", "--container-netns", std::to_string(d->opts_.netns_pool), "--cgroup-parent",
              d->opts_.cgroup_parent};
+  if (d->opts_.fresh_netns) lo.args.push_back("--fresh-namespaces");
   lo.log = d->opts_.log;
   auto* p = d.get();
   auto link = SpawnerLink::Start(
@@ -298,7 +299,7 @@ Result<std::string> ContainerDriver::CreateNow(const v1::SandboxRecord& sb) {
     return why.Annotate("sandbox " + id);
   };
   std::string base = SandboxDir(opts_.data_dir, id);
-  for (const char* sub : {"", "/upper", "/work", "/root", "/run"})
+  for (const char* sub : {"", "/upper", "/work", "/run"})
     if (auto st = MakeDirs(base + sub, 0700); !st.ok()) return undo(st);
   ::chmod((base + "/upper").c_str(), 0755);
   // The mount point of the agent binary (no content, nothing to sync).
@@ -327,7 +328,6 @@ Result<std::string> ContainerDriver::CreateNow(const v1::SandboxRecord& sb) {
   }
   c->set_id(rid);
   c->set_sandbox_id(id);
-  c->set_root(base + "/root");
   c->set_lower(*lower + ":" + skeleton_);
   c->set_upper(base + "/upper");
   c->set_work(base + "/work");
@@ -335,6 +335,7 @@ Result<std::string> ContainerDriver::CreateNow(const v1::SandboxRecord& sb) {
   c->set_agent_path(opts_.agent_path);
   c->set_hostname(id.substr(0, 63));
   for (const auto& p : box->cgroup->ProcsPaths()) c->add_cgroup_procs(p);
+  auto t_sent = std::chrono::steady_clock::now();
   if (st = link_->Send(req); !st.ok()) {
     std::lock_guard<std::mutex> lk(mu_);
     creating_.erase(rid);
@@ -348,7 +349,18 @@ Result<std::string> ContainerDriver::CreateNow(const v1::SandboxRecord& sb) {
   auto pid = created.get();
   if (!pid.ok()) return undo(pid.status());
   box->init_pid = *pid;
+  auto t_spawned = std::chrono::steady_clock::now();
   if (st = ConnectAgent(*box); !st.ok()) return undo(st);
+  {
+    // Slow creations say where the time went (the spawner is one lane for
+    // every creation on the node; the agent's answer is per container).
+    auto ms = [](auto d) { return std::chrono::duration_cast<std::chrono::milliseconds>(d).count(); };
+    auto t_done = std::chrono::steady_clock::now();
+    if (ms(t_done - t_sent) >= 1000)
+      Log(2, "container " + id + ": creation took " + std::to_string(ms(t_done - t_sent)) + " ms (spawner " +
+                 std::to_string(ms(t_spawned - t_sent)) + " ms, agent handshake " +
+                 std::to_string(ms(t_done - t_spawned)) + " ms)");
+  }
   box->last_active_ms = NowMs();
   {
     std::lock_guard<std::mutex> lk(mu_);

@@ -32,7 +32,8 @@ struct ContainerOptions {
   std::string agent_path;            // dsec-agent; default next to this executable ($DSEC_AGENT)
   std::string spawner_path;          // default next to this executable ($DSEC_SPAWNER)
   std::string cgroup_parent = "dsec";  // groups: <controller>/<parent>/c/<sandbox id>
-  size_t netns_pool = 16;            // fresh net namespaces made ahead of need
+  size_t netns_pool = 16;            // net namespaces made ahead of need
+  bool fresh_netns = false;          // a new net namespace per container, never a recycled one
   int agent_timeout_ms = 10'000;     // connect + first ping after create
   // A container with no exec, no file call and (almost) no CPU use for this
   // long is frozen (cgroup freezer) until the next call thaws it, which the

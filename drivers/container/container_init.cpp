@@ -127,13 +127,33 @@ int ContainerInitEntry(void* arg) {
   }
   for (int i = 0; i < s->cgroups; ++i) CHECK(fncall::raw::Write(kInitSlotCgroup + i, "0", 1), "join the container's cgroup");
   if (s->has_net_ns) CHECK(Call(SYS_setns, kInitSlotNet, CLONE_NEWNET), "enter the net namespace");
+
+  // Still in the spawner's mount namespace, where the host's paths resolve:
+  // the overlay root and the binds of /run/dsec and the agent binary as
+  // detached mounts (nothing here changes the spawner's namespace).
+  // nodev: device nodes shipped in an image are inert; /dev is our own.
+  long fs = Call(SYS_fsopen, "overlay", FSOPEN_CLOEXEC);
+  if (fs < 0) Fail(s, "fsopen(overlay) (Linux 5.2 or later is needed)", fs);
+  CHECK(Call(SYS_fsconfig, fs, FSCONFIG_SET_STRING, "lowerdir", s->lower, 0), "overlay lowerdir");
+  CHECK(Call(SYS_fsconfig, fs, FSCONFIG_SET_STRING, "upperdir", s->upper, 0), "overlay upperdir");
+  CHECK(Call(SYS_fsconfig, fs, FSCONFIG_SET_STRING, "workdir", s->work, 0), "overlay workdir");
+  CHECK(Call(SYS_fsconfig, fs, FSCONFIG_CMD_CREATE, 0, 0, 0), "create the overlay root");
+  long root_mnt = Call(SYS_fsmount, fs, FSMOUNT_CLOEXEC, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV);
+  if (root_mnt < 0) Fail(s, "mount the overlay root", root_mnt);
+  Call(SYS_close, fs);
+  long run_mnt = Call(SYS_open_tree, AT_FDCWD, s->run_dir, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+  if (run_mnt < 0) Fail(s, "bind /run/dsec", run_mnt);
+  long agent_mnt = Call(SYS_open_tree, AT_FDCWD, s->agent_path, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+  if (agent_mnt < 0) Fail(s, "bind the agent binary", agent_mnt);
+  // A copy of the empty base: the host's mount table never enters the
+  // container's namespace.
+  CHECK(Call(SYS_setns, kInitSlotMntBase, CLONE_NEWNS), "enter the container base mount namespace");
+  CHECK(Call(SYS_unshare, CLONE_NEWNS), "unshare the mount namespace");
   // The slots are used; fd 3 (the fncall runners' root) is not ours.
   Call(SYS_close_range, 3u, kInitFirstFree - 1, 0u);
-
-  CHECK(Call(SYS_mount, 0, "/", 0, MS_REC | MS_PRIVATE, 0), "make / private");
-  const char* r = s->root;
-  // nodev: device nodes shipped in an image are inert; /dev is our own.
-  CHECK(Call(SYS_mount, "overlay", r, "overlay", MS_NOSUID | MS_NODEV, s->overlay_opts), "mount the overlay root");
+  const char* r = "/mnt";
+  CHECK(Call(SYS_move_mount, root_mnt, "", AT_FDCWD, r, MOVE_MOUNT_F_EMPTY_PATH), "attach the overlay root");
+  Call(SYS_close, root_mnt);
   // Normally all there already (the skeleton layer): then nothing is
   // written to the upper dir.
   for (const char* d : {"/proc", "/dev", "/run", "/run/dsec", "/tmp", "/work"}) CHECK(Mkdir(Path(r, d).buf, 0755), "mkdir in the root");
@@ -166,16 +186,22 @@ int ContainerInitEntry(void* arg) {
   ProtectProc(s, r);
   // /run/dsec: the host's per-sandbox dir (the agent's socket), and the
   // agent binary over the empty file the host left there.
-  CHECK(Call(SYS_mount, s->run_dir, Path(r, "/run/dsec").buf, 0, MS_BIND, 0), "bind /run/dsec");
-  CHECK(Call(SYS_mount, s->agent_path, Path(r, "/run/dsec/agent").buf, 0, MS_BIND, 0), "bind the agent binary");
+  CHECK(Call(SYS_move_mount, run_mnt, "", AT_FDCWD, Path(r, "/run/dsec").buf, MOVE_MOUNT_F_EMPTY_PATH),
+        "attach /run/dsec");
+  CHECK(Call(SYS_move_mount, agent_mnt, "", AT_FDCWD, Path(r, "/run/dsec/agent").buf, MOVE_MOUNT_F_EMPTY_PATH),
+        "attach the agent binary");
+  Call(SYS_close, run_mnt);
+  Call(SYS_close, agent_mnt);
   CHECK(Call(SYS_mount, 0, Path(r, "/run/dsec/agent").buf, 0, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, 0),
         "remount the agent read-only");
 
-  // pivot_root(".", "."): the old root ends up mounted over the new one,
-  // and detaching it leaves the new root alone (no directory for it needed).
+  // The root over / and chroot into it (switch_root's way). Under it is only
+  // the empty base; seccomp denies chroot to everything in the container, so
+  // no one can climb out of the root to it. pivot_root would walk every
+  // thread on the host.
   CHECK(Call(SYS_chdir, r), "chdir to the root");
-  CHECK(Call(SYS_pivot_root, ".", "."), "pivot_root");
-  CHECK(Call(SYS_umount2, ".", MNT_DETACH), "detach the old root");
+  CHECK(Call(SYS_mount, ".", "/", 0, MS_MOVE, 0), "move the root over /");
+  CHECK(Call(SYS_chroot, "."), "chroot into the root");
   CHECK(Call(SYS_chdir, "/"), "chdir /");
 
   // The agent's socket, bound while we may, then its directory read-only:

@@ -1,10 +1,13 @@
-// The init of a container: cloned by dsec-spawner into new pid, mount, ipc
-// and uts namespaces (and a net namespace from its pool), it joins the
-// container's cgroups, mounts the overlay root (the image's EROFS mount as
-// the lower layer, a per-sandbox upper), a private /proc, a minimal /dev and
-// /run/dsec (the agent's socket, made read-only once bound), pivots into it,
-// installs the seccomp filter, and executes dsec-agent as PID 1, which owns
-// every process of the container from then on.
+// The init of a container: cloned by dsec-spawner into new pid, ipc and uts
+// namespaces (and a net namespace from its pool), it joins the container's
+// cgroups, makes the overlay root (the image's EROFS mount as the lower
+// layer, a per-sandbox upper) and the /run/dsec bind as detached mounts
+// while the host's paths still resolve, enters a copy of the empty base
+// mount namespace, attaches them there with a private /proc and a minimal
+// /dev, moves the root over / and chroots into it, binds the agent's socket
+// (its directory read-only once bound), installs the seccomp filter (which
+// denies chroot, so no chroot escape), and executes dsec-agent as PID 1,
+// which owns every process of the container from then on.
 //
 // It runs with CLONE_VM (and CLONE_VFORK: the spawner waits until it has
 // executed the agent or failed), so, like the fncall runner, it uses raw
@@ -21,9 +24,11 @@ namespace dsec::container {
 // clone; the init keeps only these, see fncall/runner.hpp for the scheme).
 inline constexpr int kInitSlotNet = 4;      // net namespace to enter (when has_net_ns)
 inline constexpr int kInitSlotCgroup = 5;   // +i: cgroup.procs to join (i < 6)
+inline constexpr int kInitSlotMntBase = 11; // mount namespace to start from (BuildContainerBaseNamespace)
 // The spawner's own descriptors start here (and the fncall runner slots end).
 inline constexpr int kInitFirstFree = fncall::kFirstSpawnerFd;
-static_assert(kInitSlotCgroup + 6 <= kInitFirstFree, "container slots overlap the spawner's fds");
+static_assert(kInitSlotCgroup + 6 <= kInitSlotMntBase && kInitSlotMntBase < kInitFirstFree,
+              "container slots overlap each other or the spawner's fds");
 
 // Root in the container keeps what package managers and build tools use
 // (Docker's default set minus MKNOD: there is no devices cgroup to make a
@@ -38,8 +43,9 @@ inline constexpr unsigned long long kContainerCaps =
 
 struct ContainerSetup {
   // Prepared by the spawner (strings live in its memory, shared).
-  const char* root = nullptr;          // empty host dir; the overlay goes on it
-  const char* overlay_opts = nullptr;  // "lowerdir=..,upperdir=..,workdir=.."
+  const char* lower = nullptr;         // overlay lowerdir ("<image>:<skeleton>"), upper and work dirs
+  const char* upper = nullptr;
+  const char* work = nullptr;
   const char* run_dir = nullptr;       // host dir bound at /run/dsec
   const char* agent_path = nullptr;    // host path of the static dsec-agent
   const char* hostname = nullptr;

@@ -5,6 +5,7 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 
 namespace dsec::fncall {
@@ -15,6 +16,10 @@ int NamespacePool::Acquire(std::string* error) {
     free_.pop_back();
     return n;
   }
+  return Make(error);
+}
+
+int NamespacePool::Make(std::string* error) {
   if (::unshare(flag_) < 0) {
     *error = std::string("unshare a new ") + name_ + " namespace: " + std::strerror(errno);
     return -1;
@@ -46,17 +51,51 @@ size_t NamespacePool::dropped() const {
   return n;
 }
 
+namespace {
+
+// /proc/sysvipc/* and /proc/net/tcp*: a header line plus one line per object.
+bool HeaderOnly(int fd) {
+  char buf[4096];
+  ssize_t n = fd >= 0 ? ::pread(fd, buf, sizeof buf, 0) : -1;
+  if (n <= 0) return false;
+  const char* nl = static_cast<const char*>(std::memchr(buf, '\n', static_cast<size_t>(n)));
+  return nl && nl == buf + n - 1;
+}
+
+}  // namespace
+
 bool NamespacePool::IpcEmpty(int index) const {
   const auto& probes = probes_[static_cast<size_t>(index)];
   if (probes.size() != 3) return false;
-  for (const auto& p : probes) {
-    // Each file is a header line plus one line per object.
-    char buf[4096];
-    ssize_t n = p ? ::pread(p.get(), buf, sizeof buf, 0) : -1;
+  for (const auto& p : probes)
+    if (!HeaderOnly(p.get())) return false;
+  return true;
+}
+
+bool NamespacePool::NetEmpty(int index) const {
+  // /proc/self/net/* shows the namespace the reader is in: enter it (keeping
+  // files open per namespace in use would cost thousands of descriptors on
+  // a dense node). sockstat's counters are per namespace and cheap to read;
+  // /proc/net/tcp would walk the host-wide TCP hash table on every read.
+  const UniqueFd& ns = fds_[static_cast<size_t>(index)];
+  if (!ns || ::setns(ns.get(), CLONE_NEWNET) < 0) return false;
+  char buf[1024];
+  auto read_file = [&buf](const char* path) -> bool {
+    UniqueFd fd(::open(path, O_RDONLY | O_CLOEXEC));
+    ssize_t n = fd ? ::read(fd.get(), buf, sizeof buf - 1) : -1;
     if (n <= 0) return false;
-    const char* nl = static_cast<const char*>(std::memchr(buf, '\n', static_cast<size_t>(n)));
-    if (!nl || nl != buf + n - 1) return false;
-  }
+    buf[n] = 0;
+    return true;
+  };
+  // "TCP: inuse N orphan N tw N ...": no socket, open, closing or in
+  // TIME_WAIT (tw counts IPv6 ones too).
+  auto zero_after = [&buf](const char* key) {
+    const char* p = std::strstr(buf, key);
+    return p && std::strtoull(p + std::strlen(key), nullptr, 10) == 0 && p[std::strlen(key)] == '0';
+  };
+  if (!read_file("/proc/self/net/sockstat") || !zero_after("TCP: inuse ") || !zero_after(" tw ")) return false;
+  // No sockstat6: IPv6 is off in this kernel, nothing to check there.
+  if (read_file("/proc/self/net/sockstat6") && !zero_after("TCP6: inuse ")) return false;
   return true;
 }
 

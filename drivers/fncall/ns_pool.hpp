@@ -7,6 +7,7 @@
 
 #include <sched.h>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -22,10 +23,23 @@ class NamespacePool {
   // semaphore set or shared memory segment. Reads /proc/sysvipc files opened
   // inside it when it was made (they stay bound to it), so no setns.
   bool IpcEmpty(int index) const;
+  // net only, once every process that used it is gone: true when no TCP
+  // socket outlived them (TIME_WAIT, FIN_WAIT, a lingering close), so the
+  // next user can bind any port. Enters the namespace to read its sockstat
+  // counters (the calling process is single-threaded).
+  bool NetEmpty(int index) const;
+  // Free namespaces beyond this many are closed on Release.
+  void set_max_free(size_t n) { max_free_ = n; }
   // A namespace index, or -1 with *error set. Creating one moves the calling
   // (single-threaded) process into it, which the spawner does not mind.
   int Acquire(std::string* error);
-  void Release(int index) { free_.push_back(index); }
+  // A new namespace, even when free ones exist (to fill the pool ahead of
+  // need: Release it). Same contract as Acquire.
+  int Make(std::string* error);
+  void Release(int index) {
+    if (free_.size() >= max_free_) Drop(index);
+    else free_.push_back(index);
+  }
   // Closes a namespace that must not be reused.
   void Drop(int index) {
     fds_[index].Reset();
@@ -39,6 +53,7 @@ class NamespacePool {
   size_t dropped() const;
   int flag_;
   const char* name_;
+  size_t max_free_ = SIZE_MAX;
   std::vector<UniqueFd> fds_;
   std::vector<int> free_;
   std::vector<std::vector<UniqueFd>> probes_;  // ipc: /proc/sysvipc/{msg,sem,shm} per namespace

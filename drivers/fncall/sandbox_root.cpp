@@ -168,14 +168,19 @@ std::string BuildInChild(const RootOptions& o) {
 
 const char* const* HostEtcAllowList() { return kEtcAllow; }
 
-Result<UniqueFd> BuildHostRootNamespace(const RootOptions& opts) {
+namespace {
+
+// Runs `build` in a forked child with a private mount namespace and returns
+// an fd for that namespace once `build` reports success ("" = success).
+template <typename Build>
+Result<UniqueFd> BuildNamespace(const char* what, Build build) {
   int pipefd[2];
   if (::pipe2(pipefd, O_CLOEXEC) < 0) return Status::FromErrno(errno, "pipe");
   pid_t pid = ::fork();
-  if (pid < 0) return Status::FromErrno(errno, "fork for the host root");
+  if (pid < 0) return Status::FromErrno(errno, std::string("fork to ") + what);
   if (pid == 0) {
     ::close(pipefd[0]);
-    std::string err = BuildInChild(opts);
+    std::string err = build();
     std::string msg = err.empty() ? std::string("ok") : err;
     (void)!::write(pipefd[1], msg.data(), msg.size());
     ::close(pipefd[1]);
@@ -192,9 +197,37 @@ Result<UniqueFd> BuildHostRootNamespace(const RootOptions& opts) {
   int saved = errno;
   ::kill(pid, SIGKILL);
   ::waitpid(pid, nullptr, 0);
-  if (msg != "ok") return Status::FailedPrecondition("build the host image root: " + msg);
-  if (!ns) return Status::FromErrno(saved, "open the host root mount namespace");
+  if (msg != "ok") return Status::FailedPrecondition(std::string(what) + ": " + msg);
+  if (!ns) return Status::FromErrno(saved, std::string("open the mount namespace of ") + what);
   return ns;
+}
+
+std::string BuildEmptyBaseInChild() {
+  if (::unshare(CLONE_NEWNS) < 0) return Errno("unshare(CLONE_NEWNS)");
+  if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) < 0) return Errno("make / private");
+  const std::string r = kStage;
+  if (::mount("dsec-container-base", r.c_str(), "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0755,size=4k") < 0)
+    return Errno("mount tmpfs on " + r);
+  for (const char* d : {"mnt", ".old"})
+    if (::mkdir((r + "/" + d).c_str(), 0755) < 0) return Errno(std::string("mkdir ") + d);
+  if (::chdir(r.c_str()) < 0) return Errno("chdir " + r);
+  if (::syscall(SYS_pivot_root, ".", ".old") < 0) return Errno("pivot_root");
+  if (::chdir("/") < 0) return Errno("chdir /");
+  if (::umount2("/.old", MNT_DETACH) < 0) return Errno("detach old root");
+  ::rmdir("/.old");
+  if (::mount(nullptr, "/", nullptr, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr) < 0)
+    return Errno("remount the base read-only");
+  return {};
+}
+
+}  // namespace
+
+Result<UniqueFd> BuildHostRootNamespace(const RootOptions& opts) {
+  return BuildNamespace("build the host image root", [&opts] { return BuildInChild(opts); });
+}
+
+Result<UniqueFd> BuildContainerBaseNamespace() {
+  return BuildNamespace("build the container base namespace", [] { return BuildEmptyBaseInChild(); });
 }
 
 }  // namespace dsec::fncall

@@ -58,6 +58,13 @@ std::string Spawner::Init() {
   // Into its slot, where every runner finds it (runner.hpp).
   if (::dup2(ns->get(), kSlotRoot) < 0) return std::string("dup2 the host root: ") + std::strerror(errno);
   root_ns_.Reset(kSlotRoot);
+  if (opts_.containers) {
+    auto base = BuildContainerBaseNamespace();
+    if (!base.ok()) return base.status().message();
+    // Above the slots, like our other descriptors.
+    container_base_ns_.Reset(::fcntl(base->get(), F_DUPFD_CLOEXEC, kFirstSpawnerFd));
+    if (!container_base_ns_) return std::string("keep the container base namespace: ") + std::strerror(errno);
+  }
   auto sc = BuildSandboxSeccomp();
   if (!sc.ok()) return sc.status().message();
   seccomp_ = std::move(*sc);
@@ -136,6 +143,8 @@ void Spawner::Loop() {
       if (refill_resume_ns_ > NowNs()) t = static_cast<int>((refill_resume_ns_ - NowNs()) / 1000000 + 1);
       if (timeout < 0 || t < timeout) timeout = t;
     }
+    // Same for the containers' net namespace pool.
+    if (container_netns_topping_ && refill_progress_) timeout = 0;
     int n = ::epoll_wait(epoll_.get(), events, 256, timeout);
     if (n < 0 && errno != EINTR) {
       Log(3, std::string("epoll_wait: ") + std::strerror(errno));
@@ -318,7 +327,10 @@ void Spawner::OnSignal() {
     pid_t pid = ::wait4(-1, &status, WNOHANG, &ru);
     if (pid <= 0) break;
     auto it = by_pid_.find(pid);
-    if (it == by_pid_.end()) continue;
+    if (it == by_pid_.end()) {
+      ContainerGone(pid);
+      continue;
+    }
     uint64_t key = it->second;
     by_pid_.erase(it);
     auto r = runners_.find(key);

@@ -94,7 +94,11 @@ struct Runner {
 
 class Spawner {
  public:
-  explicit Spawner(const SpawnerOptions& o) : opts_(o) {}
+  explicit Spawner(const SpawnerOptions& o) : opts_(o) {
+    // Released namespaces refill the pool up to its size and no further, so
+    // the spawner holds no more of them after a burst than before it.
+    container_netns_.set_max_free(o.container_netns);
+  }
   int Main();
 
  private:
@@ -122,6 +126,10 @@ class Spawner {
   void PrepareRun(Runner& r, const spawner::Run& run);
   void Refill();
   void CreateContainer(const spawner::CreateContainer& req);
+  void ContainerGone(pid_t pid);
+  // Net namespaces of live containers we keep a descriptor for (to recycle
+  // them); past this, a container's namespace is simply not recycled.
+  static constexpr size_t kMaxTrackedContainerNetns = 4096;
   void RunnerFailed(const std::string& why);
   void CheckCpuTime(int64_t now);
   bool SpawnRunner();
@@ -141,6 +149,7 @@ class Spawner {
   CgroupMounts cgroups_;
   std::string group_base_;
   UniqueFd root_ns_;   // always kSlotRoot
+  UniqueFd container_base_ns_;  // containers only: BuildContainerBaseNamespace
   UniqueFd devnull_;   // fills unused runner slots
   SeccompProgram seccomp_;
   std::string work_opts_, tmp_opts_;
@@ -149,9 +158,14 @@ class Spawner {
   std::vector<int> free_slots_;
   NamespacePool netns_{CLONE_NEWNET, "net"};
   NamespacePool ipcns_{CLONE_NEWIPC, "ipc"};
-  // Containers get a fresh net namespace each (used once, never recycled:
-  // their loopback is up and may hold TCP state); these are made ahead.
+  // Net namespaces for containers, made ahead. One comes back when its
+  // container's init (our child) is reaped and no TCP socket outlived the
+  // container (NetEmpty), unless --fresh-namespaces; else it is closed.
   NamespacePool container_netns_{CLONE_NEWNET, "net"};
+  std::unordered_map<pid_t, int> container_netns_by_pid_;  // init pid -> namespace index
+  // New ones are made once the pool is below half its size, up to full:
+  // under churn, released namespaces keep it from going that low.
+  bool container_netns_topping_ = false;
   std::vector<void*> free_stacks_;
   std::unordered_map<uint64_t, std::unique_ptr<Runner>> runners_;
   std::unordered_map<pid_t, uint64_t> by_pid_;

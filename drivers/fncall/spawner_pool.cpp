@@ -230,10 +230,11 @@ void Spawner::Refill() {
     }
     ++spawned;
   }
-  // Fresh net namespaces for containers, made ahead of need (~1.2 ms each).
+  // Net namespaces for containers, made ahead of need (~1.2 ms each).
   std::string err;
-  while (container_netns_.free() < opts_.container_netns && spawned < 8) {
-    int n = container_netns_.Acquire(&err);
+  if (container_netns_.free() < (opts_.container_netns + 1) / 2) container_netns_topping_ = true;
+  while (container_netns_topping_ && container_netns_.free() < opts_.container_netns && spawned < 8) {
+    int n = container_netns_.Make(&err);
     if (n < 0) {
       Log(3, "container net namespace: " + err);
       break;
@@ -241,6 +242,7 @@ void Spawner::Refill() {
     container_netns_.Release(n);
     ++spawned;
   }
+  if (container_netns_.free() >= opts_.container_netns) container_netns_topping_ = false;
   refill_progress_ = spawned > 0;
 }
 
@@ -267,6 +269,18 @@ void Spawner::RunnerFailed(const std::string& why) {
 
 namespace dsec::fncall::internal {
 
+// A container's init (the agent, PID 1 of its pid namespace) was reaped: every
+// process of the container is dead, so its net namespace can go back to the
+// pool if nothing outlived them there.
+void Spawner::ContainerGone(pid_t pid) {
+  auto it = container_netns_by_pid_.find(pid);
+  if (it == container_netns_by_pid_.end()) return;
+  int netns = it->second;
+  container_netns_by_pid_.erase(it);
+  if (container_netns_.NetEmpty(netns)) container_netns_.Release(netns);
+  else container_netns_.Drop(netns);
+}
+
 // Creates a container (container_init.hpp). The clone is a vfork: we wait
 // until its init has executed the agent or failed, so the reply says which.
 void Spawner::CreateContainer(const spawner::CreateContainer& req) {
@@ -291,16 +305,17 @@ void Spawner::CreateContainer(const spawner::CreateContainer& req) {
     }
   }
   ::dup2(container_netns_.fd(netns), container::kInitSlotNet);
+  ::dup2(container_base_ns_.get(), container::kInitSlotMntBase);
   for (size_t i = 0; i < procs.size(); ++i) ::dup2(procs[i].get(), container::kInitSlotCgroup + static_cast<int>(i));
 
-  std::string overlay = "lowerdir=" + req.lower() + ",upperdir=" + req.upper() + ",workdir=" + req.work();
   std::string argv0 = "dsec-agent", a1 = "--listen-fd", a2 = "3";
   std::string env_path = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
   char* argv[] = {argv0.data(), a1.data(), a2.data(), nullptr};
   char* envp[] = {env_path.data(), nullptr};
   container::ContainerSetup setup;
-  setup.root = req.root().c_str();
-  setup.overlay_opts = overlay.c_str();
+  setup.lower = req.lower().c_str();
+  setup.upper = req.upper().c_str();
+  setup.work = req.work().c_str();
   setup.run_dir = req.run_dir().c_str();
   setup.agent_path = req.agent_path().c_str();
   setup.hostname = req.hostname().empty() ? nullptr : req.hostname().c_str();
@@ -310,12 +325,19 @@ void Spawner::CreateContainer(const spawner::CreateContainer& req) {
   setup.agent_argv = argv;
   setup.agent_envp = envp;
   static char stack[256 << 10] __attribute__((aligned(16)));
-  int flags = CLONE_VM | CLONE_VFORK | CLONE_FILES | CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS | SIGCHLD;
+  // No CLONE_NEWNS: the init makes its mount namespace from the base.
+  int flags = CLONE_VM | CLONE_VFORK | CLONE_FILES | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | SIGCHLD;
   pid_t pid = ::clone(container::ContainerInitEntry, stack + sizeof stack, flags, &setup);
   int clone_errno = errno;
-  // Back to placeholders; the namespace is the container's now (used once).
+  // Back to placeholders.
   for (int slot = container::kInitSlotNet; slot < container::kInitFirstFree; ++slot) ::dup2(devnull_.get(), slot);
-  container_netns_.Drop(netns);
+  // The namespace is the container's now; we keep its descriptor (one per
+  // container, bounded) to take it back when the container is gone.
+  if (pid > 0 && !setup.failed_what && !opts_.fresh_namespaces &&
+      container_netns_by_pid_.size() < kMaxTrackedContainerNetns)
+    container_netns_by_pid_[pid] = netns;
+  else
+    container_netns_.Drop(netns);
   if (pid < 0) return fail(std::string("clone the init: ") + std::strerror(clone_errno));
   if (setup.failed_what) {
     // It exited; the SIGCHLD handler reaps it.

@@ -3,16 +3,23 @@
 // host process is listed; no process holds a file of the host; the agent's
 // binary and /run/dsec cannot be changed; the kernel's knobs under /proc/sys
 // and /proc/sysrq-trigger cannot be written.
+#include <fcntl.h>
+#include <sched.h>
 #include <stdlib.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <set>
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "tests/support/container_fixture.hpp"
 #include "tests/support/probes.hpp"
@@ -239,6 +246,60 @@ TEST_F(ContainerProc, KernelKnobsInProcSysAndSysrqTriggerAreNotWritable) {
   // modules) is no way out either.
   for (const auto& [path, result] : res)
     EXPECT_TRUE(result == "EROFS" || result == "ENOENT") << path << " is writable from the container: " << result;
+  Destroy(*sb);
+}
+
+// The container's mount table, read by a host process that enters its mount
+// namespace (setns puts it at the container's root, as everything inside
+// is): only the container's own mounts, nothing of the host's table.
+TEST_F(ContainerProc, ItsMountTableHoldsNoMountOfTheHost) {
+  auto sb = Make();
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  auto rec = sb->Get();
+  ASSERT_TRUE(rec.ok()) << rec.status().ToString();
+  auto state = nlohmann::json::parse(rec->driver_state(), nullptr, false);
+  ASSERT_TRUE(state.is_object()) << rec->driver_state();
+  int pid = state.value("init_pid", 0);
+  ASSERT_GT(pid, 0) << rec->driver_state();
+  int ns = ::open(("/proc/" + std::to_string(pid) + "/ns/mnt").c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(ns, 0) << std::strerror(errno);
+  int fds[2];
+  ASSERT_EQ(::pipe2(fds, O_CLOEXEC), 0);
+  pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // Async-signal-safe calls only: this process has threads. /proc is
+    // opened first: the namespace's root has none.
+    int proc = ::open("/proc", O_RDONLY | O_DIRECTORY);
+    if (proc < 0 || ::setns(ns, CLONE_NEWNS) < 0) ::_exit(2);
+    int mi = ::openat(proc, "self/mountinfo", O_RDONLY);
+    if (mi < 0) ::_exit(3);
+    char buf[4096];
+    for (ssize_t n; (n = ::read(mi, buf, sizeof buf)) > 0;)
+      if (::write(fds[1], buf, static_cast<size_t>(n)) != n) ::_exit(4);
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  ::close(ns);
+  std::string table;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) table.append(buf, static_cast<size_t>(n));
+  ::close(fds[0]);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
+  std::istringstream lines(table);
+  int mounts = 0;
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream f(line);
+    std::string id, parent, dev, root, point;
+    f >> id >> parent >> dev >> root >> point;
+    ++mounts;
+    bool own = point == "/" || point == "/proc" || point.rfind("/proc/", 0) == 0 || point == "/dev" ||
+               point.rfind("/dev/", 0) == 0 || point == "/run/dsec" || point == "/run/dsec/agent";
+    EXPECT_TRUE(own) << "a mount that is not the container's: " << line;
+  }
+  EXPECT_GT(mounts, 3) << table;
   Destroy(*sb);
 }
 

@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -182,7 +183,15 @@ TEST_F(ContainerScale, TenThousandCreatedAndRemovedLeaveNothing) {
   });
   EXPECT_EQ(failed.load(), 0) << first_error;
   Footprint after = Measure();
-  EXPECT_TRUE(before == after) << "before: " << before.ToString() << "\nafter:  " << after.ToString();
+  // The container spawner keeps up to --container-netns-pool (16) net
+  // namespaces of removed containers for reuse, a descriptor each, and is
+  // itself in the last one it checked: by that much, and no more, the two
+  // counts may differ.
+  constexpr size_t kNetnsPool = 16;
+  Footprint expected = before;
+  expected.namespaces = std::clamp(after.namespaces, before.namespaces, before.namespaces + 1);
+  expected.fds = std::clamp(after.fds, before.fds, before.fds + kNetnsPool);
+  EXPECT_TRUE(expected == after) << "before: " << before.ToString() << "\nafter:  " << after.ToString();
   // Emptied groups kept for reuse (renamed, not counted above): a bounded pool.
   size_t pool = 0;
   std::string groups = "/sys/fs/cgroup/memory/" + cgroup_parent_ + "/c/";
