@@ -109,8 +109,10 @@ const v1::SessionSandbox* FindRole(const v1::SessionRecord& rec, const std::stri
 
 void Persist(Self self, state::WriteBatch batch, std::function<void(const Status&)> then) {
   auto handle = caf::actor_cast<session_actor>(self);
-  self->state.ctx->committer->Submit(std::move(batch),
-                                     [handle, then](const Status& s) { Post(handle, [then, s] { then(s); }); });
+  // Moved, not copied, on the way: `then` often holds a whole step record.
+  self->state.ctx->committer->Submit(std::move(batch), [handle, then = std::move(then)](const Status& s) mutable {
+    Post(handle, [then = std::move(then), s] { then(s); });
+  });
 }
 
 void PutRecord(Self self, state::WriteBatch* b) {
@@ -495,7 +497,7 @@ void Annotate(Self self, const v1::AnnotateStepRequest& req, StepPromise rp) {
   state::TypedTable<v1::StepRecord>(st.ctx->store, state::Table::kSteps)
       .Put(&b, state::StepKey(st.rec.name(), req.index()), *step);
   uint64_t index = req.index();
-  Persist(self, std::move(b), [self, index, rp, step = *step](const Status& w) mutable {
+  Persist(self, std::move(b), [self, index, rp, step = std::move(*step)](const Status& w) mutable {
     auto& st = self->state;
     auto it = st.annotated.find(index);
     if (it != st.annotated.end() && --it->second.second == 0) st.annotated.erase(it);

@@ -1,9 +1,12 @@
 // What the macro benchmarks share: timing, percentiles, a thread pool loop.
 #pragma once
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <fstream>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -37,6 +40,23 @@ inline std::vector<int> SplitInts(const std::string& s) {
   for (std::string part; std::getline(ss, part, ',');)
     if (!part.empty()) out.push_back(std::stoi(part));
   return out;
+}
+
+// CPU seconds (user + system, all threads) process `pid` has used so far;
+// -1 when it cannot be read.
+inline double CpuSeconds(int pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(in, line)) return -1;
+  // Fields after the command name, which is in parentheses and may hold spaces.
+  auto close = line.rfind(')');
+  if (close == std::string::npos) return -1;
+  std::istringstream rest(line.substr(close + 2));
+  std::string field;
+  double ticks = 0;
+  for (int i = 3; rest >> field && i <= 15; ++i)
+    if (i == 14 || i == 15) ticks += std::stod(field);  // utime, stime
+  return ticks / static_cast<double>(::sysconf(_SC_CLK_TCK));
 }
 
 // Runs `fn(i)` for i in [0, n) on `conc` threads; the seconds it took.

@@ -178,6 +178,10 @@ int main(int argc, char** argv) {
   std::printf("fast-forward steps/s, %zu sessions replayed from step 0: %.0f/s\n", open.size(), ff / ff_s);
   std::atomic<long> notes{0};
   if (annotations <= 0) annotations = steps;
+  // dsecd's own CPU per durable write: what a node spends when the trainer
+  // is on another machine (here the benchmark's client threads share the
+  // two cores with it).
+  double cpu0 = CpuSeconds(d.pid());
   double an_s = Parallel(static_cast<int>(open.size()), static_cast<int>(open.size()), [&](int i) {
     dsec::v1::StepMeta meta;
     for (int k = 0; k < annotations; ++k) {
@@ -189,6 +193,7 @@ int main(int argc, char** argv) {
               open.size(), notes / an_s);
   // The same from 2 client threads with every session's next write in
   // flight: the client's own thread switching out of the way.
+  long first_writes = notes;
   notes = 0;
   double async_s = Parallel(2, 2, [&](int t) {
     dsec::v1::StepMeta meta;
@@ -202,6 +207,11 @@ int main(int argc, char** argv) {
   });
   std::printf("durable session writes/s without exec (annotate), %zu sessions, 2 client threads, async: %.0f/s\n",
               open.size(), notes / async_s);
+  double cpu1 = CpuSeconds(d.pid());
+  long writes = first_writes + notes;
+  if (cpu0 >= 0 && cpu1 >= 0 && writes > 0)
+    std::printf("dsecd CPU per durable write (both annotate runs): %.1f us, so %.0f writes/s per core of the node\n",
+                (cpu1 - cpu0) * 1e6 / writes, writes / (cpu1 - cpu0));
   Parallel(static_cast<int>(open.size()), 64, [&](int i) { (void)open[i].Close(); });
   open.clear();
 
