@@ -1,7 +1,7 @@
-// The life of an exec in dsec-agent: a vfork-style clone and execve into a
-// new process group with stdio pipes, rlimits and an optional uid/gid drop
-// (ChildExec, the only code that runs between the clone and execve); stdin
-// fed without blocking; output kept
+// The life of an exec in dsec-agent: a vfork-style clone (CLONE_VM, waited
+// for in AwaitExec) and execve into a new process group with stdio pipes,
+// rlimits and an optional uid/gid drop (ChildExec, the only code that runs
+// between the clone and execve); stdin fed without blocking; output kept
 // up to its cap or streamed with backpressure; the wall-clock limit; Signal;
 // reaping (every zombie, as PID 1 or subreaper); and the ExecDone report.
 //
@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/epoll.h>
@@ -49,7 +50,7 @@ struct ChildPlan {
 };
 
 // Runs in the child, which shares our memory (CLONE_VM) while we wait
-// (CLONE_VFORK) until it has executed the program or exited: no page tables
+// (AwaitExec) until it has executed the program or exited: no page tables
 // to copy, no copy-on-write faults, which fork paid on every exec. So only
 // system calls here: no allocation, nothing that changes our state; the
 // plan is read, and sh_argv[1] written, nothing else.
@@ -119,6 +120,25 @@ struct ChildPlan {
 }
 
 int ChildEntry(void* plan) { ChildExec(*static_cast<const ChildPlan*>(plan)); }
+
+// The child shares our memory (and child_stack) until it has executed the
+// program or exited; its end of the status pipe closes then (close-on-exec,
+// or exit). Nothing here may change before that, so we wait, as vfork would,
+// but not blindly: a child stopped on the way (SIGSTOP from a process in
+// the container: PID 1 is immune, its children are not) would hold PID 1
+// forever. Such a child is killed; its exec then reports the signal.
+void AwaitExec(pid_t pid, int status_fd) {
+  pollfd p{status_fd, POLLIN, 0};
+  for (;;) {
+    int r = ::poll(&p, 1, 50);
+    if (r > 0 && (p.revents & (POLLHUP | POLLERR))) return;
+    if (r > 0 && (p.revents & POLLIN)) p.events = 0;  // a failure record: its exit follows
+    siginfo_t si{};
+    if (r == 0 && ::waitid(P_PID, static_cast<id_t>(pid), &si, WSTOPPED | WNOHANG | WNOWAIT) == 0 &&
+        si.si_pid == pid)
+      ::kill(pid, SIGKILL);
+  }
+}
 
 // The child's stack while it sets up (we are suspended meanwhile, so one is
 // enough).
@@ -281,13 +301,14 @@ void Agent::StartExec(Conn& c, uint64_t id, Exec& req) {
   sigfillset(&all);
   ::sigprocmask(SIG_SETMASK, &all, &old);
   int64_t start = NowNs();
-  pid_t pid = ::clone(ChildEntry, child_stack + sizeof child_stack, CLONE_VM | CLONE_VFORK | SIGCHLD, &plan);
+  pid_t pid = ::clone(ChildEntry, child_stack + sizeof child_stack, CLONE_VM | SIGCHLD, &plan);
   int fork_errno = errno;
-  ::sigprocmask(SIG_SETMASK, &old, nullptr);
   ::close(in[0]);
   ::close(out[1]);
   ::close(err[1]);
   ::close(st[1]);
+  if (pid > 0) AwaitExec(pid, st[0]);
+  ::sigprocmask(SIG_SETMASK, &old, nullptr);
   if (pid < 0) {
     errno = fork_errno;
     fail_setup("clone");

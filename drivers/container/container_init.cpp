@@ -145,6 +145,14 @@ int ContainerInitEntry(void* arg) {
   if (run_mnt < 0) Fail(s, "bind /run/dsec", run_mnt);
   long agent_mnt = Call(SYS_open_tree, AT_FDCWD, s->agent_path, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
   if (agent_mnt < 0) Fail(s, "bind the agent binary", agent_mnt);
+  // A clone of a shared mount (systemd makes / shared) is a peer of it:
+  // the agent mounted on /run/dsec/agent would propagate to the host's
+  // <data>/sandboxes/<id>/run/agent. Private, both, before anything moves.
+  mount_attr priv{};
+  priv.propagation = MS_PRIVATE;
+  CHECK(Call(SYS_mount_setattr, run_mnt, "", AT_EMPTY_PATH, &priv, sizeof priv), "make the /run/dsec bind private");
+  CHECK(Call(SYS_mount_setattr, agent_mnt, "", AT_EMPTY_PATH, &priv, sizeof priv),
+        "make the agent bind private");
   // A copy of the empty base: the host's mount table never enters the
   // container's namespace.
   CHECK(Call(SYS_setns, kInitSlotMntBase, CLONE_NEWNS), "enter the container base mount namespace");

@@ -93,10 +93,15 @@ bool NamespacePool::NetEmpty(int index) const {
     const char* p = std::strstr(buf, key);
     return p && std::strtoull(p + std::strlen(key), nullptr, 10) == 0 && p[std::strlen(key)] == '0';
   };
-  if (!read_file("/proc/self/net/sockstat") || !zero_after("TCP: inuse ") || !zero_after(" tw ")) return false;
+  // "sockets: used N" counts every socket of the namespace (a unix socket
+  // kept alive by a descriptor-passing cycle, a UDP port, netlink); TIME_WAIT
+  // ones are not sockets there, "tw" counts them (IPv6 ones too).
+  if (!read_file("/proc/self/net/sockstat") || !zero_after("sockets: used ") || !zero_after("TCP: inuse ") ||
+      !zero_after(" tw "))
+    return false;
   // No sockstat6: IPv6 is off in this kernel, nothing to check there.
-  if (read_file("/proc/self/net/sockstat6") && !zero_after("TCP6: inuse ")) return false;
-  return true;
+  if (read_file("/proc/self/net/sockstat6")) return zero_after("TCP6: inuse ");
+  return errno == ENOENT;
 }
 
 }  // namespace dsec::fncall

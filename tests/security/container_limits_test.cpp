@@ -135,5 +135,42 @@ TEST_F(ContainerLimits, ForkBombStaysInsideItsPidsLimit) {
   Destroy(*b);
 }
 
+// A program that keeps stopping every process of its container (as root it
+// may, except PID 1) catches execs between the agent's clone and execve.
+// The agent must not wait on such a child forever: every exec gets an
+// answer, and once the program is done the container works as before.
+TEST_F(ContainerLimits, AProgramStoppingEverythingDoesNotWedgeTheAgent) {
+  auto sb = Make();
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  auto stopper_req = Command({"python3", "-c",
+                              "import os, signal, time\n"
+                              "end = time.time() + 4\n"
+                              "n = 0\n"
+                              "while time.time() < end:\n"
+                              "    try:\n"
+                              "        os.kill(-1, signal.SIGSTOP)\n"  // everything but PID 1 and itself
+                              "        n += 1\n"
+                              "    except ProcessLookupError:\n"
+                              "        pass\n"  // nothing else running right now
+                              "print(n)\n"});
+  stopper_req.mutable_limits()->set_timeout_ms(10000);
+  auto stopper = sb->ExecAsync(stopper_req);
+  auto t0 = std::chrono::steady_clock::now();
+  int answered = 0;
+  while (std::chrono::steady_clock::now() - t0 < std::chrono::seconds(3)) {
+    auto req = Command({"/bin/true"});
+    req.mutable_limits()->set_timeout_ms(1000);
+    auto r = sb->Exec(req);  // any verdict; the point is that it comes back
+    ASSERT_TRUE(r.ok()) << "exec " << answered << " got no answer: " << r.status().ToString();
+    ++answered;
+  }
+  EXPECT_GT(answered, 0);
+  ASSERT_EQ(stopper.wait_for(std::chrono::seconds(30)), std::future_status::ready) << "the stopper never ended";
+  auto again = ShIn(*sb, "echo still here");
+  EXPECT_EQ(again.verdict(), v1::VERDICT_OK) << again.error() << again.stderr();
+  EXPECT_EQ(again.stdout(), "still here\n");
+  Destroy(*sb);
+}
+
 }  // namespace
 }  // namespace dsec::testing

@@ -303,5 +303,49 @@ TEST_F(ContainerProc, ItsMountTableHoldsNoMountOfTheHost) {
   Destroy(*sb);
 }
 
+// On a host whose mounts are shared (systemd makes / shared), nothing a
+// container mounts may propagate back: dsecd runs in a mount namespace of
+// its own where every mount is shared, and after a container is made and
+// removed, that namespace holds no mount under the sandbox's dir, and the
+// dir is gone (Destroy checks).
+class ContainerSharedMounts : public ContainerTest {
+ protected:
+  static void SetUpTestSuite() {
+    TestDaemonOptions o;
+    o.wrapper = {"/usr/bin/unshare", "--mount", "--propagation", "shared", "--"};
+    if (::access(o.wrapper[0].c_str(), X_OK) != 0) {
+      skip_ = "no /usr/bin/unshare (util-linux) to run dsecd with shared mounts";
+      return;
+    }
+    skip_ = StartContainerDaemon(o, &daemon_, &client_);
+  }
+};
+
+std::vector<std::string> SandboxMounts(pid_t dsecd) {
+  std::vector<std::string> out;
+  std::ifstream mi("/proc/" + std::to_string(dsecd) + "/mountinfo");
+  for (std::string line; std::getline(mi, line);)
+    if (line.find("/sandboxes/") != std::string::npos) out.push_back(line);
+  return out;
+}
+
+TEST_F(ContainerSharedMounts, NoContainerMountPropagatesToTheDaemonsNamespace) {
+  {
+    std::ifstream mi("/proc/" + std::to_string(daemon_->pid()) + "/mountinfo");
+    std::string first;
+    std::getline(mi, first);
+    ASSERT_NE(first.find("shared:"), std::string::npos) << "dsecd's mounts are not shared: " << first;
+  }
+  auto sb = Make();
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  ASSERT_EQ(ShIn(*sb, "cat /run/dsec/agent > /dev/null && echo ok").stdout(), "ok\n");
+  auto during = SandboxMounts(daemon_->pid());
+  EXPECT_TRUE(during.empty()) << during.size() << " mount(s) of the container in dsecd's namespace, first: "
+                              << during.front();
+  Destroy(*sb);
+  auto after = SandboxMounts(daemon_->pid());
+  EXPECT_TRUE(after.empty()) << after.size() << " mount(s) left in dsecd's namespace, first: " << after.front();
+}
+
 }  // namespace
 }  // namespace dsec::testing

@@ -208,6 +208,7 @@ Status TestDaemon::Launch(const std::string& listen, const std::string& admin) {
                                    log_path_};
   if (options_.test_hooks) args.push_back("--test-hooks");
   for (const auto& a : options_.extra_args) args.push_back(a);
+  args.insert(args.begin(), options_.wrapper.begin(), options_.wrapper.end());
   std::vector<char*> av;
   for (auto& a : args) av.push_back(a.data());
   av.push_back(nullptr);

@@ -50,6 +50,9 @@ class Child {
 
 struct TestDaemonOptions {
   std::vector<std::string> extra_args;  // more dsecd flags
+  // A command dsecd is started through (it must exec dsecd in its own
+  // process, as `unshare --mount --propagation shared --` does).
+  std::vector<std::string> wrapper;
   std::string cgroup_parent = "dsec-test";
   bool test_hooks = true;
 };
