@@ -1,5 +1,6 @@
 // dsec-agent: PID 1 of a container (later the init of a VM); see agent.hpp.
 #include <fcntl.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -43,6 +44,11 @@ bool ParseFd(const char* s, int* out) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Not dumpable: root in the container (the same uid as we are, without
+  // CAP_SYS_PTRACE) must not open /proc/1/mem and rewrite what we report
+  // about its programs (their exit codes are rewards). Programs we start
+  // are dumpable again from their execve on.
+  ::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
   dsec::agent::AgentOptions o;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];

@@ -56,21 +56,31 @@ std::string Sha256(const std::string& host_path) {
   return r.exit_code == 0 ? r.out.substr(0, 64) : "sha256sum failed: " + r.err;
 }
 
-TEST_F(ContainerProc, ProcOneIsTheAgentAndItsRootIsTheContainers) {
+// PID 1 is the agent, and nothing in the container can look into it or
+// change it: its root, descriptors and memory are closed to root in the
+// container (the agent is not dumpable, and no one there has
+// CAP_SYS_PTRACE). Writing /proc/1/mem would let a program rewrite the exit
+// codes the agent reports, which are rewards.
+TEST_F(ContainerProc, ProcOneIsTheAgentAndClosedToTheContainer) {
   auto sb = Make();
   ASSERT_TRUE(sb.ok()) << sb.status().ToString();
-  ASSERT_EQ(ShIn(*sb, "echo mine > /work/only-here").verdict(), v1::VERDICT_OK);
   auto r = Exec(*sb, Command({"python3", "-c",
-                              "import os\n"
+                              "import errno, os\n"
                               "print(open('/proc/1/cmdline', 'rb').read().split(b'\\0')[0].decode())\n"
-                              "print(os.readlink('/proc/1/root'))\n"
-                              "a, b = os.stat('/proc/1/root'), os.stat('/')\n"
-                              "print((a.st_dev, a.st_ino) == (b.st_dev, b.st_ino))\n"
-                              "print(open('/proc/1/root/work/only-here').read().strip())\n"}));
+                              "def attempt(name, f):\n"
+                              "    try:\n"
+                              "        f()\n"
+                              "        print(name, 'done')\n"
+                              "    except OSError as e:\n"
+                              "        print(name, errno.errorcode.get(e.errno, e.errno))\n"
+                              "attempt('root', lambda: os.readlink('/proc/1/root'))\n"
+                              "attempt('fd', lambda: os.readlink('/proc/1/fd/' + os.listdir('/proc/1/fd')[0]))\n"
+                              "attempt('mem', lambda: open('/proc/1/mem', 'rb'))\n"
+                              "attempt('mem-rw', lambda: open('/proc/1/mem', 'r+b'))\n"
+                              "attempt('own-mem', lambda: open('/proc/self/mem', 'rb'))\n"}));
   ASSERT_EQ(r.verdict(), v1::VERDICT_OK) << r.error() << "\n" << r.stderr();
-  // PID 1 is the agent, its root is the container's /: the file this
-  // container wrote is there through /proc/1/root.
-  EXPECT_EQ(r.stdout(), "dsec-agent\n/\nTrue\nmine\n");
+  // A program's own memory stays its own.
+  EXPECT_EQ(r.stdout(), "dsec-agent\nroot EACCES\nfd EACCES\nmem EACCES\nmem-rw EACCES\nown-mem done\n");
   Destroy(*sb);
 }
 
@@ -79,8 +89,9 @@ TEST_F(ContainerProc, HostFileIsNotReachableThroughAnyProcRootOrCwd) {
   ASSERT_TRUE(marker.ok()) << "cannot make the host marker under /tmp";
   auto sb = Make();
   ASSERT_TRUE(sb.ok()) << sb.status().ToString();
-  // Every process there (the agent, a sleep, the probe itself): its root and
-  // cwd, and ".." far above them, with the marker's host path appended.
+  // Every process there whose root and cwd can be looked at (a sleep, the
+  // probe itself; the agent's are closed to the container), and ".." far
+  // above them, with the marker's host path appended.
   auto r = Exec(*sb, Command({"python3", "-c",
                               "import os, subprocess, sys\n"
                               "marker = sys.argv[1]\n"
@@ -97,7 +108,7 @@ TEST_F(ContainerProc, HostFileIsNotReachableThroughAnyProcRootOrCwd) {
                               "                seen.append(cand)\n"
                               "child.kill()\n"
                               "child.wait()\n"
-                              "print(bases >= 8, 'visible:', ' '.join(seen) or 'nowhere')\n"
+                              "print(bases >= 6, 'visible:', ' '.join(seen) or 'nowhere')\n"
                               "print('direct', os.path.exists(marker))\n",
                               marker.path()}));
   ASSERT_EQ(r.verdict(), v1::VERDICT_OK) << r.error() << "\n" << r.stderr();
@@ -134,7 +145,8 @@ TEST_F(ContainerProc, NoProcessHoldsAFileOfTheHost) {
   ASSERT_EQ(ShIn(*sb, "sleep 300 > /dev/null 2>&1 &").verdict(), v1::VERDICT_OK);
   // A descriptor or cwd on a host file or dir would be a way out (openat,
   // fchdir). For each file and dir any process holds: the path the kernel
-  // names for it must lead, inside the container, to that same file.
+  // names for it must lead, inside the container, to that same file. (The
+  // agent's are closed to the container: ProcOneIsTheAgentAndClosedToTheContainer.)
   auto r = Exec(*sb, Command({"python3", "-c",
                               "import os, stat\n"
                               "held, foreign = 0, []\n"
@@ -159,7 +171,7 @@ TEST_F(ContainerProc, NoProcessHoldsAFileOfTheHost) {
                               "            same = False\n"
                               "        if not same:\n"
                               "            foreign.append(l + ' -> ' + target)\n"
-                              "print(held >= 6, 'foreign:', ', '.join(foreign) or 'none')\n"}));
+                              "print(held >= 4, 'foreign:', ', '.join(foreign) or 'none')\n"}));
   ASSERT_EQ(r.verdict(), v1::VERDICT_OK) << r.error() << "\n" << r.stderr();
   EXPECT_EQ(r.stdout(), "True foreign: none\n");
   Destroy(*sb);

@@ -107,10 +107,11 @@ TEST_F(ContainerSyscalls, UnshareAndSetnsAreDenied) {
       {"unshare_newcgroup", "sc(" + N(SYS_unshare) + ", " + N(CLONE_NEWCGROUP) + ")"},
       // Needs no privilege at all: only the filter refuses it.
       {"unshare_files", "sc(" + N(SYS_unshare) + ", " + N(CLONE_FILES) + ")"},
-      // The agent's namespaces are the container's own: harmless to join,
+      // The container's own namespaces (the agent's, which the container
+      // may not open through /proc/1: it is not dumpable): harmless to join,
       // refused all the same.
-      {"setns_agent_mnt", "sc(" + N(SYS_setns) + ", os.open('/proc/1/ns/mnt', os.O_RDONLY), 0)"},
-      {"setns_agent_net", "sc(" + N(SYS_setns) + ", os.open('/proc/1/ns/net', os.O_RDONLY), " + N(CLONE_NEWNET) + ")"},
+      {"setns_own_mnt", "sc(" + N(SYS_setns) + ", os.open('/proc/self/ns/mnt', os.O_RDONLY), 0)"},
+      {"setns_own_net", "sc(" + N(SYS_setns) + ", os.open('/proc/self/ns/net', os.O_RDONLY), " + N(CLONE_NEWNET) + ")"},
       {"setns_bad_fd", "sc(" + N(SYS_setns) + ", -1, 0)"},  // EBADF without the filter
   };
   ExpectAllFail(Exec(*sb, Probe(p)), p, "EPERM");
