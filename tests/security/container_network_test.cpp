@@ -175,14 +175,9 @@ TEST_F(ContainerNetwork, RootCannotAddARouteOrAnAddress) {
   ASSERT_TRUE(sb.ok()) << sb.status().ToString();
   // Without NET_ADMIN: no default route, no new address on lo, lo stays up.
   auto r = Exec(*sb, Command({"python3", "-c",
-                              "import errno, fcntl, socket, struct\n"
+                              std::string(kAttempt) +
+                              "import fcntl, socket, struct\n"
                               "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
-                              "def attempt(name, f):\n"
-                              "    try:\n"
-                              "        f()\n"
-                              "        print(name, 'done')\n"
-                              "    except OSError as e:\n"
-                              "        print(name, errno.errorcode.get(e.errno, e.errno))\n"
                               "def sin(a):\n"
                               "    return struct.pack('HH4s8x', socket.AF_INET, 0, socket.inet_aton(a))\n"
                               // struct rtentry: pad, dst, gateway, genmask, flags (RTF_UP|RTF_GATEWAY), ...

@@ -65,14 +65,9 @@ TEST_F(ContainerProc, ProcOneIsTheAgentAndClosedToTheContainer) {
   auto sb = Make();
   ASSERT_TRUE(sb.ok()) << sb.status().ToString();
   auto r = Exec(*sb, Command({"python3", "-c",
-                              "import errno, os\n"
+                              std::string(kAttempt) +
+                              "import os\n"
                               "print(open('/proc/1/cmdline', 'rb').read().split(b'\\0')[0].decode())\n"
-                              "def attempt(name, f):\n"
-                              "    try:\n"
-                              "        f()\n"
-                              "        print(name, 'done')\n"
-                              "    except OSError as e:\n"
-                              "        print(name, errno.errorcode.get(e.errno, e.errno))\n"
                               "attempt('root', lambda: os.readlink('/proc/1/root'))\n"
                               "attempt('fd', lambda: os.readlink('/proc/1/fd/' + os.listdir('/proc/1/fd')[0]))\n"
                               "attempt('mem', lambda: open('/proc/1/mem', 'rb'))\n"
@@ -183,13 +178,8 @@ TEST_F(ContainerProc, AgentBinaryAndRunDsecAreReadOnly) {
   auto sb = Make();
   ASSERT_TRUE(sb.ok()) << sb.status().ToString();
   auto r = Exec(*sb, Command({"python3", "-c",
-                              "import errno, os\n"
-                              "def attempt(name, f):\n"
-                              "    try:\n"
-                              "        f()\n"
-                              "        print(name, 'done')\n"
-                              "    except OSError as e:\n"
-                              "        print(name, errno.errorcode.get(e.errno, e.errno))\n"
+                              std::string(kAttempt) +
+                              "import os\n"
                               "attempt('truncate_agent', lambda: os.truncate('/run/dsec/agent', 0))\n"
                               "attempt('open_agent_for_write', lambda: os.close(os.open('/run/dsec/agent', os.O_WRONLY)))\n"
                               "attempt('chmod_agent', lambda: os.chmod('/run/dsec/agent', 0o777))\n"

@@ -71,6 +71,17 @@ inline void ExpectNothingAccepted(const UniqueFd& listener) {
 // (result, errno)), run after kPrelude; report() prints "name result errno".
 using Probes = std::vector<std::pair<std::string, std::string>>;
 
+// Python: attempt(name, f) prints "name done", or "name ERRNO" when f raises
+// OSError (ENOENT, EPERM, ...).
+inline constexpr const char* kAttempt =
+    "import errno\n"
+    "def attempt(name, f):\n"
+    "    try:\n"
+    "        f()\n"
+    "        print(name, 'done')\n"
+    "    except OSError as e:\n"
+    "        print(name, errno.errorcode.get(e.errno, e.errno))\n";
+
 inline constexpr const char* kPrelude =
     "import ctypes, errno, os, subprocess\n"
     "libc = ctypes.CDLL(None, use_errno=True)\n"
