@@ -140,8 +140,8 @@ void AwaitExec(pid_t pid, int status_fd) {
   }
 }
 
-// The child's stack while it sets up (we are suspended meanwhile, so one is
-// enough).
+// The child's stack while it sets up (we wait in AwaitExec meanwhile, so one
+// is enough).
 alignas(64) char child_stack[256 << 10];
 
 std::vector<std::string> Candidates(const std::string& argv0, const Exec& req) {
@@ -294,9 +294,10 @@ void Agent::StartExec(Conn& c, uint64_t id, Exec& req) {
   plan.out = out[1];
   plan.err = err[1];
   plan.status = st[1];
-  // Fork with every signal blocked: the child resets dispositions before it
-  // unblocks, so a Signal that arrives in between is held, not lost to an
-  // ignored disposition it inherited from us.
+  // Clone with every signal blocked (until the child has executed): the
+  // child resets dispositions before it unblocks, so a Signal that arrives
+  // in between is held, not lost to an ignored disposition it inherited
+  // from us.
   sigset_t all, old;
   sigfillset(&all);
   ::sigprocmask(SIG_SETMASK, &all, &old);

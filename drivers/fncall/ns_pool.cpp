@@ -5,7 +5,6 @@
 #include <sched.h>
 #include <unistd.h>
 
-#include <cstdlib>
 #include <cstring>
 
 namespace dsec::fncall {
@@ -53,7 +52,7 @@ size_t NamespacePool::dropped() const {
 
 namespace {
 
-// /proc/sysvipc/* and /proc/net/tcp*: a header line plus one line per object.
+// /proc/sysvipc/*: a header line plus one line per object.
 bool HeaderOnly(int fd) {
   char buf[4096];
   ssize_t n = fd >= 0 ? ::pread(fd, buf, sizeof buf, 0) : -1;
@@ -87,11 +86,12 @@ bool NamespacePool::NetEmpty(int index) const {
     buf[n] = 0;
     return true;
   };
-  // "TCP: inuse N orphan N tw N ...": no socket, open, closing or in
-  // TIME_WAIT (tw counts IPv6 ones too).
+  // The number after `key` is 0.
   auto zero_after = [&buf](const char* key) {
     const char* p = std::strstr(buf, key);
-    return p && std::strtoull(p + std::strlen(key), nullptr, 10) == 0 && p[std::strlen(key)] == '0';
+    if (!p) return false;
+    p += std::strlen(key);
+    return p[0] == '0' && (p[1] < '0' || p[1] > '9');
   };
   // "sockets: used N" counts every socket of the namespace (a unix socket
   // kept alive by a descriptor-passing cycle, a UDP port, netlink); TIME_WAIT

@@ -23,9 +23,9 @@ class NamespacePool {
   // semaphore set or shared memory segment. Reads /proc/sysvipc files opened
   // inside it when it was made (they stay bound to it), so no setns.
   bool IpcEmpty(int index) const;
-  // net only, once every process that used it is gone: true when no TCP
-  // socket outlived them (TIME_WAIT, FIN_WAIT, a lingering close), so the
-  // next user can bind any port. Enters the namespace to read its sockstat
+  // net only, once every process that used it is gone: true when no socket
+  // outlived them (TCP in TIME_WAIT or closing, one held by a
+  // descriptor-passing cycle), so the next user can bind any port. Enters the namespace to read its sockstat
   // counters (the calling process is single-threaded).
   bool NetEmpty(int index) const;
   // Free namespaces beyond this many are closed on Release.

@@ -159,7 +159,7 @@ class Spawner {
   NamespacePool netns_{CLONE_NEWNET, "net"};
   NamespacePool ipcns_{CLONE_NEWIPC, "ipc"};
   // Net namespaces for containers, made ahead. One comes back when its
-  // container's init (our child) is reaped and no TCP socket outlived the
+  // container's init (our child) is reaped and no socket outlived the
   // container (NetEmpty), unless --fresh-namespaces; else it is closed.
   NamespacePool container_netns_{CLONE_NEWNET, "net"};
   std::unordered_map<pid_t, int> container_netns_by_pid_;  // init pid -> namespace index

@@ -24,6 +24,14 @@ using ::testing::HasSubstr;
 
 class SessionPreemption : public ContainerTest {
  protected:
+  // A client with short timeouts: a request a crash left unanswered shows.
+  static Result<std::unique_ptr<Client>> ImpatientClient() {
+    ClientOptions o;
+    o.address = daemon_->sdk_addr();
+    o.rpc_timeout = std::chrono::milliseconds(2000);
+    return Client::Connect(o);
+  }
+
   std::vector<std::string> TrainerArgs(const std::string& job, int rollouts, int steps, bool strict) {
     std::vector<std::string> argv{BinDir() + "/dsec-rollout-trainer", "--addr", daemon_->sdk_addr(),
                                   "--job", job, "--task", "count", "--image", kImage,
@@ -154,11 +162,7 @@ TEST_F(SessionPreemption, Kill9OfDsecdLosesNoAcknowledgedStep) {
 }
 
 TEST_F(SessionPreemption, ASessionActorThatCrashesMidStepIsRestartedAndTheStepRunsOnce) {
-  // Short timeouts: a request left unanswered by the crash would show.
-  ClientOptions o;
-  o.address = daemon_->sdk_addr();
-  o.rpc_timeout = std::chrono::milliseconds(2000);
-  auto trainer = Client::Connect(o);
+  auto trainer = ImpatientClient();
   ASSERT_TRUE(trainer.ok()) << trainer.status().ToString();
   auto s = (*trainer)->OpenSession("crash/actor/0", ContainerSpec(kImage));
   ASSERT_TRUE(s.ok()) << s.status().ToString();
@@ -200,10 +204,7 @@ TEST_F(SessionPreemption, ASessionActorThatCrashesMidStepIsRestartedAndTheStepRu
 }
 
 TEST_F(SessionPreemption, ASandboxActorThatCrashesAnswersItsExecsAtOnce) {
-  ClientOptions o;
-  o.address = daemon_->sdk_addr();
-  o.rpc_timeout = std::chrono::milliseconds(2000);
-  auto c = Client::Connect(o);
+  auto c = ImpatientClient();
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   auto sb = (*c)->Create(ContainerSpec(kImage));
   ASSERT_TRUE(sb.ok()) << sb.status().ToString();
