@@ -8,6 +8,7 @@
 
 #include "actors/context.hpp"
 #include "actors/crash.hpp"
+#include "actors/step_cache.hpp"
 #include "dsec/status_proto.hpp"
 #include "runtime/files.hpp"
 #include "state/table.hpp"
@@ -42,7 +43,9 @@ struct SessionState {
   bool closing = false;
   std::vector<SessionPromise> close_waiters;
   // Annotations whose write is in flight: later reads see them.
-  std::map<uint64_t, std::pair<v1::StepRecord, int>> annotated;
+  std::map<uint64_t, std::pair<StepCache::Ptr, int>> annotated;
+  // Steps logged, annotated or read lately (only what is on disk).
+  StepCache steps;
   // Trainers (their SDK actors) that opened or stepped, monitored.
   std::unordered_set<caf::actor_addr> trainers;
   uint64_t lease_gen = 0;
@@ -275,14 +278,35 @@ void CreateSandboxes(Self self, std::function<void(const Status&)> done) {
 
 // ---- steps ----------------------------------------------------------------
 
-// A logged step: from an annotation in flight, else from the store.
-Result<v1::StepRecord> LoggedStep(Self self, uint64_t index) {
+// Steps read ahead from the store on a miss: a replaying trainer asks for
+// them in order, and one scan is cheaper than a lookup each.
+constexpr int kReadAhead = 32;
+
+// A logged step: from an annotation in flight, else from the cache, else
+// from the store (reading ahead into the cache).
+Result<StepCache::Ptr> LoggedStep(Self self, uint64_t index) {
   auto& st = self->state;
   if (auto it = st.annotated.find(index); it != st.annotated.end()) return it->second.first;
-  auto step =
-      state::TypedTable<v1::StepRecord>(st.ctx->store, state::Table::kSteps).Get(state::StepKey(st.rec.name(), index));
+  if (auto hit = st.steps.Find(index)) return hit;
+  state::TypedTable<v1::StepRecord> steps(st.ctx->store, state::Table::kSteps);
+  std::vector<StepCache::Ptr> ahead;
+  size_t bytes = 0;
+  // Best effort: a failed or short scan leaves the lookup below to report.
+  (void)steps.ScanFrom(state::StepPrefix(st.rec.name()), state::StepKey(st.rec.name(), index),
+                       [&](const std::string&, v1::StepRecord&& rec) {
+                         if (rec.index() >= st.rec.step_count()) return false;
+                         bytes += rec.ByteSizeLong();
+                         ahead.push_back(std::make_shared<v1::StepRecord>(std::move(rec)));
+                         return ahead.size() < kReadAhead && bytes < st.steps.max_bytes() / 2;
+                       });
+  for (auto it = ahead.rbegin(); it != ahead.rend(); ++it)
+    if (!st.annotated.count((*it)->index())) st.steps.Put(*it);
+  if (!ahead.empty() && ahead.front()->index() == index) return ahead.front();
+  auto step = steps.Get(state::StepKey(st.rec.name(), index));
   if (!step.ok()) return step.status().Annotate(StepName(st.rec.name(), index));
-  return step;
+  auto ptr = std::make_shared<v1::StepRecord>(std::move(*step));
+  st.steps.Put(ptr);
+  return ptr;
 }
 
 void FastForward(Self self, const v1::StepRequest& req, StepPromise rp) {
@@ -292,14 +316,15 @@ void FastForward(Self self, const v1::StepRequest& req, StepPromise rp) {
     rp.deliver(StepError(step.status()));
     return;
   }
-  Status same = SameRequest(st.rec.name(), req.index(), step->sandbox().empty() ? kAgentRole : step->sandbox(),
-                            step->request(), RoleOf(req), req.exec());
+  const v1::StepRecord& logged = **step;
+  Status same = SameRequest(st.rec.name(), req.index(), logged.sandbox().empty() ? kAgentRole : logged.sandbox(),
+                            logged.request(), RoleOf(req), req.exec());
   if (!same.ok()) {
     rp.deliver(StepError(same));
     return;
   }
   v1::StepReply r;
-  *r.mutable_step() = std::move(*step);
+  *r.mutable_step() = logged;
   r.set_fast_forwarded(true);
   rp.deliver(std::move(r));
 }
@@ -341,7 +366,7 @@ void LogStep(Self self, const v1::StepRequest& req, int64_t started, Result<v1::
   next.set_step_count(index + 1);
   next.set_updated_ms(NowMs());
   state::TypedTable<v1::SessionRecord>(st.ctx->store, state::Table::kSessions).Put(&b, next.name(), next);
-  Persist(self, std::move(b), [self, step, next, finish](const Status& w) {
+  Persist(self, std::move(b), [self, step = std::move(step), next, finish](const Status& w) mutable {
     if (!w.ok()) {
       finish(StepError(w.Annotate(StepName(next.name(), step.index()) + " ran but could not be logged")));
       return;
@@ -352,6 +377,7 @@ void LogStep(Self self, const v1::StepRequest& req, int64_t started, Result<v1::
     self->state.rec.set_updated_ms(next.updated_ms());
     v1::StepReply reply;
     *reply.mutable_step() = step;
+    self->state.steps.Put(std::make_shared<v1::StepRecord>(std::move(step)));
     finish(reply);
   });
 }
@@ -484,30 +510,44 @@ void Annotate(Self self, const v1::AnnotateStepRequest& req, StepPromise rp) {
                                           std::to_string(st.rec.step_count()) + " step(s) logged)")));
     return;
   }
-  auto step = LoggedStep(self, req.index());
-  if (!step.ok()) {
-    rp.deliver(StepError(step.status()));
+  auto logged = LoggedStep(self, req.index());
+  if (!logged.ok()) {
+    rp.deliver(StepError(logged.status()));
     return;
   }
+  // Merged in place: the record is the session's own (cache, in-flight
+  // annotations), and later reads must see the annotation at once.
+  StepCache::Ptr step = std::move(*logged);
   MergeMeta(req.meta(), step->mutable_meta());
   auto& pending = st.annotated[req.index()];
-  pending.first = *step;
+  pending.first = step;
   ++pending.second;
+  st.steps.Put(step);
   state::WriteBatch b;
   state::TypedTable<v1::StepRecord>(st.ctx->store, state::Table::kSteps)
       .Put(&b, state::StepKey(st.rec.name(), req.index()), *step);
+  // The answer names the step and carries its metadata as this write logs
+  // it: not the request and output, which the trainer has (Steps() reads
+  // them back).
+  v1::StepReply brief;
+  brief.mutable_step()->set_session(st.rec.name());
+  brief.mutable_step()->set_index(req.index());
+  *brief.mutable_step()->mutable_meta() = step->meta();
   uint64_t index = req.index();
-  Persist(self, std::move(b), [self, index, rp, step = std::move(*step)](const Status& w) mutable {
+  Persist(self, std::move(b), [self, index, rp, brief = std::move(brief)](const Status& w) mutable {
     auto& st = self->state;
     auto it = st.annotated.find(index);
-    if (it != st.annotated.end() && --it->second.second == 0) st.annotated.erase(it);
+    if (it != st.annotated.end() && --it->second.second == 0) {
+      st.annotated.erase(it);
+      // The cached record holds what this write carried; if that failed
+      // (it may still have landed), read the store next time.
+      if (!w.ok()) st.steps.Erase(index);
+    }
     if (!w.ok()) {
       rp.deliver(StepError(w.Annotate(StepName(st.rec.name(), index) + ": annotate")));
       return;
     }
-    v1::StepReply r;
-    *r.mutable_step() = std::move(step);
-    rp.deliver(std::move(r));
+    rp.deliver(std::move(brief));
   });
 }
 

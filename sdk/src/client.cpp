@@ -285,8 +285,8 @@ Result<v1::StepReply> Session::Step(uint64_t index, v1::ExecRequest req, const S
   return StepAsync(index, std::move(req), options).get();
 }
 
-std::future<Result<v1::StepRecord>> Session::AnnotateAsync(uint64_t index, const v1::StepMeta& meta) const {
-  auto p = std::make_shared<std::promise<Result<v1::StepRecord>>>();
+std::future<Result<v1::StepMeta>> Session::AnnotateAsync(uint64_t index, const v1::StepMeta& meta) const {
+  auto p = std::make_shared<std::promise<Result<v1::StepMeta>>>();
   auto f = p->get_future();
   v1::AnnotateStepRequest req;
   req.set_session(name_);
@@ -295,12 +295,12 @@ std::future<Result<v1::StepRecord>> Session::AnnotateAsync(uint64_t index, const
   client_->impl_->Call<v1::StepReply>(std::move(req), client_->impl_->options.rpc_timeout,
                                       [p](Result<v1::StepReply> r) {
                                         if (!r.ok()) return p->set_value(r.status());
-                                        p->set_value(std::move(*r->mutable_step()));
+                                        p->set_value(std::move(*r->mutable_step()->mutable_meta()));
                                       });
   return f;
 }
 
-Result<v1::StepRecord> Session::Annotate(uint64_t index, const v1::StepMeta& meta) const {
+Result<v1::StepMeta> Session::Annotate(uint64_t index, const v1::StepMeta& meta) const {
   return AnnotateAsync(index, meta).get();
 }
 

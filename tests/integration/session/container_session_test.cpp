@@ -137,6 +137,11 @@ TEST_F(ContainerSessions, MetadataIsLoggedWithTheStepAndCanBeAddedLater) {
   (*later.mutable_notes())["grader"] = "partial";
   auto annotated = s->Annotate(1, later);
   ASSERT_TRUE(annotated.ok()) << annotated.status().ToString();
+  // What comes back is the merged metadata, as logged.
+  EXPECT_DOUBLE_EQ(annotated->reward(), 0.75);
+  EXPECT_EQ(annotated->prompt_tokens(), 120u);
+  EXPECT_EQ(annotated->notes().at("thought"), "list the files first");
+  EXPECT_EQ(annotated->notes().at("grader"), "partial");
   auto steps = s->Steps();
   ASSERT_TRUE(steps.ok()) << steps.status().ToString();
   ASSERT_EQ(steps->steps_size(), 2);
