@@ -22,6 +22,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 #include <vector>
 
@@ -68,12 +69,10 @@ struct ChildPlan {
   for (int sig = 1; sig < NSIG; ++sig)
     if (sig != SIGKILL && sig != SIGSTOP) ::sigaction(sig, &dfl, nullptr);
   ::setpgid(0, 0);
-  // The agent keeps itself out of the OOM killer's way (its init set -900);
-  // what it runs is an ordinary victim. Raising needs no privilege.
-  if (int adj = ::open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC); adj >= 0) {
-    (void)!::write(adj, "0", 1);
-    ::close(adj);
-  }
+  // No oom_score_adj here: while the child shares our memory, the kernel
+  // applies a write to every process sharing it (the agent too, losing its
+  // -900) after a walk over every process on the host. The agent sets it
+  // once the program runs (ExecDefaultOomScore).
   // Lift every pipe end above 2 first so the dup2s below cannot clobber one
   // another, whatever numbers they had.
   int in = ::fcntl(p.in, F_DUPFD, 3), out = ::fcntl(p.out, F_DUPFD, 3), err = ::fcntl(p.err, F_DUPFD, 3);
@@ -137,6 +136,19 @@ void AwaitExec(pid_t pid, int status_fd) {
     if (r == 0 && ::waitid(P_PID, static_cast<id_t>(pid), &si, WSTOPPED | WNOHANG | WNOWAIT) == 0 &&
         si.si_pid == pid)
       ::kill(pid, SIGKILL);
+  }
+}
+
+// The agent keeps itself out of the OOM killer's way (its init set -900);
+// what it runs is an ordinary victim, set to 0 here, right after its exec
+// (it has its own memory now: the write touches it alone). Until then, a
+// few microseconds, it runs at the agent's -900. Raising needs no privilege.
+void ExecDefaultOomScore(pid_t pid) {
+  char path[48];
+  std::snprintf(path, sizeof path, "/proc/%d/oom_score_adj", static_cast<int>(pid));
+  if (int adj = ::open(path, O_WRONLY | O_CLOEXEC); adj >= 0) {
+    (void)!::write(adj, "0", 1);
+    ::close(adj);
   }
 }
 
@@ -308,7 +320,10 @@ void Agent::StartExec(Conn& c, uint64_t id, Exec& req) {
   ::close(out[1]);
   ::close(err[1]);
   ::close(st[1]);
-  if (pid > 0) AwaitExec(pid, st[0]);
+  if (pid > 0) {
+    AwaitExec(pid, st[0]);
+    ExecDefaultOomScore(pid);
+  }
   ::sigprocmask(SIG_SETMASK, &old, nullptr);
   if (pid < 0) {
     errno = fork_errno;

@@ -38,13 +38,14 @@ TEST_F(ContainerDevices, MknodOfABlockDeviceFails) {
   auto sb = Make();
   ASSERT_TRUE(sb.ok()) << sb.status().ToString();
   // The first SCSI/SATA disk, a virtio disk and a loop device; in /tmp (the
-  // overlay) and in /dev (a tmpfs root may write to).
+  // overlay: no CAP_MKNOD) and in /dev (the node's, read-only to all).
   auto r = Exec(*sb, Command({"python3", "-c", kMknodProbe, "/tmp/sda", "b", "8", "0", "/dev/sda", "b", "8", "0",
                               "/tmp/vda", "b", "254", "0", "/dev/loop0", "b", "7", "0", "/tmp/fifo", "p", "0", "0"}));
   ASSERT_EQ(r.verdict(), v1::VERDICT_OK) << r.error() << "\n" << r.stderr();
   auto res = ParseResults(r.stdout());
   ASSERT_EQ(res.size(), 5u) << r.stdout();
-  for (const char* dev : {"/tmp/sda", "/dev/sda", "/tmp/vda", "/dev/loop0"}) EXPECT_EQ(res[dev], "EPERM") << dev;
+  for (const char* dev : {"/tmp/sda", "/tmp/vda"}) EXPECT_EQ(res[dev], "EPERM") << dev;
+  for (const char* dev : {"/dev/sda", "/dev/loop0"}) EXPECT_EQ(res[dev], "EROFS") << dev;
   // mknod itself is allowed: a FIFO needs no capability.
   EXPECT_EQ(res["/tmp/fifo"], "made");
   Destroy(*sb);
@@ -61,7 +62,7 @@ TEST_F(ContainerDevices, MknodOfACharDeviceOutsideTheSetFails) {
   ASSERT_EQ(r.verdict(), v1::VERDICT_OK) << r.error() << "\n" << r.stderr();
   auto res = ParseResults(r.stdout());
   ASSERT_EQ(res.size(), 7u) << r.stdout();
-  for (const auto& [path, result] : res) EXPECT_EQ(result, "EPERM") << path;
+  for (const auto& [path, result] : res) EXPECT_EQ(result, path.rfind("/dev/", 0) == 0 ? "EROFS" : "EPERM") << path;
   Destroy(*sb);
 }
 
@@ -106,6 +107,31 @@ TEST_F(ContainerDevices, TheUsualNodesWork) {
                               "print('pty', os.read(m, 16).strip().decode())\n"}));
   ASSERT_EQ(r.verdict(), v1::VERDICT_OK) << r.error() << "\n" << r.stderr();
   EXPECT_EQ(r.stdout(), "null 4096\nzero True\nurandom 16\nfull ENOSPC\npty hi\n");
+  Destroy(*sb);
+}
+
+TEST_F(ContainerDevices, DevIsReadOnlyButShmAndPtsAreTheContainersOwn) {
+  // One /dev for the node, bound read-only into every container: nothing in
+  // it can be created, renamed or removed (one container could otherwise
+  // leave a file for the next); /dev/shm and /dev/pts are mounted per
+  // container on top (another container's never shows: ContainerIsolation).
+  auto sb = Make();
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  auto r = Exec(*sb, Command({"python3", "-c",
+                              "import errno, os\n"
+                              "def attempt(name, fn):\n"
+                              "    try:\n"
+                              "        fn()\n"
+                              "        print(name, 'ok')\n"
+                              "    except OSError as e:\n"
+                              "        print(name, errno.errorcode[e.errno])\n"
+                              "attempt('create', lambda: open('/dev/left-behind', 'w'))\n"
+                              "attempt('unlink', lambda: os.unlink('/dev/null'))\n"
+                              "attempt('mkdir', lambda: os.mkdir('/dev/d'))\n"
+                              "attempt('shm', lambda: open('/dev/shm/x', 'w').write('1'))\n"
+                              "attempt('pts', lambda: os.close(os.openpty()[0]))\n"}));
+  ASSERT_EQ(r.verdict(), v1::VERDICT_OK) << r.error() << "\n" << r.stderr();
+  EXPECT_EQ(r.stdout(), "create EROFS\nunlink EROFS\nmkdir EROFS\nshm ok\npts ok\n");
   Destroy(*sb);
 }
 

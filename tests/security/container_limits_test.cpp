@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "tests/support/container_fixture.hpp"
 
 extern char** environ;
@@ -169,6 +171,45 @@ TEST_F(ContainerLimits, AProgramStoppingEverythingDoesNotWedgeTheAgent) {
   auto again = ShIn(*sb, "echo still here");
   EXPECT_EQ(again.verdict(), v1::VERDICT_OK) << again.error() << again.stderr();
   EXPECT_EQ(again.stdout(), "still here\n");
+  Destroy(*sb);
+}
+
+// The agent (PID 1) runs at oom_score_adj -900, so a container's OOM kills
+// the program that ran out rather than the agent; programs run at 0. Running
+// them must not take the agent's protection away: a child that shares the
+// agent's memory until its exec (CLONE_VM) and writes its own score there
+// sets the agent's too (and walks every process on the host).
+TEST_F(ContainerLimits, ProgramsRunAtOomScoreZeroAndTheAgentKeepsItsProtection) {
+  auto sb = Make();
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  auto rec = sb->Get();
+  ASSERT_TRUE(rec.ok()) << rec.status().ToString();
+  auto state = nlohmann::json::parse(rec->driver_state(), nullptr, false);
+  ASSERT_TRUE(state.is_object()) << rec->driver_state();
+  int pid = state.value("init_pid", 0);
+  ASSERT_GT(pid, 0) << rec->driver_state();
+  auto agent_score = [pid] {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/oom_score_adj");
+    int v = 1;
+    in >> v;
+    return v;
+  };
+  // The agent's stdin write comes after it set the program's score: `read`
+  // returning orders the check after it.
+  auto req = Sh("read go; cat /proc/self/oom_score_adj");
+  req.set_stdin("go\n");
+  auto r = Exec(*sb, req);
+  ASSERT_EQ(r.verdict(), v1::VERDICT_OK) << r.error() << r.stderr();
+  EXPECT_EQ(r.stdout(), "0\n");
+  int before = agent_score();
+  if (before >= 0) {
+    Destroy(*sb);
+    GTEST_SKIP() << "this host does not let dsecd lower oom_score_adj (no CAP_SYS_RESOURCE): the agent runs at "
+                 << before << ", so there is no protection to lose";
+  }
+  EXPECT_EQ(before, -900);
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(ShIn(*sb, "true").verdict(), v1::VERDICT_OK);
+  EXPECT_EQ(agent_score(), before) << "running programs reset the agent's oom_score_adj";
   Destroy(*sb);
 }
 
