@@ -16,8 +16,6 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "tests/support/container_fixture.hpp"
 
 extern char** environ;
@@ -182,12 +180,8 @@ TEST_F(ContainerLimits, AProgramStoppingEverythingDoesNotWedgeTheAgent) {
 TEST_F(ContainerLimits, ProgramsRunAtOomScoreZeroAndTheAgentKeepsItsProtection) {
   auto sb = Make();
   ASSERT_TRUE(sb.ok()) << sb.status().ToString();
-  auto rec = sb->Get();
-  ASSERT_TRUE(rec.ok()) << rec.status().ToString();
-  auto state = nlohmann::json::parse(rec->driver_state(), nullptr, false);
-  ASSERT_TRUE(state.is_object()) << rec->driver_state();
-  int pid = state.value("init_pid", 0);
-  ASSERT_GT(pid, 0) << rec->driver_state();
+  int pid = InitPid(*sb);
+  ASSERT_GT(pid, 0);
   auto agent_score = [pid] {
     std::ifstream in("/proc/" + std::to_string(pid) + "/oom_score_adj");
     int v = 1;

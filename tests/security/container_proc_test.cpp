@@ -19,7 +19,6 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
 
 #include "tests/support/container_fixture.hpp"
 #include "tests/support/probes.hpp"
@@ -257,12 +256,8 @@ TEST_F(ContainerProc, KernelKnobsInProcSysAndSysrqTriggerAreNotWritable) {
 TEST_F(ContainerProc, ItsMountTableHoldsNoMountOfTheHost) {
   auto sb = Make();
   ASSERT_TRUE(sb.ok()) << sb.status().ToString();
-  auto rec = sb->Get();
-  ASSERT_TRUE(rec.ok()) << rec.status().ToString();
-  auto state = nlohmann::json::parse(rec->driver_state(), nullptr, false);
-  ASSERT_TRUE(state.is_object()) << rec->driver_state();
-  int pid = state.value("init_pid", 0);
-  ASSERT_GT(pid, 0) << rec->driver_state();
+  int pid = InitPid(*sb);
+  ASSERT_GT(pid, 0);
   int ns = ::open(("/proc/" + std::to_string(pid) + "/ns/mnt").c_str(), O_RDONLY | O_CLOEXEC);
   ASSERT_GE(ns, 0) << std::strerror(errno);
   int fds[2];

@@ -101,6 +101,18 @@ std::string ContainerTest::FreezerState(const std::string& id) {
   return s;
 }
 
+int ContainerTest::InitPid(const Sandbox& sb) {
+  auto rec = sb.Get();
+  if (!rec.ok()) {
+    ADD_FAILURE() << sb.id() << ": " << rec.status().ToString();
+    return 0;
+  }
+  auto state = nlohmann::json::parse(rec->driver_state(), nullptr, false);
+  int pid = state.is_object() ? state.value("init_pid", 0) : 0;
+  if (pid <= 0) ADD_FAILURE() << sb.id() << ": no init pid in the driver state " << rec->driver_state();
+  return pid;
+}
+
 std::string ContainerTest::Remains(const std::string& id) {
   std::string out;
   std::string dir = daemon_->data_dir() + "/sandboxes/" + id;

@@ -54,6 +54,9 @@ class ContainerTest : public ::testing::Test {
   // What the daemon keeps of a container on the host: its dir, its cgroup
   // (memory hierarchy), processes in it; "" when nothing is left.
   static std::string Remains(const std::string& sandbox_id);
+  // The host pid of the container's init (its agent), from the driver's
+  // state; a failure is fatal to the test, and the result then 0.
+  static int InitPid(const Sandbox& sb);
   // The container's freezer.state ("THAWED", "FROZEN"; "" when it has no group).
   static std::string FreezerState(const std::string& sandbox_id);
 
