@@ -155,6 +155,9 @@ void CloseSession(Self self, std::string reason, SessionPromise* rp);
 void ArmLease(Self self) {
   auto& st = self->state;
   if (st.rec.phase() != v1::SESSION_PHASE_OPEN) return;
+  // No trainer: nothing will read the cached steps soon (a trainer that
+  // comes back to replay reads ahead from the store).
+  st.steps.Clear();
   uint64_t gen = ++st.lease_gen;
   uint32_t secs = st.rec.lease_s();
   self->delayed_send(
@@ -784,15 +787,19 @@ session_actor::behavior_type SessionActor(Self self, std::shared_ptr<NodeContext
   if (!st.rec.lease_s()) st.rec.set_lease_s(st.ctx->options.session_lease_s);
   if (st.rec.phase() == v1::SESSION_PHASE_OPEN) {
     ArmLease(self);  // restored: no trainer yet; one has the lease to come back
-    if (!st.rec.ready()) {
+    // Restarted after a crash of this actor, the writes of the crashed one
+    // may still be queued in the committer: requests wait behind an empty
+    // write (first in, first out) so no older step is read into the cache.
+    st.opening = true;
+    Persist(self, state::WriteBatch{}, [self](const Status&) {
+      if (self->state.rec.ready()) return OpenDone(self);
       // Restored before its sandboxes were all created: finish that first.
-      st.opening = true;
       CreateSandboxes(self, [self](const Status& s) {
         if (!s.ok()) self->state.ctx->log->warn("session {}: {}", self->state.rec.name(), s.message());
         OpenDone(self);
         if (!s.ok()) Quit(self);
       });
-    }
+    });
   } else if (st.rec.phase() == v1::SESSION_PHASE_FAILED) {
     // Left failed (by the supervisor): its sandboxes go, its log stays.
     DestroySandboxes(self, [self] { Quit(self); });

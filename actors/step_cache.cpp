@@ -15,9 +15,9 @@ void StepCache::Put(Ptr step) {
   if (!step) return;
   uint64_t index = step->index();
   Erase(index);
-  // The encoded size plus the objects and allocations around it: an
-  // estimate of the memory held, not an exact count.
-  size_t bytes = step->ByteSizeLong() + kOverheadBytes;
+  // The message's own reckoning of its memory, plus the list and index
+  // nodes around it.
+  size_t bytes = step->SpaceUsedLong() + kOverheadBytes;
   if (bytes > max_bytes_) return;
   lru_.push_front(Entry{index, std::move(step), bytes});
   by_index_[index] = lru_.begin();
@@ -28,6 +28,12 @@ void StepCache::Put(Ptr step) {
     by_index_.erase(old.index);
     lru_.pop_back();
   }
+}
+
+void StepCache::Clear() {
+  lru_.clear();
+  by_index_.clear();
+  bytes_ = 0;
 }
 
 void StepCache::Erase(uint64_t index) {

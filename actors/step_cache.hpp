@@ -20,13 +20,13 @@ namespace dsec {
 class StepCache {
  public:
   using Ptr = std::shared_ptr<v1::StepRecord>;
-  // 32 KiB per session: a few dozen small steps (a `true` step is ~150
-  // bytes), one or two with long output; 10 000 busy sessions hold at most
-  // 320 MiB. A record larger than the budget is not cached.
+  // 32 KiB per session (records counted by their SpaceUsedLong): a few
+  // dozen small steps, one or two with long output; 10 000 sessions with a
+  // trainer attached hold at most 320 MiB (a session whose trainer is gone
+  // drops its cache). A record larger than the budget is not cached.
   static constexpr size_t kDefaultMaxBytes = 32 * 1024;
-  // Counted per record on top of its encoded size (messages, strings, the
-  // list and index nodes).
-  static constexpr size_t kOverheadBytes = 512;
+  // Counted per record on top of its own size: the list and index nodes.
+  static constexpr size_t kOverheadBytes = 64;
 
   explicit StepCache(size_t max_bytes = kDefaultMaxBytes) : max_bytes_(max_bytes) {}
 
@@ -37,6 +37,7 @@ class StepCache {
   // recently used records beyond the budget.
   void Put(Ptr step);
   void Erase(uint64_t index);
+  void Clear();
 
   size_t bytes() const { return bytes_; }
   size_t size() const { return by_index_.size(); }

@@ -10,6 +10,7 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/un.h>
 
 #include <cerrno>
@@ -97,10 +98,9 @@ void ProtectProc(ContainerSetup* s, const char* r) {
     long rc = Call(SYS_mount, null.buf, p.buf, 0, MS_BIND, 0);
     if (rc != -ENOENT) CHECK(rc, "mask a /proc file");
   }
-  // The base's empty read-only directory, not a tmpfs each.
   for (const char* rel : {"/proc/acpi", "/proc/scsi"}) {
     Path p(r, rel);
-    long rc = Call(SYS_mount, "/empty", p.buf, 0, MS_BIND, 0);
+    long rc = Call(SYS_mount, "none", p.buf, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=0");
     if (rc != -ENOENT) CHECK(rc, "mask a /proc directory");
   }
 }
@@ -169,12 +169,32 @@ int ContainerInitEntry(void* arg) {
   if (Call(SYS_stat, Path(r, "/tmp").buf, &tmp_st) < 0 || (tmp_st.st_mode & 07777) != 01777)
     CHECK(Call(SYS_chmod, Path(r, "/tmp").buf, 01777), "chmod /tmp");
   CHECK(Call(SYS_mount, "proc", Path(r, "/proc").buf, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, 0), "mount /proc");
-  // /dev: the node's read-only one from the base (device nodes, links,
-  // mount points), with this container's own ptys and shm on it.
-  CHECK(Call(SYS_mount, "/dev", Path(r, "/dev").buf, 0, MS_BIND, 0), "bind /dev");
+  // A minimal /dev of our own: the usual character devices, ptys, and shm
+  // as a directory of the same tmpfs (one superblock fewer than a tmpfs of
+  // its own; mknod needs CAP_MKNOD, which nothing here keeps). Not shared
+  // with other containers: inotify, locks and timestamps on shared inodes
+  // would be a channel between them.
+  CHECK(Call(SYS_mount, "dev", Path(r, "/dev").buf, "tmpfs", MS_NOSUID, "mode=0755"), "mount /dev");
+  struct Node {
+    const char* name;
+    unsigned major, minor;
+  };
+  for (const Node& n : {Node{"/dev/null", 1, 3}, Node{"/dev/zero", 1, 5}, Node{"/dev/full", 1, 7},
+                        Node{"/dev/random", 1, 8}, Node{"/dev/urandom", 1, 9}, Node{"/dev/tty", 5, 0}}) {
+    Path p(r, n.name);
+    CHECK(Call(SYS_mknod, p.buf, S_IFCHR | 0666, makedev(n.major, n.minor)), "mknod in /dev");
+    CHECK(Call(SYS_chmod, p.buf, 0666), "chmod in /dev");
+  }
+  Call(SYS_symlink, "/proc/self/fd", Path(r, "/dev/fd").buf);
+  Call(SYS_symlink, "/proc/self/fd/0", Path(r, "/dev/stdin").buf);
+  Call(SYS_symlink, "/proc/self/fd/1", Path(r, "/dev/stdout").buf);
+  Call(SYS_symlink, "/proc/self/fd/2", Path(r, "/dev/stderr").buf);
+  CHECK(Mkdir(Path(r, "/dev/pts").buf, 0755), "mkdir /dev/pts");
+  CHECK(Mkdir(Path(r, "/dev/shm").buf, 01777), "mkdir /dev/shm");
+  CHECK(Call(SYS_chmod, Path(r, "/dev/shm").buf, 01777), "chmod /dev/shm");  // mkdir honours the umask
   CHECK(Call(SYS_mount, "devpts", Path(r, "/dev/pts").buf, "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620"),
         "mount /dev/pts");
-  CHECK(Call(SYS_mount, "shm", Path(r, "/dev/shm").buf, "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777"), "mount /dev/shm");
+  Call(SYS_symlink, "pts/ptmx", Path(r, "/dev/ptmx").buf);
   ProtectProc(s, r);
   // /run/dsec: the host's per-sandbox dir (the agent's socket), and the
   // agent binary over the empty file the host left there.

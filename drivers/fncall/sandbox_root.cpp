@@ -202,46 +202,14 @@ Result<UniqueFd> BuildNamespace(const char* what, Build build) {
   return ns;
 }
 
-// The /dev every container binds, read-only: one superblock for the node
-// instead of a tmpfs (and its nodes) per container. Writing to a device node
-// needs no writable file system; each container mounts its own devpts on
-// pts and tmpfs on shm.
-std::string BuildContainerDev(const std::string& dev) {
-  if (::mount("dsec-container-dev", dev.c_str(), "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=4k") < 0)
-    return Errno("mount tmpfs on " + dev);
-  struct Node {
-    const char* name;
-    unsigned major, minor;
-  };
-  for (const Node& n : {Node{"null", 1, 3}, Node{"zero", 1, 5}, Node{"full", 1, 7}, Node{"random", 1, 8},
-                        Node{"urandom", 1, 9}, Node{"tty", 5, 0}}) {
-    std::string path = dev + "/" + n.name;
-    if (::mknod(path.c_str(), S_IFCHR | 0666, makedev(n.major, n.minor)) < 0) return Errno("mknod " + path);
-    if (::chmod(path.c_str(), 0666) < 0) return Errno("chmod " + path);  // mknod honours the umask
-  }
-  for (const auto& [target, name] : {std::pair<const char*, const char*>{"/proc/self/fd", "fd"},
-                                     {"/proc/self/fd/0", "stdin"},
-                                     {"/proc/self/fd/1", "stdout"},
-                                     {"/proc/self/fd/2", "stderr"},
-                                     {"pts/ptmx", "ptmx"}})
-    if (::symlink(target, (dev + "/" + name).c_str()) < 0) return Errno("symlink " + dev + "/" + name);
-  if (::mkdir((dev + "/pts").c_str(), 0755) < 0) return Errno("mkdir " + dev + "/pts");
-  if (::mkdir((dev + "/shm").c_str(), 01777) < 0 || ::chmod((dev + "/shm").c_str(), 01777) < 0)
-    return Errno("mkdir " + dev + "/shm");
-  if (::mount(nullptr, dev.c_str(), nullptr, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NOEXEC, "mode=0755") < 0)
-    return Errno("remount " + dev + " read-only");
-  return {};
-}
-
 std::string BuildEmptyBaseInChild() {
   if (::unshare(CLONE_NEWNS) < 0) return Errno("unshare(CLONE_NEWNS)");
   if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) < 0) return Errno("make / private");
   const std::string r = kStage;
   if (::mount("dsec-container-base", r.c_str(), "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0755,size=4k") < 0)
     return Errno("mount tmpfs on " + r);
-  for (const char* d : {"mnt", ".old", "dev", "empty"})
+  for (const char* d : {"mnt", ".old"})
     if (::mkdir((r + "/" + d).c_str(), 0755) < 0) return Errno(std::string("mkdir ") + d);
-  if (auto err = BuildContainerDev(r + "/dev"); !err.empty()) return err;
   if (::chdir(r.c_str()) < 0) return Errno("chdir " + r);
   if (::syscall(SYS_pivot_root, ".", ".old") < 0) return Errno("pivot_root");
   if (::chdir("/") < 0) return Errno("chdir /");

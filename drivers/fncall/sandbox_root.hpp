@@ -26,9 +26,8 @@ struct RootOptions {
 // called while the process is single-threaded (it forks).
 Result<UniqueFd> BuildHostRootNamespace(const RootOptions& opts);
 
-// A mount namespace whose whole content is a read-only tmpfs with /mnt,
-// /empty and /dev (a read-only tmpfs of the usual device nodes, with pts and
-// shm to mount on): what a container's mount namespace starts from. The
+// A mount namespace whose whole content is an empty read-only tmpfs with one
+// directory, /mnt: what a container's mount namespace starts from. The
 // container's root is mounted on /mnt and moved over /, so nothing of the
 // host's mount table is ever in a container's namespace, and no
 // pivot_root is needed (pivot_root walks every thread on the host, which

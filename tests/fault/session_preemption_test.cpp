@@ -54,9 +54,13 @@ class SessionPreemption : public ContainerTest {
       ASSERT_EQ(log->steps_size(), steps) << name;
       for (int k = 0; k < steps; ++k) {
         std::string out = log->steps(k).result().stdout();
-        if (strict) EXPECT_EQ(out, std::to_string(k + 1) + "\n") << name << " step " << k;
+        if (strict) {
+          EXPECT_EQ(out, std::to_string(k + 1) + "\n") << name << " step " << k;
+        }
         auto it = acked.find({r, k});
-        if (it != acked.end()) EXPECT_EQ(out, it->second + "\n") << name << " step " << k << ": acknowledged, then lost";
+        if (it != acked.end()) {
+          EXPECT_EQ(out, it->second + "\n") << name << " step " << k << ": acknowledged, then lost";
+        }
       }
       if (strict) {
         auto sb = s->sandbox();
@@ -142,7 +146,9 @@ TEST_F(SessionPreemption, Kill9OfDsecdLosesNoAcknowledgedStep) {
     if (ParseStep(line, &r, &k, &out)) {
       auto it = acked.find({r, k});
       // What the trainer was told about a step never changes, crash or not.
-      if (it != acked.end()) EXPECT_EQ(it->second, out) << "rollout " << r << " step " << k;
+      if (it != acked.end()) {
+        EXPECT_EQ(it->second, out) << "rollout " << r << " step " << k;
+      }
       acked[{r, k}] = out;
     }
     EXPECT_THAT(line, ::testing::Not(HasSubstr("error")));

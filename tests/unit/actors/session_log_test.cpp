@@ -8,6 +8,7 @@
 #include <caf/all.hpp>
 #include <spdlog/spdlog.h>
 
+#include <future>
 #include <memory>
 
 #include "actors/context.hpp"
@@ -58,6 +59,7 @@ class SessionLog : public ::testing::Test {
     state::TypedTable<v1::SessionRecord>(&fault_, state::Table::kSessions).Put(&b, kName, rec);
     state::TypedTable<v1::StepRecord>(&fault_, state::Table::kSteps).Put(&b, state::StepKey(kName, 0), step);
     ASSERT_TRUE(committer_.WriteSync(std::move(b)).ok());
+    rec_ = rec;
     self_ = std::make_unique<caf::scoped_actor>(*sys_);
     session_ = SpawnSession((*self_).ptr(), ctx_, entry_actor{}, rec, [] {});
   }
@@ -86,13 +88,14 @@ class SessionLog : public ::testing::Test {
     req.mutable_meta()->set_reward(reward);
     return Ask(req);
   }
-  v1::StepReply Replay() {
+  static v1::StepRequest ReplayRequest() {
     v1::StepRequest req;
     req.set_session(kName);
     req.set_index(0);
     *req.mutable_exec() = True();
-    return Ask(req);
+    return req;
   }
+  v1::StepReply Replay() { return Ask(ReplayRequest()); }
   double RewardOnDisk() {
     auto s = state::TypedTable<v1::StepRecord>(&mem_, state::Table::kSteps).Get(state::StepKey(kName, 0));
     EXPECT_TRUE(s.ok()) << s.status().ToString();
@@ -107,6 +110,7 @@ class SessionLog : public ::testing::Test {
   std::unique_ptr<caf::actor_system> sys_;
   std::shared_ptr<NodeContext> ctx_;
   std::unique_ptr<caf::scoped_actor> self_;
+  v1::SessionRecord rec_;  // as restored
   session_actor session_;
 };
 
@@ -149,6 +153,39 @@ TEST_F(SessionLog, AReplayThatDiffersIsRefusedFromMemoryToo) {
   v1::StepReply r = Ask(other);
   EXPECT_EQ(r.status().code(), v1::Status::FAILED_PRECONDITION);
   EXPECT_NE(r.status().message().find("differs from the logged one"), std::string::npos) << r.status().message();
+}
+
+TEST_F(SessionLog, ARestartedActorReadsTheLogOnlyAfterTheCrashedOnesWritesLand) {
+  // The crashed actor's last annotation is still queued behind a write in
+  // progress (held) when the supervisor starts the new actor.
+  fault_.PauseWrites();
+  auto step = state::TypedTable<v1::StepRecord>(&mem_, state::Table::kSteps).Get(state::StepKey(kName, 0));
+  ASSERT_TRUE(step.ok()) << step.status().ToString();
+  step->mutable_meta()->set_reward(0.9);
+  state::WriteBatch b;
+  state::TypedTable<v1::StepRecord>(&fault_, state::Table::kSteps).Put(&b, state::StepKey(kName, 0), *step);
+  std::promise<Status> landed;
+  committer_.Submit(std::move(b), [&landed](const Status& s) { landed.set_value(s); });
+  fault_.WaitForPausedWrites(1);
+  auto restarted = SpawnSession((*self_).ptr(), ctx_, entry_actor{}, rec_, [] {});
+  // A replay, then a request the actor answers at once: once that answer is
+  // here, the actor has taken the replay (answered or held it).
+  auto replay = (*self_)->request(restarted, std::chrono::seconds(10), ReplayRequest());
+  v1::GetSessionRequest get;
+  get.set_name(kName);
+  (*self_)->request(restarted, std::chrono::seconds(10), get).receive([](v1::SessionReply&) {}, [](caf::error& e) {
+    ADD_FAILURE() << caf::to_string(e);
+  });
+  fault_.ResumeWrites();
+  ASSERT_TRUE(landed.get_future().get().ok());
+  v1::StepReply r;
+  replay.receive([&](v1::StepReply& got) { r = std::move(got); },
+                 [](caf::error& e) { ADD_FAILURE() << caf::to_string(e); });
+  ASSERT_EQ(r.status().code(), v1::Status::OK) << r.status().message();
+  EXPECT_TRUE(r.step().meta().has_reward()) << "the restarted actor served the log from before the crashed one's write";
+  EXPECT_DOUBLE_EQ(r.step().meta().reward(), 0.9);
+  (*self_)->send_exit(restarted, caf::exit_reason::user_shutdown);
+  (*self_)->wait_for(restarted);
 }
 
 }  // namespace

@@ -19,7 +19,7 @@ StepCache::Ptr Step(uint64_t index, size_t stdout_bytes = 0) {
 }
 
 size_t Cost(uint64_t index, size_t stdout_bytes = 0) {
-  return Step(index, stdout_bytes)->ByteSizeLong() + StepCache::kOverheadBytes;
+  return Step(index, stdout_bytes)->SpaceUsedLong() + StepCache::kOverheadBytes;
 }
 
 TEST(StepCache, FindsWhatWasPutAndNothingElse) {
@@ -39,7 +39,7 @@ TEST(StepCache, APutReplacesTheRecordOfTheSameStep) {
   annotated->mutable_meta()->set_reward(0.5);
   c.Put(annotated);
   EXPECT_EQ(c.size(), 1u);
-  EXPECT_EQ(c.bytes(), annotated->ByteSizeLong() + StepCache::kOverheadBytes);
+  EXPECT_EQ(c.bytes(), annotated->SpaceUsedLong() + StepCache::kOverheadBytes);
   EXPECT_DOUBLE_EQ(c.Find(1)->meta().reward(), 0.5);
 }
 
@@ -65,6 +65,16 @@ TEST(StepCache, ARecordLargerThanTheBudgetIsNotCachedAndEvictsNothing) {
   EXPECT_EQ(c.Find(1), nullptr);
   EXPECT_NE(c.Find(0), nullptr);
   EXPECT_EQ(c.bytes(), Cost(0));
+}
+
+TEST(StepCache, ClearForgetsEverything) {
+  StepCache c;
+  c.Put(Step(0));
+  c.Put(Step(1));
+  c.Clear();
+  EXPECT_EQ(c.size(), 0u);
+  EXPECT_EQ(c.bytes(), 0u);
+  EXPECT_EQ(c.Find(0), nullptr);
 }
 
 TEST(StepCache, EraseForgetsTheStepAndItsBytes) {
