@@ -52,9 +52,10 @@ struct Client::Impl {
     if constexpr (std::is_same<Request, v1::ExecRequest>::value) call.stream_id = req.stream_id();
     call.on_output = std::move(on_output);
     call.fail = [this, timeout, shared_done](const caf::error& e) { (*shared_done)(ToStatus(e, timeout)); };
+    // Called once: the request moves into the message.
     call.send = [this, timeout, shared_done, req = std::move(req)](
-                    caf::event_based_actor* self, const caf::actor& entry, std::function<bool()> claim) {
-      self->request(entry, timeout, req)
+                    caf::event_based_actor* self, const caf::actor& entry, std::function<bool()> claim) mutable {
+      self->request(entry, timeout, std::move(req))
           .then(
               [shared_done, claim](Reply& r) {
                 if (!claim()) return;

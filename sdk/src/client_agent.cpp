@@ -43,12 +43,14 @@ std::string Where(Self self) { return self->state.host + ":" + std::to_string(se
 void Dispatch(Self self, CallMsg call) {
   auto& st = self->state;
   uint64_t id = ++st.next_id;
-  auto send = call.send;
+  // Only `fail` is needed once the call is in flight: `send` (which holds
+  // the request) moves out instead of being copied.
+  auto send = std::move(call.send);
   uint64_t stream = call.on_output ? call.stream_id : 0;
   if (stream) st.streams[stream] = call.on_output;
   st.inflight.emplace(id, std::move(call));
   auto claim = [self, id, stream] {
-    self->state.streams.erase(stream);
+    if (stream) self->state.streams.erase(stream);
     return self->state.inflight.erase(id) == 1;
   };
   send(self, st.entry, claim);
