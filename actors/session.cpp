@@ -44,7 +44,9 @@ struct SessionState {
   std::vector<SessionPromise> close_waiters;
   // Annotations whose write is in flight: later reads see them.
   std::map<uint64_t, std::pair<StepCache::Ptr, int>> annotated;
-  // Steps logged, annotated or read lately (only what is on disk).
+  // Steps logged, annotated or read lately: what is on disk, plus the
+  // annotations in flight above (merged into the same records; dropped
+  // again if their write fails).
   StepCache steps;
   // Trainers (their SDK actors) that opened or stepped, monitored.
   std::unordered_set<caf::actor_addr> trainers;
