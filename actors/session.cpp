@@ -523,11 +523,14 @@ void Annotate(Self self, const v1::AnnotateStepRequest& req, StepPromise rp) {
   // Merged in place: the record is the session's own (cache, in-flight
   // annotations), and later reads must see the annotation at once.
   StepCache::Ptr step = std::move(*logged);
+  auto meta_before = static_cast<std::ptrdiff_t>(step->meta().SpaceUsedLong());
   MergeMeta(req.meta(), step->mutable_meta());
   auto& pending = st.annotated[req.index()];
   pending.first = step;
   ++pending.second;
-  st.steps.Put(step);
+  // Only the metadata changed: count its growth rather than the whole record.
+  if (!st.steps.Grew(req.index(), static_cast<std::ptrdiff_t>(step->meta().SpaceUsedLong()) - meta_before))
+    st.steps.Put(step);
   state::WriteBatch b;
   state::TypedTable<v1::StepRecord>(st.ctx->store, state::Table::kSteps)
       .Put(&b, state::StepKey(st.rec.name(), req.index()), *step);

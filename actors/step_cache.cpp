@@ -1,5 +1,6 @@
 #include "actors/step_cache.hpp"
 
+#include <algorithm>
 #include <utility>
 
 namespace dsec {
@@ -22,6 +23,27 @@ void StepCache::Put(Ptr step) {
   lru_.push_front(Entry{index, std::move(step), bytes});
   by_index_[index] = lru_.begin();
   bytes_ += bytes;
+  Trim();
+}
+
+bool StepCache::Grew(uint64_t index, std::ptrdiff_t delta) {
+  auto it = by_index_.find(index);
+  if (it == by_index_.end()) return false;
+  Entry& e = *it->second;
+  size_t bytes = static_cast<size_t>(std::max<std::ptrdiff_t>(static_cast<std::ptrdiff_t>(e.bytes) + delta,
+                                                               static_cast<std::ptrdiff_t>(kOverheadBytes)));
+  if (bytes > max_bytes_) {
+    Erase(index);
+    return true;
+  }
+  bytes_ = bytes_ - e.bytes + bytes;
+  e.bytes = bytes;
+  lru_.splice(lru_.begin(), lru_, it->second);
+  Trim();
+  return true;
+}
+
+void StepCache::Trim() {
   while (bytes_ > max_bytes_) {
     const Entry& old = lru_.back();
     bytes_ -= old.bytes;

@@ -36,6 +36,10 @@ class StepCache {
   // re-counting it, when it is the same record), and drops the least
   // recently used records beyond the budget.
   void Put(Ptr step);
+  // The cached record of step `index` changed by `delta` bytes in place (an
+  // annotation merged into it): counts it anew, now most recently used,
+  // without walking the whole record again. False if it is not cached.
+  bool Grew(uint64_t index, std::ptrdiff_t delta);
   void Erase(uint64_t index);
   void Clear();
 
@@ -50,6 +54,8 @@ class StepCache {
     size_t bytes;
   };
   using List = std::list<Entry>;  // most recently used first
+  // Drops the least recently used records beyond the budget.
+  void Trim();
   size_t max_bytes_;
   size_t bytes_ = 0;
   List lru_;

@@ -55,8 +55,8 @@ struct Client::Impl {
     // Called once: the request moves into the message.
     call.send = [this, timeout, shared_done, req = std::move(req)](
                     caf::event_based_actor* self, const caf::actor& entry, std::function<bool()> claim) mutable {
-      self->request(entry, timeout, std::move(req))
-          .then(
+      auto handle = self->request(entry, caf::infinite, std::move(req));
+      handle.then(
               [shared_done, claim](Reply& r) {
                 if (!claim()) return;
                 if (r.status().code() != v1::Status::OK) return (*shared_done)(FromProto(r.status()));
@@ -65,6 +65,7 @@ struct Client::Impl {
               [this, timeout, shared_done, claim](caf::error& e) {
                 if (claim()) (*shared_done)(ToStatus(e, timeout));
               });
+      return handle.id();
     };
     caf::anon_send(agent, std::move(call));
   }
@@ -262,10 +263,8 @@ Result<v1::ExecResult> Sandbox::ExecStream(v1::ExecRequest req,
   return f.get();
 }
 
-std::future<Result<v1::StepReply>> Session::StepAsync(uint64_t index, v1::ExecRequest req,
-                                                     const StepOptions& options) const {
-  auto p = std::make_shared<std::promise<Result<v1::StepReply>>>();
-  auto f = p->get_future();
+void Session::StepAsync(uint64_t index, v1::ExecRequest req, const StepOptions& options,
+                        std::function<void(Result<v1::StepReply>)> done) const {
   v1::StepRequest step;
   step.set_session(name_);
   step.set_index(index);
@@ -277,8 +276,14 @@ std::future<Result<v1::StepReply>> Session::StepAsync(uint64_t index, v1::ExecRe
     if (sb.role() == role) spec = sb.spec();
   auto timeout = client_->impl_->ExecTimeout(spec, req);
   *step.mutable_exec() = std::move(req);
-  client_->impl_->Call<v1::StepReply>(std::move(step), timeout,
-                                      [p](Result<v1::StepReply> r) { p->set_value(std::move(r)); });
+  client_->impl_->Call<v1::StepReply>(std::move(step), timeout, std::move(done));
+}
+
+std::future<Result<v1::StepReply>> Session::StepAsync(uint64_t index, v1::ExecRequest req,
+                                                     const StepOptions& options) const {
+  auto p = std::make_shared<std::promise<Result<v1::StepReply>>>();
+  auto f = p->get_future();
+  StepAsync(index, std::move(req), options, [p](Result<v1::StepReply> r) { p->set_value(std::move(r)); });
   return f;
 }
 
@@ -286,18 +291,23 @@ Result<v1::StepReply> Session::Step(uint64_t index, v1::ExecRequest req, const S
   return StepAsync(index, std::move(req), options).get();
 }
 
-std::future<Result<v1::StepMeta>> Session::AnnotateAsync(uint64_t index, const v1::StepMeta& meta) const {
-  auto p = std::make_shared<std::promise<Result<v1::StepMeta>>>();
-  auto f = p->get_future();
+void Session::AnnotateAsync(uint64_t index, const v1::StepMeta& meta,
+                            std::function<void(Result<v1::StepMeta>)> done) const {
   v1::AnnotateStepRequest req;
   req.set_session(name_);
   req.set_index(index);
   *req.mutable_meta() = meta;
   client_->impl_->Call<v1::StepReply>(std::move(req), client_->impl_->options.rpc_timeout,
-                                      [p](Result<v1::StepReply> r) {
-                                        if (!r.ok()) return p->set_value(r.status());
-                                        p->set_value(std::move(*r->mutable_step()->mutable_meta()));
+                                      [done = std::move(done)](Result<v1::StepReply> r) {
+                                        if (!r.ok()) return done(r.status());
+                                        done(std::move(*r->mutable_step()->mutable_meta()));
                                       });
+}
+
+std::future<Result<v1::StepMeta>> Session::AnnotateAsync(uint64_t index, const v1::StepMeta& meta) const {
+  auto p = std::make_shared<std::promise<Result<v1::StepMeta>>>();
+  auto f = p->get_future();
+  AnnotateAsync(index, meta, [p](Result<v1::StepMeta> r) { p->set_value(std::move(r)); });
   return f;
 }
 

@@ -3,7 +3,9 @@
 #include <caf/io/all.hpp>
 
 #include <deque>
+#include <set>
 #include <unordered_map>
+#include <utility>
 
 #include "actors/wire.hpp"
 
@@ -19,6 +21,13 @@ struct Queued {
   CallMsg call;
 };
 
+// A call sent to dsecd: its deadline, and the id its reply will carry.
+struct Inflight {
+  Clock::time_point deadline;
+  caf::message_id reply_id;
+  CallMsg call;
+};
+
 struct AgentState {
   std::string host;
   uint16_t port = 0;
@@ -29,7 +38,9 @@ struct AgentState {
   std::chrono::milliseconds backoff{50};
   std::string last_error = "not connected yet";
   std::deque<Queued> queued;
-  std::unordered_map<uint64_t, CallMsg> inflight;
+  std::unordered_map<uint64_t, Inflight> inflight;
+  // The inflight calls by deadline (their ids).
+  std::set<std::pair<Clock::time_point, uint64_t>> deadlines;
   // Streamed execs in flight: stream id -> where their output goes.
   std::unordered_map<uint64_t, std::function<void(const v1::ExecOutput&)>> streams;
   uint64_t next_id = 0;
@@ -38,7 +49,23 @@ struct AgentState {
 
 using Self = caf::stateful_actor<AgentState>*;
 
+// While calls wait (queued or in flight), a tick every 50 ms checks their
+// deadlines: a call fails at most that much after its deadline.
+void Tick(Self self) {
+  auto& st = self->state;
+  if (st.ticking || (st.queued.empty() && st.inflight.empty())) return;
+  st.ticking = true;
+  self->delayed_send(self, std::chrono::milliseconds(50), tick_atom::value);
+}
+
 std::string Where(Self self) { return self->state.host + ":" + std::to_string(self->state.port); }
+
+// Tells CAF the call's reply is not coming (an error in its place), so it
+// drops the reply handler; a reply that does come later finds none and is
+// dropped too. (The calls carry no CAF timeout, which would have done this.)
+void DropReplyHandler(Self self, caf::message_id reply_id, caf::sec why) {
+  self->enqueue(caf::make_mailbox_element(nullptr, reply_id, {}, caf::make_error(why)), self->context());
+}
 
 void Dispatch(Self self, CallMsg call) {
   auto& st = self->state;
@@ -48,15 +75,41 @@ void Dispatch(Self self, CallMsg call) {
   auto send = std::move(call.send);
   uint64_t stream = call.on_output ? call.stream_id : 0;
   if (stream) st.streams[stream] = call.on_output;
-  st.inflight.emplace(id, std::move(call));
+  auto deadline = Clock::now() + call.timeout;
+  Inflight* entry = &st.inflight[id];
+  entry->deadline = deadline;
+  entry->call = std::move(call);
+  st.deadlines.emplace(deadline, id);
   auto claim = [self, id, stream] {
-    if (stream) self->state.streams.erase(stream);
-    return self->state.inflight.erase(id) == 1;
+    auto& st = self->state;
+    if (stream) st.streams.erase(stream);
+    auto it = st.inflight.find(id);
+    if (it == st.inflight.end()) return false;
+    st.deadlines.erase({it->second.deadline, id});
+    st.inflight.erase(it);
+    return true;
   };
-  send(self, st.entry, claim);
+  // (The reply cannot come before this returns: `entry` stays valid.)
+  entry->reply_id = send(self, st.entry, std::move(claim));
+  Tick(self);
 }
 
-// Fails queued calls whose deadline passed; keeps ticking while any wait.
+// Fails every call in flight with `err` (the connection dropped, or the
+// client is closing).
+void FailInflight(Self self, const caf::error& err, caf::sec why) {
+  auto& st = self->state;
+  auto inflight = std::move(st.inflight);
+  st.inflight.clear();
+  st.deadlines.clear();
+  st.streams.clear();
+  for (auto& [id, call] : inflight) {
+    DropReplyHandler(self, call.reply_id, why);
+    call.call.fail(err);
+  }
+}
+
+// Fails queued and in-flight calls whose deadline passed; keeps ticking
+// while any call waits.
 void Expire(Self self) {
   auto& st = self->state;
   auto now = Clock::now();
@@ -70,10 +123,18 @@ void Expire(Self self) {
       ++it;
     }
   }
-  if (!st.queued.empty() && !st.ticking) {
-    st.ticking = true;
-    self->delayed_send(self, std::chrono::milliseconds(50), tick_atom::value);
+  while (!st.deadlines.empty() && st.deadlines.begin()->first <= now) {
+    uint64_t id = st.deadlines.begin()->second;
+    st.deadlines.erase(st.deadlines.begin());
+    auto it = st.inflight.find(id);
+    if (it == st.inflight.end()) continue;
+    auto call = std::move(it->second);
+    st.inflight.erase(it);
+    if (call.call.stream_id) st.streams.erase(call.call.stream_id);
+    DropReplyHandler(self, call.reply_id, caf::sec::request_timeout);
+    call.call.fail(caf::make_error(caf::sec::request_timeout));
   }
+  Tick(self);
 }
 
 void Connect(Self self) {
@@ -126,14 +187,12 @@ caf::behavior Agent(Self self, std::string host, uint16_t port, std::chrono::mil
     st.entry = nullptr;
     st.shared->connected = false;
     st.last_error = "connection lost (" + self->system().render(dm.reason) + ")";
-    // CAF would let these wait out their timeouts; fail them now.
-    auto inflight = std::move(st.inflight);
-    st.inflight.clear();
-    st.streams.clear();
-    for (auto& [id, call] : inflight)
-      call.fail(Disconnected("the connection to dsecd at " + Where(self) +
-                             " was lost while the request was in flight; it may or may not have "
-                             "been carried out"));
+    // Their replies will not come: fail them now.
+    FailInflight(self,
+                 Disconnected("the connection to dsecd at " + Where(self) +
+                              " was lost while the request was in flight; it may or may not have "
+                              "been carried out"),
+                 caf::sec::request_receiver_down);
     Connect(self);
   });
   Connect(self);
@@ -158,12 +217,9 @@ caf::behavior Agent(Self self, std::string host, uint16_t port, std::chrono::mil
         // The client is going away: nobody may be left waiting.
         auto& st = self->state;
         auto queued = std::move(st.queued);
-        auto inflight = std::move(st.inflight);
         st.queued.clear();
-        st.inflight.clear();
-        st.streams.clear();
         for (auto& q : queued) q.call.fail(Disconnected("the dsec client is shutting down"));
-        for (auto& [id, call] : inflight) call.fail(Disconnected("the dsec client is shutting down"));
+        FailInflight(self, Disconnected("the dsec client is shutting down"), caf::sec::request_receiver_down);
         self->quit();
       },
       [self](tick_atom) {

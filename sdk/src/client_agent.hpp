@@ -17,17 +17,25 @@
 namespace dsec::sdk {
 
 // One call. The agent decides when it can be sent; `send` then issues the
-// typed request from the agent to the entry actor and, when the reply or
-// error arrives, delivers it only if `claim()` returns true (false: the agent
-// already failed the call, e.g. on a disconnect). `fail` delivers the
-// agent's own errors. Both run on the agent's thread.
+// typed request from the agent to the entry actor with no CAF timeout and
+// returns its message id. When the reply or error arrives, `send`'s handler
+// delivers it only if `claim()` returns true (false: the agent already failed
+// the call: its deadline passed, or the connection dropped). `fail` delivers
+// the agent's own errors. All of them run on the agent's thread.
+//
+// Why no CAF timeout: CAF 0.17 does not cancel a request's timeout when the
+// reply comes, so every call would leave an entry in the clock's map (600 000
+// of them at 20 000 calls/s with a 30 s timeout), wake the clock thread, and
+// come back as a stale message 30 s later. The agent keeps the deadlines
+// itself instead, checked by its tick.
 struct CallMsg {
   std::chrono::milliseconds timeout;
   // A streamed exec: its v1::ExecOutput pieces (by stream id) go to
   // on_output until the call ends.
   uint64_t stream_id = 0;
   std::function<void(const v1::ExecOutput&)> on_output;
-  std::function<void(caf::event_based_actor* self, const caf::actor& entry, std::function<bool()> claim)> send;
+  std::function<caf::message_id(caf::event_based_actor* self, const caf::actor& entry, std::function<bool()> claim)>
+      send;
   std::function<void(const caf::error&)> fail;
 };
 

@@ -1,7 +1,10 @@
 // The C++ SDK against a real dsecd: concurrency, sandboxes, errors as values.
 #include <gmock/gmock.h>
 
+#include <signal.h>
+
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <mutex>
 
@@ -118,6 +121,48 @@ TEST(SdkNoDaemon, BadAddressIsInvalidArgument) {
   auto c = Client::Connect(o);
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().code(), Status::Code::kInvalidArgument);
+}
+
+// The SDK keeps call deadlines itself (CAF 0.17 request timeouts are never
+// cancelled, see client_agent.hpp): a call to a daemon that stopped answering
+// fails with DeadlineExceeded at its deadline, the reply that comes after is
+// dropped, and the client goes on.
+TEST(SdkDeadline, ACallToAStoppedDaemonFailsAtItsDeadlineAndTheLateReplyIsDropped) {
+  std::unique_ptr<TestDaemon> d;
+  std::unique_ptr<Client> unused;
+  if (auto why = StartOwnDaemon({}, &d, &unused); !why.empty()) {
+    if (!::testing::Test::HasFailure()) GTEST_SKIP() << why;
+    return;
+  }
+  ClientOptions o;
+  o.address = d->sdk_addr();
+  o.rpc_timeout = std::chrono::milliseconds(400);
+  auto c = Client::Connect(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  auto& client = **c;
+  ASSERT_EQ(::kill(d->pid(), SIGSTOP), 0);
+  struct Cont {
+    pid_t pid;
+    ~Cont() { ::kill(pid, SIGCONT); }
+  } cont{d->pid()};
+  auto t0 = std::chrono::steady_clock::now();
+  auto late = client.Attach("sb-nobody");
+  auto waited = std::chrono::steady_clock::now() - t0;
+  ASSERT_FALSE(late.ok());
+  EXPECT_EQ(late.status().code(), Status::Code::kDeadlineExceeded) << late.status().ToString();
+  EXPECT_THAT(late.status().message(), HasSubstr("within 400 ms"));
+  EXPECT_GE(waited, std::chrono::milliseconds(400));
+  EXPECT_LT(waited, std::chrono::milliseconds(2400)) << "the deadline is checked every 50 ms";
+  ASSERT_EQ(::kill(d->pid(), SIGCONT), 0);
+  // The stopped daemon answers the old call now; the next call gets its own
+  // answer, not that one.
+  auto sb = client.Create(FncallSpec(), "after-the-stop");
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  EXPECT_EQ(sb->id(), "after-the-stop");
+  auto again = client.Attach("sb-nobody");
+  EXPECT_EQ(again.status().code(), Status::Code::kNotFound) << again.status().ToString();
+  EXPECT_TRUE(client.connected());
+  EXPECT_TRUE(sb->Destroy().ok());
 }
 
 }  // namespace

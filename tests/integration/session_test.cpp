@@ -3,6 +3,9 @@
 #include <gmock/gmock.h>
 
 #include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
 #include <thread>
 
 #include "tests/support/daemon_fixture.hpp"
@@ -44,6 +47,63 @@ TEST_F(Sessions, StepsRunInOrderAndReplayFastForwards) {
   auto rec = again->Get();
   ASSERT_TRUE(rec.ok());
   EXPECT_EQ(rec->step_count(), 6u);
+}
+
+// The callback forms: each session's next step and annotation issued from
+// the callback of its previous one, several sessions at once, no thread each.
+TEST_F(Sessions, CallbacksChainStepsAndAnnotationsOfSeveralSessions) {
+  constexpr int kSessions = 4, kSteps = 5;
+  std::vector<Session> open;
+  for (int i = 0; i < kSessions; ++i) {
+    auto s = client_->OpenSession("job1/callbacks/s" + std::to_string(i), FncallSpec());
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    open.push_back(*s);
+  }
+  std::mutex mu;
+  std::condition_variable cv;
+  int finished = 0;
+  std::vector<std::string> errors;
+  std::vector<std::vector<std::string>> outputs(kSessions);
+  std::function<void(int, int)> step = [&](int i, int k) {
+    if (k == kSteps) {
+      std::lock_guard<std::mutex> lk(mu);
+      ++finished;
+      cv.notify_all();
+      return;
+    }
+    open[i].StepAsync(k, Command({"echo", std::to_string(i) + "-" + std::to_string(k)}), {},
+                      [&, i, k](Result<v1::StepReply> r) {
+                        if (!r.ok()) {
+                          std::lock_guard<std::mutex> lk(mu);
+                          errors.push_back(r.status().ToString());
+                          ++finished;
+                          cv.notify_all();
+                          return;
+                        }
+                        outputs[i].push_back(r->step().result().stdout());
+                        v1::StepMeta meta;
+                        meta.set_reward(10 * i + k);
+                        open[i].AnnotateAsync(k, meta, [&, i, k](Result<v1::StepMeta> m) {
+                          if (!m.ok() || m->reward() != 10 * i + k) {
+                            std::lock_guard<std::mutex> lk(mu);
+                            errors.push_back(m.ok() ? "wrong reward" : m.status().ToString());
+                          }
+                          step(i, k + 1);
+                        });
+                      });
+  };
+  for (int i = 0; i < kSessions; ++i) step(i, 0);
+  std::unique_lock<std::mutex> lk(mu);
+  ASSERT_TRUE(cv.wait_for(lk, std::chrono::seconds(60), [&] { return finished == kSessions; }));
+  EXPECT_THAT(errors, ::testing::IsEmpty());
+  for (int i = 0; i < kSessions; ++i) {
+    ASSERT_EQ(outputs[i].size(), static_cast<size_t>(kSteps));
+    for (int k = 0; k < kSteps; ++k) EXPECT_EQ(outputs[i][k], std::to_string(i) + "-" + std::to_string(k) + "\n");
+    auto logged = open[i].Steps();
+    ASSERT_TRUE(logged.ok()) << logged.status().ToString();
+    ASSERT_EQ(logged->steps_size(), kSteps);
+    for (int k = 0; k < kSteps; ++k) EXPECT_DOUBLE_EQ(logged->steps(k).meta().reward(), 10 * i + k);
+  }
 }
 
 TEST_F(Sessions, ReplayWithADifferentRequestNamesSessionAndStep) {
@@ -142,7 +202,9 @@ TEST_F(Sessions, CreateWithAnInvalidOrTakenIdIsRefused) {
   EXPECT_TRUE(named->Destroy().ok());
   auto again = client_->Create(FncallSpec(), "my-box-1");
   EXPECT_TRUE(again.ok()) << "free again once destroyed: " << again.status().ToString();
-  if (again.ok()) EXPECT_TRUE(again->Destroy().ok());
+  if (again.ok()) {
+    EXPECT_TRUE(again->Destroy().ok());
+  }
 }
 
 TEST(SessionRetention, ClosedSessionsArePurgedAfterTheRetentionLimit) {

@@ -94,11 +94,17 @@ class Session {
   Result<v1::StepReply> Step(uint64_t index, v1::ExecRequest req, const StepOptions& options = {}) const;
   std::future<Result<v1::StepReply>> StepAsync(uint64_t index, v1::ExecRequest req,
                                                const StepOptions& options = {}) const;
+  // Callback forms: `done` runs on an SDK thread; keep it short (it may
+  // issue the session's next call: that is how one thread keeps thousands of
+  // rollouts moving without a future each).
+  void StepAsync(uint64_t index, v1::ExecRequest req, const StepOptions& options,
+                 std::function<void(Result<v1::StepReply>)> done) const;
   // Adds metadata to a logged step: a set reward or token count replaces the
   // old one; notes are merged. The step's metadata as now logged comes back
   // (not its request and output: Steps() reads the whole step).
   Result<v1::StepMeta> Annotate(uint64_t index, const v1::StepMeta& meta) const;
   std::future<Result<v1::StepMeta>> AnnotateAsync(uint64_t index, const v1::StepMeta& meta) const;
+  void AnnotateAsync(uint64_t index, const v1::StepMeta& meta, std::function<void(Result<v1::StepMeta>)> done) const;
   // Logged steps [from, from + limit) (limit 0: up to 1 000) and the record.
   Result<v1::StepsReply> Steps(uint64_t from = 0, uint32_t limit = 0) const;
   Result<v1::SessionRecord> Get() const;

@@ -88,5 +88,32 @@ TEST(StepCache, EraseForgetsTheStepAndItsBytes) {
   EXPECT_EQ(c.bytes(), Cost(0));
 }
 
+TEST(StepCache, GrewRecountsARecordChangedInPlaceAndMakesItRecent) {
+  StepCache c(3 * Cost(1) + 200);
+  auto one = Step(1);
+  c.Put(one);
+  c.Put(Step(2));
+  c.Put(Step(3));
+  one->mutable_result()->set_stdout(std::string(100, 'x'));  // changed in place, as an annotation does
+  ASSERT_TRUE(c.Grew(1, 150));
+  EXPECT_EQ(c.bytes(), 3 * Cost(1) + 150);
+  c.Put(Step(4));  // over budget: 2, now the least recently used, goes; 1 stays
+  EXPECT_NE(c.Find(1), nullptr);
+  EXPECT_EQ(c.Find(2), nullptr);
+  EXPECT_FALSE(c.Grew(2, 10)) << "not cached: the caller puts it instead";
+  EXPECT_TRUE(c.Grew(1, -150));
+  EXPECT_EQ(c.bytes(), 3 * Cost(1));
+}
+
+TEST(StepCache, ARecordThatGrowsPastTheBudgetLeavesTheCache) {
+  StepCache c(4096);
+  c.Put(Step(0));
+  c.Put(Step(1));
+  EXPECT_TRUE(c.Grew(1, 8192));
+  EXPECT_EQ(c.Find(1), nullptr);
+  EXPECT_NE(c.Find(0), nullptr);
+  EXPECT_EQ(c.bytes(), Cost(0));
+}
+
 }  // namespace
 }  // namespace dsec
