@@ -99,6 +99,97 @@ Status NotOpen(const v1::SessionRecord& rec) {
                                     "); its log is kept; open a new session name");
 }
 
+// ---- annotation batches ----------------------------------------------------
+
+constexpr int kMaxBatchCalls = 4096;
+
+void FlushAnnotations(NodeSelf self, const caf::actor_addr& to) {
+  auto& st = self->state;
+  auto it = st.annotate_out.find(to);
+  if (it == st.annotate_out.end()) return;
+  AnnotateOut out = std::move(it->second);
+  st.annotate_out.erase(it);
+  caf::anon_send(out.to, std::move(out.results));
+}
+
+// Queues the answer to call `id` of `to`'s batch; the first answer queued
+// posts the flush, so every answer that arrives before it goes in the same
+// message.
+void AnnotateDone(NodeSelf self, const caf::actor& to, uint64_t id, v1::StepReply reply) {
+  auto& out = self->state.annotate_out[to.address()];
+  if (!out.to) out.to = to;
+  auto* r = out.results.add_results();
+  r->set_call_id(id);
+  *r->mutable_reply() = std::move(reply);
+  if (out.flush_posted) return;
+  out.flush_posted = true;
+  Post(caf::actor_cast<node_actor>(self), [self, addr = to.address()] { FlushAnnotations(self, addr); });
+}
+
+// One batched call's answer, shared by the copies of its `done`. A
+// LocalAnnotate is a one-way message: if the session actor quits or crashes
+// before answering (the message still queued, or held behind a running step
+// or a write), CAF drops it without a word. So when the last copy goes
+// unanswered, the node answers `unavailable` itself.
+class BatchAnswer {
+ public:
+  BatchAnswer(NodeSelf self, caf::actor to, uint64_t id, std::string what)
+      : self_(self), node_(caf::actor_cast<node_actor>(self)), to_(std::move(to)), id_(id), what_(std::move(what)) {}
+  BatchAnswer(const BatchAnswer&) = delete;
+  BatchAnswer& operator=(const BatchAnswer&) = delete;
+  // Runs on the session's thread; the answer hops back to the node.
+  void Give(v1::StepReply reply) {
+    answered_ = true;
+    Post(node_, [self = self_, to = to_, id = id_, reply = std::move(reply)]() mutable {
+      AnnotateDone(self, to, id, std::move(reply));
+    });
+  }
+  // On whatever thread dropped the last copy: only handles are touched here.
+  ~BatchAnswer() {
+    if (answered_) return;
+    auto reply = ErrorReply<v1::StepReply>(
+        Status::Unavailable(what_ + ": the session ended (crashed or closed) before it answered; send it again"));
+    Post(node_, [self = self_, to = to_, id = id_, reply = std::move(reply)]() mutable {
+      AnnotateDone(self, to, id, std::move(reply));
+    });
+  }
+
+ private:
+  NodeSelf self_;  // dereferenced only on the node's own thread
+  node_actor node_;
+  caf::actor to_;
+  uint64_t id_;
+  std::string what_;
+  bool answered_ = false;
+};
+
+// Hands each call to its session actor as if its sender had sent it alone.
+void AnnotateBatch(NodeSelf self, v1::AnnotateBatch& batch) {
+  auto sender = caf::actor_cast<caf::actor>(self->current_sender());
+  if (!sender) return;  // an anonymous batch: nobody to answer
+  if (batch.calls_size() > kMaxBatchCalls) {
+    auto refused = ErrorReply<v1::StepReply>(Status::InvalidArgument(
+        "an AnnotateBatch of " + std::to_string(batch.calls_size()) + " calls is over the limit of " +
+        std::to_string(kMaxBatchCalls) + "; send smaller batches"));
+    for (const auto& call : batch.calls()) AnnotateDone(self, sender, call.call_id(), refused);
+    return;
+  }
+  for (auto& call : *batch.mutable_calls()) {
+    uint64_t id = call.call_id();
+    Result<v1::SessionRecord> stored = Status::NotFound("");
+    auto session = OpenSessionActor(self, call.request().session(), &stored);
+    if (!session) {
+      AnnotateDone(self, sender, id, ErrorReply<v1::StepReply>(stored.ok() ? NotOpen(*stored) : stored.status()));
+      continue;
+    }
+    auto answer = std::make_shared<BatchAnswer>(
+        self, sender, id,
+        "session " + call.request().session() + ": annotation of step " + std::to_string(call.request().index()));
+    auto done = [answer](v1::StepReply reply) { answer->Give(std::move(reply)); };
+    caf::send_as(sender, session, LocalAnnotate{std::move(*call.mutable_request()), std::move(done)});
+  }
+}
+
 // Deletes closed sessions (record and log) older than the retention limit,
 // then looks again later (a quarter of the limit, at most an hour).
 void SweepSessions(NodeSelf self) {
@@ -439,6 +530,7 @@ node_actor::behavior_type NodeActor(NodeSelf self, std::shared_ptr<NodeContext> 
         if (auto a = OpenSessionActor(self, req.session(), &stored)) return self->delegate(a, std::move(req));
         return ErrorReply<v1::StepReply>(stored.ok() ? NotOpen(*stored) : stored.status());
       },
+      [self](v1::AnnotateBatch& batch) { AnnotateBatch(self, batch); },
       [self](v1::ListStepsRequest& req) -> caf::result<v1::StepsReply> {
         Result<v1::SessionRecord> stored = Status::NotFound("");
         if (auto a = OpenSessionActor(self, req.session(), &stored)) return self->delegate(a, std::move(req));

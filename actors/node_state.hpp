@@ -29,8 +29,17 @@ struct NodeCounters {
   uint64_t gave_up = 0;         // children left down by the restart-intensity limit
 };
 
+// Results of AnnotateBatch calls for one sender, sent together once the
+// node's mailbox holds nothing older (a posted flush).
+struct AnnotateOut {
+  caf::actor to;
+  v1::AnnotateResults results;
+  bool flush_posted = false;
+};
+
 struct NodeState {
   std::shared_ptr<NodeContext> ctx;
+  std::unordered_map<caf::actor_addr, AnnotateOut> annotate_out;
   std::unordered_map<std::string, sandbox_actor> sandboxes;
   std::unordered_map<caf::actor_addr, std::string> sandbox_of;
   std::unordered_map<std::string, session_actor> sessions;

@@ -504,20 +504,24 @@ void MergeMeta(const v1::StepMeta& add, v1::StepMeta* into) {
   for (const auto& [k, v] : add.notes()) (*into->mutable_notes())[k] = v;
 }
 
-void Annotate(Self self, const v1::AnnotateStepRequest& req, StepPromise rp) {
+// Where an annotation's answer goes: its CAF response promise, or the
+// `done` of a LocalAnnotate from a batch.
+using AnswerFn = std::function<void(v1::StepReply)>;
+
+void Annotate(Self self, const v1::AnnotateStepRequest& req, AnswerFn answer) {
   auto& st = self->state;
   if (req.index() == st.rec.step_count() && st.running) {
-    st.after_step.push_back([self, req, rp]() mutable { Annotate(self, req, rp); });
+    st.after_step.push_back([self, req, answer]() mutable { Annotate(self, req, std::move(answer)); });
     return;
   }
   if (req.index() >= st.rec.step_count()) {
-    rp.deliver(StepError(Status::NotFound(StepName(st.rec.name(), req.index()) + " is not in the log (" +
+    answer(StepError(Status::NotFound(StepName(st.rec.name(), req.index()) + " is not in the log (" +
                                           std::to_string(st.rec.step_count()) + " step(s) logged)")));
     return;
   }
   auto logged = LoggedStep(self, req.index());
   if (!logged.ok()) {
-    rp.deliver(StepError(logged.status()));
+    answer(StepError(logged.status()));
     return;
   }
   // Merged in place: the record is the session's own (cache, in-flight
@@ -542,7 +546,7 @@ void Annotate(Self self, const v1::AnnotateStepRequest& req, StepPromise rp) {
   brief.mutable_step()->set_index(req.index());
   *brief.mutable_step()->mutable_meta() = step->meta();
   uint64_t index = req.index();
-  Persist(self, std::move(b), [self, index, rp, brief = std::move(brief)](const Status& w) mutable {
+  Persist(self, std::move(b), [self, index, answer = std::move(answer), brief = std::move(brief)](const Status& w) mutable {
     auto& st = self->state;
     auto it = st.annotated.find(index);
     if (it != st.annotated.end() && --it->second.second == 0) {
@@ -552,11 +556,25 @@ void Annotate(Self self, const v1::AnnotateStepRequest& req, StepPromise rp) {
       if (!w.ok()) st.steps.Erase(index);
     }
     if (!w.ok()) {
-      rp.deliver(StepError(w.Annotate(StepName(st.rec.name(), index) + ": annotate")));
+      answer(StepError(w.Annotate(StepName(st.rec.name(), index) + ": annotate")));
       return;
     }
-    rp.deliver(std::move(brief));
+    answer(std::move(brief));
   });
+}
+
+void StartAnnotate(Self self, const v1::AnnotateStepRequest& req, AnswerFn answer) {
+  auto go = [self, req, answer = std::move(answer)]() mutable {
+    if (Status s = Serving(self); !s.ok()) {
+      answer(StepError(s));
+      return;
+    }
+    Annotate(self, req, std::move(answer));
+  };
+  if (self->state.opening)
+    self->state.deferred.push_back(std::move(go));
+  else
+    go();
 }
 
 // Closes once nothing is in between: after the open is done and after a
@@ -744,21 +762,16 @@ session_actor::behavior_type Behavior(Self self) {
         return rp;
       },
       [self](const v1::AnnotateStepRequest& req) -> caf::result<v1::StepReply> {
-        auto& st = self->state;
         Attach(self);
         auto rp = self->make_response_promise<v1::StepReply>();
-        auto go = [self, req, rp]() mutable {
-          if (Status s = Serving(self); !s.ok()) {
-            rp.deliver(StepError(s));
-            return;
-          }
-          Annotate(self, req, rp);
-        };
-        if (st.opening)
-          st.deferred.push_back(go);
-        else
-          go();
+        StartAnnotate(self, req, [rp](v1::StepReply r) mutable { rp.deliver(std::move(r)); });
         return rp;
+      },
+      [self](LocalAnnotate& call) {
+        // From the node on behalf of a batch: the batch's sender is the
+        // trainer, attached through the node like any other caller.
+        Attach(self);
+        StartAnnotate(self, call.req, std::move(call.done));
       },
       [self](const v1::ListStepsRequest& req) -> v1::StepsReply {
         return ListStepsFromStore(*self->state.ctx, self->state.rec, req.from(), req.limit());

@@ -29,11 +29,26 @@ namespace dsec {
 
 struct NodeContext;
 
+// An annotation the node hands a session actor on behalf of a batch; `done`
+// gets the answer an AnnotateStepRequest would have had. Local only.
+struct LocalAnnotate {
+  v1::AnnotateStepRequest req;
+  std::function<void(v1::StepReply)> done;
+};
+
+}  // namespace dsec
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(dsec::LocalAnnotate)
+
+namespace dsec {
+
 // Messages, and when they are legal:
 //   OpenSessionRequest  first message after spawn for a new session; later
 //                       ones are idempotent re-opens (same specs required)
 //   StepRequest         while open
 //   AnnotateStepRequest while open, for a logged (or running) step
+//   LocalAnnotate       the same from the node (a call of an AnnotateBatch):
+//                       answered through its `done`, on the session's thread
 //   ListStepsRequest    any time
 //   CloseSessionRequest while open; the actor quits after replying
 //   GetSessionRequest   any time
@@ -43,6 +58,7 @@ using session_actor = caf::typed_actor<
     caf::replies_to<v1::OpenSessionRequest>::with<v1::SessionReply>,
     caf::replies_to<v1::StepRequest>::with<v1::StepReply>,
     caf::replies_to<v1::AnnotateStepRequest>::with<v1::StepReply>,
+    caf::reacts_to<LocalAnnotate>,
     caf::replies_to<v1::ListStepsRequest>::with<v1::StepsReply>,
     caf::replies_to<v1::CloseSessionRequest>::with<v1::SessionReply>,
     caf::replies_to<v1::GetSessionRequest>::with<v1::SessionReply>,

@@ -66,6 +66,7 @@ namespace dsec {
 //   CloseSessionRequest close a session                       -> SessionReply
 //   GetSessionRequest   a session's record                    -> SessionReply
 //   AnnotateStepRequest attach reward/tokens/notes to a step  -> StepReply
+//   AnnotateBatch       many annotations, one-way  -> AnnotateResults messages to its sender
 //   ListStepsRequest    a session's record and logged steps   -> StepsReply
 //   RegisterImageRequest  register a built EROFS image        -> ImageReply
 //   GetImageRequest / ListImagesRequest / RemoveImageRequest  -> ImageReply / ImagesReply / ImageReply
@@ -85,6 +86,7 @@ using entry_actor = caf::typed_actor<
     caf::replies_to<v1::CloseSessionRequest>::with<v1::SessionReply>,
     caf::replies_to<v1::GetSessionRequest>::with<v1::SessionReply>,
     caf::replies_to<v1::AnnotateStepRequest>::with<v1::StepReply>,
+    caf::reacts_to<v1::AnnotateBatch>,  // answered with AnnotateResults messages
     caf::replies_to<v1::ListStepsRequest>::with<v1::StepsReply>,
     caf::replies_to<v1::RegisterImageRequest>::with<v1::ImageReply>,
     caf::replies_to<v1::GetImageRequest>::with<v1::ImageReply>,

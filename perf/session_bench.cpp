@@ -44,7 +44,6 @@ using namespace dsec::bench;  // NOLINT: the benchmark helpers
 std::unique_ptr<dsec::Client> Connect(const std::string& addr) {
   dsec::ClientOptions o;
   o.address = addr;
-  o.threads = 4;
   auto c = dsec::Client::Connect(o);
   if (!c.ok()) {
     std::fprintf(stderr, "session_bench: %s\n", c.status().ToString().c_str());

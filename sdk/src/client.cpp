@@ -70,6 +70,22 @@ struct Client::Impl {
     caf::anon_send(agent, std::move(call));
   }
 
+  // An annotation: batched with the others issued at the same time (see
+  // CallMsg::annotate).
+  void Annotate(v1::AnnotateStepRequest req, std::function<void(Result<v1::StepReply>)> done) {
+    auto timeout = options.rpc_timeout;
+    auto shared_done = std::make_shared<std::function<void(Result<v1::StepReply>)>>(std::move(done));
+    sdk::CallMsg call;
+    call.timeout = timeout;
+    call.fail = [this, timeout, shared_done](const caf::error& e) { (*shared_done)(ToStatus(e, timeout)); };
+    call.annotate = std::make_shared<v1::AnnotateStepRequest>(std::move(req));
+    call.annotated = [shared_done](v1::StepReply& r) {
+      if (r.status().code() != v1::Status::OK) return (*shared_done)(FromProto(r.status()));
+      (*shared_done)(std::move(r));
+    };
+    caf::anon_send(agent, std::move(call));
+  }
+
   template <class Reply, class Request>
   Result<Reply> CallSync(Request req, std::chrono::milliseconds timeout) {
     std::promise<Result<Reply>> p;
@@ -297,11 +313,10 @@ void Session::AnnotateAsync(uint64_t index, const v1::StepMeta& meta,
   req.set_session(name_);
   req.set_index(index);
   *req.mutable_meta() = meta;
-  client_->impl_->Call<v1::StepReply>(std::move(req), client_->impl_->options.rpc_timeout,
-                                      [done = std::move(done)](Result<v1::StepReply> r) {
-                                        if (!r.ok()) return done(r.status());
-                                        done(std::move(*r->mutable_step()->mutable_meta()));
-                                      });
+  client_->impl_->Annotate(std::move(req), [done = std::move(done)](Result<v1::StepReply> r) {
+    if (!r.ok()) return done(r.status());
+    done(std::move(*r->mutable_step()->mutable_meta()));
+  });
 }
 
 std::future<Result<v1::StepMeta>> Session::AnnotateAsync(uint64_t index, const v1::StepMeta& meta) const {

@@ -15,6 +15,10 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using tick_atom = caf::atom_constant<caf::atom("tick")>;
+using flush_atom = caf::atom_constant<caf::atom("flush")>;
+
+// Annotations per AnnotateBatch (dsecd takes up to 4096).
+constexpr int kMaxBatch = 1024;
 
 struct Queued {
   Clock::time_point deadline;
@@ -44,6 +48,11 @@ struct AgentState {
   // Streamed execs in flight: stream id -> where their output goes.
   std::unordered_map<uint64_t, std::function<void(const v1::ExecOutput&)>> streams;
   uint64_t next_id = 0;
+  // Annotations issued since the last flush: they go to dsecd together
+  // when the agent's mailbox holds nothing older (a flush message to
+  // itself), or at kMaxBatch.
+  v1::AnnotateBatch batch;
+  bool flush_posted = false;
   static constexpr const char* name = "dsec_sdk_agent";
 };
 
@@ -64,12 +73,42 @@ std::string Where(Self self) { return self->state.host + ":" + std::to_string(se
 // drops the reply handler; a reply that does come later finds none and is
 // dropped too. (The calls carry no CAF timeout, which would have done this.)
 void DropReplyHandler(Self self, caf::message_id reply_id, caf::sec why) {
+  if (!reply_id.is_response()) return;  // a batched annotation: no handler
   self->enqueue(caf::make_mailbox_element(nullptr, reply_id, {}, caf::make_error(why)), self->context());
+}
+
+void FlushBatch(Self self) {
+  auto& st = self->state;
+  if (st.batch.calls_size() == 0 || !st.entry) return;
+  self->send(st.entry, std::move(st.batch));
+  st.batch = v1::AnnotateBatch();
 }
 
 void Dispatch(Self self, CallMsg call) {
   auto& st = self->state;
   uint64_t id = ++st.next_id;
+  if (call.annotate) {
+    auto deadline = Clock::now() + call.timeout;
+    auto* c = st.batch.add_calls();
+    c->set_call_id(id);
+    *c->mutable_request() = std::move(*call.annotate);
+    call.annotate.reset();
+    Inflight& entry = st.inflight[id];
+    entry.deadline = deadline;
+    entry.call = std::move(call);
+    st.deadlines.emplace(deadline, id);
+    if (st.batch.calls_size() >= kMaxBatch) {
+      FlushBatch(self);
+    } else if (!st.flush_posted) {
+      st.flush_posted = true;
+      self->send(self, flush_atom::value);
+    }
+    Tick(self);
+    return;
+  }
+  // Calls reach dsecd in the order they were issued: annotations waiting
+  // for their batch go first.
+  FlushBatch(self);
   // Only `fail` is needed once the call is in flight: `send` (which holds
   // the request) moves out instead of being copied.
   auto send = std::move(call.send);
@@ -102,6 +141,7 @@ void FailInflight(Self self, const caf::error& err, caf::sec why) {
   st.inflight.clear();
   st.deadlines.clear();
   st.streams.clear();
+  st.batch.Clear();
   for (auto& [id, call] : inflight) {
     DropReplyHandler(self, call.reply_id, why);
     call.call.fail(err);
@@ -187,13 +227,26 @@ caf::behavior Agent(Self self, std::string host, uint16_t port, std::chrono::mil
     st.entry = nullptr;
     st.shared->connected = false;
     st.last_error = "connection lost (" + self->system().render(dm.reason) + ")";
-    // Their replies will not come: fail them now.
+    // Annotations still waiting for their batch were never sent: they wait
+    // for the next connection like any call issued now.
+    for (auto& c : *st.batch.mutable_calls()) {
+      auto it = st.inflight.find(c.call_id());
+      if (it == st.inflight.end()) continue;
+      Queued q{it->second.deadline, std::move(it->second.call)};
+      q.call.annotate = std::make_shared<v1::AnnotateStepRequest>(std::move(*c.mutable_request()));
+      st.deadlines.erase({it->second.deadline, c.call_id()});
+      st.inflight.erase(it);
+      st.queued.push_back(std::move(q));
+    }
+    st.batch.Clear();
+    // The replies of the calls sent will not come: fail them now.
     FailInflight(self,
                  Disconnected("the connection to dsecd at " + Where(self) +
                               " was lost while the request was in flight; it may or may not have "
                               "been carried out"),
                  caf::sec::request_receiver_down);
     Connect(self);
+    Tick(self);
   });
   Connect(self);
   return {
@@ -221,6 +274,22 @@ caf::behavior Agent(Self self, std::string host, uint16_t port, std::chrono::mil
         for (auto& q : queued) q.call.fail(Disconnected("the dsec client is shutting down"));
         FailInflight(self, Disconnected("the dsec client is shutting down"), caf::sec::request_receiver_down);
         self->quit();
+      },
+      [self](flush_atom) {
+        self->state.flush_posted = false;
+        FlushBatch(self);
+      },
+      [self](v1::AnnotateResults& results) {
+        auto& st = self->state;
+        for (auto& r : *results.mutable_results()) {
+          // A call that already ended (deadline, disconnect) is not there.
+          auto it = st.inflight.find(r.call_id());
+          if (it == st.inflight.end() || !it->second.call.annotated) continue;
+          auto call = std::move(it->second);
+          st.deadlines.erase({call.deadline, r.call_id()});
+          st.inflight.erase(it);
+          call.call.annotated(*r.mutable_reply());
+        }
       },
       [self](tick_atom) {
         self->state.ticking = false;

@@ -10,8 +10,10 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <string>
 
+#include "dsec/v1/service.pb.h"
 #include "dsec/v1/types.pb.h"
 
 namespace dsec::sdk {
@@ -37,6 +39,11 @@ struct CallMsg {
   std::function<caf::message_id(caf::event_based_actor* self, const caf::actor& entry, std::function<bool()> claim)>
       send;
   std::function<void(const caf::error&)> fail;
+  // An annotation instead of `send`: it goes to dsecd in a v1::AnnotateBatch
+  // with the others issued at the same time (one message instead of one
+  // each), and its answer comes in a v1::AnnotateResults, to `annotated`.
+  std::shared_ptr<v1::AnnotateStepRequest> annotate;
+  std::function<void(v1::StepReply&)> annotated;
 };
 
 struct AgentShared {

@@ -3,6 +3,9 @@
 // intensity it is left failed. Restarts show on the admin console.
 #include <gmock/gmock.h>
 
+#include <chrono>
+#include <future>
+
 #include "tests/support/daemon_fixture.hpp"
 
 namespace dsec::testing {
@@ -66,6 +69,32 @@ TEST_F(Supervision, CrashedSessionKeepsItsLog) {
   auto next = s->Step(1, Command({"echo", "one"}));
   ASSERT_TRUE(next.ok()) << next.status().ToString();
   EXPECT_EQ(next->step().result().stdout(), "one\n");
+}
+
+// A batched annotation is a one-way message to the session actor; one the
+// crashed actor held (here behind its running step) is still answered, at
+// once and saying to send it again, not left to run into its deadline.
+TEST_F(Supervision, ABatchedAnnotationHeldByACrashedSessionIsAnswered) {
+  auto s = client_->OpenSession("supervision/p/1", FncallSpec());
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  auto running = s->StepAsync(0, Command({"sleep", "3"}));
+  v1::StepMeta meta;
+  meta.set_reward(1);
+  auto held = s->AnnotateAsync(0, meta);  // waits behind the running step
+  // Calls reach the session in order: once this is answered, the
+  // annotation is in the session actor's hands.
+  ASSERT_TRUE(s->Get().ok());
+  auto t0 = std::chrono::steady_clock::now();
+  CrashAndWait(*daemon_, "supervision/p/1", "session", 1);
+  ASSERT_EQ(held.wait_for(std::chrono::seconds(20)), std::future_status::ready)
+      << "the annotation was left to its 30 s deadline";
+  auto r = held.get();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Status::Code::kUnavailable) << r.status().ToString();
+  EXPECT_THAT(r.status().message(), HasSubstr("session supervision/p/1: annotation of step 0"));
+  EXPECT_THAT(r.status().message(), HasSubstr("send it again"));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(20));
+  (void)running.get();
 }
 
 }  // namespace

@@ -6,8 +6,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <caf/all.hpp>
+#include <caf/io/all.hpp>
+
+#include <map>
 #include <random>
 
+#include "actors/wire.hpp"
 #include "tests/support/daemon_fixture.hpp"
 
 namespace dsec::testing {
@@ -169,6 +174,71 @@ TEST_F(BadInput, GarbageOnTheSdkPortDoesNotHurt) {
     (void)!::send(fd, junk.data(), junk.size(), MSG_NOSIGNAL);
     ::close(fd);
   }
+}
+
+// A batch of annotations straight on the wire (as the SDK sends them): each
+// call is answered under its own id, bad ones with their own error; a batch
+// over the limit is refused call by call and changes nothing.
+TEST_F(BadInput, AnnotateBatchesAnswerEachCallAndRefuseOversizedOnes) {
+  auto s = client_->OpenSession("batch/p/0", FncallSpec());
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  ASSERT_TRUE(s->Step(0, Command({"true"})).ok());
+  caf::actor_system_config cfg;
+  ConfigureCaf(cfg, CafOptions{});
+  caf::actor_system sys{cfg};
+  auto colon = daemon_->sdk_addr().rfind(':');
+  auto entry = sys.middleman().remote_actor<entry_actor>(daemon_->sdk_addr().substr(0, colon),
+                                            static_cast<uint16_t>(std::stoi(daemon_->sdk_addr().substr(colon + 1))));
+  ASSERT_TRUE(entry) << sys.render(entry.error());
+  caf::scoped_actor self{sys};
+  // Collects the results for `want` calls (or fails after 30 s).
+  auto collect = [&](size_t want) {
+    std::map<uint64_t, v1::StepReply> got;
+    bool timed_out = false;
+    while (got.size() < want && !timed_out) {
+      self->receive([&](v1::AnnotateResults& rs) {
+                      for (auto& r : *rs.mutable_results()) got[r.call_id()] = std::move(*r.mutable_reply());
+                    },
+                    caf::after(std::chrono::seconds(30)) >> [&] { timed_out = true; });
+    }
+    EXPECT_FALSE(timed_out) << got.size() << " of " << want << " results";
+    return got;
+  };
+  v1::AnnotateBatch mixed;
+  auto add = [](v1::AnnotateBatch* b, uint64_t id, const std::string& session, uint64_t index) {
+    auto* c = b->add_calls();
+    c->set_call_id(id);
+    c->mutable_request()->set_session(session);
+    c->mutable_request()->set_index(index);
+    c->mutable_request()->mutable_meta()->set_reward(1.5);
+  };
+  add(&mixed, 11, "batch/p/0", 0);
+  add(&mixed, 12, "batch/p/0", 9);
+  add(&mixed, 13, "batch/nobody/0", 0);
+  self->send(*entry, mixed);
+  auto got = collect(3);
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_EQ(got[11].status().code(), v1::Status::OK) << got[11].status().message();
+  EXPECT_DOUBLE_EQ(got[11].step().meta().reward(), 1.5);
+  EXPECT_EQ(got[12].status().code(), v1::Status::NOT_FOUND);
+  EXPECT_THAT(got[12].status().message(), HasSubstr("not in the log"));
+  EXPECT_EQ(got[13].status().code(), v1::Status::NOT_FOUND);
+  EXPECT_THAT(got[13].status().message(), HasSubstr("batch/nobody/0"));
+
+  v1::AnnotateBatch huge;
+  for (uint64_t i = 0; i < 4097; ++i) add(&huge, 100 + i, "batch/p/0", 0);
+  huge.mutable_calls(0)->mutable_request()->mutable_meta()->set_reward(99);
+  self->send(*entry, huge);
+  got = collect(4097);
+  ASSERT_EQ(got.size(), 4097u);
+  for (const auto& [id, reply] : got) {
+    ASSERT_EQ(reply.status().code(), v1::Status::INVALID_ARGUMENT) << id;
+    ASSERT_THAT(reply.status().message(), HasSubstr("over the limit of 4096"));
+  }
+  auto logged = s->Steps();
+  ASSERT_TRUE(logged.ok()) << logged.status().ToString();
+  EXPECT_DOUBLE_EQ(logged->steps(0).meta().reward(), 1.5) << "the refused batch changed nothing";
+  EXPECT_TRUE(s->Close().ok());
 }
 
 }  // namespace

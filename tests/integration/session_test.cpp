@@ -106,6 +106,22 @@ TEST_F(Sessions, CallbacksChainStepsAndAnnotationsOfSeveralSessions) {
   }
 }
 
+// Annotations travel in batches, but calls still reach dsecd in the order
+// they were issued: an annotation issued before a close lands before it.
+TEST_F(Sessions, AnAnnotationIssuedBeforeACloseLandsFirst) {
+  auto s = client_->OpenSession("job1/ordered/s0", FncallSpec());
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  ASSERT_TRUE(s->Step(0, Command({"true"})).ok());
+  v1::StepMeta meta;
+  meta.set_reward(7);
+  auto noted = s->AnnotateAsync(0, meta);
+  auto closed = s->Close();
+  ASSERT_TRUE(closed.ok()) << closed.ToString();
+  auto r = noted.get();
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_DOUBLE_EQ(r->reward(), 7);
+}
+
 TEST_F(Sessions, ReplayWithADifferentRequestNamesSessionAndStep) {
   auto s = client_->OpenSession("job1/prompt2/s0", FncallSpec());
   ASSERT_TRUE(s.ok());
