@@ -101,7 +101,11 @@ class Session {
                  std::function<void(Result<v1::StepReply>)> done) const;
   // Adds metadata to a logged step: a set reward or token count replaces the
   // old one; notes are merged. The step's metadata as now logged comes back
-  // (not its request and output: Steps() reads the whole step).
+  // (not its request and output: Steps() reads the whole step). Annotations
+  // issued together travel to dsecd in one message, still in the order they
+  // were issued relative to other calls. Unavailable ("send it again") if the
+  // session actor crashed or closed before answering: annotating again is
+  // safe.
   Result<v1::StepMeta> Annotate(uint64_t index, const v1::StepMeta& meta) const;
   std::future<Result<v1::StepMeta>> AnnotateAsync(uint64_t index, const v1::StepMeta& meta) const;
   void AnnotateAsync(uint64_t index, const v1::StepMeta& meta, std::function<void(Result<v1::StepMeta>)> done) const;
