@@ -133,33 +133,37 @@ void AnnotateDone(NodeSelf self, const caf::actor& to, uint64_t id, v1::StepRepl
 // unanswered, the node answers `unavailable` itself.
 class BatchAnswer {
  public:
-  BatchAnswer(NodeSelf self, caf::actor to, uint64_t id, std::string what)
-      : self_(self), node_(caf::actor_cast<node_actor>(self)), to_(std::move(to)), id_(id), what_(std::move(what)) {}
+  BatchAnswer(NodeSelf self, caf::actor to, uint64_t id, std::string session, uint64_t index)
+      : self_(self), node_(caf::actor_cast<node_actor>(self)), to_(std::move(to)), id_(id),
+        session_(std::move(session)), index_(index) {}
   BatchAnswer(const BatchAnswer&) = delete;
   BatchAnswer& operator=(const BatchAnswer&) = delete;
-  // Runs on the session's thread; the answer hops back to the node.
+  // Runs on the session's thread.
   void Give(v1::StepReply reply) {
     answered_ = true;
-    Post(node_, [self = self_, to = to_, id = id_, reply = std::move(reply)]() mutable {
-      AnnotateDone(self, to, id, std::move(reply));
-    });
+    Send(std::move(reply));
   }
   // On whatever thread dropped the last copy: only handles are touched here.
   ~BatchAnswer() {
     if (answered_) return;
-    auto reply = ErrorReply<v1::StepReply>(
-        Status::Unavailable(what_ + ": the session ended (crashed or closed) before it answered; send it again"));
+    Send(ErrorReply<v1::StepReply>(Status::Unavailable(
+        "session " + session_ + ": annotation of step " + std::to_string(index_) +
+        ": the session ended (crashed or closed) before it answered; send it again")));
+  }
+
+ private:
+  // The answer hops back to the node, which queues it for the sender.
+  void Send(v1::StepReply reply) {
     Post(node_, [self = self_, to = to_, id = id_, reply = std::move(reply)]() mutable {
       AnnotateDone(self, to, id, std::move(reply));
     });
   }
-
- private:
   NodeSelf self_;  // dereferenced only on the node's own thread
   node_actor node_;
   caf::actor to_;
   uint64_t id_;
-  std::string what_;
+  std::string session_;
+  uint64_t index_;
   bool answered_ = false;
 };
 
@@ -182,9 +186,8 @@ void AnnotateBatch(NodeSelf self, v1::AnnotateBatch& batch) {
       AnnotateDone(self, sender, id, ErrorReply<v1::StepReply>(stored.ok() ? NotOpen(*stored) : stored.status()));
       continue;
     }
-    auto answer = std::make_shared<BatchAnswer>(
-        self, sender, id,
-        "session " + call.request().session() + ": annotation of step " + std::to_string(call.request().index()));
+    auto answer =
+        std::make_shared<BatchAnswer>(self, sender, id, call.request().session(), call.request().index());
     auto done = [answer](v1::StepReply reply) { answer->Give(std::move(reply)); };
     caf::send_as(sender, session, LocalAnnotate{std::move(*call.mutable_request()), std::move(done)});
   }

@@ -41,6 +41,13 @@ struct Client::Impl {
     return Status::Unavailable("dsecd at " + where + ": " + caf::to_string(e));
   }
 
+  // A reply as the caller sees it: its status as an error, else the reply.
+  template <class Reply>
+  static void Deliver(const std::function<void(Result<Reply>)>& done, Reply& r) {
+    if (r.status().code() != v1::Status::OK) return done(FromProto(r.status()));
+    done(std::move(r));
+  }
+
   // With `on_output`, v1::ExecOutput messages for req.stream_id() go there
   // until the reply arrives.
   template <class Reply, class Request>
@@ -58,9 +65,7 @@ struct Client::Impl {
       auto handle = self->request(entry, caf::infinite, std::move(req));
       handle.then(
               [shared_done, claim](Reply& r) {
-                if (!claim()) return;
-                if (r.status().code() != v1::Status::OK) return (*shared_done)(FromProto(r.status()));
-                (*shared_done)(std::move(r));
+                if (claim()) Deliver(*shared_done, r);
               },
               [this, timeout, shared_done, claim](caf::error& e) {
                 if (claim()) (*shared_done)(ToStatus(e, timeout));
@@ -79,10 +84,7 @@ struct Client::Impl {
     call.timeout = timeout;
     call.fail = [this, timeout, shared_done](const caf::error& e) { (*shared_done)(ToStatus(e, timeout)); };
     call.annotate = std::make_shared<v1::AnnotateStepRequest>(std::move(req));
-    call.annotated = [shared_done](v1::StepReply& r) {
-      if (r.status().code() != v1::Status::OK) return (*shared_done)(FromProto(r.status()));
-      (*shared_done)(std::move(r));
-    };
+    call.annotated = [shared_done](v1::StepReply& r) { Deliver(*shared_done, r); };
     caf::anon_send(agent, std::move(call));
   }
 

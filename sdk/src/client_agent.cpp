@@ -84,19 +84,34 @@ void FlushBatch(Self self) {
   st.batch = v1::AnnotateBatch();
 }
 
+// Records call `id` as in flight, with its deadline from now.
+Inflight* Track(Self self, uint64_t id, CallMsg call) {
+  auto& st = self->state;
+  Inflight* entry = &st.inflight[id];
+  entry->deadline = Clock::now() + call.timeout;
+  entry->call = std::move(call);
+  st.deadlines.emplace(entry->deadline, id);
+  return entry;
+}
+
+// Forgets call `id` (it ended) and hands it back.
+Inflight Untrack(Self self, std::unordered_map<uint64_t, Inflight>::iterator it) {
+  auto& st = self->state;
+  Inflight call = std::move(it->second);
+  st.deadlines.erase({call.deadline, it->first});
+  st.inflight.erase(it);
+  return call;
+}
+
 void Dispatch(Self self, CallMsg call) {
   auto& st = self->state;
   uint64_t id = ++st.next_id;
   if (call.annotate) {
-    auto deadline = Clock::now() + call.timeout;
     auto* c = st.batch.add_calls();
     c->set_call_id(id);
     *c->mutable_request() = std::move(*call.annotate);
     call.annotate.reset();
-    Inflight& entry = st.inflight[id];
-    entry.deadline = deadline;
-    entry.call = std::move(call);
-    st.deadlines.emplace(deadline, id);
+    Track(self, id, std::move(call));
     if (st.batch.calls_size() >= kMaxBatch) {
       FlushBatch(self);
     } else if (!st.flush_posted) {
@@ -114,18 +129,13 @@ void Dispatch(Self self, CallMsg call) {
   auto send = std::move(call.send);
   uint64_t stream = call.on_output ? call.stream_id : 0;
   if (stream) st.streams[stream] = call.on_output;
-  auto deadline = Clock::now() + call.timeout;
-  Inflight* entry = &st.inflight[id];
-  entry->deadline = deadline;
-  entry->call = std::move(call);
-  st.deadlines.emplace(deadline, id);
+  Inflight* entry = Track(self, id, std::move(call));
   auto claim = [self, id, stream] {
     auto& st = self->state;
     if (stream) st.streams.erase(stream);
     auto it = st.inflight.find(id);
     if (it == st.inflight.end()) return false;
-    st.deadlines.erase({it->second.deadline, id});
-    st.inflight.erase(it);
+    Untrack(self, it);
     return true;
   };
   // (The reply cannot come before this returns: `entry` stays valid.)
@@ -232,11 +242,9 @@ caf::behavior Agent(Self self, std::string host, uint16_t port, std::chrono::mil
     for (auto& c : *st.batch.mutable_calls()) {
       auto it = st.inflight.find(c.call_id());
       if (it == st.inflight.end()) continue;
-      Queued q{it->second.deadline, std::move(it->second.call)};
-      q.call.annotate = std::make_shared<v1::AnnotateStepRequest>(std::move(*c.mutable_request()));
-      st.deadlines.erase({it->second.deadline, c.call_id()});
-      st.inflight.erase(it);
-      st.queued.push_back(std::move(q));
+      Inflight call = Untrack(self, it);
+      call.call.annotate = std::make_shared<v1::AnnotateStepRequest>(std::move(*c.mutable_request()));
+      st.queued.push_back(Queued{call.deadline, std::move(call.call)});
     }
     st.batch.Clear();
     // The replies of the calls sent will not come: fail them now.
@@ -285,10 +293,7 @@ caf::behavior Agent(Self self, std::string host, uint16_t port, std::chrono::mil
           // A call that already ended (deadline, disconnect) is not there.
           auto it = st.inflight.find(r.call_id());
           if (it == st.inflight.end() || !it->second.call.annotated) continue;
-          auto call = std::move(it->second);
-          st.deadlines.erase({call.deadline, r.call_id()});
-          st.inflight.erase(it);
-          call.call.annotated(*r.mutable_reply());
+          Untrack(self, it).call.annotated(*r.mutable_reply());
         }
       },
       [self](tick_atom) {
