@@ -89,6 +89,7 @@ struct ContainerDriver::Box {
   int init_pid = 0;
   v1::Limits limits;
   std::unique_ptr<fncall::CgroupSlot> cgroup;
+  fncall::GroupLimits group_limits;  // what its group holds
   std::unique_ptr<AgentClient> agent;
   // Idle freezing (IdleLoop), under idle_mu.
   std::mutex idle_mu;
@@ -158,8 +159,9 @@ Result<std::unique_ptr<ContainerDriver>> ContainerDriver::Start(ContainerOptions
       });
   if (!link.ok()) return link.status();
   d->link_ = std::move(*link);
-  // Creations wait on the spawner and the agent's handshake: a few in flight.
-  for (int i = 0; i < 4; ++i) d->workers_.emplace_back([p] { p->WorkerLoop(); });
+  // Creations wait on the spawner and the agent's handshake, removals on the
+  // container's exit: with only 4, churn queued behind those waits.
+  for (int i = 0; i < 16; ++i) d->workers_.emplace_back([p] { p->WorkerLoop(); });
   if (d->opts_.idle_freeze_ms > 0 && !d->cgm_.freezer.empty()) d->idle_thread_ = std::thread([p] { p->IdleLoop(); });
   return d;
 }
@@ -189,12 +191,12 @@ void ContainerDriver::Stop() {
   // The groups' parents go when no container is left in them (rmdir refuses
   // otherwise, which is what we want); the recycled groups go first.
   if (!cgm_.memory.empty()) {
-    std::vector<std::string> free;
+    std::vector<FreeGroup> free;
     {
       std::lock_guard<std::mutex> lk(mu_);
       free.swap(free_groups_);
     }
-    for (const auto& rel : free) fncall::RemoveGroupDirs(cgm_, rel);
+    for (const auto& g : free) fncall::RemoveGroupDirs(cgm_, g.rel);
     fncall::RemoveGroupDirs(cgm_, opts_.cgroup_parent + "/c");
     fncall::RemoveGroupDirs(cgm_, opts_.cgroup_parent);
   }
@@ -306,16 +308,17 @@ Result<std::string> ContainerDriver::CreateNow(const v1::SandboxRecord& sb) {
   if (UniqueFd f(::open((base + "/run/agent").c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0755)); !f)
     return undo(Status::FromErrno(errno, "create " + base + "/run/agent"));
 
-  TakeGroup(box->cgroup_rel);
-  auto cg = fncall::CgroupSlot::Create(cgm_, box->cgroup_rel);
-  if (!cg.ok()) return undo(cg.status());
-  box->cgroup = std::make_unique<fncall::CgroupSlot>(std::move(*cg));
+  auto held = TakeGroup(box->cgroup_rel);
+  if (!held.ok()) return undo(held.status());
+  box->cgroup = std::make_unique<fncall::CgroupSlot>(fncall::CgroupSlot::Paths(cgm_, box->cgroup_rel));
+  box->group_limits = *held;
   const v1::Limits& lim = sb.spec().limits();
-  Status st = box->cgroup->SetMemoryLimit(lim.memory_bytes() ? lim.memory_bytes() : 512ull << 20);
-  if (st.ok()) st = box->cgroup->SetPidsMax(lim.pids() ? lim.pids() + 1 : 0);  // +1: the agent
-  if (st.ok() && lim.cpu_millis()) st = box->cgroup->SetCpuQuota(lim.cpu_millis());
+  fncall::GroupLimits want;
+  want.memory = static_cast<int64_t>(lim.memory_bytes() ? lim.memory_bytes() : 512ull << 20);
+  want.pids = lim.pids() ? static_cast<int64_t>(lim.pids()) + 1 : -1;  // +1: the agent
+  want.cpu_quota = lim.cpu_millis() ? static_cast<int64_t>(lim.cpu_millis()) * 100 : -1;
+  Status st = fncall::ApplyGroupLimits(cgm_, box->cgroup_rel, want, &box->group_limits);
   if (!st.ok()) return undo(st);
-  box->cgroup->CloseFiles();  // a dozen descriptors per container otherwise
 
   spawner::Request req;
   auto* c = req.mutable_create_container();
@@ -651,8 +654,7 @@ Status ContainerDriver::DestroyNow(const std::string& id, const std::string& dig
   if (box && box->agent) box->agent->Close();
   // Killing every process of the container's cgroup ends its namespaces and
   // with them its overlay; then its files go, then its hold on the image.
-  if (box && box->cgroup) box->cgroup->CloseFiles();
-  ReleaseGroup(box ? box->cgroup_rel : CgroupRel(opts_.cgroup_parent, id));
+  ReleaseGroup(box ? box->cgroup_rel : CgroupRel(opts_.cgroup_parent, id), box.get());
   if (Status rm = RemoveTree(SandboxDir(opts_.data_dir, id)); !rm.ok())
     Log(2, "container " + id + ": " + rm.message() + "; the next start of dsecd removes it");
   if (!digest.empty()) mounts_->Release(digest);
@@ -681,13 +683,7 @@ Status ContainerDriver::Readopt(const v1::SandboxRecord& sb) {
   image.set_file(box->image_file);
   auto lower = mounts_->Acquire(image);
   if (!lower.ok()) return fail(lower.status());
-  auto cg = fncall::CgroupSlot::Create(cgm_, box->cgroup_rel);
-  if (!cg.ok()) {
-    mounts_->Release(box->digest);
-    return fail(cg.status());
-  }
-  box->cgroup = std::make_unique<fncall::CgroupSlot>(std::move(*cg));
-  box->cgroup->CloseFiles();
+  box->cgroup = std::make_unique<fncall::CgroupSlot>(fncall::CgroupSlot::Paths(cgm_, box->cgroup_rel));
   if (box->cgroup->Pids().empty()) {
     mounts_->Release(box->digest);
     return fail(Status::Unavailable("container " + sb.id() + " has no process left"));
@@ -712,21 +708,26 @@ Status ContainerDriver::Readopt(const v1::SandboxRecord& sb) {
   return Status::Ok();
 }
 
-void ContainerDriver::TakeGroup(const std::string& rel) {
-  std::string free;
+Result<fncall::GroupLimits> ContainerDriver::TakeGroup(const std::string& rel) {
+  FreeGroup free;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    if (free_groups_.empty()) return;
-    free = std::move(free_groups_.back());
-    free_groups_.pop_back();
+    if (!free_groups_.empty()) {
+      free = std::move(free_groups_.back());
+      free_groups_.pop_back();
+    }
   }
-  if (Status st = fncall::RenameGroup(cgm_, free, rel); !st.ok()) {
+  if (!free.rel.empty()) {
+    Status st = fncall::RenameGroup(cgm_, free.rel, rel);
+    if (st.ok()) return free.limits;
     Log(2, "recycled " + st.message() + "; making a new group instead");
-    fncall::KillAndRemoveGroup(cgm_, free);
+    fncall::KillAndRemoveGroup(cgm_, free.rel);
   }
+  DSEC_RETURN_IF_ERROR(fncall::MakeGroupDirs(cgm_, rel));
+  return fncall::GroupLimits::Fresh();
 }
 
-void ContainerDriver::ReleaseGroup(const std::string& rel) {
+void ContainerDriver::ReleaseGroup(const std::string& rel, Box* box) {
   std::string to;
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -734,11 +735,22 @@ void ContainerDriver::ReleaseGroup(const std::string& rel) {
       to = opts_.cgroup_parent + "/c/" + group_tag_ + "." + std::to_string(next_free_++);
   }
   struct stat st;
-  bool exists = ::stat((cgm_.memory + "/" + rel).c_str(), &st) == 0;
-  if (exists && !to.empty() && fncall::EmptyGroup(cgm_, rel) && fncall::ResetGroupLimits(cgm_, rel).ok() &&
-      fncall::RenameGroup(cgm_, rel, to).ok()) {
+  if (::stat((cgm_.memory + "/" + rel).c_str(), &st) < 0) {
+    fncall::KillAndRemoveGroup(cgm_, rel);  // whatever a failed creation made elsewhere
+    return;
+  }
+  bool frozen = false;
+  fncall::GroupLimits limits;  // unknown unless the box says
+  if (box) {
+    std::lock_guard<std::mutex> lk(box->idle_mu);
+    frozen = box->user_paused || box->idle_frozen;
+    limits = box->group_limits;
+  }
+  bool empty = box && box->init_pid > 0 ? fncall::StopContainerGroup(cgm_, rel, box->init_pid, frozen)
+                                        : fncall::EmptyGroup(cgm_, rel);
+  if (empty && !to.empty() && fncall::RenameGroup(cgm_, rel, to).ok()) {
     std::lock_guard<std::mutex> lk(mu_);
-    free_groups_.push_back(to);
+    free_groups_.push_back({to, limits});
     return;
   }
   fncall::KillAndRemoveGroup(cgm_, rel);
@@ -769,10 +781,10 @@ void ContainerDriver::Restored() {
     if (name.compare(0, prefix.size(), prefix) != 0) continue;
     std::string rel = opts_.cgroup_parent + "/c/" + name;
     uint64_t n = std::strtoull(name.c_str() + prefix.size(), nullptr, 10);
-    bool ok = fncall::EmptyGroup(cgm_, rel) && fncall::ResetGroupLimits(cgm_, rel).ok();
+    bool ok = fncall::EmptyGroup(cgm_, rel);  // its limits are unknown: the next container writes them all
     std::lock_guard<std::mutex> lk(mu_);
     next_free_ = std::max(next_free_, n + 1);
-    if (ok && free_groups_.size() < kMaxFreeGroups) free_groups_.push_back(rel);
+    if (ok && free_groups_.size() < kMaxFreeGroups) free_groups_.push_back({rel, fncall::GroupLimits()});
     else fncall::KillAndRemoveGroup(cgm_, rel);
   }
   mounts_->DropUnused();

@@ -87,12 +87,13 @@ class ContainerDriver : public Driver {
   void StartExec(const v1::SandboxRecord& sb, const std::string& run_id, const v1::ExecRequest& req,
                  OutputCallback on_output, ExecCallback done);
   Status ConnectAgent(Box& box) const;
-  // A group for a new container: a recycled one renamed to `rel`, or none
-  // (CgroupSlot::Create makes it).
-  void TakeGroup(const std::string& rel);
-  // A dead container's group: emptied, limits lifted and kept for the next
-  // container (up to kMaxFreeGroups), or removed.
-  void ReleaseGroup(const std::string& rel);
+  // A group for a new container at `rel`: a recycled one renamed to it, or
+  // a new one. The limits it holds (a recycled group keeps the last ones).
+  Result<fncall::GroupLimits> TakeGroup(const std::string& rel);
+  // A dead container's group: emptied and kept, with the limits it holds,
+  // for the next container (up to kMaxFreeGroups), or removed. `box` is the
+  // container when known (its init is then killed through its pid namespace).
+  void ReleaseGroup(const std::string& rel, Box* box);
   // Thaws a container the idle timer froze and marks it active.
   static Status Wake(Box& box);
   void IdleLoop();
@@ -118,7 +119,11 @@ class ContainerDriver : public Driver {
   // (other dsecds may share the parent).
   static constexpr size_t kMaxFreeGroups = 256;
   std::string group_tag_;
-  std::vector<std::string> free_groups_;  // rel paths
+  struct FreeGroup {
+    std::string rel;
+    fncall::GroupLimits limits;
+  };
+  std::vector<FreeGroup> free_groups_;
   uint64_t next_free_ = 0;
 
   std::mutex work_mu_;

@@ -4,7 +4,9 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -169,20 +171,73 @@ bool EmptyGroup(const CgroupMounts& m, const std::string& rel) {
   return false;
 }
 
-Status ResetGroupLimits(const CgroupMounts& m, const std::string& rel) {
-  auto put = [&rel](const std::string& dir, const char* file, const char* v, bool optional) -> Status {
-    UniqueFd fd = OpenAt(dir, file, O_WRONLY);
-    if (!fd) return optional ? Status::Ok() : Status::FromErrno(errno, "cgroup " + rel + ": open " + file);
-    return WriteFd(fd.get(), v, file, rel);
-  };
-  std::string mem = m.memory + "/" + rel;
-  // Raising: memory+swap first, it must never be below memory.
-  DSEC_RETURN_IF_ERROR(put(mem, "memory.memsw.limit_in_bytes", "-1", true));
-  DSEC_RETURN_IF_ERROR(put(mem, "memory.limit_in_bytes", "-1", false));
-  DSEC_RETURN_IF_ERROR(put(m.pids + "/" + rel, "pids.max", "max", false));
-  DSEC_RETURN_IF_ERROR(put(m.cpu + "/" + rel, "cpu.cfs_quota_us", "-1", false));
-  if (!m.freezer.empty()) DSEC_RETURN_IF_ERROR(put(m.freezer + "/" + rel, "freezer.state", "THAWED", false));
+namespace {
+
+// Writes v to <dir>/<file>; absent files are fine when `optional`.
+Status WritePath(const std::string& dir, const char* file, const std::string& v, const std::string& rel,
+                 bool optional = false) {
+  UniqueFd fd = OpenAt(dir, file, O_WRONLY);
+  if (!fd) return optional && errno == ENOENT ? Status::Ok() : Status::FromErrno(errno, "cgroup " + rel + ": open " + file);
+  return WriteFd(fd.get(), v, file, rel);
+}
+
+std::string LimitValue(int64_t v, const char* unlimited) { return v < 0 ? unlimited : std::to_string(v); }
+
+}  // namespace
+
+Status ApplyGroupLimits(const CgroupMounts& m, const std::string& rel, const GroupLimits& want, GroupLimits* have) {
+  if (want.memory != have->memory) {
+    std::string dir = m.memory + "/" + rel, v = LimitValue(want.memory, "-1");
+    // memory+swap must never be below memory: raise it first, lower it last.
+    // Unknown: lifted first, then both set.
+    auto as_u64 = [](int64_t x) { return x < 0 ? UINT64_MAX : static_cast<uint64_t>(x); };
+    bool unknown = have->memory == GroupLimits::kUnknown;
+    bool raising = !unknown && as_u64(want.memory) > as_u64(have->memory);
+    if (unknown) DSEC_RETURN_IF_ERROR(WritePath(dir, "memory.memsw.limit_in_bytes", "-1", rel, true));
+    if (raising) DSEC_RETURN_IF_ERROR(WritePath(dir, "memory.memsw.limit_in_bytes", v, rel, true));
+    have->memory = GroupLimits::kUnknown;  // until both are written
+    DSEC_RETURN_IF_ERROR(WritePath(dir, "memory.limit_in_bytes", v, rel));
+    if (!raising) DSEC_RETURN_IF_ERROR(WritePath(dir, "memory.memsw.limit_in_bytes", v, rel, true));
+    have->memory = want.memory;
+  }
+  if (want.pids != have->pids) {
+    have->pids = GroupLimits::kUnknown;
+    DSEC_RETURN_IF_ERROR(WritePath(m.pids + "/" + rel, "pids.max", LimitValue(want.pids, "max"), rel));
+    have->pids = want.pids;
+  }
+  if (want.cpu_quota != have->cpu_quota) {
+    std::string dir = m.cpu + "/" + rel;
+    bool unknown = have->cpu_quota == GroupLimits::kUnknown;
+    have->cpu_quota = GroupLimits::kUnknown;
+    if (unknown) DSEC_RETURN_IF_ERROR(WritePath(dir, "cpu.cfs_period_us", "100000", rel));
+    DSEC_RETURN_IF_ERROR(WritePath(dir, "cpu.cfs_quota_us", LimitValue(want.cpu_quota, "-1"), rel));
+    have->cpu_quota = want.cpu_quota;
+  }
   return Status::Ok();
+}
+
+bool StopContainerGroup(const CgroupMounts& m, const std::string& rel, pid_t init_pid, bool frozen) {
+  std::string dir = m.memory + "/" + rel;
+  auto has = [&dir](pid_t pid) {
+    auto pids = ReadProcs(dir);
+    return std::find(pids.begin(), pids.end(), pid) != pids.end();
+  };
+  UniqueFd pidfd;
+  if (init_pid > 0 && has(init_pid)) {
+    pidfd.Reset(static_cast<int>(::syscall(SYS_pidfd_open, init_pid, 0)));
+    // Still in the group once we hold it: the pidfd is that init, not a
+    // process that got its pid after it died.
+    if (pidfd && !has(init_pid)) pidfd.Reset();
+  }
+  bool stopped = false;
+  if (pidfd && ::syscall(SYS_pidfd_send_signal, pidfd.get(), SIGKILL, nullptr, 0) == 0) {
+    // A frozen init takes the signal only once thawed.
+    if (frozen && !m.freezer.empty()) (void)WritePath(m.freezer + "/" + rel, "freezer.state", "THAWED", rel);
+    // The init exits only after every other process of its namespace has.
+    pollfd p{pidfd.get(), POLLIN, 0};
+    stopped = ::poll(&p, 1, 1000) == 1 && ReadProcs(dir).empty();
+  }
+  return stopped || EmptyGroup(m, rel);
 }
 
 Status RenameGroup(const CgroupMounts& m, const std::string& rel, const std::string& to_rel) {
@@ -220,16 +275,26 @@ int SweepStaleSpawnerGroups(const CgroupMounts& m, const std::string& parent) {
   return removed;
 }
 
-Result<CgroupSlot> CgroupSlot::Create(const CgroupMounts& m, const std::string& rel) {
-  DSEC_RETURN_IF_ERROR(MakeGroupDirs(m, rel));
+CgroupSlot CgroupSlot::Paths(const CgroupMounts& m, const std::string& rel) {
   CgroupSlot s;
   s.rel_ = rel;
   for (const auto& h : m.Hierarchies()) {
     s.dirs_.push_back(h + "/" + rel);
     s.cpu_only_.push_back(h != m.memory && h != m.pids && (h == m.cpu || h == m.cpuacct));
     s.freezer_only_.push_back(h == m.freezer && h != m.memory && h != m.pids && h != m.cpu && h != m.cpuacct);
-    s.procs_.push_back(OpenAt(s.dirs_.back(), "cgroup.procs", O_WRONLY));
-    if (!s.procs_.back()) return Status::FromErrno(errno, "cgroup open " + s.dirs_.back() + "/cgroup.procs");
+  }
+  s.mem_dir_ = m.memory + "/" + rel;
+  s.acct_dir_ = m.cpuacct + "/" + rel;
+  if (!m.freezer.empty()) s.freezer_dir_ = m.freezer + "/" + rel;
+  return s;
+}
+
+Result<CgroupSlot> CgroupSlot::Create(const CgroupMounts& m, const std::string& rel) {
+  DSEC_RETURN_IF_ERROR(MakeGroupDirs(m, rel));
+  CgroupSlot s = Paths(m, rel);
+  for (const auto& dir : s.dirs_) {
+    s.procs_.push_back(OpenAt(dir, "cgroup.procs", O_WRONLY));
+    if (!s.procs_.back()) return Status::FromErrno(errno, "cgroup open " + dir + "/cgroup.procs");
   }
   std::string mem = m.memory + "/" + rel, pids = m.pids + "/" + rel, cpu = m.cpu + "/" + rel,
               acct = m.cpuacct + "/" + rel;
@@ -241,12 +306,7 @@ Result<CgroupSlot> CgroupSlot::Create(const CgroupMounts& m, const std::string& 
   s.cpu_period_ = OpenAt(cpu, "cpu.cfs_period_us", O_RDWR);
   s.cpuacct_usage_ = OpenAt(acct, "cpuacct.usage", O_RDWR);
   s.memsw_limit_ = OpenAt(mem, "memory.memsw.limit_in_bytes", O_RDWR);  // optional
-  s.mem_dir_ = mem;
-  s.acct_dir_ = acct;
-  if (!m.freezer.empty()) {
-    s.freezer_dir_ = m.freezer + "/" + rel;
-    s.freezer_state_ = OpenAt(s.freezer_dir_, "freezer.state", O_RDWR);
-  }
+  if (!s.freezer_dir_.empty()) s.freezer_state_ = OpenAt(s.freezer_dir_, "freezer.state", O_RDWR);
   if (!s.mem_limit_ || !s.mem_peak_ || !s.mem_oom_ || !s.pids_max_ || !s.cpu_quota_ ||
       !s.cpu_period_ || !s.cpuacct_usage_)
     return Status::FromErrno(errno, "cgroup open the control files of " + rel);

@@ -40,6 +40,9 @@ int SweepStaleSpawnerGroups(const CgroupMounts& m, const std::string& parent);
 class CgroupSlot {
  public:
   static Result<CgroupSlot> Create(const CgroupMounts& m, const std::string& rel);
+  // The paths of an existing group, no descriptor open (a container's
+  // group: its limits are written by path, ApplyGroupLimits).
+  static CgroupSlot Paths(const CgroupMounts& m, const std::string& rel);
   CgroupSlot() = default;
   CgroupSlot(CgroupSlot&&) = default;
   CgroupSlot& operator=(CgroupSlot&&) = default;
@@ -105,9 +108,28 @@ Status MakeGroupDirs(const CgroupMounts& m, const std::string& rel);
 // mounted) and waits, up to 1 s, until nothing is left in it; leaves it
 // thawed. True when it is empty.
 bool EmptyGroup(const CgroupMounts& m, const std::string& rel);
-// Lifts the limits of <rel> (memory+swap, memory, pids, CPU quota), so it is
-// as a new group: a recycled group then takes new limits in any order.
-Status ResetGroupLimits(const CgroupMounts& m, const std::string& rel);
+// The sandbox-wide limits a container's group holds. A recycled group keeps
+// the last container's values, so a creation with the same spec as the last
+// one writes nothing. kUnknown: not known (a group found at start-up), so
+// written whatever it is.
+struct GroupLimits {
+  static constexpr int64_t kUnknown = -3;
+  int64_t memory = kUnknown;     // bytes; -1: unlimited (memory+swap follows it)
+  int64_t pids = kUnknown;       // -1: max
+  int64_t cpu_quota = kUnknown;  // microseconds per 100 ms period; -1: unlimited
+  // What the kernel gives a new group.
+  static GroupLimits Fresh() { return GroupLimits{-1, -1, -1}; }
+};
+// Writes the values of `want` that differ from `*have`, opening each file by
+// path (a container keeps no descriptor on its group), and updates *have.
+Status ApplyGroupLimits(const CgroupMounts& m, const std::string& rel, const GroupLimits& want, GroupLimits* have);
+// Stops a container whose init (PID 1 of its own pid namespace) is init_pid:
+// SIGKILL to the init, through a pidfd taken only once the init is seen in
+// <rel> (so a reused pid is never signalled), ends every process of its
+// namespace with it; then waits for the init's exit and thaws the group if
+// `frozen`. Falls back to EmptyGroup when the init is not there or something
+// is left. True when the group is empty.
+bool StopContainerGroup(const CgroupMounts& m, const std::string& rel, pid_t init_pid, bool frozen);
 // Renames <rel> to <to_rel> (same parent) in every hierarchy, undoing the
 // renames done when one fails. Recycling a memory group this way spares the
 // kernel its removal, which costs more the more superblocks are mounted.

@@ -2,7 +2,10 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <net/if.h>
 #include <sched.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -27,6 +30,17 @@ int NamespacePool::Make(std::string* error) {
   if (!fd) {
     *error = std::string("open /proc/self/ns/") + name_ + ": " + std::strerror(errno);
     return -1;
+  }
+  if (flag_ == CLONE_NEWNET && loopback_up_) {
+    // We are in it now: the socket and the ioctl act on its `lo`.
+    UniqueFd sock(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+    ifreq ifr{};
+    std::strcpy(ifr.ifr_name, "lo");
+    if (!sock || ::ioctl(sock.get(), SIOCGIFFLAGS, &ifr) < 0 ||
+        (ifr.ifr_flags |= IFF_UP, ::ioctl(sock.get(), SIOCSIFFLAGS, &ifr) < 0)) {
+      *error = std::string("bring up the loopback of a new net namespace: ") + std::strerror(errno);
+      return -1;
+    }
   }
   std::vector<UniqueFd> probes;
   if (flag_ == CLONE_NEWIPC)

@@ -28,6 +28,9 @@ class NamespacePool {
   // descriptor-passing cycle), so the next user can bind any port. Enters the namespace to read its sockstat
   // counters (the calling process is single-threaded).
   bool NetEmpty(int index) const;
+  // net only: every namespace made has its loopback up (nothing inside
+  // could change that: no CAP_NET_ADMIN), so its users need not.
+  void set_loopback_up(bool up) { loopback_up_ = up; }
   // Free namespaces beyond this many are closed on Release.
   void set_max_free(size_t n) { max_free_ = n; }
   // A namespace index, or -1 with *error set. Creating one moves the calling
@@ -54,6 +57,7 @@ class NamespacePool {
   int flag_;
   const char* name_;
   size_t max_free_ = SIZE_MAX;
+  bool loopback_up_ = false;
   std::vector<UniqueFd> fds_;
   std::vector<int> free_;
   std::vector<std::vector<UniqueFd>> probes_;  // ipc: /proc/sysvipc/{msg,sem,shm} per namespace

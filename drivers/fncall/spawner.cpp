@@ -64,6 +64,7 @@ std::string Spawner::Init() {
     // Above the slots, like our other descriptors.
     container_base_ns_.Reset(::fcntl(base->get(), F_DUPFD_CLOEXEC, kFirstSpawnerFd));
     if (!container_base_ns_) return std::string("keep the container base namespace: ") + std::strerror(errno);
+    container_netns_.set_loopback_up(true);
   }
   auto sc = BuildSandboxSeccomp();
   if (!sc.ok()) return sc.status().message();

@@ -320,6 +320,7 @@ void Spawner::CreateContainer(const spawner::CreateContainer& req) {
   setup.agent_path = req.agent_path().c_str();
   setup.hostname = req.hostname().empty() ? nullptr : req.hostname().c_str();
   setup.has_net_ns = true;
+  setup.loopback_up = false;  // up since the pool made it
   setup.cgroups = static_cast<int>(procs.size());
   setup.seccomp = &seccomp_prog_;
   setup.agent_argv = argv;

@@ -82,6 +82,50 @@ TEST_F(ContainerLimits, MemoryHogIsKilledAndNothingElse) {
   Destroy(*b);
 }
 
+TEST_F(ContainerLimits, ARecycledGroupHoldsTheLimitsOfItsNewContainer) {
+  // A removed container's group is kept for the next one with the limits it
+  // had; the next container's own must be in force, whatever they are.
+  auto free_groups = [] { return daemon_->Admin("stats")["container"].value("free_cgroups", -1); };
+  v1::Limits first;
+  first.set_memory_bytes(300 << 20);
+  first.set_pids(40);
+  first.set_cpu_millis(500);
+  auto a = Make(first);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  Destroy(*a);
+  int free_after = free_groups();
+  ASSERT_GE(free_after, 1) << "the removed container's group was not kept";
+  v1::Limits next;
+  next.set_memory_bytes(200 << 20);
+  next.set_pids(20);
+  next.set_cpu_millis(250);
+  // Different limits, then the same ones again (nothing to write).
+  for (int round = 0; round < 2; ++round) {
+    auto sb = Make(next);
+    ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+    EXPECT_EQ(free_groups(), free_after - 1) << "round " << round << ": the container did not take a kept group";
+    auto rec = sb->Get();
+    ASSERT_TRUE(rec.ok()) << rec.status().ToString();
+    const v1::Limits& l = rec->spec().limits();
+    EXPECT_EQ(l.memory_bytes(), 200u << 20);
+    EXPECT_EQ(CgroupFile("memory", sb->id(), "memory.limit_in_bytes"), std::to_string(200 << 20)) << round;
+    std::string memsw = CgroupFile("memory", sb->id(), "memory.memsw.limit_in_bytes");
+    if (!memsw.empty()) {
+      EXPECT_EQ(memsw, std::to_string(200 << 20)) << round;
+    }
+    EXPECT_EQ(CgroupFile("pids", sb->id(), "pids.max"), "21") << round << ": 20 and the agent";
+    EXPECT_EQ(CgroupFile("cpu", sb->id(), "cpu.cfs_quota_us"), "25000") << round;
+    EXPECT_EQ(CgroupFile("cpu", sb->id(), "cpu.cfs_period_us"), "100000") << round;
+    // The limit holds: of 22 sleeps, those beyond pids.max do not start.
+    // (The shell exits at the first fork that fails.)
+    (void)ShIn(*sb, "for i in $(seq 22); do sleep 30 > /dev/null 2>&1 & done");
+    int now = std::stoi(CgroupFile("pids", sb->id(), "pids.current"));
+    EXPECT_LE(now, 21) << round << ": more processes than pids.max allows";
+    EXPECT_GE(now, 15) << round << ": the sleeps did not start";
+    Destroy(*sb);
+  }
+}
+
 TEST_F(ContainerLimits, ForkBombStaysInsideItsPidsLimit) {
   constexpr uint32_t kPids = 64;
   v1::Limits lim;

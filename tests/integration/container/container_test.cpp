@@ -2,14 +2,20 @@
 // kept between execs, verdicts, destroy leaving nothing behind, re-adoption
 // after a restart (clean and kill -9), cleanup of what a crash left, and the
 // errors a user gets for what cannot work.
+#include <poll.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <thread>
 
 #include "runtime/files.hpp"
+#include "runtime/unique_fd.hpp"
 #include "tests/support/container_fixture.hpp"
 
 namespace dsec::testing {
@@ -53,6 +59,28 @@ TEST_F(Container, DsecctlCreateExecRmLeavesNothingBehind) {
   auto gone = daemon_->Ctl({"exec", id, "--", "true"});
   EXPECT_NE(gone.exit_code, 0);
   EXPECT_NE(gone.err.find("not found"), std::string::npos) << gone.err;
+}
+
+TEST_F(Container, APausedContainerIsRemovedWithEveryProcessInIt) {
+  auto sb = Make();
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  ASSERT_EQ(ShIn(*sb, "sleep 1000 > /dev/null 2>&1 & sleep 1000 > /dev/null 2>&1 &").verdict(), v1::VERDICT_OK);
+  // A handle on each of its processes (the agent and the two sleeps) that
+  // no pid reuse can fool.
+  std::vector<UniqueFd> procs;
+  std::ifstream in("/sys/fs/cgroup/memory/dsec-test/c/" + sb->id() + "/cgroup.procs");
+  for (pid_t p; in >> p;) {
+    procs.emplace_back(static_cast<int>(::syscall(SYS_pidfd_open, p, 0)));
+    ASSERT_TRUE(procs.back()) << "pidfd_open " << p << ": " << std::strerror(errno);
+  }
+  ASSERT_EQ(procs.size(), 3u);
+  ASSERT_TRUE(sb->Pause().ok());
+  ASSERT_EQ(FreezerState(sb->id()), "FROZEN");
+  Destroy(*sb);  // and nothing of it is left on the host
+  for (const auto& fd : procs) {
+    pollfd p{fd.get(), POLLIN, 0};
+    EXPECT_EQ(::poll(&p, 1, 0), 1) << "a process of the removed container is still alive";
+  }
 }
 
 TEST_F(Container, DsecctlCpPauseResumeAndStreamedExec) {
