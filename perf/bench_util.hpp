@@ -59,6 +59,19 @@ inline double CpuSeconds(int pid) {
   return ticks / static_cast<double>(::sysconf(_SC_CLK_TCK));
 }
 
+// CPU seconds the whole machine has been busy so far (user, nice, system,
+// irq and softirq of every CPU, /proc/stat; idle, iowait and time stolen by
+// the hypervisor left out); -1 when it cannot be read. The difference over a
+// phase, divided by its operations, is a cost per operation that does not
+// depend on how long the phase had to wait.
+inline double HostBusySeconds() {
+  std::ifstream in("/proc/stat");
+  std::string cpu;
+  double user, nice, system, idle, iowait, irq, softirq;
+  if (!(in >> cpu >> user >> nice >> system >> idle >> iowait >> irq >> softirq) || cpu != "cpu") return -1;
+  return (user + nice + system + irq + softirq) / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+
 // Runs `fn(i)` for i in [0, n) on `conc` threads; the seconds it took.
 template <class F>
 double Parallel(int n, int conc, F fn) {

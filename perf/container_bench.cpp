@@ -4,8 +4,10 @@
 //       --creates 300 --concurrency 1,16,64 --execs 2000 --idle 5000   (one line)
 //
 // Prints, each from this one run:
-//   - creations/s and create / create-to-first-exec latency (p50, p99) at
-//     each concurrency, and how fast they are removed again;
+//   - at each concurrency: creations/s and create latency (p50, p99) of
+//     creations alone; then, in a second pass, creations each followed by
+//     its first exec (rate, create-to-first-exec p50 and p99); and how fast
+//     all were removed again;
 //   - with --churn N, rollout-style cycles (create, one exec, remove) per
 //     second at each concurrency;
 //   - exec round trip of `true` in one container (p50, p99);
@@ -189,17 +191,44 @@ int main(int argc, char** argv) {
 
   std::printf("# container_bench: image %s, %d creations per concurrency, dsecd pid %d\n", image.c_str(), creates,
               dsecd);
-  std::printf("%5s | %11s %9s %9s | %13s %9s | %10s %6s\n", "conc", "creations/s", "create50", "create99",
-              "to-1st-exec50", "99 ms", "removals/s", "failed");
+  std::printf("%5s | %11s %9s %9s %7s | %11s %13s %9s %7s | %10s %6s\n", "conc", "creations/s", "create50",
+              "create99", "cpu ms", "+1st exec/s", "to-1st-exec50", "99 ms", "cpu ms", "removals/s", "failed");
   for (int cc : SplitInts(conc)) {
+    // Two passes of `creates`: creations alone, then each creation followed
+    // by its first exec; everything made is removed after each pass.
     std::mutex mu;
     std::vector<double> create_ms, first_ms;
-    std::vector<dsec::Sandbox> made;
     std::atomic<int> failed{0};
-    double s = Parallel(creates, cc, [&](int) {
+    double removal_s = 0;
+    size_t removed = 0;
+    auto remove_all = [&](std::vector<dsec::Sandbox>& made) {
+      removal_s += Parallel(static_cast<int>(made.size()), cc, [&](int i) {
+        if (!made[i].Destroy().ok()) ++failed;
+      });
+      removed += made.size();
+      made.clear();
+    };
+    std::vector<dsec::Sandbox> made;
+    // Machine CPU per creation (everything on it, this client included).
+    double busy0 = HostBusySeconds();
+    double create_s = Parallel(creates, cc, [&](int) {
       auto t0 = Clock::now();
       auto sb = c.Create(spec);
       auto t1 = Clock::now();
+      if (!sb.ok()) {
+        if (failed++ == 0) std::fprintf(stderr, "create: %s\n", sb.status().ToString().c_str());
+        return;
+      }
+      std::lock_guard<std::mutex> lk(mu);
+      made.push_back(*sb);
+      create_ms.push_back(Ms(t0, t1));
+    });
+    double create_cpu_ms = (HostBusySeconds() - busy0) * 1000 / std::max<size_t>(create_ms.size(), 1);
+    remove_all(made);
+    busy0 = HostBusySeconds();
+    double first_s = Parallel(creates, cc, [&](int) {
+      auto t0 = Clock::now();
+      auto sb = c.Create(spec);
       if (!sb.ok()) {
         if (failed++ == 0) std::fprintf(stderr, "create: %s\n", sb.status().ToString().c_str());
         return;
@@ -212,26 +241,26 @@ int main(int argc, char** argv) {
         if (failed++ == 0) std::fprintf(stderr, "first exec: %s\n", r.ok() ? r->error().c_str() : r.status().ToString().c_str());
         return;
       }
-      create_ms.push_back(Ms(t0, t1));
       first_ms.push_back(Ms(t0, t2));
     });
-    double rs = Parallel(static_cast<int>(made.size()), cc, [&](int i) {
-      if (!made[i].Destroy().ok()) ++failed;
-    });
+    double first_cpu_ms = (HostBusySeconds() - busy0) * 1000 / std::max<size_t>(first_ms.size(), 1);
+    remove_all(made);
     Pct cp = Percentiles(create_ms), fp = Percentiles(first_ms);
-    std::printf("%5d | %11.0f %9.2f %9.2f | %13.2f %9.2f | %10.0f %6d\n", cc, first_ms.size() / s, cp.p50, cp.p99,
-                fp.p50, fp.p99, made.size() / rs, failed.load());
+    std::printf("%5d | %11.0f %9.2f %9.2f %7.2f | %11.0f %13.2f %9.2f %7.2f | %10.0f %6d\n", cc,
+                create_ms.size() / create_s, cp.p50, cp.p99, create_cpu_ms, first_ms.size() / first_s, fp.p50, fp.p99,
+                first_cpu_ms, removed / removal_s, failed.load());
     std::fflush(stdout);
   }
 
   // Churn, as RL rollouts use containers: each made, used once and removed
   // while others are being made; the node recycles what a removal frees.
   if (churn > 0) {
-    std::printf("%5s | %9s %11s %11s %6s\n", "conc", "cycles/s", "cycle50 ms", "cycle99 ms", "failed");
+    std::printf("%5s | %9s %11s %11s %7s %6s\n", "conc", "cycles/s", "cycle50 ms", "cycle99 ms", "cpu ms", "failed");
     for (int cc : SplitInts(conc)) {
       std::mutex mu;
       std::vector<double> cycle_ms;
       std::atomic<int> failed{0};
+      double busy0 = HostBusySeconds();
       double s = Parallel(churn, cc, [&](int) {
         auto t0 = Clock::now();
         auto sb = c.Create(spec);
@@ -249,7 +278,8 @@ int main(int argc, char** argv) {
         cycle_ms.push_back(Ms(t0, Clock::now()));
       });
       Pct p = Percentiles(cycle_ms);
-      std::printf("%5d | %9.0f %11.2f %11.2f %6d\n", cc, cycle_ms.size() / s, p.p50, p.p99, failed.load());
+      double cpu_ms = (HostBusySeconds() - busy0) * 1000 / std::max<size_t>(cycle_ms.size(), 1);
+      std::printf("%5d | %9.0f %11.2f %11.2f %7.2f %6d\n", cc, cycle_ms.size() / s, p.p50, p.p99, cpu_ms, failed.load());
       std::fflush(stdout);
     }
   }

@@ -1,5 +1,6 @@
 #include "drivers/container/container_driver.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <ftw.h>
 #include <limits.h>
@@ -7,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -188,6 +190,12 @@ void ContainerDriver::Stop() {
   for (auto& b : boxes)
     if (b->agent) b->agent->Close();
   if (link_) link_->Stop();
+  std::vector<std::string> dirs;  // kept sandbox dirs
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    dirs.swap(free_dirs_);
+  }
+  for (const auto& name : dirs) (void)RemoveTree(opts_.data_dir + "/sandboxes/" + name);
   // The groups' parents go when no container is left in them (rmdir refuses
   // otherwise, which is what we want); the recycled groups go first.
   if (!cgm_.memory.empty()) {
@@ -301,12 +309,7 @@ Result<std::string> ContainerDriver::CreateNow(const v1::SandboxRecord& sb) {
     return why.Annotate("sandbox " + id);
   };
   std::string base = SandboxDir(opts_.data_dir, id);
-  for (const char* sub : {"", "/upper", "/work", "/run"})
-    if (auto st = MakeDirs(base + sub, 0700); !st.ok()) return undo(st);
-  ::chmod((base + "/upper").c_str(), 0755);
-  // The mount point of the agent binary (no content, nothing to sync).
-  if (UniqueFd f(::open((base + "/run/agent").c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0755)); !f)
-    return undo(Status::FromErrno(errno, "create " + base + "/run/agent"));
+  if (Status st = TakeDir(id); !st.ok()) return undo(st);
 
   auto held = TakeGroup(box->cgroup_rel);
   if (!held.ok()) return undo(held.status());
@@ -654,9 +657,8 @@ Status ContainerDriver::DestroyNow(const std::string& id, const std::string& dig
   if (box && box->agent) box->agent->Close();
   // Killing every process of the container's cgroup ends its namespaces and
   // with them its overlay; then its files go, then its hold on the image.
-  ReleaseGroup(box ? box->cgroup_rel : CgroupRel(opts_.cgroup_parent, id), box.get());
-  if (Status rm = RemoveTree(SandboxDir(opts_.data_dir, id)); !rm.ok())
-    Log(2, "container " + id + ": " + rm.message() + "; the next start of dsecd removes it");
+  bool stopped = ReleaseGroup(box ? box->cgroup_rel : CgroupRel(opts_.cgroup_parent, id), box.get());
+  ReleaseDir(id, stopped);
   if (!digest.empty()) mounts_->Release(digest);
   ++destroyed_;
   return Status::Ok();
@@ -727,7 +729,7 @@ Result<fncall::GroupLimits> ContainerDriver::TakeGroup(const std::string& rel) {
   return fncall::GroupLimits::Fresh();
 }
 
-void ContainerDriver::ReleaseGroup(const std::string& rel, Box* box) {
+bool ContainerDriver::ReleaseGroup(const std::string& rel, Box* box) {
   std::string to;
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -737,7 +739,7 @@ void ContainerDriver::ReleaseGroup(const std::string& rel, Box* box) {
   struct stat st;
   if (::stat((cgm_.memory + "/" + rel).c_str(), &st) < 0) {
     fncall::KillAndRemoveGroup(cgm_, rel);  // whatever a failed creation made elsewhere
-    return;
+    return true;
   }
   bool frozen = false;
   fncall::GroupLimits limits;  // unknown unless the box says
@@ -751,9 +753,78 @@ void ContainerDriver::ReleaseGroup(const std::string& rel, Box* box) {
   if (empty && !to.empty() && fncall::RenameGroup(cgm_, rel, to).ok()) {
     std::lock_guard<std::mutex> lk(mu_);
     free_groups_.push_back({to, limits});
-    return;
+    return true;
   }
   fncall::KillAndRemoveGroup(cgm_, rel);
+  return empty;
+}
+
+namespace {
+
+// Every name in dir but . and .. (nothing when it cannot be read).
+std::vector<std::string> Entries(const std::string& dir) {
+  std::vector<std::string> out;
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return out;
+  while (dirent* e = ::readdir(d))
+    if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) out.push_back(e->d_name);
+  ::closedir(d);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// Empties a stopped container's dir for the next container: true when it
+// holds again only what a new one does. Anything unexpected: false (the
+// caller removes it).
+bool EmptySandboxDir(const std::string& base) {
+  if (Entries(base) != std::vector<std::string>{"run", "upper", "work"}) return false;
+  std::string upper = base + "/upper", work = base + "/work";
+  if (!RemoveTree(upper).ok() || ::mkdir(upper.c_str(), 0755) < 0 || ::chmod(upper.c_str(), 0755) < 0) return false;
+  if (!RemoveTree(work).ok() || ::mkdir(work.c_str(), 0700) < 0) return false;
+  if (::unlink((base + "/run/agent.sock").c_str()) < 0 && errno != ENOENT) return false;
+  struct stat st;
+  return Entries(base + "/work").empty() && Entries(base + "/run") == std::vector<std::string>{"agent"} &&
+         ::lstat((base + "/run/agent").c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_size == 0;
+}
+
+}  // namespace
+
+Status ContainerDriver::TakeDir(const std::string& id) {
+  std::string base = SandboxDir(opts_.data_dir, id), free;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!free_dirs_.empty()) {
+      free = opts_.data_dir + "/sandboxes/" + free_dirs_.back();
+      free_dirs_.pop_back();
+    }
+  }
+  if (!free.empty()) {
+    if (::rename(free.c_str(), base.c_str()) == 0) return Status::Ok();
+    Log(2, "rename " + free + " to " + base + ": " + std::strerror(errno) + "; making a new dir instead");
+    (void)RemoveTree(free);
+  }
+  for (const char* sub : {"", "/upper", "/work", "/run"}) DSEC_RETURN_IF_ERROR(MakeDirs(base + sub, 0700));
+  ::chmod((base + "/upper").c_str(), 0755);
+  // The mount point of the agent binary (no content, nothing to sync).
+  if (UniqueFd f(::open((base + "/run/agent").c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0755)); !f)
+    return Status::FromErrno(errno, "create " + base + "/run/agent");
+  return Status::Ok();
+}
+
+void ContainerDriver::ReleaseDir(const std::string& id, bool stopped) {
+  std::string base = SandboxDir(opts_.data_dir, id), name;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (stopped && free_dirs_.size() < kMaxFreeGroups) name = "free." + std::to_string(next_free_dir_++);
+  }
+  std::string to = opts_.data_dir + "/sandboxes/" + name;
+  if (!name.empty() && EmptySandboxDir(base) && ::rename(base.c_str(), to.c_str()) == 0) {
+    std::lock_guard<std::mutex> lk(mu_);
+    free_dirs_.push_back(name);
+    return;
+  }
+  if (Status rm = RemoveTree(base); !rm.ok())
+    Log(2, "container " + id + ": " + rm.message() + "; the next start of dsecd removes it");
 }
 
 void ContainerDriver::Restored() {
@@ -769,8 +840,10 @@ void ContainerDriver::Restored() {
   // makes the dir before the cgroup and removal drops the cgroup first, so
   // no cgroup of ours is without its dir.)
   std::set<std::string> orphans;
-  for (const auto& name : ListSubdirs(opts_.data_dir + "/sandboxes"))
-    if (!known.count(name)) orphans.insert(name);
+  for (const auto& name : ListSubdirs(opts_.data_dir + "/sandboxes")) {
+    if (name.rfind("free.", 0) == 0) (void)RemoveTree(opts_.data_dir + "/sandboxes/" + name);  // kept by the last run
+    else if (!known.count(name)) orphans.insert(name);
+  }
   for (const auto& id : orphans) {
     Log(1, "container " + id + ": left over from before the restart with no running record; removed");
     (void)DestroyNow(id, "");
@@ -809,6 +882,7 @@ std::string ContainerDriver::StatsJson() const {
               {"pauses", paused_.load()},
               {"idle_freezes", idle_freezes_.load()},
               {"free_cgroups", free_groups_.size()},
+              {"free_dirs", free_dirs_.size()},
               {"execs_in_flight", runs_.size()},
               {"image_mounts", mounts}}
       .dump();

@@ -93,7 +93,18 @@ class ContainerDriver : public Driver {
   // A dead container's group: emptied and kept, with the limits it holds,
   // for the next container (up to kMaxFreeGroups), or removed. `box` is the
   // container when known (its init is then killed through its pid namespace).
-  void ReleaseGroup(const std::string& rel, Box* box);
+  // True when no process is left in it (or it is gone).
+  bool ReleaseGroup(const std::string& rel, Box* box);
+  // A new container's dir, <data>/sandboxes/<id> with upper, work and run
+  // (run/agent: the agent binary's mount point): a kept one renamed to it,
+  // or a new one.
+  Status TakeDir(const std::string& id);
+  // A stopped container's dir: emptied and kept for the next container (up
+  // to kMaxFreeGroups; its upper dir is made anew, as the container could
+  // change the old one's mode, owner or ACLs), or removed.
+  // `stopped`: no process of the container is left (else its dir is only
+  // removed: a process still writing there must not reach the next one).
+  void ReleaseDir(const std::string& id, bool stopped);
   // Thaws a container the idle timer froze and marks it active.
   static Status Wake(Box& box);
   void IdleLoop();
@@ -125,6 +136,9 @@ class ContainerDriver : public Driver {
   };
   std::vector<FreeGroup> free_groups_;
   uint64_t next_free_ = 0;
+  // Kept sandbox dirs, <data>/sandboxes/free.<n> (removed at start-up).
+  std::vector<std::string> free_dirs_;
+  uint64_t next_free_dir_ = 0;
 
   std::mutex work_mu_;
   std::condition_variable work_cv_;

@@ -8,6 +8,7 @@
 #include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
@@ -258,6 +259,8 @@ int ContainerInitEntry(void* arg) {
     Call(SYS_fcntl, 3, F_SETFD, 0);
   }
   Call(SYS_close_range, 4u, ~0u, 0u);
+  // The spawner's priority (kContainerLaneNice) ends with the setup.
+  CHECK(Call(SYS_setpriority, PRIO_PROCESS, 0, 0), "reset the nice value");
   DropCapabilities(s);
   CHECK(Call(SYS_prctl, PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs");
   CHECK(Call(SYS_prctl, PR_SET_SECCOMP, SECCOMP_MODE_FILTER, s->seccomp, 0, 0), "install seccomp");

@@ -41,6 +41,10 @@ inline constexpr unsigned long long kContainerCaps =
     (1ull << 10) /*NET_BIND_SERVICE*/ | (1ull << 18) /*SYS_CHROOT*/ | (1ull << 29) /*AUDIT_WRITE*/ |
     (1ull << 31) /*SETFCAP*/;
 
+// The container spawner's nice value (spawner.cpp); every init resets its
+// own to 0 before it executes the agent.
+inline constexpr int kContainerLaneNice = -10;
+
 struct ContainerSetup {
   // Prepared by the spawner (strings live in its memory, shared).
   const char* lower = nullptr;         // overlay lowerdir ("<image>:<skeleton>"), upper and work dirs

@@ -78,6 +78,19 @@ TEST_F(ContainerProc, ProcOneIsTheAgentAndClosedToTheContainer) {
   Destroy(*sb);
 }
 
+TEST_F(ContainerProc, NothingInsideRunsWithTheSpawnersPriority) {
+  // The container spawner runs at nice -10 (one lane for every creation);
+  // the agent and its programs must not inherit that.
+  auto sb = Make();
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  auto r = Exec(*sb, Command({"python3", "-c",
+                              "import os\n"
+                              "print(open('/proc/1/stat').read().rsplit(')', 1)[1].split()[16], os.nice(0))\n"}));
+  ASSERT_EQ(r.verdict(), v1::VERDICT_OK) << r.error() << "\n" << r.stderr();
+  EXPECT_EQ(r.stdout(), "0 0\n") << "the nice values of the agent and of a program";
+  Destroy(*sb);
+}
+
 TEST_F(ContainerProc, HostFileIsNotReachableThroughAnyProcRootOrCwd) {
   HostMarker marker;
   ASSERT_TRUE(marker.ok()) << "cannot make the host marker under /tmp";
