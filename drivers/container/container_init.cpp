@@ -110,22 +110,28 @@ void ProtectProc(ContainerSetup* s, const char* r) {
 
 int ContainerInitEntry(void* arg) {
   auto* s = static_cast<ContainerSetup*>(arg);
-  // Our own fd table with only the slots (the spawner waits: CLONE_VFORK).
-  CHECK(Call(SYS_close_range, kInitFirstFree, ~0u, 2u /*CLOSE_RANGE_UNSHARE*/), "unshare the fd table");
+  // Our own fd table with only the slots, then the spawner may go on.
+  long unshared = Call(SYS_close_range, kInitFirstFree, ~0u, 2u /*CLOSE_RANGE_UNSHARE*/);
+  if (unshared < 0) {
+    // Still on the spawner's table, whose status slot it is about to reset:
+    // say so (2) with the reason written first, and touch nothing after.
+    s->failed_what = "unshare the fd table";
+    s->failed_errno = static_cast<int>(-unshared);
+  }
+  __atomic_store_n(&s->handed_off, unshared < 0 ? 2 : 1, __ATOMIC_RELEASE);
+  Call(SYS_futex, &s->handed_off, 1 /*FUTEX_WAKE*/, 1);
+  if (unshared < 0) fncall::raw::Exit(1);
+  // The status pipe closes when the agent is executed, or when we fail.
+  CHECK(Call(SYS_fcntl, kInitSlotStatus, F_SETFD, FD_CLOEXEC), "keep the status pipe");
   Call(SYS_prctl, PR_SET_NAME, "dsec-cinit");
   unsigned long none = 0;
   Call(SYS_rt_sigprocmask, SIG_SETMASK, &none, 0, sizeof none);
   KernelSigaction dfl{SIG_DFL, 0, nullptr, 0};
   Call(SYS_rt_sigaction, SIGPIPE, &dfl, 0, sizeof(unsigned long));
 
-  // The spawner is -1000 (never an OOM victim); the agent stays nearly as
-  // safe (-900: a memory limit hit kills the program that hit it, not the
-  // container), and its children go back to 0 (agent_exec.cpp).
-  long adj = Call(SYS_open, "/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
-  if (adj >= 0) {
-    fncall::raw::Write(static_cast<int>(adj), "-900", 4);
-    Call(SYS_close, adj);
-  }
+  // No oom_score_adj here: we share the spawner's memory, and the kernel
+  // applies such a write to every process sharing it. The agent raises its
+  // own to -900 once it runs (agent_main.cpp).
   for (int i = 0; i < s->cgroups; ++i) CHECK(fncall::raw::Write(kInitSlotCgroup + i, "0", 1), "join the container's cgroup");
   if (s->has_net_ns) CHECK(Call(SYS_setns, kInitSlotNet, CLONE_NEWNET), "enter the net namespace");
 
@@ -159,7 +165,8 @@ int ContainerInitEntry(void* arg) {
   CHECK(Call(SYS_setns, kInitSlotMntBase, CLONE_NEWNS), "enter the container base mount namespace");
   CHECK(Call(SYS_unshare, CLONE_NEWNS), "unshare the mount namespace");
   // The slots are used; fd 3 (the fncall runners' root) is not ours.
-  Call(SYS_close_range, 3u, kInitFirstFree - 1, 0u);
+  Call(SYS_close_range, 3u, kInitSlotStatus - 1, 0u);
+  Call(SYS_close_range, kInitSlotStatus + 1, kInitFirstFree - 1, 0u);
   const char* r = "/mnt";
   CHECK(Call(SYS_move_mount, root_mnt, "", AT_FDCWD, r, MOVE_MOUNT_F_EMPTY_PATH), "attach the overlay root");
   Call(SYS_close, root_mnt);
@@ -258,12 +265,14 @@ int ContainerInitEntry(void* arg) {
   } else {
     Call(SYS_fcntl, 3, F_SETFD, 0);
   }
-  Call(SYS_close_range, 4u, ~0u, 0u);
+  Call(SYS_close_range, 4u, kInitSlotStatus - 1, 0u);
+  Call(SYS_close_range, kInitSlotStatus + 1, ~0u, 0u);
   // The spawner's priority (kContainerLaneNice) ends with the setup.
   CHECK(Call(SYS_setpriority, PRIO_PROCESS, 0, 0), "reset the nice value");
   DropCapabilities(s);
   CHECK(Call(SYS_prctl, PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs");
   CHECK(Call(SYS_prctl, PR_SET_SECCOMP, SECCOMP_MODE_FILTER, s->seccomp, 0, 0), "install seccomp");
+  __atomic_store_n(&s->reached_exec, 1, __ATOMIC_RELEASE);
   long rc = Call(SYS_execve, "/run/dsec/agent", s->agent_argv, s->agent_envp);
   Fail(s, "execute the agent (/run/dsec/agent)", rc);
 }

@@ -9,9 +9,10 @@
 // denies chroot, so no chroot escape), and executes dsec-agent as PID 1,
 // which owns every process of the container from then on.
 //
-// It runs with CLONE_VM (and CLONE_VFORK: the spawner waits until it has
-// executed the agent or failed), so, like the fncall runner, it uses raw
-// system calls only: no malloc, no errno, no libc state.
+// It runs with CLONE_VM, like the fncall runner, so it uses raw system calls
+// only: no malloc, no errno, no libc state. Several run at once: the spawner
+// waits only until an init has its own fd table (handed_off), then goes on
+// with the next; the status pipe (kInitSlotStatus) tells it when each is done.
 #pragma once
 
 #include <linux/filter.h>
@@ -25,9 +26,13 @@ namespace dsec::container {
 inline constexpr int kInitSlotNet = 4;      // net namespace to enter (when has_net_ns)
 inline constexpr int kInitSlotCgroup = 5;   // +i: cgroup.procs to join (i < 6)
 inline constexpr int kInitSlotMntBase = 11; // mount namespace to start from (BuildContainerBaseNamespace)
+// Write end of a pipe the init keeps until it executes the agent (close on
+// exec) or fails: EOF there tells the spawner the init is done either way.
+inline constexpr int kInitSlotStatus = 12;
 // The spawner's own descriptors start here (and the fncall runner slots end).
 inline constexpr int kInitFirstFree = fncall::kFirstSpawnerFd;
-static_assert(kInitSlotCgroup + 6 <= kInitSlotMntBase && kInitSlotMntBase < kInitFirstFree,
+static_assert(kInitSlotCgroup + 6 <= kInitSlotMntBase && kInitSlotMntBase < kInitSlotStatus &&
+                  kInitSlotStatus < kInitFirstFree,
               "container slots overlap each other or the spawner's fds");
 
 // Root in the container keeps what package managers and build tools use
@@ -59,13 +64,20 @@ struct ContainerSetup {
   const sock_fprog* seccomp = nullptr;
   char* const* agent_argv = nullptr;
   char* const* agent_envp = nullptr;
-  // Results (read by the spawner once the clone returns).
+  // Futex word: 1 once the init has its own fd table (the spawner's slots
+  // may change again); 2 when it could not get one (failed_* are set and it
+  // exits: its stack is in use until it is reaped).
+  int handed_off = 0;
+  // 1 just before the agent's execve: an init whose status pipe closes
+  // without this and without failed_what died in its setup (a signal).
+  int reached_exec = 0;
+  // Results (read by the spawner once kInitSlotStatus reports EOF).
   const char* failed_what = nullptr;
   int failed_errno = 0;
 };
 
-// clone() entry; `arg` is a ContainerSetup*. Executes the agent, or returns
-// 1 with failed_what/failed_errno set.
+// clone() entry; `arg` is a ContainerSetup*. Executes the agent, or exits 1
+// with failed_what/failed_errno set.
 int ContainerInitEntry(void* arg);
 
 }  // namespace dsec::container

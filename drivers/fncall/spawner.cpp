@@ -164,6 +164,8 @@ void Spawner::Loop() {
         if (events[i].events & EPOLLOUT) FlushControl();
       } else if (key == kSignalKey) {
         OnSignal();
+      } else if (inits_.count(key)) {
+        OnInitDone(key);
       } else {
         OnRunnerEvent(key, stream, events[i].events);
       }
@@ -606,6 +608,10 @@ void Spawner::Shutdown() {
   shutting_down_ = true;
   for (auto& run : pending_) FailRun(run.id(), "dsecd is shutting down");
   pending_.clear();
+  // Container inits still setting up: no container yet (dsecd records one
+  // only once its agent answers). Killed, they run no more of their code,
+  // which lives in our memory.
+  for (auto& [key, init] : inits_) ::kill(init->pid, SIGKILL);
   for (auto& [key, r] : runners_) {
     if (r->state == State::kRunning) {
       r->killed = true;

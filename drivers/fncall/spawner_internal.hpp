@@ -126,6 +126,9 @@ class Spawner {
   void PrepareRun(Runner& r, const spawner::Run& run);
   void Refill();
   void CreateContainer(const spawner::CreateContainer& req);
+  // A container init's status pipe reported EOF: it executed the agent or
+  // failed; answers dsecd and frees what the init used.
+  void OnInitDone(uint64_t key);
   void ContainerGone(pid_t pid);
   // Net namespaces of live containers we keep a descriptor for (to recycle
   // them); past this, a container's namespace is simply not recycled.
@@ -166,6 +169,31 @@ class Spawner {
   // New ones are made once the pool is below half its size, up to full:
   // under churn, released namespaces keep it from going that low.
   bool container_netns_topping_ = false;
+  // A container init still setting up. It shares our memory: its setup, the
+  // strings the setup points to and its stack stay here, unmoved, until its
+  // status pipe reports EOF.
+  struct PendingInit {
+    uint64_t id = 0;  // dsecd's request id
+    std::string sandbox_id, lower, upper, work, run_dir, agent_path, hostname;
+    std::string argv0 = "dsec-agent", listen_flag = "--listen-fd", listen_fd = "3",
+                env_path = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+    char* argv[4] = {};
+    char* envp[2] = {};
+    container::ContainerSetup setup;
+    void* stack = nullptr;
+    UniqueFd status;  // read end
+    pid_t pid = -1;
+    int netns = -1;
+    bool reaped = false;  // its SIGCHLD came first
+  };
+  static constexpr size_t kInitStackBytes = 256 << 10;  // plus a guard page below
+  void* AcquireInitStack();
+  std::unordered_map<uint64_t, std::unique_ptr<PendingInit>> inits_;  // epoll key -> init
+  std::unordered_map<pid_t, uint64_t> init_by_pid_;
+  // Inits answered as failed that may still run on their stack (no fd table
+  // of their own, or killed): kept until reaped.
+  std::unordered_map<pid_t, std::unique_ptr<PendingInit>> dying_inits_;
+  std::vector<void*> free_init_stacks_;
   std::vector<void*> free_stacks_;
   std::unordered_map<uint64_t, std::unique_ptr<Runner>> runners_;
   std::unordered_map<pid_t, uint64_t> by_pid_;
