@@ -5,7 +5,6 @@
 
 #include <cerrno>
 #include <cstdio>
-#include <cstdlib>
 #include <string>
 
 #include "drivers/agent/agent.hpp"
@@ -49,17 +48,6 @@ int main(int argc, char** argv) {
   // about its programs (their exit codes are rewards). Programs we start
   // are dumpable again from their execve on.
   ::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
-  // Started by the container spawner we inherit its -1000 (never an OOM
-  // victim). We stay nearly as safe, -900: a memory limit hit kills the
-  // program that hit it, not the container. Set here, in our own memory:
-  // written from the init, which shares the spawner's memory, the kernel
-  // would apply it to the spawner too. Raising needs no privilege; any
-  // other start leaves the value as it is.
-  if (int adj = ::open("/proc/self/oom_score_adj", O_RDWR | O_CLOEXEC); adj >= 0) {
-    char cur[16] = {};
-    if (::read(adj, cur, sizeof cur - 1) > 0 && std::atoi(cur) < -900) (void)!::pwrite(adj, "-900", 4, 0);
-    ::close(adj);
-  }
   dsec::agent::AgentOptions o;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];

@@ -130,8 +130,8 @@ int ContainerInitEntry(void* arg) {
   Call(SYS_rt_sigaction, SIGPIPE, &dfl, 0, sizeof(unsigned long));
 
   // No oom_score_adj here: we share the spawner's memory, and the kernel
-  // applies such a write to every process sharing it. The agent raises its
-  // own to -900 once it runs (agent_main.cpp).
+  // applies such a write to every process sharing it. The spawner sets the
+  // agent's once it runs (OnInitDone).
   for (int i = 0; i < s->cgroups; ++i) CHECK(fncall::raw::Write(kInitSlotCgroup + i, "0", 1), "join the container's cgroup");
   if (s->has_net_ns) CHECK(Call(SYS_setns, kInitSlotNet, CLONE_NEWNET), "enter the net namespace");
 

@@ -609,9 +609,10 @@ void Spawner::Shutdown() {
   for (auto& run : pending_) FailRun(run.id(), "dsecd is shutting down");
   pending_.clear();
   // Container inits still setting up: no container yet (dsecd records one
-  // only once its agent answers). Killed, they run no more of their code,
-  // which lives in our memory.
-  for (auto& [key, init] : inits_) ::kill(init->pid, SIGKILL);
+  // only once its agent answers). Killed, and waited for below: they run on
+  // our memory until they are gone.
+  for (auto& [key, init] : inits_)
+    if (!init->reaped) ::kill(init->pid, SIGKILL);
   for (auto& [key, r] : runners_) {
     if (r->state == State::kRunning) {
       r->killed = true;
@@ -622,15 +623,19 @@ void Spawner::Shutdown() {
   // Wait for every runner to be reaped, draining its pipes, then report.
   int64_t give_up = NowNs() + 10'000'000'000;
   epoll_event events[256];
-  while (!runners_.empty() && NowNs() < give_up) {
+  while ((!runners_.empty() || !inits_.empty() || !dying_inits_.empty()) && NowNs() < give_up) {
     int n = ::epoll_wait(epoll_.get(), events, 256, 100);
     for (int i = 0; i < n; ++i) {
       uint64_t key = events[i].data.u64 >> 2, stream = events[i].data.u64 & 3;
       if (key == kSignalKey) OnSignal();
+      else if (inits_.count(key)) OnInitDone(key);
       else if (key != kControlKey) OnRunnerEvent(key, stream, events[i].events);
     }
     OnSignal();
   }
+  // Inits that would not die: their memory is left to them.
+  for (auto& [key, init] : inits_) (void)init.release();
+  for (auto& [pid, init] : dying_inits_) (void)init.release();
   if (!control_eof_) {
     ::fcntl(control_, F_SETFL, ::fcntl(control_, F_GETFL) & ~O_NONBLOCK);
     (void)WriteFull(control_, control_out_.data(), control_out_.size());

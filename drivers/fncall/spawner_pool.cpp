@@ -440,6 +440,20 @@ void Spawner::OnInitDone(uint64_t key) {
     container_netns_.Drop(in.netns);
   } else {
     out->set_pid(in.pid);
+    // We are -1000 (never an OOM victim); the agent stays nearly as safe,
+    // -900: a memory limit hit kills the program that hit it, not the
+    // container. Written by us, with CAP_SYS_RESOURCE, it is also the floor
+    // of what the agent's programs may set for themselves (they go to 0,
+    // agent_exec.cpp). Before dsecd hears of the agent, so before any
+    // program exists. (The init could not: it shares our memory, and the
+    // kernel applies such a write to every process sharing it.)
+    if (!in.reaped) {
+      std::string adj = "/proc/" + std::to_string(in.pid) + "/oom_score_adj";
+      if (int fd = ::open(adj.c_str(), O_WRONLY | O_CLOEXEC); fd >= 0) {
+        (void)!::write(fd, "-900", 4);
+        ::close(fd);
+      }
+    }
     // The namespace is the container's now; we keep its descriptor (one per
     // container, bounded) to take it back when the container is gone.
     if (in.reaped) {

@@ -221,6 +221,36 @@ TEST_F(ContainerLimits, AProgramStoppingEverythingDoesNotWedgeTheAgent) {
 // them must not take the agent's protection away: a child that shares the
 // agent's memory until its exec (CLONE_VM) and writes its own score there
 // sets the agent's too (and walks every process on the host).
+TEST_F(ContainerLimits, AProgramCannotTakeTheAgentsPlaceBeforeTheOomKiller) {
+  // A program at -1000 would never be the OOM victim: the agent (-900)
+  // would be killed for it, or a host-wide OOM would spare it. Its floor is
+  // the one the spawner set for the agent, which it cannot go below.
+  auto sb = Make();
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  int agent = 1;
+  std::ifstream(std::string("/proc/") + std::to_string(InitPid(*sb)) + "/oom_score_adj") >> agent;
+  if (agent >= 0) {
+    Destroy(*sb);
+    GTEST_SKIP() << "this host does not let dsecd lower oom_score_adj (no CAP_SYS_RESOURCE): the agent runs at "
+                 << agent << ", and no program can go below 0 anyway";
+  }
+  EXPECT_EQ(agent, -900);
+  auto r = Exec(*sb, Command({"python3", "-c",
+                              "import errno, os\n"
+                              "for v in (b'-1000', b'-901'):\n"
+                              "    fd = os.open('/proc/self/oom_score_adj', os.O_WRONLY)\n"
+                              "    try:\n"
+                              "        os.write(fd, v)\n"
+                              "        print('lowered')\n"
+                              "    except OSError as e:\n"
+                              "        print(errno.errorcode[e.errno])\n"
+                              "    os.close(fd)\n"
+                              "print(open('/proc/self/oom_score_adj').read().strip())\n"}));
+  ASSERT_EQ(r.verdict(), v1::VERDICT_OK) << r.error() << r.stderr();
+  EXPECT_EQ(r.stdout(), "EACCES\nEACCES\n0\n");
+  Destroy(*sb);
+}
+
 TEST_F(ContainerLimits, ProgramsRunAtOomScoreZeroAndTheAgentKeepsItsProtection) {
   auto sb = Make();
   ASSERT_TRUE(sb.ok()) << sb.status().ToString();
