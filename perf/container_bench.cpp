@@ -197,58 +197,52 @@ int main(int argc, char** argv) {
     // Two passes of `creates`: creations alone, then each creation followed
     // by its first exec; everything made is removed after each pass.
     std::mutex mu;
-    std::vector<double> create_ms, first_ms;
     std::atomic<int> failed{0};
     double removal_s = 0;
     size_t removed = 0;
-    auto remove_all = [&](std::vector<dsec::Sandbox>& made) {
+    // One pass: `creates` creations (each followed by its first exec when
+    // `first_exec`), then all removed. The latencies (to the create reply,
+    // or to the first exec's), and the pass's seconds and machine CPU per
+    // operation (everything on it, this client included).
+    struct Pass {
+      std::vector<double> ms;
+      double seconds = 0, cpu_ms = 0;
+    };
+    auto pass = [&](bool first_exec) {
+      Pass p;
+      std::vector<dsec::Sandbox> made;
+      double busy0 = HostBusySeconds();
+      p.seconds = Parallel(creates, cc, [&](int) {
+        auto t0 = Clock::now();
+        auto sb = c.Create(spec);
+        if (!sb.ok()) {
+          if (failed++ == 0) std::fprintf(stderr, "create: %s\n", sb.status().ToString().c_str());
+          return;
+        }
+        dsec::Result<dsec::v1::ExecResult> r = dsec::v1::ExecResult();
+        if (first_exec) r = sb->Exec(truth);
+        auto t1 = Clock::now();
+        std::lock_guard<std::mutex> lk(mu);
+        made.push_back(*sb);
+        if (first_exec && (!r.ok() || r->verdict() != dsec::v1::VERDICT_OK)) {
+          if (failed++ == 0)
+            std::fprintf(stderr, "first exec: %s\n", r.ok() ? r->error().c_str() : r.status().ToString().c_str());
+          return;
+        }
+        p.ms.push_back(Ms(t0, t1));
+      });
+      p.cpu_ms = (HostBusySeconds() - busy0) * 1000 / std::max<size_t>(p.ms.size(), 1);
       removal_s += Parallel(static_cast<int>(made.size()), cc, [&](int i) {
         if (!made[i].Destroy().ok()) ++failed;
       });
       removed += made.size();
-      made.clear();
+      return p;
     };
-    std::vector<dsec::Sandbox> made;
-    // Machine CPU per creation (everything on it, this client included).
-    double busy0 = HostBusySeconds();
-    double create_s = Parallel(creates, cc, [&](int) {
-      auto t0 = Clock::now();
-      auto sb = c.Create(spec);
-      auto t1 = Clock::now();
-      if (!sb.ok()) {
-        if (failed++ == 0) std::fprintf(stderr, "create: %s\n", sb.status().ToString().c_str());
-        return;
-      }
-      std::lock_guard<std::mutex> lk(mu);
-      made.push_back(*sb);
-      create_ms.push_back(Ms(t0, t1));
-    });
-    double create_cpu_ms = (HostBusySeconds() - busy0) * 1000 / std::max<size_t>(create_ms.size(), 1);
-    remove_all(made);
-    busy0 = HostBusySeconds();
-    double first_s = Parallel(creates, cc, [&](int) {
-      auto t0 = Clock::now();
-      auto sb = c.Create(spec);
-      if (!sb.ok()) {
-        if (failed++ == 0) std::fprintf(stderr, "create: %s\n", sb.status().ToString().c_str());
-        return;
-      }
-      auto r = sb->Exec(truth);
-      auto t2 = Clock::now();
-      std::lock_guard<std::mutex> lk(mu);
-      made.push_back(*sb);
-      if (!r.ok() || r->verdict() != dsec::v1::VERDICT_OK) {
-        if (failed++ == 0) std::fprintf(stderr, "first exec: %s\n", r.ok() ? r->error().c_str() : r.status().ToString().c_str());
-        return;
-      }
-      first_ms.push_back(Ms(t0, t2));
-    });
-    double first_cpu_ms = (HostBusySeconds() - busy0) * 1000 / std::max<size_t>(first_ms.size(), 1);
-    remove_all(made);
-    Pct cp = Percentiles(create_ms), fp = Percentiles(first_ms);
+    Pass created = pass(false), first = pass(true);
+    Pct cp = Percentiles(created.ms), fp = Percentiles(first.ms);
     std::printf("%5d | %11.0f %9.2f %9.2f %7.2f | %11.0f %13.2f %9.2f %7.2f | %10.0f %6d\n", cc,
-                create_ms.size() / create_s, cp.p50, cp.p99, create_cpu_ms, first_ms.size() / first_s, fp.p50, fp.p99,
-                first_cpu_ms, removed / removal_s, failed.load());
+                created.ms.size() / created.seconds, cp.p50, cp.p99, created.cpu_ms, first.ms.size() / first.seconds,
+                fp.p50, fp.p99, first.cpu_ms, removed / removal_s, failed.load());
     std::fflush(stdout);
   }
 

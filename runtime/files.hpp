@@ -23,6 +23,8 @@ std::string RandomHex(size_t chars);
 // Names of the subdirectories of `dir` (not . or ..); empty when it cannot
 // be read.
 std::vector<std::string> ListSubdirs(const std::string& dir);
+// Every name in `dir` but . and .., sorted (empty when it cannot be read).
+std::vector<std::string> ListEntries(const std::string& dir);
 // A helper binary: $env_var when set, else `name` next to this executable.
 std::string SiblingExecutable(const char* env_var, const std::string& name);
 // Absolute form of `path` (need not exist).

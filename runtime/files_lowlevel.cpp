@@ -4,6 +4,7 @@
 #include <limits.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -11,15 +12,29 @@
 
 namespace dsec {
 
-std::vector<std::string> ListSubdirs(const std::string& dir) {
+namespace {
+
+// Names in dir but . and .., of directories only when `dirs_only`.
+std::vector<std::string> List(const std::string& dir, bool dirs_only) {
   std::vector<std::string> out;
   DIR* d = ::opendir(dir.c_str());
   if (!d) return out;
   while (dirent* e = ::readdir(d)) {
-    if (e->d_type != DT_DIR || std::strcmp(e->d_name, ".") == 0 || std::strcmp(e->d_name, "..") == 0) continue;
+    if ((dirs_only && e->d_type != DT_DIR) || std::strcmp(e->d_name, ".") == 0 || std::strcmp(e->d_name, "..") == 0)
+      continue;
     out.emplace_back(e->d_name);
   }
   ::closedir(d);
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> ListSubdirs(const std::string& dir) { return List(dir, true); }
+
+std::vector<std::string> ListEntries(const std::string& dir) {
+  auto out = List(dir, false);
+  std::sort(out.begin(), out.end());
   return out;
 }
 

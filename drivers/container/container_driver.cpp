@@ -1,6 +1,5 @@
 #include "drivers/container/container_driver.hpp"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <ftw.h>
 #include <limits.h>
@@ -761,29 +760,17 @@ bool ContainerDriver::ReleaseGroup(const std::string& rel, Box* box) {
 
 namespace {
 
-// Every name in dir but . and .. (nothing when it cannot be read).
-std::vector<std::string> Entries(const std::string& dir) {
-  std::vector<std::string> out;
-  DIR* d = ::opendir(dir.c_str());
-  if (!d) return out;
-  while (dirent* e = ::readdir(d))
-    if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) out.push_back(e->d_name);
-  ::closedir(d);
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
 // Empties a stopped container's dir for the next container: true when it
 // holds again only what a new one does. Anything unexpected: false (the
 // caller removes it).
 bool EmptySandboxDir(const std::string& base) {
-  if (Entries(base) != std::vector<std::string>{"run", "upper", "work"}) return false;
+  if (ListEntries(base) != std::vector<std::string>{"run", "upper", "work"}) return false;
   std::string upper = base + "/upper", work = base + "/work";
   if (!RemoveTree(upper).ok() || ::mkdir(upper.c_str(), 0755) < 0 || ::chmod(upper.c_str(), 0755) < 0) return false;
   if (!RemoveTree(work).ok() || ::mkdir(work.c_str(), 0700) < 0) return false;
   if (::unlink((base + "/run/agent.sock").c_str()) < 0 && errno != ENOENT) return false;
   struct stat st;
-  return Entries(base + "/work").empty() && Entries(base + "/run") == std::vector<std::string>{"agent"} &&
+  return ListEntries(base + "/run") == std::vector<std::string>{"agent"} &&
          ::lstat((base + "/run/agent").c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_size == 0;
 }
 
