@@ -16,6 +16,8 @@
 
 namespace dsec {
 
+class FrontDoor;
+
 struct NodeOptions {
   std::string node_id;                  // stable across restarts (meta table)
   uint64_t boot = 0;                    // how many times this data dir has started
@@ -40,6 +42,7 @@ struct NodeContext {
   drivers::Driver* container = nullptr;
   Status container_unavailable;
   std::shared_ptr<spdlog::logger> log;
+  FrontDoor* door = nullptr;            // dsecd's ports (counters for `stats`); may be null
 
   // The driver for `spec`, or a status naming the kind and why it cannot run
   // here. Auto (and unspecified) picks the lightest kind that meets the

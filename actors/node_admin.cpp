@@ -6,6 +6,7 @@
 
 #include "actors/node_state.hpp"
 #include "dsec/status_proto.hpp"
+#include "runtime/front_door.hpp"
 #include "state/table.hpp"
 
 namespace dsec {
@@ -108,6 +109,14 @@ std::string Ls(NodeSelf self) {
 
 json DriverStats(const drivers::Driver* d) { return d ? json::parse(d->StatsJson(), nullptr, false) : json(nullptr); }
 
+// The front door's counters for the SDK port (0) and the console (1).
+json DoorStats(const FrontDoor* door, size_t i) {
+  if (!door) return nullptr;
+  auto s = door->stats(i);
+  return json{{"accepted", s.accepted}, {"admitted", s.admitted}, {"rejected", s.rejected},
+              {"timed_out", s.timed_out}, {"evicted", s.evicted},   {"pending", s.pending}};
+}
+
 std::string Stats(NodeSelf self) {
   auto& st = self->state;
   auto& c = st.counters;
@@ -123,6 +132,8 @@ std::string Stats(NodeSelf self) {
               {"store_writes", cs.writes},
               {"store_batches", cs.batches},
               {"store_ops", cs.ops},
+              {"sdk_door", DoorStats(st.ctx->door, 0)},
+              {"console_door", DoorStats(st.ctx->door, 1)},
               {"fncall", DriverStats(st.ctx->fncall)},
               {"container", DriverStats(st.ctx->container)}}
       .dump(-1, ' ', false, json::error_handler_t::replace);

@@ -14,6 +14,7 @@ add_library(CAF::io SHARED IMPORTED)
 set_target_properties(CAF::io PROPERTIES
   IMPORTED_LOCATION "${CAF_IO_LIBRARY}" INTERFACE_LINK_LIBRARIES CAF::core)
 
+find_package(OpenSSL REQUIRED)          # OpenSSL::Crypto (HMAC of the SDK's handshake)
 find_package(spdlog CONFIG REQUIRED)     # spdlog::spdlog (external fmt)
 find_package(RocksDB CONFIG REQUIRED)    # RocksDB::rocksdb-shared
 find_package(Protobuf REQUIRED)          # protobuf::libprotobuf, protoc

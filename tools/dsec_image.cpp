@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -74,16 +75,9 @@ Result<std::unique_ptr<Registry>> OpenRegistry(const std::string& data, const st
   if (db.ok()) return std::unique_ptr<Registry>(new OfflineRegistry(std::move(*db), data + "/images"));
   if (db.status().code() != Status::Code::kFailedPrecondition) return db.status();
   // The database is held: dsecd runs on this data dir. Talk to it.
-  std::string addr = addr_flag;
-  if (addr.empty()) {
-    auto ep = dsec::ReadFileToString(data + "/dsecd.json");
-    auto j = ep.ok() ? nlohmann::json::parse(*ep, nullptr, false) : nlohmann::json();
-    addr = j.is_object() ? j.value("sdk", "") : "";
-    if (addr.empty())
-      return Status::Unavailable("the data dir " + data + " is in use but has no dsecd.json; pass --addr");
-  }
   dsec::ClientOptions o;
-  o.address = addr;
+  o.address = addr_flag;  // empty: $DSEC_ADDR, else <data>/dsecd.json
+  o.data_dir = data;
   o.threads = 1;
   auto c = dsec::Client::Connect(o);
   if (!c.ok()) return c.status();
@@ -113,9 +107,12 @@ int main(int argc, char** argv) {
   CLI::App app{"dsec-image: build, list, inspect and remove dsec images (EROFS)"};
   app.require_subcommand(1);
   app.set_version_flag("--version", DSEC_VERSION);
-  std::string data = "./dsec-data", addr;
-  app.add_option("--data-dir", data, "the node's data dir; images go to <data-dir>/images")->capture_default_str();
-  app.add_option("--addr", addr, "dsecd SDK address (default: from <data-dir>/dsecd.json when it runs)");
+  const char* env_data = std::getenv("DSEC_DATA_DIR");
+  std::string data = env_data && *env_data ? env_data : "./dsec-data", addr;
+  app.add_option("--data-dir", data, "the node's data dir; images go to <data-dir>/images ($DSEC_DATA_DIR)")
+      ->capture_default_str();
+  app.add_option("--addr", addr,
+                 "dsecd SDK address (default: $DSEC_ADDR, else <data-dir>/dsecd.json when it runs)");
 
   std::string src, name, compression = "lz4";
   bool keep_owners = false, replace = false;

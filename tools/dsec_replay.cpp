@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <iostream>
 #include <map>
@@ -307,15 +308,19 @@ int Rerun(dsec::Client& client, const Log& log) {
 
 int main(int argc, char** argv) {
   CLI::App app{"dsec-replay: a rollout session's timeline, its JSON export, and a re-run that finds where it diverges"};
-  std::string name, data_dir = "./dsec-data", addr;
+  const char* env_data = std::getenv("DSEC_DATA_DIR");
+  std::string name, data_dir = env_data && *env_data ? env_data : "./dsec-data", addr, token_file;
   bool as_json = false, rerun = false;
   size_t lines = 20;
   app.add_option("name", name, "session name (job/prompt/sample)")->required();
-  auto* dd = app.add_option("--data-dir", data_dir, "read the log from this data dir (works while dsecd runs)")
+  auto* dd = app.add_option("--data-dir", data_dir,
+                            "read the log from this data dir (works while dsecd runs; $DSEC_DATA_DIR)")
                  ->capture_default_str();
   app.add_option("--addr", addr,
-                 "read from the dsecd at HOST:PORT instead; with --rerun, the dsecd to re-run on "
-                 "(default 127.0.0.1:7400)");
+                 "read from the dsecd at HOST:PORT instead; with --rerun, the dsecd to re-run on (default: "
+                 "$DSEC_ADDR, else <data-dir>/dsecd.json, else 127.0.0.1:7400)");
+  app.add_option("--sdk-token-file", token_file,
+                 "the SDK token of the dsecd at --addr ($DSEC_SDK_TOKEN; default <data-dir>/sdk.token)");
   app.add_flag("--json", as_json, "print the log as JSON (schema dsec-replay/1, docs/replay.md)");
   app.add_flag("--rerun", rerun, "re-execute every step in fresh sandboxes; report the first that differs");
   app.add_option("--lines", lines, "output lines shown per stream and step (0: all)")->capture_default_str();
@@ -333,6 +338,8 @@ int main(int argc, char** argv) {
   auto connect = [&](const std::string& a) -> bool {
     dsec::ClientOptions o;
     o.address = a;
+    o.data_dir = data_dir;
+    o.token_file = token_file;
     auto c = dsec::Client::Connect(o);
     if (!c.ok()) {
       std::fprintf(stderr, "dsec-replay: %s\n", c.status().message().c_str());
@@ -362,6 +369,6 @@ int main(int argc, char** argv) {
     PrintTimeline(*log, lines == 0 ? static_cast<size_t>(-1) : lines);
     return 0;
   }
-  if (!client && !connect(addr.empty() ? "127.0.0.1:7400" : addr)) return 4;
+  if (!client && !connect(addr)) return 4;
   return Rerun(*client, *log);
 }

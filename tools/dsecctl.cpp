@@ -37,11 +37,12 @@ std::string Env(const char* name, const std::string& fallback) {
 }
 
 struct Common {
-  std::string addr = Env("DSEC_ADDR", "127.0.0.1:7400");
-  std::string admin = Env("DSEC_ADMIN", "127.0.0.1:7401");
+  std::string addr = Env("DSEC_ADDR", "");    // empty: <data-dir>/dsecd.json, else 127.0.0.1:7400
+  std::string admin = Env("DSEC_ADMIN", "");  // empty: <data-dir>/dsecd.json, else 127.0.0.1:7401
   std::string data_dir = Env("DSEC_DATA_DIR", "./dsec-data");
   std::string token = Env("DSEC_TOKEN", "");
   std::string token_file;
+  std::string sdk_token_file;
   double connect_timeout_s = 5;
 };
 
@@ -134,6 +135,8 @@ int Fail(const std::string& msg, int code = kPlatformError) {
 std::unique_ptr<dsec::Client> ConnectOrDie(const Common& c, int* rc) {
   dsec::ClientOptions o;
   o.address = c.addr;
+  o.data_dir = c.data_dir;
+  o.token_file = c.sdk_token_file;
   o.connect_timeout = std::chrono::milliseconds(static_cast<int64_t>(c.connect_timeout_s * 1000));
   o.threads = 1;
   auto client = dsec::Client::Connect(o);
@@ -262,8 +265,16 @@ int Admin(const Common& c, const std::string& line, bool raw) {
     token = *t;
     while (!token.empty() && (token.back() == '\n' || token.back() == '\r')) token.pop_back();
   }
+  std::string admin = c.admin;
+  if (admin.empty()) {
+    // A running dsecd says where its console is.
+    auto ep = dsec::ReadFileToString(c.data_dir + "/dsecd.json");
+    auto j = ep.ok() ? nlohmann::json::parse(*ep, nullptr, false) : nlohmann::json();
+    admin = j.is_object() && j.contains("admin") && j["admin"].is_string() ? j["admin"].get<std::string>()
+                                                                           : "127.0.0.1:7401";
+  }
   dsec::LineClient con;
-  if (auto st = con.Connect(c.admin); !st.ok())
+  if (auto st = con.Connect(admin); !st.ok())
     return Fail("admin console: " + st.message() + " (is dsecd running? point --admin / $DSEC_ADMIN at it)", 1);
   auto ask = [&con](const std::string& cmd) -> dsec::Result<std::string> {
     DSEC_RETURN_IF_ERROR(con.Send(cmd + "\n"));
@@ -341,12 +352,20 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", DSEC_VERSION);
   Common c;
-  app.add_option("--addr", c.addr, "dsecd SDK entry host:port ($DSEC_ADDR)")->capture_default_str();
-  app.add_option("--admin", c.admin, "admin console host:port ($DSEC_ADMIN)")->capture_default_str();
-  app.add_option("--data-dir", c.data_dir, "daemon data dir, for its admin.token ($DSEC_DATA_DIR)")
+  // Global flags work after the subcommand too (dsecctl run --addr A -- cmd).
+  app.fallthrough();
+  app.add_option("--addr", c.addr,
+                 "dsecd SDK entry host:port ($DSEC_ADDR; default: <data-dir>/dsecd.json of a running dsecd, "
+                 "else 127.0.0.1:7400)");
+  app.add_option("--admin", c.admin,
+                 "admin console host:port ($DSEC_ADMIN; default: <data-dir>/dsecd.json, else 127.0.0.1:7401)");
+  app.add_option("--data-dir", c.data_dir,
+                 "dsecd's data dir: its dsecd.json (addresses), sdk.token and admin.token ($DSEC_DATA_DIR)")
       ->capture_default_str();
   app.add_option("--token", c.token, "admin token ($DSEC_TOKEN)");
-  app.add_option("--token-file", c.token_file, "file holding the admin token");
+  app.add_option("--token-file", c.token_file, "file holding the admin token (default <data-dir>/admin.token)");
+  app.add_option("--sdk-token-file", c.sdk_token_file,
+                 "file holding the SDK token ($DSEC_SDK_TOKEN; default <data-dir>/sdk.token)");
   app.add_option("--connect-timeout", c.connect_timeout_s, "seconds to wait for dsecd")->capture_default_str();
 
   LimitFlags run_l;

@@ -23,11 +23,14 @@
 #include "actors/console.hpp"
 #include "actors/context.hpp"
 #include "actors/node.hpp"
+#include "actors/sdk_entry.hpp"
 #include "actors/wire.hpp"
 #include "drivers/container/container_driver.hpp"
 #include "drivers/fncall/fncall_driver.hpp"
 #include "drivers/images/image_store.hpp"
+#include "runtime/door_auth.hpp"
 #include "runtime/files.hpp"
+#include "runtime/front_door.hpp"
 #include "runtime/log.hpp"
 #include "state/group_commit.hpp"
 #include "state/store.hpp"
@@ -57,22 +60,11 @@ struct Flags {
   int restart_window_s = 10;
   uint32_t session_lease_s = 600;
   double session_retention_h = 168;
+  std::string sdk_token_file;  // default <data>/sdk.token
+  size_t door_max_pending = 256;
+  double door_timeout_s = 5;
   bool test_hooks = false;
 };
-
-bool SplitHostPort(const std::string& s, std::string* host, uint16_t* port) {
-  auto colon = s.rfind(':');
-  if (colon == std::string::npos) return false;
-  *host = s.substr(0, colon);
-  try {
-    int p = std::stoi(s.substr(colon + 1));
-    if (p < 0 || p > 65535) return false;
-    *port = static_cast<uint16_t>(p);
-  } catch (const std::exception&) {
-    return false;
-  }
-  return !host->empty();
-}
 
 // The node id survives restarts; the boot counter counts them.
 dsec::Status LoadIdentity(dsec::state::Store* store, std::string* node_id, uint64_t* boot) {
@@ -125,11 +117,11 @@ int Run(const Flags& f) {
   }
   std::string sdk_host, admin_host;
   uint16_t sdk_port = 0, admin_port = 0;
-  if (!SplitHostPort(f.listen, &sdk_host, &sdk_port)) {
+  if (!dsec::SplitHostPort(f.listen, &sdk_host, &sdk_port)) {
     log->error("--listen '{}' is not host:port", f.listen);
     return 2;
   }
-  if (!SplitHostPort(f.admin, &admin_host, &admin_port)) {
+  if (!dsec::SplitHostPort(f.admin, &admin_host, &admin_port)) {
     log->error("--admin '{}' is not host:port", f.admin);
     return 2;
   }
@@ -152,6 +144,12 @@ int Run(const Flags& f) {
   auto token = dsec::LoadOrCreateToken(data + "/admin.token");
   if (!token.ok()) {
     log->error("{}", token.status().message());
+    return 3;
+  }
+  std::string sdk_token_path = f.sdk_token_file.empty() ? data + "/sdk.token" : dsec::AbsolutePath(f.sdk_token_file);
+  auto sdk_token = dsec::LoadOrCreateToken(sdk_token_path);
+  if (!sdk_token.ok()) {
+    log->error("{}", sdk_token.status().message());
     return 3;
   }
   dsec::state::GroupCommitter committer(store->get());
@@ -204,6 +202,8 @@ int Run(const Flags& f) {
   }
 
   int rc = 0;
+  // Outlives the actor system: the node reads its counters until it quits.
+  std::unique_ptr<dsec::FrontDoor> door;
   {
     caf::actor_system_config cfg;
     dsec::CafOptions co;
@@ -220,26 +220,39 @@ int Run(const Flags& f) {
                    [&](caf::error& e) { log->warn("node did not answer its first status: {}", sys.render(e)); });
     }
     auto entry = caf::actor_cast<dsec::entry_actor>(node);
-    auto bound = sys.middleman().publish(entry, sdk_port, sdk_host.c_str(), true);
-    caf::actor console;
-    if (!bound) {
-      log->error("cannot listen for the SDK on {}: {} (is another dsecd running? pick another with --listen)",
-                 f.listen, sys.render(bound.error()));
+    // Both ports are behind the front door: nothing of a peer reaches BASP
+    // or the console's command loop before it has shown its token.
+    // The hint goes to strangers too: no paths in it.
+    dsec::SdkDoor sdk_door(sys, entry, *sdk_token,
+                           "dsecd's token is in <data-dir>/sdk.token or its --sdk-token-file; clients read it "
+                           "from there, from $DSEC_SDK_TOKEN or from ClientOptions::token",
+                           DriverLog("door"));
+    dsec::ConsoleOptions copts;
+    copts.token = *token;
+    auto console = dsec::SpawnConsole(sys, node, copts);
+    std::vector<dsec::FrontDoorListener> doors(2);
+    doors[0].host = sdk_host;
+    doors[0].port = sdk_port;
+    doors[0].protocol = &sdk_door;
+    doors[0].max_pending = f.door_max_pending;
+    doors[0].timeout_ms = static_cast<int>(f.door_timeout_s * 1000);
+    doors[0].max_input = dsec::door::kResponseSize;
+    doors[1].host = admin_host;
+    doors[1].port = admin_port;
+    doors[1].protocol = console.gate.get();
+    doors[1].max_pending = 64;
+    doors[1].timeout_ms = 60'000;  // a person typing AUTH into nc
+    doors[1].max_input = copts.max_line + 2;
+    auto opened = dsec::FrontDoor::Start(doors, DriverLog("door"));
+    if (!opened.ok()) {
+      log->error("{} (is another dsecd running? pick other ports with --listen / --admin)", opened.status().message());
       rc = 4;
     } else {
-      ctx->options.sdk_address = sdk_host + ":" + std::to_string(*bound);
-      dsec::ConsoleOptions copts;
-      copts.host = admin_host;
-      copts.port = admin_port;
-      copts.token = *token;
-      auto c = dsec::SpawnConsole(sys, node, copts);
-      if (!c) {
-        log->error("{} (pick another with --admin)", sys.render(c.error()));
-        rc = 4;
-      } else {
-        console = c->first;
-        ctx->options.admin_address = admin_host + ":" + std::to_string(c->second);
-      }
+      door = std::move(*opened);
+      sdk_door.set_port(door->port(0));
+      ctx->options.sdk_address = sdk_host + ":" + std::to_string(door->port(0));
+      ctx->options.admin_address = admin_host + ":" + std::to_string(door->port(1));
+      ctx->door = door.get();
     }
     if (rc == 0) {
       nlohmann::json ep{{"pid", ::getpid()},
@@ -273,8 +286,10 @@ int Run(const Flags& f) {
       log->info("{}: stopping", strsignal(sig));
       ::unlink((data + "/dsecd.json").c_str());
     }
-    if (bound) (void)sys.middleman().unpublish(entry, *bound);
-    if (console) caf::anon_send_exit(console, caf::exit_reason::user_shutdown);
+    // No new connection from here; the door's protocols (which use the
+    // actor system) are done once Stop returns.
+    if (door) door->Stop();
+    caf::anon_send_exit(console.broker, caf::exit_reason::user_shutdown);
     caf::anon_send_exit(node, caf::exit_reason::user_shutdown);
     // The spawner kills its runners and removes its cgroups; runs still in
     // flight end with a platform error the trainer sees (or never sees, if
@@ -332,6 +347,15 @@ int main(int argc, char** argv) {
   app.add_option("--session-retention", f.session_retention_h,
                  "hours a closed session's log is kept for dsec-replay")
       ->check(CLI::Range(0.0, 24.0 * 3650))
+      ->capture_default_str();
+  app.add_option("--sdk-token-file", f.sdk_token_file,
+                 "the SDK token clients must prove they hold (created when absent; default <data-dir>/sdk.token)");
+  app.add_option("--door-max-pending", f.door_max_pending,
+                 "SDK connections in their token handshake at once (a new one pushes out the oldest)")
+      ->check(CLI::Range(size_t{1}, size_t{1} << 20))
+      ->capture_default_str();
+  app.add_option("--door-timeout", f.door_timeout_s, "seconds an SDK connection has for its token handshake")
+      ->check(CLI::Range(0.1, 3600.0))
       ->capture_default_str();
   app.add_flag("--test-hooks", f.test_hooks, "honour crash injection (tests only)");
   try {

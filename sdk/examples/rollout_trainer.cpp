@@ -33,7 +33,7 @@
 namespace {
 
 struct Flags {
-  std::string addr = "127.0.0.1:7400";
+  std::string addr, data_dir;
   std::string job = "demo";
   std::string image;
   std::string kind = "container";
@@ -140,7 +140,8 @@ bool Rollout(dsec::Client& client, const Flags& f, const dsec::v1::SandboxSpec& 
 int main(int argc, char** argv) {
   CLI::App app{"dsec example trainer: concurrent multi-step rollouts in sessions that survive the trainer"};
   Flags f;
-  app.add_option("--addr", f.addr, "dsecd SDK entry")->capture_default_str();
+  app.add_option("--addr", f.addr, "dsecd SDK entry host:port (default: $DSEC_ADDR, else <data-dir>/dsecd.json)");
+  app.add_option("--data-dir", f.data_dir, "dsecd's data dir, for its address and sdk.token ($DSEC_DATA_DIR, else ./dsec-data)");
   app.add_option("--job", f.job, "job name: sessions are JOB/taskR/s0")->capture_default_str();
   app.add_option("--kind", f.kind, "sandbox kind")->capture_default_str();
   app.add_option("--image", f.image, "image (default: the built-in host image)");
@@ -162,6 +163,7 @@ int main(int argc, char** argv) {
   else spec = dsec::FncallSpec();
   dsec::ClientOptions o;
   o.address = f.addr;
+  o.data_dir = f.data_dir;
   o.threads = 4;
   auto client = dsec::Client::Connect(o);
   if (!client.ok()) {

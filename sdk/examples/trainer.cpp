@@ -14,15 +14,17 @@
 
 int main(int argc, char** argv) {
   CLI::App app{"dsec example trainer: many concurrent fncall runs through the SDK"};
-  std::string addr = "127.0.0.1:7400";
+  std::string addr, data_dir;
   int runs = 1000, concurrency = 1000;
-  app.add_option("--addr", addr, "dsecd SDK entry")->capture_default_str();
+  app.add_option("--addr", addr, "dsecd SDK entry host:port (default: $DSEC_ADDR, else <data-dir>/dsecd.json)");
+  app.add_option("--data-dir", data_dir, "dsecd's data dir, for its address and sdk.token ($DSEC_DATA_DIR, else ./dsec-data)");
   app.add_option("--runs", runs, "how many runs")->capture_default_str();
   app.add_option("--concurrency", concurrency, "runs in flight at once")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   dsec::ClientOptions o;
   o.address = addr;
+  o.data_dir = data_dir;
   auto client = dsec::Client::Connect(o);
   if (!client.ok()) {
     std::fprintf(stderr, "trainer: %s\n", client.status().ToString().c_str());

@@ -5,7 +5,16 @@
 
 #include "actors/wire.hpp"
 #include "dsec/status_proto.hpp"
+#include "runtime/door_auth.hpp"
+#include "runtime/front_door.hpp"
 #include "sdk/src/client_agent.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
 
 namespace dsec {
 
@@ -29,6 +38,7 @@ struct Client::Impl {
 
   Status ToStatus(const caf::error& e, std::chrono::milliseconds timeout) const {
     std::string where = host + ":" + std::to_string(port);
+    if (Status own; sdk::FromCafError(e, &own)) return own;
     if (e == caf::sec::request_timeout)
       return Status::DeadlineExceeded("no reply from dsecd at " + where + " within " +
                                       std::to_string(timeout.count()) + " ms");
@@ -108,26 +118,80 @@ struct Client::Impl {
 Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Client::~Client() = default;
 
-Result<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
-  auto impl = std::make_unique<Impl>();
-  impl->options = options;
-  auto colon = options.address.rfind(':');
-  if (colon == std::string::npos || colon == 0)
-    return Status::InvalidArgument("address '" + options.address + "' is not host:port");
-  impl->host = options.address.substr(0, colon);
-  try {
-    int port = std::stoi(options.address.substr(colon + 1));
-    if (port <= 0 || port > 65535) throw std::out_of_range("port");
-    impl->port = static_cast<uint16_t>(port);
-  } catch (const std::exception&) {
-    return Status::InvalidArgument("address '" + options.address + "' has no valid port");
+namespace {
+
+std::string Env(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+
+std::string Trimmed(std::string s) {
+  while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+Result<std::string> ReadSmallFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return Status::NotFound(path + ": " + std::strerror(errno));
+  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (s.size() > 4096) return Status::InvalidArgument(path + " is not a dsec file (too large)");
+  return s;
+}
+
+}  // namespace
+
+Result<ClientOptions> ResolveClientOptions(ClientOptions o) {
+  if (o.data_dir.empty()) o.data_dir = Env("DSEC_DATA_DIR");
+  if (o.data_dir.empty()) o.data_dir = "./dsec-data";
+  if (o.address.empty()) o.address = Env("DSEC_ADDR");
+  if (o.address.empty()) {
+    // A running dsecd says where it listens.
+    if (auto ep = ReadSmallFile(o.data_dir + "/dsecd.json"); ep.ok()) {
+      auto j = nlohmann::json::parse(*ep, nullptr, false);
+      if (j.is_object() && j.contains("sdk") && j["sdk"].is_string()) o.address = j["sdk"].get<std::string>();
+    }
   }
+  if (o.address.empty()) o.address = "127.0.0.1:7400";
+  if (o.token.empty()) o.token = Env("DSEC_SDK_TOKEN");
+  if (o.token.empty()) {
+    std::string path = !o.token_file.empty() ? o.token_file : o.data_dir + "/sdk.token";
+    auto t = ReadSmallFile(path);
+    if (!t.ok())
+      return Status::Unauthenticated(
+          "no SDK token: " + t.status().message() +
+          " (dsecd creates <data-dir>/sdk.token; point $DSEC_DATA_DIR or --data-dir at dsecd's data dir, or set "
+          "$DSEC_SDK_TOKEN, ClientOptions::token or token_file)");
+    o.token = Trimmed(*t);
+  }
+  if (o.token.empty()) return Status::Unauthenticated("the SDK token is empty");
+  return o;
+}
+
+Result<std::unique_ptr<Client>> Client::Connect(ClientOptions given) {
+  auto resolved = ResolveClientOptions(given);
+  ClientOptions options = resolved.ok() ? std::move(*resolved) : std::move(given);
+  auto impl = std::make_unique<Impl>();
+  if (!SplitHostPort(options.address, &impl->host, &impl->port) || impl->host.empty() || impl->port == 0)
+    return Status::InvalidArgument("address '" + options.address + "' is not host:port");
+  if (!resolved.ok()) {
+    // No token to show: say so, unless nothing listens there at all (the
+    // more useful news). The door's challenge is read and left unanswered.
+    bool refused = false;
+    auto probe = door::Dial(impl->host, impl->port, "", door::kSdk, options.connect_timeout, &refused);
+    if (refused)
+      return Status::Unavailable("cannot reach dsecd at " + options.address +
+                                 ": connection refused (is dsecd running there? start it with `dsecd`, or point "
+                                 "--addr / $DSEC_ADDR at it)");
+    return resolved.status();
+  }
+  impl->options = options;
   impl->cfg = std::make_unique<caf::actor_system_config>();
   CafOptions caf_opts;
   caf_opts.scheduler_threads = options.threads;
   ConfigureCaf(*impl->cfg, caf_opts);
   impl->sys = std::make_unique<caf::actor_system>(*impl->cfg);
-  impl->agent = sdk::SpawnAgent(*impl->sys, impl->host, impl->port, options.connect_timeout, &impl->shared);
+  impl->agent =
+      sdk::SpawnAgent(*impl->sys, impl->host, impl->port, options.token, options.connect_timeout, &impl->shared);
   // Wait for the first connection: a cheap GetSandboxRequest for an id that
   // cannot exist tells us the node answers.
   v1::GetSandboxRequest probe;

@@ -1,6 +1,8 @@
 #include "sdk/src/client_agent.hpp"
 
 #include <caf/io/all.hpp>
+#include <caf/io/basp_broker.hpp>
+#include <caf/io/network/multiplexer.hpp>
 
 #include <deque>
 #include <set>
@@ -8,6 +10,24 @@
 #include <utility>
 
 #include "actors/wire.hpp"
+#include "runtime/door_auth.hpp"
+
+namespace dsec::sdk {
+
+namespace {
+
+// A socket through the door, on its way from the dialer to the agent:
+// closed if the message is dropped.
+struct Dialed {
+  std::shared_ptr<UniqueFd> fd;
+  Status status;        // why not, when fd is empty
+  bool refused = false; // nothing listened there
+};
+
+}  // namespace
+}  // namespace dsec::sdk
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(dsec::sdk::Dialed)
 
 namespace dsec::sdk {
 
@@ -16,6 +36,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using tick_atom = caf::atom_constant<caf::atom("tick")>;
 using flush_atom = caf::atom_constant<caf::atom("flush")>;
+using dial_atom = caf::atom_constant<caf::atom("dial")>;
 
 // Annotations per AnnotateBatch (dsecd takes up to 4096).
 constexpr int kMaxBatch = 1024;
@@ -35,10 +56,13 @@ struct Inflight {
 struct AgentState {
   std::string host;
   uint16_t port = 0;
+  std::string token;
   std::chrono::milliseconds connect_timeout{5000};
   AgentShared* shared = nullptr;
   caf::actor entry;
+  caf::actor dialer;  // blocking connects and door handshakes, off the agent's thread
   bool connecting = false, ticking = false;
+  bool ever_connected = false;
   std::chrono::milliseconds backoff{50};
   std::string last_error = "not connected yet";
   std::deque<Queued> queued;
@@ -187,50 +211,106 @@ void Expire(Self self) {
   Tick(self);
 }
 
+// A connection's end: the entry's handle, or why not (then retried).
+void Connected(Self self, caf::strong_actor_ptr ptr, const std::set<std::string>& ifs) {
+  auto& st = self->state;
+  st.connecting = false;
+  if (!ptr) {
+    st.last_error = "nothing is published there";
+  } else if (!self->system().assignable<entry_actor>(ifs)) {
+    st.last_error = "the actor published there is not a dsec entry (different dsec version?)";
+  } else {
+    st.entry = caf::actor_cast<caf::actor>(std::move(ptr));
+    self->monitor(st.entry);
+    st.backoff = std::chrono::milliseconds(50);
+    st.ever_connected = true;
+    st.shared->connections++;
+    st.shared->connected = true;
+    auto queued = std::move(st.queued);
+    st.queued.clear();
+    for (auto& q : queued) Dispatch(self, std::move(q.call));
+    return;
+  }
+  self->delayed_send(self, st.backoff, caf::connect_atom::value);
+}
+
+void Retry(Self self, const std::string& why) {
+  auto& st = self->state;
+  st.connecting = false;
+  st.last_error = why;
+  self->delayed_send(self, st.backoff, caf::connect_atom::value);
+  st.backoff = std::min(st.backoff * 2, std::chrono::milliseconds(1000));
+  Expire(self);
+}
+
+// Before the first connection, a refusal is the answer: nothing listens
+// there, the token is wrong, it is not a dsec port. Calls waiting for it
+// fail now instead of at their deadlines.
+void GiveUp(Self self, Status why, bool refused) {
+  auto& st = self->state;
+  if (refused)
+    why = Status::Unavailable("cannot reach dsecd at " + Where(self) +
+                              ": connection refused (is dsecd running there? start it with `dsecd`, or point "
+                              "--addr / $DSEC_ADDR at it)");
+  st.connecting = false;
+  st.last_error = why.message();
+  auto queued = std::move(st.queued);
+  st.queued.clear();
+  for (auto& q : queued) q.call.fail(ToCafError(why));
+  // Later calls try again from scratch.
+  st.backoff = std::chrono::milliseconds(50);
+}
+
 void Connect(Self self) {
   auto& st = self->state;
   if (st.connecting || st.entry) return;
   st.connecting = true;
-  auto mm = self->system().middleman().actor_handle();
-  self->request(mm, st.connect_timeout, caf::connect_atom::value, st.host, st.port)
+  self->request(st.dialer, caf::infinite, dial_atom::value)
       .then(
-          [self](const caf::node_id&, caf::strong_actor_ptr& ptr, const std::set<std::string>& ifs) {
+          [self](Dialed& d) {
             auto& st = self->state;
-            st.connecting = false;
-            if (!ptr) {
-              st.last_error = "nothing is published there";
-            } else if (!self->system().assignable<entry_actor>(ifs)) {
-              st.last_error = "the actor published there is not a dsec entry (different dsec version?)";
-            } else {
-              st.entry = caf::actor_cast<caf::actor>(std::move(ptr));
-              self->monitor(st.entry);
-              st.backoff = std::chrono::milliseconds(50);
-              st.shared->connections++;
-              st.shared->connected = true;
-              auto queued = std::move(st.queued);
-              st.queued.clear();
-              for (auto& q : queued) Dispatch(self, std::move(q.call));
-              return;
+            if (!d.fd) {
+              bool final = d.refused || d.status.code() == Status::Code::kUnauthenticated ||
+                           d.status.code() == Status::Code::kFailedPrecondition;
+              if (final && !st.ever_connected) return GiveUp(self, d.status, d.refused);
+              return Retry(self, d.status.message());
             }
-            self->delayed_send(self, st.backoff, caf::connect_atom::value);
+            // Through the door: BASP takes the socket over as a client
+            // connection and answers with the entry once its handshake is done.
+            auto& mm = self->system().middleman();
+            auto basp = mm.named_broker<caf::io::basp_broker>(caf::atom("BASP"));
+            auto scribe = mm.backend().new_scribe(d.fd->Release());
+            self->request(basp, st.connect_timeout, caf::connect_atom::value, std::move(scribe), st.port)
+                .then([self](const caf::node_id&, caf::strong_actor_ptr& ptr,
+                             const std::set<std::string>& ifs) { Connected(self, std::move(ptr), ifs); },
+                      [self](caf::error& err) { Retry(self, self->system().render(err)); });
           },
-          [self](caf::error& err) {
-            auto& st = self->state;
-            st.connecting = false;
-            st.last_error = self->system().render(err);
-            self->delayed_send(self, st.backoff, caf::connect_atom::value);
-            st.backoff = std::min(st.backoff * 2, std::chrono::milliseconds(1000));
-            Expire(self);
-          });
+          [self](caf::error& err) { Retry(self, self->system().render(err)); });
 }
 
-caf::behavior Agent(Self self, std::string host, uint16_t port, std::chrono::milliseconds connect_timeout,
-                    AgentShared* shared) {
+// The dialer: one blocking connect and door handshake at a time.
+caf::behavior Dialer(caf::event_based_actor*, std::string host, uint16_t port, std::string token,
+                     std::chrono::milliseconds timeout) {
+  return {
+      [=](dial_atom) {
+        Dialed d;
+        auto fd = door::Dial(host, port, token, door::kSdk, timeout, &d.refused);
+        if (fd.ok()) d.fd = std::make_shared<UniqueFd>(std::move(*fd));
+        else d.status = fd.status();
+        return d;
+      },
+  };
+}
+
+caf::behavior Agent(Self self, std::string host, uint16_t port, std::string token,
+                    std::chrono::milliseconds connect_timeout, AgentShared* shared) {
   auto& st = self->state;
   st.host = std::move(host);
   st.port = port;
+  st.token = std::move(token);
   st.connect_timeout = connect_timeout;
   st.shared = shared;
+  st.dialer = self->spawn<caf::detached + caf::linked>(Dialer, st.host, st.port, st.token, connect_timeout);
   self->set_down_handler([self](caf::down_msg& dm) {
     auto& st = self->state;
     if (dm.source != st.entry.address()) return;
@@ -305,13 +385,42 @@ caf::behavior Agent(Self self, std::string host, uint16_t port, std::chrono::mil
 
 }  // namespace
 
-caf::error Disconnected(const std::string& why) {
-  return caf::make_error(caf::sec::request_receiver_down, why);
+Result<caf::actor> ConnectEntry(caf::actor_system& sys, const std::string& host, uint16_t port,
+                                const std::string& token, std::chrono::milliseconds timeout) {
+  auto fd = door::Dial(host, port, token, door::kSdk, timeout);
+  if (!fd.ok()) return fd.status();
+  auto& mm = sys.middleman();
+  auto basp = mm.named_broker<caf::io::basp_broker>(caf::atom("BASP"));
+  auto scribe = mm.backend().new_scribe(fd->Release());
+  caf::scoped_actor self{sys};
+  Result<caf::actor> out = Status::DeadlineExceeded("no BASP handshake from " + host + ":" + std::to_string(port));
+  self->request(basp, timeout, caf::connect_atom::value, std::move(scribe), port)
+      .receive(
+          [&](const caf::node_id&, caf::strong_actor_ptr& ptr, const std::set<std::string>& ifs) {
+            if (!ptr || !sys.assignable<entry_actor>(ifs))
+              out = Status::FailedPrecondition("no dsec entry at " + host + ":" + std::to_string(port));
+            else
+              out = caf::actor_cast<caf::actor>(std::move(ptr));
+          },
+          [&](caf::error& e) { out = Status::Unavailable(host + ":" + std::to_string(port) + ": " + sys.render(e)); });
+  return out;
 }
 
-caf::actor SpawnAgent(caf::actor_system& sys, std::string host, uint16_t port,
+caf::error ToCafError(const Status& st) {
+  return caf::error(static_cast<uint8_t>(st.code()), caf::atom("dsec"), caf::make_message(st.message()));
+}
+
+bool FromCafError(const caf::error& e, Status* out) {
+  if (e.category() != caf::atom("dsec") || !e.context().match_elements<std::string>()) return false;
+  *out = Status(static_cast<Status::Code>(e.code()), e.context().get_as<std::string>(0));
+  return true;
+}
+
+caf::error Disconnected(const std::string& why) { return ToCafError(Status::Unavailable(why)); }
+
+caf::actor SpawnAgent(caf::actor_system& sys, std::string host, uint16_t port, std::string token,
                       std::chrono::milliseconds connect_timeout, AgentShared* shared) {
-  return sys.spawn(Agent, std::move(host), port, connect_timeout, shared);
+  return sys.spawn(Agent, std::move(host), port, std::move(token), connect_timeout, shared);
 }
 
 }  // namespace dsec::sdk

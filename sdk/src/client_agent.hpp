@@ -1,5 +1,8 @@
 // The SDK's one actor: holds the connection to dsecd's entry actor,
-// reconnects after a loss, and forwards calls with their timeouts. Calls that
+// reconnects after a loss, and forwards calls with their timeouts. The first
+// connection's outcome is final when it is a refusal (nothing listens, a
+// wrong token, not a dsec port): calls waiting for it fail at once. Later
+// losses are retried (dsecd restarting). Calls that
 // arrive while disconnected wait (until their own deadline) for the next
 // connection; calls in flight when the connection drops fail at once with
 // Unavailable instead of waiting out their timeout.
@@ -13,6 +16,7 @@
 #include <memory>
 #include <string>
 
+#include "dsec/status.hpp"
 #include "dsec/v1/service.pb.h"
 #include "dsec/v1/types.pb.h"
 
@@ -51,10 +55,21 @@ struct AgentShared {
   std::atomic<uint64_t> connections{0};
 };
 
-caf::actor SpawnAgent(caf::actor_system& sys, std::string host, uint16_t port,
+// Connects through dsecd's front door (runtime/door_auth.hpp) with `token`,
+// then hands the socket to CAF's BASP broker.
+caf::actor SpawnAgent(caf::actor_system& sys, std::string host, uint16_t port, std::string token,
                       std::chrono::milliseconds connect_timeout, AgentShared* shared);
 
-// Errors the agent reports (as caf::error with this category).
+// One connection through the door, blocking (for tools and tests that
+// talk to the entry actor directly): the entry's handle, or why not.
+Result<caf::actor> ConnectEntry(caf::actor_system& sys, const std::string& host, uint16_t port,
+                                const std::string& token, std::chrono::milliseconds timeout);
+
+// The agent's own errors: a dsec Status carried in a caf::error (category
+// "dsec"), and back.
+caf::error ToCafError(const Status& st);
+bool FromCafError(const caf::error& e, Status* out);
+// Unavailable(why), for calls a lost connection or a closing client ends.
 caf::error Disconnected(const std::string& why);
 
 }  // namespace dsec::sdk

@@ -4,7 +4,7 @@ namespace dsec {
 
 Status FromProto(const v1::Status& s) {
   if (s.code() == v1::Status::OK) return Status::Ok();
-  if (s.code() < 0 || s.code() > static_cast<int>(Status::Code::kAborted))  // a newer peer
+  if (s.code() < 0 || s.code() > static_cast<int>(Status::Code::kUnauthenticated))  // a newer peer
     return Status::Internal("status code " + std::to_string(s.code()) + ": " + s.message());
   return Status(static_cast<Status::Code>(s.code()), s.message());
 }

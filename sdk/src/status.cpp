@@ -36,6 +36,7 @@ const char* Status::CodeName(Code code) {
     case Code::kInternal: return "internal";
     case Code::kUnimplemented: return "unimplemented";
     case Code::kAborted: return "aborted";
+    case Code::kUnauthenticated: return "unauthenticated";
   }
   return "unknown";
 }

@@ -26,6 +26,7 @@ TEST(Kill9, TablesSurviveAndTheClientReconnects) {
   if (d->Admin("status").dump().find("\"fncall\"") == std::string::npos) GTEST_SKIP() << "fncall unavailable: " << d->Admin("status").dump();
   ClientOptions o;
   o.address = d->sdk_addr();
+  o.data_dir = d->data_dir();
   auto c = Client::Connect(o);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   auto& client = *c;

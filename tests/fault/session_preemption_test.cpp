@@ -28,12 +28,14 @@ class SessionPreemption : public ContainerTest {
   static Result<std::unique_ptr<Client>> ImpatientClient() {
     ClientOptions o;
     o.address = daemon_->sdk_addr();
+    o.data_dir = daemon_->data_dir();
     o.rpc_timeout = std::chrono::milliseconds(2000);
     return Client::Connect(o);
   }
 
   std::vector<std::string> TrainerArgs(const std::string& job, int rollouts, int steps, bool strict) {
     std::vector<std::string> argv{BinDir() + "/dsec-rollout-trainer", "--addr", daemon_->sdk_addr(),
+                                  "--data-dir", daemon_->data_dir(),
                                   "--job", job, "--task", "count", "--image", kImage,
                                   "--rollouts", std::to_string(rollouts), "--steps", std::to_string(steps)};
     if (strict) argv.push_back("--strict-count");

@@ -13,6 +13,7 @@
 #include <random>
 
 #include "actors/wire.hpp"
+#include "sdk/src/client_agent.hpp"
 #include "tests/support/daemon_fixture.hpp"
 
 namespace dsec::testing {
@@ -187,9 +188,10 @@ TEST_F(BadInput, AnnotateBatchesAnswerEachCallAndRefuseOversizedOnes) {
   ConfigureCaf(cfg, CafOptions{});
   caf::actor_system sys{cfg};
   auto colon = daemon_->sdk_addr().rfind(':');
-  auto entry = sys.middleman().remote_actor<entry_actor>(daemon_->sdk_addr().substr(0, colon),
-                                            static_cast<uint16_t>(std::stoi(daemon_->sdk_addr().substr(colon + 1))));
-  ASSERT_TRUE(entry) << sys.render(entry.error());
+  auto entry = sdk::ConnectEntry(sys, daemon_->sdk_addr().substr(0, colon),
+                                 static_cast<uint16_t>(std::stoi(daemon_->sdk_addr().substr(colon + 1))),
+                                 daemon_->SdkToken(), std::chrono::seconds(5));
+  ASSERT_TRUE(entry.ok()) << entry.status().ToString();
   caf::scoped_actor self{sys};
   // Collects the results for `want` calls (or fails after 30 s).
   auto collect = [&](size_t want) {

@@ -136,6 +136,7 @@ TEST(SdkDeadline, ACallToAStoppedDaemonFailsAtItsDeadlineAndTheLateReplyIsDroppe
   }
   ClientOptions o;
   o.address = d->sdk_addr();
+  o.data_dir = d->data_dir();
   o.rpc_timeout = std::chrono::milliseconds(400);
   auto c = Client::Connect(o);
   ASSERT_TRUE(c.ok()) << c.status().ToString();

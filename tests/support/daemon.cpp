@@ -244,12 +244,17 @@ Status TestDaemon::Launch(const std::string& listen, const std::string& admin) {
   return Status::DeadlineExceeded("dsecd did not become ready within 60 s");
 }
 
-std::string TestDaemon::Token() const {
-  auto t = ReadFileToString(data_dir_ + "/admin.token");
+namespace {
+std::string ReadToken(const std::string& path) {
+  auto t = ReadFileToString(path);
   std::string s = t.ok() ? *t : "";
   while (!s.empty() && s.back() == '\n') s.pop_back();
   return s;
 }
+}  // namespace
+
+std::string TestDaemon::Token() const { return ReadToken(data_dir_ + "/admin.token"); }
+std::string TestDaemon::SdkToken() const { return ReadToken(data_dir_ + "/sdk.token"); }
 
 void TestDaemon::Kill9() {
   if (pid_ <= 0) return;

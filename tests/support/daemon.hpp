@@ -77,7 +77,8 @@ class TestDaemon {
   const std::string& admin_addr() const { return admin_addr_; }
   const std::string& data_dir() const { return data_dir_; }
   const std::string& log_path() const { return log_path_; }
-  std::string Token() const;
+  std::string Token() const;     // the admin token
+  std::string SdkToken() const;  // the SDK token
 
   // dsecctl with --addr/--admin/--data-dir of this daemon.
   ProcResult Ctl(std::vector<std::string> args, const std::string& stdin_data = {}) const;

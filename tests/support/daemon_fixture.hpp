@@ -16,11 +16,17 @@ namespace dsec::testing {
 // of it. "" when both are up; else why the test cannot go on: fncall missing
 // on this host (skip), or a daemon or client failure (already reported as a
 // test failure).
-// Connects a client to `d`: "" or why not (reported as a test failure).
-inline std::string ConnectClient(const TestDaemon& d, std::unique_ptr<Client>* client) {
+// What a client of `d` needs: its address and its data dir (the SDK token).
+inline ClientOptions ClientOptionsFor(const TestDaemon& d) {
   ClientOptions co;
   co.address = d.sdk_addr();
-  auto c = Client::Connect(co);
+  co.data_dir = d.data_dir();
+  return co;
+}
+
+// Connects a client to `d`: "" or why not (reported as a test failure).
+inline std::string ConnectClient(const TestDaemon& d, std::unique_ptr<Client>* client) {
+  auto c = Client::Connect(ClientOptionsFor(d));
   if (!c.ok()) {
     ADD_FAILURE() << "SDK cannot connect: " << c.status().ToString();
     return "SDK cannot connect";
@@ -61,6 +67,7 @@ class DaemonTest : public ::testing::Test {
     }
     ClientOptions o;
     o.address = daemon_->sdk_addr();
+    o.data_dir = daemon_->data_dir();
     auto c = Client::Connect(o);
     if (!c.ok()) {
       skip_ = "SDK cannot connect: " + c.status().ToString();

@@ -5,7 +5,7 @@
 // as many threads as you like, or use the *Async forms for thousands of
 // concurrent runs from one thread.
 //
-//   auto client = dsec::Client::Connect();              // 127.0.0.1:7400
+//   auto client = dsec::Client::Connect();  // $DSEC_ADDR or ./dsec-data/dsecd.json; token from ./dsec-data/sdk.token
 //   if (!client.ok()) { ... client.status().ToString() ... }
 //   auto r = (*client)->Run(dsec::FncallSpec(), dsec::Command({"python3", "-c", "print(6*7)"}));
 //   if (r.ok()) std::cout << r->stdout();                // "42\n"
@@ -26,9 +26,21 @@
 namespace dsec {
 
 struct ClientOptions {
-  // host:port of the dsecd SDK entry (dsecd --listen). Default 127.0.0.1:7400.
-  std::string address = "127.0.0.1:7400";
-  // How long Connect waits for the first connection (default 5 s).
+  // host:port of the dsecd SDK entry (dsecd --listen). Empty (the default):
+  // $DSEC_ADDR, else the "sdk" address in <data_dir>/dsecd.json (written by
+  // a running dsecd), else 127.0.0.1:7400.
+  std::string address;
+  // The SDK token dsecd asks every connection to prove it holds (dsecd
+  // --sdk-token-file, default <data-dir>/sdk.token). Empty (the default):
+  // $DSEC_SDK_TOKEN, else the contents of token_file, else of
+  // <data_dir>/sdk.token.
+  std::string token;
+  std::string token_file;
+  // dsecd's data dir, where the address and the token are looked up.
+  // Empty: $DSEC_DATA_DIR, else ./dsec-data.
+  std::string data_dir;
+  // How long Connect waits for the first connection (default 5 s). A
+  // refused connection or a wrong token fails at once.
   std::chrono::milliseconds connect_timeout{5000};
   // Timeout of calls that run nothing (create, get, open, ...), default 30 s.
   // Runs, execs and steps wait for their own time limit plus this.
@@ -36,6 +48,10 @@ struct ClientOptions {
   // SDK worker threads (default 2).
   size_t threads = 2;
 };
+
+// `options` with address, token and data_dir filled in as Connect would
+// (environment, data dir files, defaults); a status when no token is found.
+Result<ClientOptions> ResolveClientOptions(ClientOptions options);
 
 class Client;
 

@@ -24,6 +24,7 @@ class Status {
     kInternal = 8,
     kUnimplemented = 9,
     kAborted = 10,
+    kUnauthenticated = 11,  // the peer did not prove who it is (a wrong or missing token)
   };
 
   Status() = default;
@@ -46,6 +47,7 @@ class Status {
   static Status Internal(std::string m) { return {Code::kInternal, std::move(m)}; }
   static Status Unimplemented(std::string m) { return {Code::kUnimplemented, std::move(m)}; }
   static Status Aborted(std::string m) { return {Code::kAborted, std::move(m)}; }
+  static Status Unauthenticated(std::string m) { return {Code::kUnauthenticated, std::move(m)}; }
   // An errno-carrying failure: "<what>: <strerror(err)>".
   static Status FromErrno(int err, const std::string& what);
 

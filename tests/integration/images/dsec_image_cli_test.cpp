@@ -182,6 +182,7 @@ TEST_F(DsecImageCli, OnlineThroughDsecd) {
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   ClientOptions o;
   o.address = daemon->sdk_addr();
+  o.data_dir = daemon->data_dir();
   auto c = Client::Connect(o);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   auto m = (*c)->GetImage("seen");

@@ -197,6 +197,7 @@ TEST_F(ContainerSessions, ASessionOutlivesItsTrainerByTheLeaseThenCloses) {
     // The trainer: its own connection, gone at the end of this block.
     ClientOptions o;
     o.address = daemon_->sdk_addr();
+    o.data_dir = daemon_->data_dir();
     auto trainer = Client::Connect(o);
     ASSERT_TRUE(trainer.ok()) << trainer.status().ToString();
     SessionOptions so;
@@ -229,6 +230,7 @@ TEST_F(ContainerSessions, ATrainerThatComesBackWithinTheLeaseContinues) {
   {
     ClientOptions o;
     o.address = daemon_->sdk_addr();
+    o.data_dir = daemon_->data_dir();
     auto trainer = Client::Connect(o);
     ASSERT_TRUE(trainer.ok());
     auto s = (*trainer)->OpenSession(name, Spec(), so);
@@ -294,7 +296,8 @@ TEST_F(ContainerSessions, ReplayShowsTheTimelineAndExportsJson) {
   EXPECT_THAT(text.out, HasSubstr("reward 1"));
   EXPECT_THAT(text.out, HasSubstr("      oops"));
   for (auto source : {std::vector<std::string>{"--data-dir", daemon_->data_dir()},
-                      std::vector<std::string>{"--addr", daemon_->sdk_addr()}}) {
+                      std::vector<std::string>{"--addr", daemon_->sdk_addr(), "--sdk-token-file",
+                                               daemon_->data_dir() + "/sdk.token"}}) {
     std::vector<std::string> args{"cs/replay/0", "--json"};
     args.insert(args.end(), source.begin(), source.end());
     auto out = Replay(args);
@@ -332,7 +335,8 @@ TEST_F(ContainerSessions, RerunFindsTheFirstStepThatDiffers) {
   ASSERT_TRUE(d.ok());
   ASSERT_TRUE(d->Step(0, Sh("echo 1 > /work/n")).ok());
   ASSERT_TRUE(d->Step(1, Sh("cat /work/n")).ok());
-  auto same = Replay({"cs/rerun/1", "--rerun", "--addr", daemon_->sdk_addr()});
+  auto same = Replay({"cs/rerun/1", "--rerun", "--addr", daemon_->sdk_addr(), "--sdk-token-file",
+                      daemon_->data_dir() + "/sdk.token"});
   EXPECT_EQ(same.exit_code, 0) << same.out << same.err;
   EXPECT_THAT(same.out, HasSubstr("all 2 step(s) gave the logged results"));
   // The rerun's sandboxes are gone: only the sessions' own remain.
@@ -345,7 +349,8 @@ TEST_F(ContainerSessions, RerunFindsTheFirstStepThatDiffers) {
 TEST_F(ContainerSessions, TheExampleTrainerRewardsTheRolloutsThatFixTheBug) {
   // Scripted coding agent: buggy code, tests, run, fix (rollout 3 of every 4
   // fixes it wrongly), run again; reward 1 when the last run passes.
-  auto r = RunProcess({BinDir() + "/dsec-rollout-trainer", "--addr", daemon_->sdk_addr(), "--image", kImage,
+  auto r = RunProcess({BinDir() + "/dsec-rollout-trainer", "--addr", daemon_->sdk_addr(), "--data-dir",
+                       daemon_->data_dir(), "--image", kImage,
                        "--job", "example", "--rollouts", "8"});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_THAT(r.out, HasSubstr("finished 8 rollouts"));
@@ -362,7 +367,8 @@ TEST_F(ContainerSessions, TheExampleTrainerRewardsTheRolloutsThatFixTheBug) {
   EXPECT_EQ(steps->steps(4).result().stdout(), "tests pass\n");
   EXPECT_DOUBLE_EQ(steps->steps(4).meta().reward(), 1.0);
   // Run again: every rollout is answered from its log; nothing runs twice.
-  auto again = RunProcess({BinDir() + "/dsec-rollout-trainer", "--addr", daemon_->sdk_addr(), "--image", kImage,
+  auto again = RunProcess({BinDir() + "/dsec-rollout-trainer", "--addr", daemon_->sdk_addr(), "--data-dir",
+                           daemon_->data_dir(), "--image", kImage,
                            "--job", "example", "--rollouts", "8"});
   ASSERT_EQ(again.exit_code, 0) << again.out << again.err;
   EXPECT_THAT(again.out, ::testing::Not(HasSubstr(" run ")));
@@ -427,7 +433,8 @@ TEST_F(ContainerSessions, ReplayOfAnUnknownSessionSaysSo) {
   auto r = Replay({"no/such/session", "--data-dir", daemon_->data_dir()});
   EXPECT_EQ(r.exit_code, 3);
   EXPECT_THAT(r.err, HasSubstr("no session 'no/such/session'"));
-  auto a = Replay({"no/such/session", "--addr", daemon_->sdk_addr()});
+  auto a = Replay({"no/such/session", "--addr", daemon_->sdk_addr(), "--sdk-token-file",
+                   daemon_->data_dir() + "/sdk.token"});
   EXPECT_EQ(a.exit_code, 3);
   EXPECT_THAT(a.err, HasSubstr("not found"));
   auto bad = Replay({"x", "--data-dir", "/nonexistent"});

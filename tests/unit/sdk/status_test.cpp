@@ -23,7 +23,7 @@ const std::vector<Code>& AllCodes() {
       Code::kOk,           Code::kInvalidArgument,   Code::kNotFound,         Code::kAlreadyExists,
       Code::kFailedPrecondition, Code::kResourceExhausted, Code::kUnavailable,
       Code::kDeadlineExceeded,   Code::kInternal,          Code::kUnimplemented,
-      Code::kAborted};
+      Code::kAborted,      Code::kUnauthenticated};
   return kAll;
 }
 
@@ -59,6 +59,7 @@ TEST(StatusTest, FactoriesSetCodeAndMessage) {
       {Status::Internal("m"), Code::kInternal, "internal"},
       {Status::Unimplemented("m"), Code::kUnimplemented, "unimplemented"},
       {Status::Aborted("m"), Code::kAborted, "aborted"},
+      {Status::Unauthenticated("m"), Code::kUnauthenticated, "unauthenticated"},
   };
   for (const auto& c : cases) {
     EXPECT_FALSE(c.s.ok()) << c.name;

@@ -1,0 +1,71 @@
+// The SDK's handshake at the front door (front_door.hpp), before any CAF
+// byte: the node sends a challenge, the client answers with an HMAC of it
+// keyed by the node's SDK token, the node says yes or no. Fixed sizes, so a
+// stranger's bytes are judged at once and the parser behind the door (BASP)
+// only ever sees peers that hold the token. The token itself never crosses
+// the wire.
+//
+//   node -> client  challenge  "dsec" version service 0 0 nonce[32]      40 bytes
+//   client -> node  response   "dsec" version service 0 0 hmac[32]       40 bytes
+//   node -> client  verdict    "dsec" code 0 length(2, big-endian) text   8 + length bytes
+//
+// hmac = HMAC-SHA256(token, "dsec-door-v1" || challenge). After a verdict
+// of 0 the connection belongs to the protocol behind the door (BASP: the
+// node sends its handshake first).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "dsec/status.hpp"
+#include "runtime/front_door.hpp"
+#include "runtime/unique_fd.hpp"
+
+namespace dsec::door {
+
+inline constexpr uint8_t kVersion = 1;
+inline constexpr size_t kChallengeSize = 40;
+inline constexpr size_t kResponseSize = 40;
+inline constexpr size_t kMaxVerdictText = 1024;
+
+// What the door guards (a client that dials the wrong port learns so).
+enum Service : uint8_t { kSdk = 1 };
+
+enum Verdict : uint8_t {
+  kAdmitted = 0,
+  kWrongToken = 1,
+  kWrongVersion = 2,
+  kWrongService = 3,
+};
+
+// The server side, for FrontDoor: admits peers whose response matches.
+class TokenDoor : public HandshakeProtocol {
+ public:
+  using AdmitFn = std::function<void(UniqueFd fd, const std::string& peer)>;
+  using LogFn = std::function<void(int level, const std::string& text)>;
+  // `token_hint` ends the wrong-token message ("read <data>/sdk.token").
+  TokenDoor(Service service, std::string token, std::string token_hint, AdmitFn admit, LogFn log = nullptr);
+  const char* name() const override { return "sdk door"; }
+  std::unique_ptr<Handshake> Begin(const std::string& peer, std::string* greeting) override;
+  void Admit(UniqueFd fd, std::string leftover, const std::string& peer) override;
+
+  struct State;
+
+ private:
+  Service service_;
+  std::string token_, hint_;
+  AdmitFn admit_;
+  LogFn log_;
+};
+
+// The client side: connects to host:port and goes through the door within
+// `timeout`. The socket (blocking) once admitted; else Unavailable (cannot
+// connect: `refused` tells a refused connection from others), Unauthenticated
+// (wrong token, with the node's hint), FailedPrecondition (not a dsec door
+// or another version), DeadlineExceeded.
+Result<UniqueFd> Dial(const std::string& host, uint16_t port, const std::string& token, Service service,
+                      std::chrono::milliseconds timeout, bool* refused = nullptr);
+
+}  // namespace dsec::door

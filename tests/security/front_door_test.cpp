@@ -1,0 +1,246 @@
+// Strangers at dsecd's ports: garbage, truncated and oversized handshakes,
+// BASP headers that claim a gigabyte, wrong tokens and silent connections
+// never reach CAF or the console's command loop, cost dsecd no more than
+// they sent, and do not keep a trainer or an operator out.
+#include <gmock/gmock.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "dsec/client.hpp"
+#include "runtime/files.hpp"
+#include "tests/support/daemon_fixture.hpp"
+
+namespace dsec::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using Clock = std::chrono::steady_clock;
+
+int PortOf(const std::string& addr) { return std::stoi(addr.substr(addr.rfind(':') + 1)); }
+
+int Dial(int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) < 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+void SendAll(int fd, const std::string& s) { (void)!::send(fd, s.data(), s.size(), MSG_NOSIGNAL | MSG_DONTWAIT); }
+
+// Reads until the peer closes (true) or `ms` pass (false).
+bool ClosedWithin(int fd, int ms) {
+  timeval tv{ms / 1000, (ms % 1000) * 1000};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  char buf[4096];
+  for (;;) {
+    ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n == 0) return true;
+    if (n < 0) return errno == ECONNRESET;
+  }
+}
+
+long RssKb(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
+  return -1;
+}
+
+size_t OpenFds(pid_t pid) { return ListEntries("/proc/" + std::to_string(pid) + "/fd").size(); }
+
+class FrontDoorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto why = StartOwnDaemon({}, &daemon_, &client_);
+    if (!why.empty()) GTEST_SKIP() << why;
+  }
+  std::unique_ptr<TestDaemon> daemon_;
+  std::unique_ptr<Client> client_;
+};
+
+TEST_F(FrontDoorTest, AWrongTokenIsRefusedWithTheReasonAndARightOneGetsIn) {
+  ClientOptions o;
+  o.address = daemon_->sdk_addr();
+  o.token = "not-the-token";
+  o.connect_timeout = std::chrono::milliseconds(3000);
+  auto t0 = Clock::now();
+  auto c = Client::Connect(o);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), Status::Code::kUnauthenticated) << c.status().ToString();
+  EXPECT_THAT(c.status().message(), HasSubstr("wrong SDK token"));
+  EXPECT_THAT(c.status().message(), HasSubstr("sdk.token"));
+  EXPECT_LT(Clock::now() - t0, std::chrono::milliseconds(3000)) << "a refusal is final: no waiting out the timeout";
+  o.token = daemon_->SdkToken();
+  auto ok = Client::Connect(o);
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+}
+
+TEST_F(FrontDoorTest, GarbageIsClosedAtItsFirstWrongByte) {
+  int port = PortOf(daemon_->sdk_addr());
+  // A BASP header (as CAF 0.17 writes it) that claims a 1 GiB payload:
+  // before the door it made dsecd allocate the gigabyte.
+  std::string basp(13, '\0');
+  basp[0] = 0;  // server handshake
+  basp[8] = 0x40;  // payload_len high byte
+  for (const std::string& bytes : {std::string("GET / HTTP/1.0\r\n\r\n"), basp, std::string("dsec\x09", 5)}) {
+    int fd = Dial(port);
+    ASSERT_GE(fd, 0);
+    SendAll(fd, bytes);
+    EXPECT_TRUE(ClosedWithin(fd, 3000)) << "still open after " << bytes.size() << " wrong bytes";
+    ::close(fd);
+  }
+  auto stats = daemon_->Admin("stats");
+  EXPECT_GE(stats["sdk_door"].value("rejected", 0), 3) << stats.dump();
+}
+
+TEST_F(FrontDoorTest, SilentConnectionsTimeOutAndCannotKeepATrainerOut) {
+  // More silent connections than the door keeps in their handshake (256 by
+  // default): the oldest are pushed out, a real client still gets in.
+  int port = PortOf(daemon_->sdk_addr());
+  std::vector<int> held;
+  for (int i = 0; i < 400; ++i) {
+    int fd = Dial(port);
+    ASSERT_GE(fd, 0);
+    held.push_back(fd);
+  }
+  auto c = Client::Connect(ClientOptionsFor(*daemon_));
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  auto stats = daemon_->Admin("stats");
+  EXPECT_GE(stats["sdk_door"].value("evicted", 0), 100) << stats.dump();
+  EXPECT_LE(stats["sdk_door"].value("pending", 1000), 256) << stats.dump();
+  for (int fd : held) ::close(fd);
+  // Console: a silent connection does not hold one of the operators' places.
+  int quiet = Dial(PortOf(daemon_->admin_addr()));
+  ASSERT_GE(quiet, 0);
+  auto status = daemon_->Admin("status");
+  EXPECT_TRUE(status.value("ok", false)) << status.dump();
+  ::close(quiet);
+}
+
+// The acceptance flood: 10 000 hostile connections to each port while a
+// trainer works. dsecd's memory stays within 256 MiB of idle, every call of
+// the trainer is answered within its 1 s deadline, and afterwards no
+// descriptor is left behind.
+TEST_F(FrontDoorTest, TenThousandHostileConnectionsPerPortCostNothingLasting) {
+  pid_t pid = daemon_->pid();
+  int sdk = PortOf(daemon_->sdk_addr()), console = PortOf(daemon_->admin_addr());
+  // Warm up what a trainer uses, then take the idle figures.
+  ASSERT_TRUE(client_->Run(FncallSpec(), Command({"true"})).ok());
+  (void)daemon_->Admin("stats");
+  size_t fds_idle = OpenFds(pid);
+  long rss_idle = RssKb(pid);
+  ASSERT_GT(rss_idle, 0);
+
+  std::atomic<bool> flooding{true};
+  std::atomic<int> sent{0}, finished{0};
+  auto flood = [&](int port, bool is_console, unsigned seed) {
+    std::mt19937 rng(seed);
+    std::vector<int> held;
+    for (int i = 0; i < 5000; ++i) {
+      int fd = Dial(port);
+      if (fd < 0) continue;
+      ++sent;
+      std::string bytes;
+      switch (i % 5) {
+        case 0:  // random bytes
+          bytes.resize(1 + rng() % 200);
+          for (auto& ch : bytes) ch = static_cast<char>(rng());
+          break;
+        case 1:  // a truncated handshake
+          bytes = is_console ? std::string("AUTH ") : std::string("dsec\x01\x01", 6);
+          break;
+        case 2:  // an oversized one: a right-looking start, then 64 KiB more
+          bytes = is_console ? std::string(70000, 'A') : std::string("dsec\x01\x01\0\0", 8) + std::string(65536, 'x');
+          break;
+        case 3:  // a BASP header claiming 1 GiB / wrong tokens
+          bytes = is_console ? std::string("AUTH a\nAUTH b\nAUTH c\nstatus\n") : std::string("\0\0\0\0\0\0\0\0\x40\0\0\0\0", 13);
+          break;
+        case 4:  // silent: held open for a while
+          if (held.size() < 300) {
+            held.push_back(fd);
+            fd = -1;
+          }
+          break;
+      }
+      if (fd >= 0) {
+        SendAll(fd, bytes);
+        ::close(fd);
+      }
+    }
+    for (int fd : held) ::close(fd);
+    ++finished;
+  };
+  long rss_max = rss_idle;
+  std::thread sampler([&] {
+    while (flooding) {
+      rss_max = std::max(rss_max, RssKb(pid));
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));  // a sampling period, not a wait
+    }
+  });
+  // The trainer: cheap calls with a 1 s deadline during the whole flood,
+  // and a new connection now and then.
+  ClientOptions quick = ClientOptionsFor(*daemon_);
+  quick.rpc_timeout = std::chrono::milliseconds(1000);
+  quick.connect_timeout = std::chrono::milliseconds(1000);
+  auto trainer = Client::Connect(quick);
+  ASSERT_TRUE(trainer.ok()) << trainer.status().ToString();
+  std::vector<std::thread> flooders;
+  flooders.emplace_back(flood, sdk, false, 1);
+  flooders.emplace_back(flood, sdk, false, 2);
+  flooders.emplace_back(flood, console, true, 3);
+  flooders.emplace_back(flood, console, true, 4);
+  int calls = 0, connects = 0;
+  std::chrono::nanoseconds slowest{0};
+  while (finished < 4) {
+    auto t0 = Clock::now();
+    auto images = (*trainer)->ListImages();
+    ASSERT_TRUE(images.ok()) << "call " << calls << " during the flood: " << images.status().ToString();
+    slowest = std::max(slowest, Clock::now() - t0);
+    ++calls;
+    if (calls % 20 == 0) {
+      auto fresh = Client::Connect(quick);
+      ASSERT_TRUE(fresh.ok()) << "connection " << connects << " during the flood: " << fresh.status().ToString();
+      ++connects;
+    }
+  }
+  for (auto& t : flooders) t.join();
+  flooding = false;
+  sampler.join();
+  std::printf("# flood: %d hostile connections; %d trainer calls (slowest %.1f ms) and %d new connections "
+              "during it; dsecd RSS idle %ld KiB, peak %ld KiB\n",
+              sent.load(), calls, std::chrono::duration<double, std::milli>(slowest).count(), connects, rss_idle,
+              rss_max);
+  EXPECT_GE(calls, 1) << "no trainer call overlapped the flood";
+  EXPECT_LT(rss_max - rss_idle, 256 * 1024) << "KiB above idle";
+
+  // Afterwards: every hostile connection is gone from dsecd (the door closes
+  // them as their peers did), and so is their memory.
+  trainer->reset();
+  auto deadline = Clock::now() + std::chrono::seconds(20);
+  while (OpenFds(pid) > fds_idle && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // polling for the door to close them
+  EXPECT_LE(OpenFds(pid), fds_idle) << "descriptors left after the flood";
+  auto stats = daemon_->Admin("stats");
+  EXPECT_EQ(stats["sdk_door"].value("pending", -1), 0) << stats.dump();
+  EXPECT_LT(RssKb(pid) - rss_idle, 64 * 1024) << "KiB kept after the flood";
+}
+
+}  // namespace
+}  // namespace dsec::testing
