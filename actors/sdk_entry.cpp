@@ -3,6 +3,11 @@
 #include <caf/io/basp_broker.hpp>
 #include <caf/io/middleman.hpp>
 #include <caf/io/network/multiplexer.hpp>
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
 
 namespace dsec {
 
@@ -18,12 +23,44 @@ SdkDoor::SdkDoor(caf::actor_system& sys, entry_actor entry, std::string token, s
       entry_(caf::actor_cast<caf::strong_actor_ptr>(entry)),
       sigs_(sys.message_types(entry)) {}
 
+namespace {
+
+// CAF names a connection by its socket's descriptor number, and BASP
+// forgets a closed connection (its routing entry, by that name) a while
+// after the socket is closed, through its queue. The kernel hands out the
+// lowest free number, so under a storm of short connections a new one got
+// the number of one BASP had not yet forgotten, and the late clean-up of
+// the old one removed the new one's route: its replies were lost (0.2-0.5%
+// of 2 000 dsecctl runs at 64 at a time waited 5 s and failed). Each
+// admitted socket is moved to the next number of a wide window instead, so
+// a number comes back only after the whole window has been used.
+int Renumbered(int fd) {
+  static std::atomic<int> next{0};
+  static const int lo = 4096, hi = [] {
+    rlimit rl{};
+    ::getrlimit(RLIMIT_NOFILE, &rl);
+    rlim_t cap = std::min<rlim_t>(rl.rlim_cur, lo + (1 << 18));
+    return static_cast<int>(cap);
+  }();
+  if (hi - lo < 1024) return fd;  // too few descriptors for a window: as the kernel gave it
+  int want = next.load();
+  if (want < lo || want >= hi) want = lo;
+  int moved = ::fcntl(fd, F_DUPFD_CLOEXEC, want);
+  if (moved < 0 && want != lo) moved = ::fcntl(fd, F_DUPFD_CLOEXEC, lo);  // the top is taken: wrap
+  if (moved < 0) return fd;
+  next.store(moved + 1);
+  ::close(fd);
+  return moved;
+}
+
+}  // namespace
+
 void SdkDoor::Hand(UniqueFd fd, const std::string&) {
   // What BASP does for a connection its doorman accepted, through the
   // message it also takes from tests: the broker adopts the socket, writes
   // the server handshake and serves `entry_` on it. Making the scribe here
   // only wraps the socket; the broker registers it with the multiplexer.
-  auto scribe = sys_.middleman().backend().new_scribe(fd.Release());
+  auto scribe = sys_.middleman().backend().new_scribe(Renumbered(fd.Release()));
   caf::anon_send(basp_, caf::publish_atom::value, std::move(scribe), port_.load(), entry_, sigs_);
 }
 

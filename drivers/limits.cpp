@@ -68,8 +68,10 @@ Result<v1::Limits> EffectiveLimits(const LimitPolicy& p, const v1::SandboxSpec& 
   DSEC_RETURN_IF_ERROR(Pick("output_bytes", e.output_bytes(), s.output_bytes(), d.output_bytes(),
                             m.output_bytes(), uint64_t{1}, &u64));
   out.set_output_bytes(u64);
-  DSEC_RETURN_IF_ERROR(Pick("file_size_bytes", e.file_size_bytes(), s.file_size_bytes(),
-                            d.file_size_bytes(), m.file_size_bytes(), uint64_t{1}, &u64));
+  uint64_t file_size_default =
+      spec.kind() == v1::KIND_CONTAINER ? p.container_file_size_bytes : d.file_size_bytes();
+  DSEC_RETURN_IF_ERROR(Pick("file_size_bytes", e.file_size_bytes(), s.file_size_bytes(), file_size_default,
+                            m.file_size_bytes(), uint64_t{1}, &u64));
   out.set_file_size_bytes(u64);
   DSEC_RETURN_IF_ERROR(
       Pick("open_files", e.open_files(), s.open_files(), d.open_files(), m.open_files(), 16u, &u32));

@@ -12,6 +12,9 @@ namespace dsec::drivers {
 
 struct LimitPolicy {
   v1::Limits defaults;   // used where neither exec nor spec sets a value
+  // Containers: files of any size unless asked (the disk limit bounds what
+  // they write); 256 MiB per file broke builds and dataset steps.
+  uint64_t container_file_size_bytes = 0;  // 0: no RLIMIT_FSIZE
   v1::Limits maxima;     // a request above any of these is refused
   size_t max_argv_env_bytes = 1 << 20;    // argv + env, bytes
   size_t max_stdin_bytes = 16 << 20;

@@ -49,6 +49,38 @@ Status RemoveTree(const std::string& path) {
 
 std::string CgroupRel(const std::string& parent, const std::string& id) { return parent + "/c/" + id; }
 
+// What every OCI runtime gives a container: its own /etc/hosts (localhost
+// and its hostname), /etc/hostname and /etc/resolv.conf. Written in
+// <base>/run/etc/ and bound over the image's by the init (nothing of the
+// image is copied, and they are not part of the container's changes).
+constexpr const char* kEtcFiles[] = {"hosts", "hostname", "resolv.conf"};
+
+Status WriteEtcFiles(const std::string& base, const std::string& hostname, const v1::NetworkPolicy& net) {
+  std::string dir = base + "/run/etc";
+  if (::mkdir(dir.c_str(), 0755) < 0 && errno != EEXIST) return Status::FromErrno(errno, "mkdir " + dir);
+  std::string hosts =
+      "127.0.0.1\tlocalhost\n"
+      "::1\tlocalhost ip6-localhost ip6-loopback\n"
+      "fe00::0\tip6-localnet\n"
+      "ff00::0\tip6-mcastprefix\n"
+      "ff02::1\tip6-allnodes\n"
+      "ff02::2\tip6-allrouters\n"
+      "127.0.1.1\t" + hostname + "\n";
+  // Network off: no name server to ask (a lookup of anything but the
+  // names above fails at once instead of timing out).
+  std::string resolv = net.enabled() ? "" : "# dsec: this sandbox has no network (spec.network.enabled is false)\n";
+  resolv += "options timeout:1 attempts:1\n";
+  for (const auto& [name, content] : {std::pair<const char*, std::string>{"hosts", hosts},
+                                      {"hostname", hostname + "\n"},
+                                      {"resolv.conf", resolv}}) {
+    std::string path = dir + "/" + name;
+    UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644));
+    if (!fd || ::write(fd.get(), content.data(), content.size()) != static_cast<ssize_t>(content.size()))
+      return Status::FromErrno(errno, "write " + path);
+  }
+  return Status::Ok();
+}
+
 // The agent's account of an exec in the spawner's terms, so both kinds give
 // the same verdicts with the same words (FncallDriver::ToExecResult).
 spawner::Outcome ToOutcome(const agent::ExecDone& d, const v1::Limits& lim, bool oom, const std::string& killed) {
@@ -132,9 +164,14 @@ Result<std::unique_ptr<ContainerDriver>> ContainerDriver::Start(ContainerOptions
   // the container's upper dir (a dozen inodes per creation otherwise). The
   // image, above it, wins where both have a path.
   std::string skel = d->opts_.data_dir + "/run/skeleton";
-  for (const char* sub : {"", "/proc", "/dev", "/run", "/run/dsec", "/tmp", "/work"})
+  for (const char* sub : {"", "/proc", "/dev", "/run", "/run/dsec", "/tmp", "/work", "/etc"})
     DSEC_RETURN_IF_ERROR(MakeDirs(skel + sub, 0755));
   ::chmod((skel + "/tmp").c_str(), 01777);
+  // Mount points of the container's own /etc/hosts, /etc/hostname and
+  // /etc/resolv.conf, for images that have none.
+  for (const char* f : kEtcFiles)
+    if (UniqueFd fd(::open((skel + "/etc/" + f).c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644)); !fd)
+      return Status::FromErrno(errno, "create " + skel + "/etc/" + f);
   d->skeleton_ = skel;
   char tag[16];
   std::snprintf(tag, sizeof tag, "f%08zx", std::hash<std::string>{}(d->opts_.data_dir) & 0xffffffffu);
@@ -309,6 +346,8 @@ Result<std::string> ContainerDriver::CreateNow(const v1::SandboxRecord& sb) {
   };
   std::string base = SandboxDir(opts_.data_dir, id);
   if (Status st = TakeDir(id); !st.ok()) return undo(st);
+  std::string hostname = id.substr(0, 63);
+  if (Status st = WriteEtcFiles(base, hostname, sb.spec().network()); !st.ok()) return undo(st);
 
   auto held = TakeGroup(box->cgroup_rel);
   if (!held.ok()) return undo(held.status());
@@ -338,7 +377,7 @@ Result<std::string> ContainerDriver::CreateNow(const v1::SandboxRecord& sb) {
   c->set_work(base + "/work");
   c->set_run_dir(base + "/run");
   c->set_agent_path(opts_.agent_path);
-  c->set_hostname(id.substr(0, 63));
+  c->set_hostname(hostname);
   for (const auto& p : box->cgroup->ProcsPaths()) c->add_cgroup_procs(p);
   auto t_sent = std::chrono::steady_clock::now();
   if (st = link_->Send(req); !st.ok()) {
@@ -769,6 +808,9 @@ bool EmptySandboxDir(const std::string& base) {
   if (!RemoveTree(upper).ok() || ::mkdir(upper.c_str(), 0755) < 0 || ::chmod(upper.c_str(), 0755) < 0) return false;
   if (!RemoveTree(work).ok() || ::mkdir(work.c_str(), 0700) < 0) return false;
   if (::unlink((base + "/run/agent.sock").c_str()) < 0 && errno != ENOENT) return false;
+  // The container's /etc files are written anew by the next creation; the
+  // container may have replaced them with anything (a directory, a link).
+  if (!RemoveTree(base + "/run/etc").ok()) return false;
   struct stat st;
   return ListEntries(base + "/run") == std::vector<std::string>{"agent"} &&
          ::lstat((base + "/run/agent").c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_size == 0;

@@ -144,6 +144,10 @@ int ContainerInitEntry(void* arg) {
   CHECK(Call(SYS_fsconfig, fs, FSCONFIG_SET_STRING, "lowerdir", s->lower, 0), "overlay lowerdir");
   CHECK(Call(SYS_fsconfig, fs, FSCONFIG_SET_STRING, "upperdir", s->upper, 0), "overlay upperdir");
   CHECK(Call(SYS_fsconfig, fs, FSCONFIG_SET_STRING, "workdir", s->work, 0), "overlay workdir");
+  // Inode numbers that agree: the upper and the image are different
+  // filesystems, and without xino readdir's d_ino and stat's st_ino differ
+  // (find, tar, rsync and CPython's test_os compare them).
+  CHECK(Call(SYS_fsconfig, fs, FSCONFIG_SET_STRING, "xino", "on", 0), "overlay xino=on");
   CHECK(Call(SYS_fsconfig, fs, FSCONFIG_CMD_CREATE, 0, 0, 0), "create the overlay root");
   long root_mnt = Call(SYS_fsmount, fs, FSMOUNT_CLOEXEC, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV);
   if (root_mnt < 0) Fail(s, "mount the overlay root", root_mnt);
@@ -236,6 +240,18 @@ int ContainerInitEntry(void* arg) {
   CHECK(Call(SYS_bind, sock, &addr, sizeof addr), "bind the agent socket");
   CHECK(Call(SYS_chmod, sp, 0600), "chmod the agent socket");
   CHECK(Call(SYS_listen, sock, 64), "listen on the agent socket");
+  // The container's own /etc/hosts, /etc/hostname and /etc/resolv.conf
+  // (written by dsecd in /run/dsec/etc), bound over the image's now that
+  // the root is the container's: a symlink the image has there resolves
+  // inside it. One that leads nowhere (a resolv.conf to a stub resolver
+  // that does not run here) or to a directory is left as the image has it.
+  // Before /run/dsec is read-only, so the binds stay writable, as Docker's.
+  for (const char* name : {"hosts", "hostname", "resolv.conf"}) {
+    Path src("/run/dsec/etc/", name), dst("/etc/", name);
+    long rc = Call(SYS_mount, src.buf, dst.buf, 0, MS_BIND, 0);
+    if (rc == -ENOENT || rc == -ENOTDIR || rc == -ELOOP || rc == -EISDIR) continue;
+    CHECK(rc, "bind the container's /etc/hosts, /etc/hostname or /etc/resolv.conf");
+  }
   CHECK(Call(SYS_mount, 0, "/run/dsec", 0, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, 0),
         "remount /run/dsec read-only");
 

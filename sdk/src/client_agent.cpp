@@ -4,6 +4,10 @@
 #include <caf/io/basp_broker.hpp>
 #include <caf/io/network/multiplexer.hpp>
 
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
 #include <deque>
 #include <set>
 #include <unordered_map>
@@ -93,6 +97,20 @@ void Tick(Self self) {
 
 std::string Where(Self self) { return self->state.host + ":" + std::to_string(self->state.port); }
 
+// $DSEC_SDK_TRACE=1: the connection's steps on stderr, with their times
+// (a connection that hangs says where).
+void Trace(Self self, const char* what, const std::string& detail = "") {
+  static const bool on = [] {
+    const char* v = std::getenv("DSEC_SDK_TRACE");
+    return v && *v && *v != '0';
+  }();
+  if (!on) return;
+  auto ms = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now().time_since_epoch()).count() / 1000.0;
+  std::fprintf(stderr, "dsec sdk trace [pid %d] %.1f %s %s %s\n", static_cast<int>(::getpid()), ms,
+               Where(self).c_str(), what, detail.c_str());
+}
+
+
 // Tells CAF the call's reply is not coming (an error in its place), so it
 // drops the reply handler; a reply that does come later finds none and is
 // dropped too. (The calls carry no CAF timeout, which would have done this.)
@@ -154,8 +172,10 @@ void Dispatch(Self self, CallMsg call) {
   uint64_t stream = call.on_output ? call.stream_id : 0;
   if (stream) st.streams[stream] = call.on_output;
   Inflight* entry = Track(self, id, std::move(call));
+  Trace(self, "call", std::to_string(id));
   auto claim = [self, id, stream] {
     auto& st = self->state;
+    Trace(self, "reply", std::to_string(id));
     if (stream) st.streams.erase(stream);
     auto it = st.inflight.find(id);
     if (it == st.inflight.end()) return false;
@@ -265,10 +285,12 @@ void Connect(Self self) {
   auto& st = self->state;
   if (st.connecting || st.entry) return;
   st.connecting = true;
+  Trace(self, "dial");
   self->request(st.dialer, caf::infinite, dial_atom::value)
       .then(
           [self](Dialed& d) {
             auto& st = self->state;
+            Trace(self, d.fd ? "through the door" : "dial failed", d.status.message());
             if (!d.fd) {
               bool final = d.refused || d.status.code() == Status::Code::kUnauthenticated ||
                            d.status.code() == Status::Code::kFailedPrecondition;
@@ -281,9 +303,15 @@ void Connect(Self self) {
             auto basp = mm.named_broker<caf::io::basp_broker>(caf::atom("BASP"));
             auto scribe = mm.backend().new_scribe(d.fd->Release());
             self->request(basp, st.connect_timeout, caf::connect_atom::value, std::move(scribe), st.port)
-                .then([self](const caf::node_id&, caf::strong_actor_ptr& ptr,
-                             const std::set<std::string>& ifs) { Connected(self, std::move(ptr), ifs); },
-                      [self](caf::error& err) { Retry(self, self->system().render(err)); });
+                .then(
+                    [self](const caf::node_id&, caf::strong_actor_ptr& ptr, const std::set<std::string>& ifs) {
+                      Trace(self, "BASP connected");
+                      Connected(self, std::move(ptr), ifs);
+                    },
+                    [self](caf::error& err) {
+                      Trace(self, "BASP failed", self->system().render(err));
+                      Retry(self, self->system().render(err));
+                    });
           },
           [self](caf::error& err) { Retry(self, self->system().render(err)); });
 }

@@ -215,7 +215,7 @@ TEST_F(ContainerProc, AgentBinaryAndRunDsecAreReadOnly) {
   EXPECT_EQ(ShIn(*sb, "echo still here").stdout(), "still here\n");
   EXPECT_EQ(Sha256(agent), before);
   auto ls = RunProcess({"/bin/ls", "-A", daemon_->data_dir() + "/sandboxes/" + sb->id() + "/run"});
-  EXPECT_EQ(ls.out, "agent\nagent.sock\n") << ls.err;
+  EXPECT_EQ(ls.out, "agent\nagent.sock\netc\n") << ls.err;
   Destroy(*sb);
 }
 
@@ -306,7 +306,8 @@ TEST_F(ContainerProc, ItsMountTableHoldsNoMountOfTheHost) {
     f >> id >> parent >> dev >> root >> point;
     ++mounts;
     bool own = point == "/" || point == "/proc" || point.rfind("/proc/", 0) == 0 || point == "/dev" ||
-               point.rfind("/dev/", 0) == 0 || point == "/run/dsec" || point == "/run/dsec/agent";
+               point.rfind("/dev/", 0) == 0 || point == "/run/dsec" || point == "/run/dsec/agent" ||
+               point == "/etc/hosts" || point == "/etc/hostname" || point == "/etc/resolv.conf";
     EXPECT_TRUE(own) << "a mount that is not the container's: " << line;
   }
   EXPECT_GT(mounts, 3) << table;
