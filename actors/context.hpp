@@ -29,6 +29,12 @@ struct NodeOptions {
   int max_restarts = 3;                 // supervisor: restarts of one child ...
   int restart_window_s = 10;            // ... within this many seconds
   uint32_t session_lease_s = 600;       // a session outlives its last trainer this long
+  // Plain sandboxes' lifetimes (a spec may ask for others, within the maxima).
+  uint32_t sandbox_ttl_s = 24 * 3600;        // destroyed this long after creation
+  uint32_t sandbox_max_ttl_s = 7 * 24 * 3600;  // 0: no maximum (a spec may ask for no ttl)
+  uint32_t sandbox_idle_timeout_s = 0;       // 0: none
+  v1::IdleAction sandbox_on_idle = v1::IDLE_ACTION_PAUSE;
+  uint32_t sandbox_lease_s = 600;            // an owned sandbox outlives its gone owner this long
   uint32_t session_retention_s = 7 * 24 * 3600;  // closed sessions' logs are kept this long
   bool test_hooks = false;              // honour crash injection (tests only)
 };

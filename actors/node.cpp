@@ -1,6 +1,7 @@
 #include "actors/node.hpp"
 
 #include <algorithm>
+#include <cctype>
 
 #include "actors/node_state.hpp"
 #include "dsec/status_proto.hpp"
@@ -52,9 +53,48 @@ std::function<void()> Gone(NodeSelf self, Children NodeState::*children, Of Node
   };
 }
 
+// Remembers why sandbox `id` ended (bounded), and forgets its owner's claim.
+void Ended(NodeSelf self, const std::string& id, const std::string& owner, const std::string& why) {
+  auto& st = self->state;
+  if (!owner.empty()) {
+    auto it = st.clients.owned.find(owner);
+    if (it != st.clients.owned.end()) {
+      it->second.erase(id);
+      if (it->second.empty()) {
+        st.clients.owned.erase(it);
+        st.clients.gone_since.erase(owner);
+      }
+    }
+  }
+  if (why.empty()) return;
+  if (st.ended.emplace(id, why).second) st.ended_order.push_back(id);
+  else st.ended[id] = why;
+  while (st.ended_order.size() > NodeState::kMaxEnded) {
+    st.ended.erase(st.ended_order.front());
+    st.ended_order.pop_front();
+  }
+}
+
+bool OwnerConnected(NodeSelf self, const std::string& owner) {
+  auto it = self->state.clients.connections.find(owner);
+  return !owner.empty() && it != self->state.clients.connections.end() && it->second > 0;
+}
+
 sandbox_actor Spawn(NodeSelf self, const v1::SandboxRecord& rec) {
-  return SpawnSandbox(self, self->state.ctx, rec,
-                      Gone(self, &NodeState::sandboxes, &NodeState::sandbox_of, "sb/", rec.id()));
+  auto gone = Gone(self, &NodeState::sandboxes, &NodeState::sandbox_of, "sb/", rec.id());
+  auto handle = caf::actor_cast<node_actor>(self);
+  std::string id = rec.id(), owner = rec.owner();
+  if (!owner.empty()) {
+    self->state.clients.owned[owner].insert(id);
+    if (!OwnerConnected(self, owner)) self->state.clients.gone_since.emplace(owner, NowMs());
+  }
+  return SpawnSandbox(
+      self, self->state.ctx, rec,
+      [gone, handle, self, id, owner](const std::string& why) {
+        gone();
+        Post(handle, [self, id, owner, why] { Ended(self, id, owner, why); });
+      },
+      OwnerConnected(self, owner));
 }
 
 void Watch(NodeSelf self, const std::string& name, const session_actor& a) {
@@ -299,11 +339,14 @@ void Restore(NodeSelf self) {
                 corrupt ? " (" + std::to_string(corrupt) + " corrupt row(s) skipped)" : "");
 }
 
+bool ClientDown(NodeSelf self, const caf::down_msg& dm);
+
 // Supervision: a child that ended abnormally is restarted from its
 // checkpoint, unless it failed too often (restart intensity).
 void OnDown(NodeSelf self, caf::down_msg& dm) {
   auto& st = self->state;
   auto& ctx = *st.ctx;
+  if (ClientDown(self, dm)) return;
   bool normal = !dm.reason || dm.reason == caf::exit_reason::user_shutdown;
   std::string why = self->system().render(dm.reason);
   if (auto it = st.sandbox_of.find(dm.source); it != st.sandbox_of.end()) {
@@ -377,10 +420,98 @@ void OnDown(NodeSelf self, caf::down_msg& dm) {
 template <class Reply, class Request>
 caf::result<Reply> ToSandbox(NodeSelf self, Request& req) {
   auto it = self->state.sandboxes.find(req.sandbox_id());
-  if (it == self->state.sandboxes.end())
+  if (it == self->state.sandboxes.end()) {
+    if (auto e = self->state.ended.find(req.sandbox_id()); e != self->state.ended.end())
+      return ErrorReply<Reply>(
+          Status::NotFound("sandbox '" + req.sandbox_id() + "' not found: it ended (" + e->second + ")"));
     return ErrorReply<Reply>(
         Status::NotFound("sandbox '" + req.sandbox_id() + "' not found on this node (dsecctl ls lists sandboxes)"));
+  }
   return self->delegate(it->second, std::move(req));
+}
+
+// ---- SDK clients and what they own ------------------------------------------
+
+// The owner's sandboxes learn it is connected again, or gone.
+void TellOwned(NodeSelf self, const std::string& client, bool present) {
+  auto& st = self->state;
+  auto it = st.clients.owned.find(client);
+  if (it == st.clients.owned.end()) return;
+  for (const auto& id : it->second)
+    if (auto sb = st.sandboxes.find(id); sb != st.sandboxes.end()) self->send(sb->second, owner_atom::value, present);
+}
+
+void OnHello(NodeSelf self, const v1::Hello& hello) {
+  auto& st = self->state;
+  auto sender = caf::actor_cast<caf::actor>(self->current_sender());
+  const std::string& id = hello.client_id();
+  bool ok = sender && !id.empty() && id.size() <= 64;
+  for (char c : id) ok = ok && std::isalnum(static_cast<unsigned char>(c));
+  if (!ok) return;  // nothing to answer a one-way message with; it owns nothing
+  if (!st.clients.id_of.emplace(sender.address(), id).second) return;  // said hello before
+  self->monitor(sender);
+  if (++st.clients.connections[id] == 1) {
+    st.clients.gone_since.erase(id);
+    TellOwned(self, id, true);
+  }
+}
+
+// True when `dm` was about an SDK client.
+bool ClientDown(NodeSelf self, const caf::down_msg& dm) {
+  auto& st = self->state;
+  auto it = st.clients.id_of.find(dm.source);
+  if (it == st.clients.id_of.end()) return false;
+  std::string id = it->second;
+  st.clients.id_of.erase(it);
+  if (--st.clients.connections[id] <= 0) {
+    st.clients.connections.erase(id);
+    if (st.clients.owned.count(id)) st.clients.gone_since[id] = NowMs();
+    TellOwned(self, id, false);
+  }
+  return true;
+}
+
+// Fills in a new plain sandbox's lifetime from its request and the node's
+// defaults, or says what is out of range.
+Status SetLifetime(NodeSelf self, const v1::CreateRequest& req, const drivers::Driver& driver,
+                   v1::SandboxRecord* rec) {
+  const auto& o = self->state.ctx->options;
+  auto* spec = rec->mutable_spec();
+  std::string what = "sandbox " + rec->id();
+  // A session's own sandboxes end with the session; only dsecd's own actors may say so.
+  bool local = self->current_sender() && self->current_sender()->node() == self->node();
+  if (!req.session().empty() && local) {
+    rec->set_session(req.session());
+    spec->set_ttl_s(0);
+    spec->set_idle_timeout_s(0);
+    return Status::Ok();
+  }
+  uint32_t ttl = spec->has_ttl_s() ? spec->ttl_s() : o.sandbox_ttl_s;
+  if (o.sandbox_max_ttl_s && (ttl == 0 || ttl > o.sandbox_max_ttl_s))
+    return Status::InvalidArgument(what + ": a ttl of " + (ttl ? std::to_string(ttl) + " s" : std::string("0 (none)")) +
+                                   " is above this node's maximum of " + std::to_string(o.sandbox_max_ttl_s) +
+                                   " s (dsecd --sandbox-max-ttl)");
+  uint32_t idle = spec->has_idle_timeout_s() ? spec->idle_timeout_s() : o.sandbox_idle_timeout_s;
+  if (idle > 30u * 24 * 3600) return Status::InvalidArgument(what + ": an idle timeout above 30 days");
+  if (req.lease_s() > 7u * 24 * 3600)
+    return Status::InvalidArgument(what + ": a lease of " + std::to_string(req.lease_s()) + " s is above 7 days");
+  if (req.owner().size() > 64) return Status::InvalidArgument(what + ": owner id longer than 64 bytes");
+  spec->set_ttl_s(ttl);
+  spec->set_idle_timeout_s(idle);
+  if (spec->on_idle() == v1::IDLE_ACTION_PAUSE && !driver.CanPause())
+    return Status::InvalidArgument(what + ": " + driver.name() +
+                                   " sandboxes cannot be paused (nothing runs between calls); ask for on_idle destroy");
+  // The node's default, where the kind can do it.
+  if (spec->on_idle() == v1::IDLE_ACTION_UNSPECIFIED)
+    spec->set_on_idle(o.sandbox_on_idle == v1::IDLE_ACTION_PAUSE && !driver.CanPause() ? v1::IDLE_ACTION_DESTROY
+                                                                                        : o.sandbox_on_idle);
+  if (ttl) rec->set_ttl_deadline_ms(rec->created_ms() + int64_t{ttl} * 1000);
+  rec->set_last_active_ms(rec->created_ms());
+  if (!req.detached() && !req.owner().empty()) {
+    rec->set_owner(req.owner());
+    rec->set_lease_s(req.lease_s() ? req.lease_s() : o.sandbox_lease_s);
+  }
+  return Status::Ok();
 }
 
 caf::result<v1::RunReply> HandleRun(NodeSelf self, v1::RunRequest& req) {
@@ -493,6 +624,11 @@ node_actor::behavior_type NodeActor(NodeSelf self, std::shared_ptr<NodeContext> 
         rec.set_phase(v1::SANDBOX_PHASE_PENDING);
         rec.set_node_id(st.ctx->options.node_id);
         rec.set_created_ms(NowMs());
+        if (s = SetLifetime(self, req, **d, &rec); !s.ok()) {
+          ++st.counters.rejected;
+          return ErrorReply<v1::SandboxReply>(s);
+        }
+        st.ended.erase(rec.id());  // a new sandbox by that name
         auto child = Spawn(self, rec);
         Watch(self, rec.id(), child);
         return self->delegate(child, std::move(req));
@@ -534,6 +670,7 @@ node_actor::behavior_type NodeActor(NodeSelf self, std::shared_ptr<NodeContext> 
         return ErrorReply<v1::StepReply>(stored.ok() ? NotOpen(*stored) : stored.status());
       },
       [self](v1::AnnotateBatch& batch) { AnnotateBatch(self, batch); },
+      [self](const v1::Hello& hello) { OnHello(self, hello); },
       [self](v1::ListStepsRequest& req) -> caf::result<v1::StepsReply> {
         Result<v1::SessionRecord> stored = Status::NotFound("");
         if (auto a = OpenSessionActor(self, req.session(), &stored)) return self->delegate(a, std::move(req));

@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "actors/lifetime.hpp"
 #include "actors/node_state.hpp"
 #include "dsec/status_proto.hpp"
 #include "runtime/front_door.hpp"
@@ -28,13 +29,32 @@ json ProtoJson(const google::protobuf::Message& m) {
   return json::parse(out, nullptr, false);
 }
 
-json SandboxSummary(const v1::SandboxRecord& r) {
-  return json{{"id", r.id()},
-              {"kind", KindName(r.spec().kind())},
-              {"image", r.spec().image().empty() ? "host" : r.spec().image()},
-              {"phase", PhaseName(r.phase())},
-              {"created_ms", r.created_ms()},
-              {"restarts", r.restarts()}};
+// A sandbox as listed: its stored row, with when and why it ends (the
+// node knows since when its owner is gone; an exec running now is not
+// known here, so an idle end may be shown that the exec postpones).
+json SandboxSummary(NodeSelf self, v1::SandboxRecord r) {
+  auto& clients = self->state.clients;
+  if (auto g = clients.gone_since.find(r.owner()); !r.owner().empty() && g != clients.gone_since.end())
+    r.set_owner_gone_ms(g->second);
+  else
+    r.set_owner_gone_ms(0);
+  auto end = NextEnd(r, false);
+  json j{{"id", r.id()},
+         {"kind", KindName(r.spec().kind())},
+         {"image", r.spec().image().empty() ? "host" : r.spec().image()},
+         {"phase", PhaseName(r.phase())},
+         {"created_ms", r.created_ms()},
+         {"restarts", r.restarts()},
+         {"owner", r.owner().empty() ? json(nullptr) : json(r.owner())},
+         {"session", r.session().empty() ? json(nullptr) : json(r.session())}};
+  if (end.at_ms) {
+    j["expires_in_s"] = std::max<int64_t>(0, (end.at_ms - NowMs() + 999) / 1000);
+    j["expires_because"] = end.because;
+    j["expiry_action"] = end.action;
+  } else {
+    j["expires_in_s"] = nullptr;
+  }
+  return j;
 }
 
 json SessionSummary(const v1::SessionRecord& r) {
@@ -93,7 +113,7 @@ std::string Ls(NodeSelf self) {
   json sandboxes = json::array(), sessions = json::array(), runs = json::array();
   (void)state::TypedTable<v1::SandboxRecord>(st.ctx->store, state::Table::kSandboxes)
       .Scan("", [&](const std::string&, v1::SandboxRecord&& r) {
-        sandboxes.push_back(SandboxSummary(r));
+        sandboxes.push_back(SandboxSummary(self, std::move(r)));
         return sandboxes.size() < 10000;
       });
   (void)state::TypedTable<v1::SessionRecord>(st.ctx->store, state::Table::kSessions)
@@ -200,6 +220,7 @@ caf::result<std::string> HandleAdmin(NodeSelf self, const std::string& cmd,
     if (auto sb = st.sandboxes.find(id); sb != st.sandboxes.end()) {
       v1::DestroyRequest destroy;
       destroy.set_sandbox_id(id);
+      destroy.set_reason("destroyed by an operator (admin console kill)");
       v1::GetSandboxRequest get;
       get.set_sandbox_id(id);
       return AskChild<v1::SandboxReply>(self, sb->second, kill, destroy, get, "sandbox", id,
@@ -208,6 +229,7 @@ caf::result<std::string> HandleAdmin(NodeSelf self, const std::string& cmd,
     if (auto se = st.sessions.find(id); se != st.sessions.end()) {
       v1::CloseSessionRequest close;
       close.set_name(id);
+      close.set_reason("killed by an operator (admin console)");
       v1::GetSessionRequest get;
       get.set_name(id);
       return AskChild<v1::SessionReply>(self, se->second, kill, close, get, "session", id,

@@ -4,7 +4,9 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <deque>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "actors/context.hpp"
 #include "actors/image_worker.hpp"
@@ -37,8 +39,22 @@ struct AnnotateOut {
   bool flush_posted = false;
 };
 
+// SDK clients (by the client id of their Hello) and what they own.
+struct Clients {
+  std::unordered_map<caf::actor_addr, std::string> id_of;   // connected agents
+  std::unordered_map<std::string, int> connections;         // client id -> connected agents
+  std::unordered_map<std::string, std::unordered_set<std::string>> owned;  // client id -> sandbox ids
+  std::unordered_map<std::string, int64_t> gone_since;      // owners without a connection, since when
+};
+
 struct NodeState {
   std::shared_ptr<NodeContext> ctx;
+  Clients clients;
+  // Why recently ended sandboxes ended, so a call for one says so instead
+  // of only "not found" (the last kMaxEnded, not stored).
+  std::unordered_map<std::string, std::string> ended;
+  std::deque<std::string> ended_order;
+  static constexpr size_t kMaxEnded = 4096;
   std::unordered_map<caf::actor_addr, AnnotateOut> annotate_out;
   std::unordered_map<std::string, sandbox_actor> sandboxes;
   std::unordered_map<caf::actor_addr, std::string> sandbox_of;

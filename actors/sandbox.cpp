@@ -6,6 +6,7 @@
 
 #include "actors/context.hpp"
 #include "actors/crash.hpp"
+#include "actors/lifetime.hpp"
 #include "dsec/status_proto.hpp"
 #include "state/table.hpp"
 
@@ -26,16 +27,47 @@ struct SandboxState {
   std::unordered_map<uint64_t, caf::typed_response_promise<v1::FileReply>> file_callers;
   uint64_t next_file_call = 0;
   std::function<void()> after_runs;         // a destroy waiting for them to end
-  std::function<void()> gone;               // see SpawnSandbox
+  std::function<void(const std::string&)> gone;  // see SpawnSandbox
+  // Lifetime (see SpawnSandbox): the armed expiry timer's generation, and
+  // how far rec.last_active_ms was written ahead of the last activity.
+  uint64_t expiry_gen = 0;
+  int64_t active_written_until = 0;
   static constexpr const char* name = "sandbox";
 };
 
 using Self = sandbox_actor::stateful_pointer<SandboxState>;
 
-v1::SandboxReply Reply(const Status& st, const v1::SandboxRecord& rec) {
+// ---- lifetime ---------------------------------------------------------------
+
+using End = SandboxEnd;
+
+// The next end of the sandbox as its record and its calls in flight stand.
+End NextEnd(const SandboxState& st) {
+  if (st.destroying) return End{};
+  return ::dsec::NextEnd(st.rec, !st.running.empty() || !st.file_callers.empty());
+}
+
+void ArmExpiry(Self self);
+void Touch(Self self);
+
+std::string paused_reason(v1::SandboxPhase phase, const std::string& why) {
+  return phase == v1::SANDBOX_PHASE_PAUSED ? why : std::string();
+}
+
+// The record as shown: with its next end filled in.
+v1::SandboxRecord Shown(const SandboxState& st) {
+  v1::SandboxRecord r = st.rec;
+  End e = NextEnd(st);
+  r.set_expires_ms(e.at_ms);
+  r.set_expires_because(e.because);
+  r.set_expiry_action(e.action);
+  return r;
+}
+
+v1::SandboxReply Reply(const Status& status, const SandboxState& st) {
   v1::SandboxReply r;
-  ToProto(st, r.mutable_status());
-  *r.mutable_sandbox() = rec;
+  ToProto(status, r.mutable_status());
+  *r.mutable_sandbox() = Shown(st);
   return r;
 }
 
@@ -58,7 +90,9 @@ Status NotServing(Self self, bool paused_ok) {
   if (!st.driver) return st.driver_status.Annotate("sandbox " + st.rec.id());
   bool ok = st.rec.phase() == v1::SANDBOX_PHASE_RUNNING || (paused_ok && st.rec.phase() == v1::SANDBOX_PHASE_PAUSED);
   if (ok && !st.destroying) return Status::Ok();
-  std::string hint = st.rec.phase() == v1::SANDBOX_PHASE_PAUSED ? " (resume it first)" : "";
+  std::string hint = st.rec.phase() != v1::SANDBOX_PHASE_PAUSED ? ""
+                     : st.rec.pause_reason().empty()        ? " (resume it first)"
+                                                            : " (" + st.rec.pause_reason() + "; resume it first)";
   return Status::FailedPrecondition("sandbox " + st.rec.id() + " is " + PhaseName(st.rec.phase()) + ", not running" +
                                     hint);
 }
@@ -79,9 +113,11 @@ caf::result<v1::FileReply> FileOp(Self self, const std::string& path,
   auto handle = caf::actor_cast<sandbox_actor>(self);
   uint64_t call_id = ++self->state.next_file_call;
   self->state.file_callers.emplace(call_id, rp);
+  Touch(self);
   call(self, [handle, self, rp, path, fail, call_id](Result<v1::FileReply> r) mutable {
     Post(handle, [self, rp, path, fail, call_id, r = std::move(r)]() mutable {
       self->state.file_callers.erase(call_id);
+      Touch(self);
       if (r.ok()) rp.deliver(std::move(*r));
       else rp.deliver(fail(r.status().Annotate("sandbox " + self->state.rec.id())));
     });
@@ -89,35 +125,138 @@ caf::result<v1::FileReply> FileOp(Self self, const std::string& path,
   return rp;
 }
 
-// Pause (freeze) or resume; the phase change is checkpointed before the reply.
+// Pause (freeze) or resume; the phase change is checkpointed before `done`
+// gets the outcome. `why`: the pause reason for the record ("" for a user's).
+void DoPause(Self self, bool paused, std::string why, std::function<void(const Status&)> done) {
+  auto& st = self->state;
+  auto want = paused ? v1::SANDBOX_PHASE_PAUSED : v1::SANDBOX_PHASE_RUNNING;
+  auto handle = caf::actor_cast<sandbox_actor>(self);
+  st.driver->Pause(st.rec, paused, [handle, self, want, why, done](const Status& s) mutable {
+    Post(handle, [self, want, why, done, s]() mutable {
+      auto& st = self->state;
+      if (!s.ok()) return done(s.Annotate("sandbox " + st.rec.id()));
+      st.rec.set_phase(want);
+      st.rec.set_pause_reason(paused_reason(want, why));
+      // A resumed sandbox starts a new idle period.
+      if (want == v1::SANDBOX_PHASE_RUNNING) st.rec.set_last_active_ms(NowMs());
+      Checkpoint(self, [self, done](const Status& w) mutable {
+        done(w.Annotate("sandbox " + self->state.rec.id() + ": checkpoint"));
+        ArmExpiry(self);
+      });
+    });
+  });
+}
+
 caf::result<v1::SandboxReply> SetPaused(Self self, bool paused) {
   auto& st = self->state;
   auto want = paused ? v1::SANDBOX_PHASE_PAUSED : v1::SANDBOX_PHASE_RUNNING;
   // Pausing a paused sandbox is a no-op; resuming a running one still asks
   // the driver, so a kind without pause says so.
-  if (paused && st.rec.phase() == want && !st.destroying) return Reply(Status::Ok(), st.rec);
+  if (paused && st.rec.phase() == want && !st.destroying) return Reply(Status::Ok(), st);
   Status ok = NotServing(self, true);
-  if (!ok.ok()) return Reply(ok, st.rec);
+  if (!ok.ok()) return Reply(ok, st);
   if (paused && !st.running.empty())
     return Reply(Status::FailedPrecondition("sandbox " + st.rec.id() + " has " + std::to_string(st.running.size()) +
                                             " exec(s) running; pause it between execs"),
-                 st.rec);
+                 st);
   auto rp = self->make_response_promise<v1::SandboxReply>();
+  DoPause(self, paused, "", [self, rp](const Status& s) mutable { rp.deliver(Reply(s, self->state)); });
+  return rp;
+}
+
+// Destroys the sandbox: execs in flight are stopped and answered (as
+// killed) first, so nobody is left waiting on a reply that never comes;
+// the row goes; `why` goes to the node; the actor quits after `done`.
+void StartDestroy(Self self, std::string why, std::function<void(const Status&)> done) {
+  auto& st = self->state;
+  st.destroying = true;
+  ++st.expiry_gen;
+  st.rec.set_phase(v1::SANDBOX_PHASE_STOPPING);
   auto handle = caf::actor_cast<sandbox_actor>(self);
-  st.driver->Pause(st.rec, paused, [handle, self, rp, want](const Status& s) mutable {
-    Post(handle, [self, rp, want, s]() mutable {
-      auto& st = self->state;
-      if (!s.ok()) {
-        rp.deliver(Reply(s.Annotate("sandbox " + st.rec.id()), st.rec));
-        return;
-      }
-      st.rec.set_phase(want);
-      Checkpoint(self, [self, rp](const Status& w) mutable {
-        rp.deliver(Reply(w.Annotate("sandbox " + self->state.rec.id() + ": checkpoint"), self->state.rec));
+  st.after_runs = [self, handle, why, done]() mutable {
+    self->state.driver->Destroy(self->state.rec, [handle, self, why, done](const Status& s) mutable {
+      Post(handle, [self, why, done, s]() mutable {
+        auto& st = self->state;
+        st.rec.set_phase(s.ok() ? v1::SANDBOX_PHASE_STOPPED : v1::SANDBOX_PHASE_FAILED);
+        if (!s.ok()) st.rec.set_error(s.message());
+        // A stopped sandbox leaves no row behind.
+        state::WriteBatch b;
+        b.Delete(state::Table::kSandboxes, st.rec.id());
+        st.ctx->committer->Submit(std::move(b), [handle = caf::actor_cast<sandbox_actor>(self), self, why, done,
+                                                 s](const Status& w) mutable {
+          Post(handle, [self, why, done, s, w]() mutable {
+            if (self->state.gone) self->state.gone(why);
+            done(s.ok() ? w : s);
+            self->quit();
+          });
+        });
       });
     });
+  };
+  for (const auto& id : st.running) (void)st.driver->Kill(id, "sandbox " + st.rec.id() + " was destroyed (" + why + ")");
+  if (st.running.empty()) {
+    auto next = std::move(st.after_runs);
+    st.after_runs = nullptr;
+    next();
+  }
+}
+
+// The sandbox ends as its deadline says (NextEnd), now.
+void Expire(Self self) {
+  auto& st = self->state;
+  End e = NextEnd(st);
+  int64_t now = NowMs();
+  if (e.at_ms == 0) return;
+  if (e.at_ms > now) return ArmExpiry(self);
+  std::string why;
+  if (std::string(e.because) == "ttl") why = "its ttl of " + std::to_string(st.rec.spec().ttl_s()) + " s ran out";
+  else if (std::string(e.because) == "owner gone")
+    why = "its owner (SDK client " + st.rec.owner() + ") was gone for its lease of " + std::to_string(st.rec.lease_s()) + " s";
+  else why = "idle for " + std::to_string(st.rec.spec().idle_timeout_s()) + " s (its idle timeout)";
+  bool pause = std::string(e.action) == "pause";
+  st.ctx->log->info("sandbox {}: {}; {}", st.rec.id(), why, pause ? "pausing it" : "destroying it");
+  if (!st.driver) return;  // its kind is not here: nothing to stop (the record stays for a later start)
+  if (pause) {
+    ++st.expiry_gen;
+    DoPause(self, true, "paused: " + why, [self](const Status& s) {
+      if (!s.ok()) self->state.ctx->log->warn("sandbox {}: pause after idling: {}", self->state.rec.id(), s.message());
+    });
+    return;
+  }
+  StartDestroy(self, "destroyed: " + why, [self](const Status& s) {
+    if (!s.ok()) self->state.ctx->log->warn("sandbox {}: destroy at its end: {}", self->state.rec.id(), s.message());
   });
-  return rp;
+}
+
+// Arms the timer for the next end (one at a time: a newer one supersedes).
+void ArmExpiry(Self self) {
+  auto& st = self->state;
+  End e = NextEnd(st);
+  uint64_t gen = ++st.expiry_gen;
+  if (e.at_ms == 0) return;
+  auto in = std::chrono::milliseconds(std::max<int64_t>(0, e.at_ms - NowMs()));
+  self->delayed_send(caf::actor_cast<sandbox_actor>(self), in, Continuation{[self, gen] {
+                       if (gen == self->state.expiry_gen) Expire(self);
+                     }});
+}
+
+// An exec or file call starts or ends: a new idle period. The record keeps
+// the time rounded up by a second, written at most once a second, so a
+// restart never ends an idle period early (at most a second late).
+void Touch(Self self) {
+  auto& st = self->state;
+  int64_t now = NowMs();
+  st.rec.set_last_active_ms(now);
+  if (st.rec.spec().idle_timeout_s() > 0 && now >= st.active_written_until && st.rec.phase() == v1::SANDBOX_PHASE_RUNNING) {
+    st.active_written_until = now + 1000;
+    v1::SandboxRecord ahead = st.rec;
+    ahead.set_last_active_ms(st.active_written_until);
+    ahead.set_updated_ms(now);
+    state::WriteBatch b;
+    state::TypedTable<v1::SandboxRecord>(st.ctx->store, state::Table::kSandboxes).Put(&b, ahead.id(), ahead);
+    st.ctx->committer->Submit(std::move(b), [](const Status&) {});
+  }
+  ArmExpiry(self);
 }
 
 sandbox_actor::behavior_type Behavior(Self self) {
@@ -151,19 +290,20 @@ sandbox_actor::behavior_type Behavior(Self self) {
       [self](const v1::CreateRequest&) -> caf::result<v1::SandboxReply> {
         auto& st = self->state;
         if (st.rec.phase() != v1::SANDBOX_PHASE_PENDING)
-          return Reply(Status::FailedPrecondition("sandbox " + st.rec.id() + " already exists"), st.rec);
-        if (!st.driver) return Reply(st.driver_status, st.rec);
+          return Reply(Status::FailedPrecondition("sandbox " + st.rec.id() + " already exists"), st);
+        if (!st.driver) return Reply(st.driver_status, st);
         // The sandbox-wide limits (memory, pids, cpu) are fixed at creation:
         // the record shows the values in force, defaults filled in.
         auto lim = drivers::EffectiveLimits(st.ctx->options.limits, st.rec.spec(), v1::ExecRequest{});
         if (!lim.ok()) {
           self->quit();
-          return Reply(lim.status().Annotate("sandbox " + st.rec.id()), st.rec);
+          return Reply(lim.status().Annotate("sandbox " + st.rec.id()), st);
         }
         auto* sl = st.rec.mutable_spec()->mutable_limits();
         if (!sl->memory_bytes()) sl->set_memory_bytes(lim->memory_bytes());
         if (!sl->pids()) sl->set_pids(lim->pids());
         if (!sl->cpu_millis()) sl->set_cpu_millis(lim->cpu_millis());
+        if (!sl->disk_bytes()) sl->set_disk_bytes(lim->disk_bytes());
         auto rp = self->make_response_promise<v1::SandboxReply>();
         st.rec.set_phase(v1::SANDBOX_PHASE_STARTING);
         auto handle = caf::actor_cast<sandbox_actor>(self);
@@ -175,17 +315,19 @@ sandbox_actor::behavior_type Behavior(Self self) {
               // Nothing was written: the sandbox never existed.
               st.rec.set_phase(v1::SANDBOX_PHASE_FAILED);
               st.rec.set_error(s.message());
-              rp.deliver(Reply(s, st.rec));
+              rp.deliver(Reply(s, st));
               self->quit();
               return;
             }
             st.rec.set_phase(v1::SANDBOX_PHASE_RUNNING);
             st.rec.set_driver_state(*created);
+            st.rec.set_last_active_ms(NowMs());
             // Acknowledge only once the new phase is durable.
             Checkpoint(self, [self, rp](const Status& w) mutable {
               Status out = w.Annotate("sandbox " + self->state.rec.id() + ": checkpoint");
-              rp.deliver(Reply(out, self->state.rec));
-              if (!out.ok()) self->quit();
+              rp.deliver(Reply(out, self->state));
+              if (!out.ok()) return self->quit();
+              ArmExpiry(self);
             });
           });
         });
@@ -222,6 +364,7 @@ sandbox_actor::behavior_type Behavior(Self self) {
                              std::to_string(++st.next_exec);
         st.running.insert(run_id);
         st.exec_callers.emplace(run_id, rp);
+        Touch(self);
         auto handle = caf::actor_cast<sandbox_actor>(self);
         auto finished = [handle, self, rp, run_id](Result<v1::ExecResult> r) mutable {
           Post(handle, [self, rp, run_id, r = std::move(r)]() mutable {
@@ -230,6 +373,7 @@ sandbox_actor::behavior_type Behavior(Self self) {
             st.running.erase(run_id);
             st.exec_callers.erase(run_id);
             st.rec.set_exec_count(st.rec.exec_count() + 1);
+            if (!st.destroying) Touch(self);
             if (r.ok()) {
               *reply.mutable_result() = std::move(*r);
               reply.mutable_result()->set_sandbox_id(st.rec.id());
@@ -279,63 +423,46 @@ sandbox_actor::behavior_type Behavior(Self self) {
           s->state.driver->ListFiles(s->state.rec, req, std::move(cb));
         });
       },
-      [self](const v1::DestroyRequest&) -> caf::result<v1::SandboxReply> {
+      [self](const v1::DestroyRequest& req) -> caf::result<v1::SandboxReply> {
         auto& st = self->state;
+        if (!st.driver) return Reply(st.driver_status, st);
+        if (st.destroying)
+          return Reply(Status::FailedPrecondition("sandbox " + st.rec.id() + " is already being destroyed"), st);
         auto rp = self->make_response_promise<v1::SandboxReply>();
-        if (!st.driver) {
-          rp.deliver(Reply(st.driver_status, st.rec));
-          return rp;
-        }
-        if (st.destroying) {
-          rp.deliver(Reply(Status::FailedPrecondition("sandbox " + st.rec.id() + " is already being destroyed"),
-                           st.rec));
-          return rp;
-        }
-        st.destroying = true;
-        st.rec.set_phase(v1::SANDBOX_PHASE_STOPPING);
-        auto handle = caf::actor_cast<sandbox_actor>(self);
-        // Execs in flight are stopped and answered (as killed) before the
-        // sandbox goes; nobody is left waiting on a reply that never comes.
-        st.after_runs = [self, handle, rp]() mutable {
-        self->state.driver->Destroy(self->state.rec, [handle, self, rp](const Status& s) mutable {
-          Post(handle, [self, rp, s]() mutable {
-            auto& st = self->state;
-            st.rec.set_phase(s.ok() ? v1::SANDBOX_PHASE_STOPPED : v1::SANDBOX_PHASE_FAILED);
-            if (!s.ok()) st.rec.set_error(s.message());
-            // A stopped sandbox leaves no row behind.
-            state::WriteBatch b;
-            b.Delete(state::Table::kSandboxes, st.rec.id());
-            st.ctx->committer->Submit(std::move(b), [handle = caf::actor_cast<sandbox_actor>(self), self,
-                                                     rp, s](const Status& w) mutable {
-              Post(handle, [self, rp, s, w]() mutable {
-                if (self->state.gone) self->state.gone();
-                rp.deliver(Reply(s.ok() ? w : s, self->state.rec));
-                self->quit();
-              });
-            });
-          });
-        });
-        };
-        for (const auto& id : st.running) (void)st.driver->Kill(id, "sandbox " + st.rec.id() + " was destroyed");
-        if (st.running.empty()) {
-          auto next = std::move(st.after_runs);
-          st.after_runs = nullptr;
-          next();
-        }
+        std::string why = req.reason().empty() ? "destroyed on request" : req.reason().substr(0, 256);
+        StartDestroy(self, why, [self, rp](const Status& s) mutable { rp.deliver(Reply(s, self->state)); });
         return rp;
       },
-      [self](const v1::GetSandboxRequest&) { return Reply(Status::Ok(), self->state.rec); },
+      [self](owner_atom, bool present) {
+        auto& st = self->state;
+        st.rec.set_owner_gone_ms(present ? 0 : NowMs());
+        ArmExpiry(self);
+      },
+      [self](const v1::GetSandboxRequest&) {
+        auto reply = Reply(Status::Ok(), self->state);
+        auto& st = self->state;
+        // One ioctl on the quota tree: cheap enough to read on every look.
+        bool up = st.rec.phase() == v1::SANDBOX_PHASE_RUNNING || st.rec.phase() == v1::SANDBOX_PHASE_PAUSED;
+        if (st.driver && up)
+          if (auto used = st.driver->DiskUsage(st.rec); used.ok()) reply.mutable_sandbox()->set_disk_used_bytes(*used);
+        return reply;
+      },
       [self](Continuation& c) { c.fn(); },
       [self](crash_atom) { InjectCrash(self->state.ctx->options.test_hooks); },
   };
 }
 
 sandbox_actor::behavior_type SandboxActor(Self self, std::shared_ptr<NodeContext> ctx,
-                                          v1::SandboxRecord record, std::function<void()> gone) {
+                                          v1::SandboxRecord record, std::function<void(const std::string&)> gone,
+                                          bool owner_present) {
   auto& st = self->state;
   st.ctx = std::move(ctx);
   st.rec = std::move(record);
   st.gone = std::move(gone);
+  // An owner not connected now is gone from now on (after a restart: from
+  // the restart, so it has the whole lease to come back).
+  st.rec.set_owner_gone_ms(owner_present || st.rec.owner().empty() ? 0 : NowMs());
+  st.active_written_until = st.rec.last_active_ms();
   auto d = st.ctx->DriverFor(st.rec.spec());
   if (d.ok()) {
     st.driver = *d;
@@ -345,14 +472,18 @@ sandbox_actor::behavior_type SandboxActor(Self self, std::shared_ptr<NodeContext
     st.driver_status = d.status();
     st.ctx->log->warn("sandbox {}: {}", st.rec.id(), d.status().message());
   }
+  // Restored: its ends come from its record (one already past acts now).
+  if (st.rec.phase() != v1::SANDBOX_PHASE_PENDING) ArmExpiry(self);
   return Behavior(self);
 }
 
 }  // namespace
 
 sandbox_actor SpawnSandbox(caf::local_actor* parent, std::shared_ptr<NodeContext> ctx,
-                           v1::SandboxRecord record, std::function<void()> gone) {
-  return parent->spawn<caf::monitored>(SandboxActor, std::move(ctx), std::move(record), std::move(gone));
+                           v1::SandboxRecord record, std::function<void(const std::string&)> gone,
+                           bool owner_present) {
+  return parent->spawn<caf::monitored>(SandboxActor, std::move(ctx), std::move(record), std::move(gone),
+                                       owner_present);
 }
 
 }  // namespace dsec

@@ -18,6 +18,7 @@ namespace dsec {
 struct NodeContext;
 
 using crash_atom = caf::atom_constant<caf::atom("crash")>;
+using owner_atom = caf::atom_constant<caf::atom("owner")>;
 
 // Messages, and when they are legal:
 //   CreateRequest      first message after spawn by the node (new sandbox)
@@ -27,6 +28,8 @@ using crash_atom = caf::atom_constant<caf::atom("crash")>;
 //   Read/Write/ListFiles while running
 //   DestroyRequest     any time; the actor quits after replying
 //   GetSandboxRequest  any time
+//   owner_atom, bool   from the node: the owner (record.owner) has a
+//                      connection again (true) or has lost its last (false)
 //   Continuation       from the actor's own callbacks only
 //   crash_atom         test hook: throws (node started with test hooks)
 using sandbox_actor = caf::typed_actor<
@@ -39,15 +42,23 @@ using sandbox_actor = caf::typed_actor<
     caf::replies_to<v1::ReadFileRequest>::with<v1::FileReply>,
     caf::replies_to<v1::WriteFileRequest>::with<v1::FileReply>,
     caf::replies_to<v1::ListFilesRequest>::with<v1::FileReply>,
+    caf::reacts_to<owner_atom, bool>,
     caf::reacts_to<Continuation>,
     caf::reacts_to<crash_atom>>;
 
 // Spawns a sandbox actor monitored by `parent` (its supervisor). `record` is
 // the sandbox to run: new (phase pending; a CreateRequest comes next) or
 // restored from its checkpoint (after a crash or a daemon restart). `gone`
-// runs on the sandbox actor right before it answers a destroy, so the parent
-// can forget it before anyone learns it is gone.
+// runs on the sandbox actor right before it answers a destroy (with why it
+// ended), so the parent can forget it before anyone learns it is gone.
+// `owner_present`: its owner, if it has one, is connected now.
+//
+// The actor ends the sandbox itself at its ttl (destroy), after its idle
+// timeout (pause or destroy, spec.on_idle) and once its owner has been gone
+// for the lease (destroy); the deadlines come from the record, so they hold
+// across restarts.
 sandbox_actor SpawnSandbox(caf::local_actor* parent, std::shared_ptr<NodeContext> ctx,
-                           v1::SandboxRecord record, std::function<void()> gone = nullptr);
+                           v1::SandboxRecord record, std::function<void(const std::string& why)> gone = nullptr,
+                           bool owner_present = false);
 
 }  // namespace dsec

@@ -1,5 +1,7 @@
 #include "actors/session.hpp"
 
+#include <cctype>
+
 #include <google/protobuf/util/message_differencer.h>
 
 #include <deque>
@@ -193,6 +195,7 @@ void EnsureSandbox(Self self, int i, int attempt, std::function<void(const Statu
   v1::CreateRequest req;
   *req.mutable_spec() = sb.spec();
   req.set_id(sb.id());
+  req.set_session(st.rec.name());  // it ends with the session: no ttl, idle timeout or owner of its own
   std::string what = "session " + st.rec.name() + ": sandbox " + sb.id() + " (" + sb.role() + ")";
   self->request(st.node, kNodeMargin, std::move(req))
       .then(
@@ -776,9 +779,9 @@ session_actor::behavior_type Behavior(Self self) {
       [self](const v1::ListStepsRequest& req) -> v1::StepsReply {
         return ListStepsFromStore(*self->state.ctx, self->state.rec, req.from(), req.limit());
       },
-      [self](const v1::CloseSessionRequest&) -> caf::result<v1::SessionReply> {
+      [self](const v1::CloseSessionRequest& req) -> caf::result<v1::SessionReply> {
         auto rp = self->make_response_promise<v1::SessionReply>();
-        CloseSession(self, "closed by the trainer", &rp);
+        CloseSession(self, req.reason().empty() ? "closed by the trainer" : req.reason().substr(0, 256), &rp);
         return rp;
       },
       [self](const v1::GetSessionRequest&) { return Reply(Status::Ok(), self->state.rec); },
@@ -852,15 +855,32 @@ Status CheckOpenRequest(const NodeContext& ctx, const v1::OpenSessionRequest& re
   if (name.empty()) return Status::InvalidArgument("session name is empty (use job/prompt/sample)");
   if (name.size() > 512)
     return Status::InvalidArgument("session name is " + std::to_string(name.size()) + " bytes; the limit is 512");
+  // Names travel as words (the console splits its lines on spaces) and in
+  // file names of exports: no spaces, quotes or shell characters.
+  bool ok = name[0] != '-' && name[0] != '/';
   for (unsigned char c : name)
-    if (c < 0x20 || c > 0x7e) return Status::InvalidArgument("session name may hold printable ASCII only");
+    ok = ok && (std::isalnum(c) || c == '.' || c == '_' || c == '-' || c == '/' || c == ':' || c == '@' ||
+                c == '+' || c == '=');
+  if (!ok)
+    return Status::InvalidArgument("session name '" + name.substr(0, 64) +
+                                   "' must be characters of [A-Za-z0-9._/:@+=-], not starting with '-' or '/' "
+                                   "(e.g. job/prompt/sample)");
   if (req.more_sandboxes_size() + 1 > kMaxSandboxes)
     return Status::InvalidArgument("session " + name + ": " + std::to_string(req.more_sandboxes_size() + 1) +
                                    " sandboxes; the limit is " + std::to_string(kMaxSandboxes));
   if (req.lease_s() > 7u * 24 * 3600)
     return Status::InvalidArgument("session " + name + ": a lease of " + std::to_string(req.lease_s()) +
                                    " s is more than the limit of 7 days");
+  // A session's sandboxes end with it (its lease, its close).
+  auto lifetime = [&name](const v1::SandboxSpec& spec, const std::string& role) {
+    if (!spec.has_ttl_s() && !spec.has_idle_timeout_s() && spec.on_idle() == v1::IDLE_ACTION_UNSPECIFIED)
+      return Status::Ok();
+    return Status::InvalidArgument("session " + name + ": sandbox '" + role +
+                                   "' asks for a ttl or an idle timeout; a session's sandboxes end with the "
+                                   "session (its lease, its close): leave them out");
+  };
   Status s = drivers::CheckSpec(ctx.options.limits, req.spec()).Annotate("session " + name + ": sandbox 'agent'");
+  if (s.ok()) s = lifetime(req.spec(), "agent");
   if (!s.ok()) return s;
   std::unordered_set<std::string> seen{kAgentRole};
   for (const auto& more : req.more_sandboxes()) {
@@ -874,6 +894,7 @@ Status CheckOpenRequest(const NodeContext& ctx, const v1::OpenSessionRequest& re
       return Status::InvalidArgument("session " + name + ": sandbox role '" + role + "' is given twice" +
                                      (role == kAgentRole ? " ('agent' is the spec the session is opened with)" : ""));
     s = drivers::CheckSpec(ctx.options.limits, more.spec()).Annotate("session " + name + ": sandbox '" + role + "'");
+    if (s.ok()) s = lifetime(more.spec(), role);
     if (!s.ok()) return s;
   }
   return Status::Ok();

@@ -29,6 +29,7 @@ void RegisterTypes(caf::actor_system_config& cfg) {
       .add_message_type<v1::AnnotateStepRequest>("dsec.v1.AnnotateStepRequest")
       .add_message_type<v1::AnnotateBatch>("dsec.v1.AnnotateBatch")
       .add_message_type<v1::AnnotateResults>("dsec.v1.AnnotateResults")
+      .add_message_type<v1::Hello>("dsec.v1.Hello")
       .add_message_type<v1::ListStepsRequest>("dsec.v1.ListStepsRequest")
       .add_message_type<v1::StepsReply>("dsec.v1.StepsReply")
       .add_message_type<v1::RegisterImageRequest>("dsec.v1.RegisterImageRequest")

@@ -67,6 +67,7 @@ namespace dsec {
 //   GetSessionRequest   a session's record                    -> SessionReply
 //   AnnotateStepRequest attach reward/tokens/notes to a step  -> StepReply
 //   AnnotateBatch       many annotations, one-way  -> AnnotateResults messages to its sender
+//   Hello               one-way, first on every SDK connection: the client's id (owner of its sandboxes)
 //   ListStepsRequest    a session's record and logged steps   -> StepsReply
 //   RegisterImageRequest  register a built EROFS image        -> ImageReply
 //   GetImageRequest / ListImagesRequest / RemoveImageRequest  -> ImageReply / ImagesReply / ImageReply
@@ -87,6 +88,7 @@ using entry_actor = caf::typed_actor<
     caf::replies_to<v1::GetSessionRequest>::with<v1::SessionReply>,
     caf::replies_to<v1::AnnotateStepRequest>::with<v1::StepReply>,
     caf::reacts_to<v1::AnnotateBatch>,  // answered with AnnotateResults messages
+    caf::reacts_to<v1::Hello>,          // one-way: the SDK client on this connection
     caf::replies_to<v1::ListStepsRequest>::with<v1::StepsReply>,
     caf::replies_to<v1::RegisterImageRequest>::with<v1::ImageReply>,
     caf::replies_to<v1::GetImageRequest>::with<v1::ImageReply>,

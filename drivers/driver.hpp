@@ -64,6 +64,13 @@ class Driver {
   virtual void ListFiles(const v1::SandboxRecord& sandbox, const v1::ListFilesRequest& req, FileCallback done);
   // Freezes (paused) or thaws every process of the sandbox.
   virtual void Pause(const v1::SandboxRecord& sandbox, bool paused, StatusCallback done);
+  // Whether Pause does anything (a kind without processes between calls cannot).
+  virtual bool CanPause() const { return true; }
+  // Bytes the sandbox's files take on disk (cheap: kinds read a counter);
+  // Unimplemented for kinds without a disk of their own.
+  virtual Result<uint64_t> DiskUsage(const v1::SandboxRecord& sandbox) const {
+    return Status::Unimplemented(std::string(name()) + " sandboxes have no disk of their own");
+  }
 
   // After a daemon restart: reconnect to a sandbox from its record, or say
   // why it is gone.

@@ -15,6 +15,7 @@ LimitPolicy LimitPolicy::Default() {
   d.set_output_bytes(1 << 20);
   d.set_file_size_bytes(256ull << 20);
   d.set_open_files(1024);
+  d.set_disk_bytes(10ull << 30);
   auto& m = p.maxima;
   m.set_memory_bytes(64ull << 30);
   m.set_pids(32768);
@@ -24,6 +25,7 @@ LimitPolicy LimitPolicy::Default() {
   m.set_output_bytes(16 << 20);
   m.set_file_size_bytes(1ull << 40);
   m.set_open_files(1 << 20);
+  m.set_disk_bytes(1ull << 40);
   return p;
 }
 
@@ -76,6 +78,11 @@ Result<v1::Limits> EffectiveLimits(const LimitPolicy& p, const v1::SandboxSpec& 
   DSEC_RETURN_IF_ERROR(
       Pick("open_files", e.open_files(), s.open_files(), d.open_files(), m.open_files(), 16u, &u32));
   out.set_open_files(u32);
+  // A container needs a few MiB for what programs write at all (caches, logs).
+  uint64_t disk_default = spec.kind() == v1::KIND_CONTAINER ? d.disk_bytes() : 0;
+  DSEC_RETURN_IF_ERROR(Pick("disk_bytes", e.disk_bytes(), s.disk_bytes(), disk_default, m.disk_bytes(),
+                            uint64_t{16} << 20, &u64));
+  out.set_disk_bytes(u64);
   return out;
 }
 

@@ -15,6 +15,8 @@ struct LimitPolicy {
   // Containers: files of any size unless asked (the disk limit bounds what
   // they write); 256 MiB per file broke builds and dataset steps.
   uint64_t container_file_size_bytes = 0;  // 0: no RLIMIT_FSIZE
+  // defaults.disk_bytes / maxima.disk_bytes are containers' (fncall keeps
+  // its files in memory, within the memory limit).
   v1::Limits maxima;     // a request above any of these is refused
   size_t max_argv_env_bytes = 1 << 20;    // argv + env, bytes
   size_t max_stdin_bytes = 16 << 20;

@@ -53,6 +53,7 @@ struct LimitFlags {
   double cpu_time_s = 0;
   std::string memory;
   std::string output_limit;
+  std::string disk;
   uint32_t pids = 0;
   double cpus = 0;
   std::vector<std::string> env;
@@ -68,6 +69,9 @@ void AddLimitFlags(CLI::App* c, LimitFlags* l, bool spec_only = false) {
   c->add_option("--cpu-time", l->cpu_time_s, "CPU-time limit, seconds");
   c->add_option("--memory", l->memory, "memory limit: bytes or 64k/64m/1g (default 512m)");
   c->add_option("--output-limit", l->output_limit, "cap per output stream (default 1m)");
+  if (!spec_only)
+    c->add_option("--disk", l->disk,
+                  "disk limit of a container: bytes or 512m/10g (default 10g); writes past it fail with EDQUOT");
   c->add_option("--pids", l->pids, "max processes (default 256)");
   c->add_option("--cpus", l->cpus, "CPU quota in cores, e.g. 0.5");
   c->add_option("-e,--env", l->env, "KEY=VALUE, repeatable");
@@ -85,8 +89,52 @@ bool ParseSize(const std::string& s, uint64_t* out) {
   else if (unit == "k" || unit == "kb" || unit == "kib") *out = static_cast<uint64_t>(v * 1024);
   else if (unit == "m" || unit == "mb" || unit == "mib") *out = static_cast<uint64_t>(v * 1024 * 1024);
   else if (unit == "g" || unit == "gb" || unit == "gib") *out = static_cast<uint64_t>(v * 1024 * 1024 * 1024);
+  else if (unit == "t" || unit == "tb" || unit == "tib") *out = static_cast<uint64_t>(v * 1024 * 1024 * 1024 * 1024);
   else return false;
   return true;
+}
+
+// "90", "90s", "10m", "2h", "1d" -> seconds; false when it is not one.
+bool ParseDuration(const std::string& s, uint32_t* out) {
+  if (s.empty()) return false;
+  char* end = nullptr;
+  double v = std::strtod(s.c_str(), &end);
+  if (end == s.c_str() || v < 0) return false;
+  std::string unit(end);
+  double mult = unit == "" || unit == "s" ? 1 : unit == "m" ? 60 : unit == "h" ? 3600 : unit == "d" ? 86400 : -1;
+  if (mult < 0 || v * mult > 4e9) return false;
+  *out = static_cast<uint32_t>(v * mult);
+  return true;
+}
+
+struct LifetimeFlags {
+  std::string ttl, idle_timeout, on_idle;
+};
+
+void AddLifetimeFlags(CLI::App* c, LifetimeFlags* l) {
+  c->add_option("--ttl", l->ttl,
+                "destroy the sandbox this long after creation: 90, 90s, 10m, 2h, 1d; 0: never, if the node allows "
+                "(default: the node's, dsecd --sandbox-ttl)");
+  c->add_option("--idle-timeout", l->idle_timeout,
+                "after this long without exec or file call, --on-idle (default: the node's; 0: never)");
+  c->add_option("--on-idle", l->on_idle, "pause | destroy (default: the node's)")
+      ->check(CLI::IsMember({"pause", "destroy"}));
+}
+
+std::string ApplyLifetime(const LifetimeFlags& l, dsec::v1::SandboxSpec* spec) {
+  uint32_t v = 0;
+  if (!l.ttl.empty()) {
+    if (!ParseDuration(l.ttl, &v)) return "--ttl '" + l.ttl + "' is not a duration (e.g. 90, 10m, 2h, 1d)";
+    spec->set_ttl_s(v);
+  }
+  if (!l.idle_timeout.empty()) {
+    if (!ParseDuration(l.idle_timeout, &v))
+      return "--idle-timeout '" + l.idle_timeout + "' is not a duration (e.g. 90, 10m, 2h)";
+    spec->set_idle_timeout_s(v);
+  }
+  if (l.on_idle == "pause") spec->set_on_idle(dsec::v1::IDLE_ACTION_PAUSE);
+  if (l.on_idle == "destroy") spec->set_on_idle(dsec::v1::IDLE_ACTION_DESTROY);
+  return {};
 }
 
 // Fills spec and exec limits from flags; "" or what is wrong.
@@ -102,6 +150,10 @@ std::string ApplyLimits(const LimitFlags& l, dsec::v1::Limits* lim) {
   if (!l.output_limit.empty()) {
     if (!ParseSize(l.output_limit, &v)) return "--output-limit '" + l.output_limit + "' is not a size";
     lim->set_output_bytes(v);
+  }
+  if (!l.disk.empty()) {
+    if (!ParseSize(l.disk, &v)) return "--disk '" + l.disk + "' is not a size (e.g. 512m, 10g)";
+    lim->set_disk_bytes(v);
   }
   if (l.pids) lim->set_pids(l.pids);
   if (l.cpus > 0) lim->set_cpu_millis(static_cast<uint32_t>(l.cpus * 1000));
@@ -378,8 +430,12 @@ int main(int argc, char** argv) {
   run->add_option("command", run_cmd, "the command and its arguments (after --)")->required();
 
   LimitFlags create_l;
-  auto* create = app.add_subcommand("create", "create a sandbox; prints its id");
+  LifetimeFlags create_life;
+  auto* create = app.add_subcommand("create",
+                                    "create a sandbox; prints its id. It outlives this command (detached): it "
+                                    "ends at its ttl, its idle timeout, or dsecctl rm");
   AddLimitFlags(create, &create_l);
+  AddLifetimeFlags(create, &create_life);
   std::string create_id;
   create->add_option("--id", create_id, "name the sandbox ([a-z0-9-], at most 64 bytes; default: made up)");
 
@@ -493,9 +549,13 @@ int main(int argc, char** argv) {
   if (*create) {
     dsec::v1::SandboxSpec spec;
     if (auto e = BuildSpec(create_l, &spec); !e.empty()) return Fail(e, 2);
+    if (auto e = ApplyLifetime(create_life, &spec); !e.empty()) return Fail(e, 2);
     auto client = ConnectOrDie(c, &rc);
     if (!client) return rc;
-    auto sb = client->Create(spec, create_id);
+    dsec::CreateOptions co;
+    co.id = create_id;
+    co.detached = true;  // this process ends now; the sandbox must not
+    auto sb = client->Create(spec, co);
     if (!sb.ok()) return Fail(sb.status().message());
     std::cout << sb->id() << "\n";
     return 0;

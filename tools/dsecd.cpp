@@ -51,6 +51,8 @@ struct Flags {
   bool fncall_fresh_namespaces = false;
   size_t container_netns_pool = 16;
   bool container_fresh_netns = false;
+  uint64_t sandbox_disk_size = 64ull << 30;
+  bool no_sandbox_disk = false;
   double container_idle_freeze_s = 300;
   std::string cgroup_parent = "dsec";
   uint32_t sandbox_uid = 65534;
@@ -59,6 +61,11 @@ struct Flags {
   int max_restarts = 3;
   int restart_window_s = 10;
   uint32_t session_lease_s = 600;
+  uint32_t sandbox_ttl_s = 24 * 3600;
+  uint32_t sandbox_max_ttl_s = 7 * 24 * 3600;
+  uint32_t sandbox_idle_timeout_s = 0;
+  std::string sandbox_on_idle = "pause";
+  uint32_t sandbox_lease_s = 600;
   double session_retention_h = 168;
   std::string sdk_token_file;  // default <data>/sdk.token
   size_t door_max_pending = 256;
@@ -161,6 +168,16 @@ int Run(const Flags& f) {
   ctx->options.max_restarts = f.max_restarts;
   ctx->options.restart_window_s = f.restart_window_s;
   ctx->options.session_lease_s = f.session_lease_s;
+  ctx->options.sandbox_ttl_s = f.sandbox_ttl_s;
+  ctx->options.sandbox_max_ttl_s = f.sandbox_max_ttl_s;
+  ctx->options.sandbox_idle_timeout_s = f.sandbox_idle_timeout_s;
+  ctx->options.sandbox_on_idle = f.sandbox_on_idle == "destroy" ? dsec::v1::IDLE_ACTION_DESTROY : dsec::v1::IDLE_ACTION_PAUSE;
+  ctx->options.sandbox_lease_s = f.sandbox_lease_s;
+  if (f.sandbox_max_ttl_s && (f.sandbox_ttl_s == 0 || f.sandbox_ttl_s > f.sandbox_max_ttl_s)) {
+    log->error("--sandbox-ttl {} is above --sandbox-max-ttl {} (0 means none, which a maximum rules out)",
+               f.sandbox_ttl_s, f.sandbox_max_ttl_s);
+    return 2;
+  }
   ctx->options.session_retention_s = static_cast<uint32_t>(f.session_retention_h * 3600);
   ctx->options.test_hooks = f.test_hooks;
   ctx->options.image_root = data + "/images";
@@ -191,6 +208,8 @@ int Run(const Flags& f) {
   co.netns_pool = f.container_netns_pool;
   co.fresh_netns = f.container_fresh_netns;
   co.idle_freeze_ms = static_cast<int64_t>(f.container_idle_freeze_s * 1000);
+  co.disk_limits = !f.no_sandbox_disk;
+  co.disk_size_bytes = f.sandbox_disk_size;
   co.find_image = [&image_store](const std::string& name) { return image_store.Get(name); };
   co.log = DriverLog("container");
   auto container = dsec::drivers::ContainerDriver::Start(co);
@@ -331,6 +350,13 @@ int main(int argc, char** argv) {
   app.add_flag("--container-fresh-ns", f.container_fresh_netns,
                "a new network namespace per container instead of one recycled from a removed container "
                "(~1.2 ms of CPU each)");
+  app.add_option("--sandbox-disk-size", f.sandbox_disk_size,
+                 "size of the filesystem container sandboxes live on (<data-dir>/sandboxes.img, sparse, made at "
+                 "the first start; at most 90% of the free space there): what all of them may write together")
+      ->transform(CLI::AsSizeValue(false))
+      ->capture_default_str();
+  app.add_flag("--no-sandbox-disk", f.no_sandbox_disk,
+               "keep container sandboxes on the data dir's own filesystem: no disk limits");
   app.add_option("--cgroup-parent", f.cgroup_parent, "cgroups go to <controller>/<parent>/sp<pid>/...")
       ->capture_default_str();
   app.add_option("--sandbox-uid", f.sandbox_uid, "uid programs run as")->capture_default_str();
@@ -342,6 +368,22 @@ int main(int argc, char** argv) {
   app.add_option("--session-lease", f.session_lease_s,
                  "seconds a session and its sandboxes outlive their last trainer (a trainer may ask for "
                  "another lease when it opens the session)")
+      ->check(CLI::Range(1u, 7u * 24 * 3600))
+      ->capture_default_str();
+  app.add_option("--sandbox-ttl", f.sandbox_ttl_s,
+                 "seconds a plain sandbox lives unless its spec says otherwise (0: forever, if --sandbox-max-ttl is 0)")
+      ->capture_default_str();
+  app.add_option("--sandbox-max-ttl", f.sandbox_max_ttl_s, "the longest ttl a spec may ask for (0: no maximum)")
+      ->capture_default_str();
+  app.add_option("--sandbox-idle-timeout", f.sandbox_idle_timeout_s,
+                 "seconds without exec or file call after which a plain sandbox is paused or destroyed "
+                 "(--sandbox-on-idle) unless its spec says otherwise (0: never)")
+      ->capture_default_str();
+  app.add_option("--sandbox-on-idle", f.sandbox_on_idle, "pause | destroy")
+      ->check(CLI::IsMember({"pause", "destroy"}))
+      ->capture_default_str();
+  app.add_option("--sandbox-lease", f.sandbox_lease_s,
+                 "seconds a sandbox outlives its SDK client's last connection (unless made detached)")
       ->check(CLI::Range(1u, 7u * 24 * 3600))
       ->capture_default_str();
   app.add_option("--session-retention", f.session_retention_h,

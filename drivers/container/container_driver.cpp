@@ -159,6 +159,25 @@ Result<std::unique_ptr<ContainerDriver>> ContainerDriver::Start(ContainerOptions
   d->mounts_ = std::make_unique<images::ImageMounts>(d->opts_.data_dir + "/run/images");
   d->mounts_->Adopt();
   DSEC_RETURN_IF_ERROR(MakeDirs(d->opts_.data_dir + "/sandboxes", 0700));
+  if (d->opts_.disk_limits) {
+    SandboxDiskOptions so;
+    so.dir = d->opts_.data_dir + "/sandboxes";
+    so.image = d->opts_.data_dir + "/sandboxes.img";
+    so.size_bytes = d->opts_.disk_size_bytes;
+    so.log = d->opts_.log;
+    auto disk = SandboxDisk::Open(so);
+    if (disk.ok()) {
+      d->disk_ = std::move(*disk);
+      d->Log(1, "sandbox disk: btrfs with quota groups, " + std::to_string(d->disk_->size_bytes() >> 30) +
+                    " GiB, on " + so.dir);
+    } else {
+      d->disk_status_ = disk.status();
+      d->Log(2, "container disk limits unavailable: " + disk.status().message() +
+                    "; containers run without a disk limit");
+    }
+  } else {
+    d->disk_status_ = Status::FailedPrecondition("off (dsecd --no-sandbox-disk)");
+  }
   // The bottom layer of every container: the mount points and directories
   // the container init needs, so it finds them instead of creating them in
   // the container's upper dir (a dozen inodes per creation otherwise). The
@@ -231,7 +250,9 @@ void ContainerDriver::Stop() {
     std::lock_guard<std::mutex> lk(mu_);
     dirs.swap(free_dirs_);
   }
-  for (const auto& name : dirs) (void)RemoveTree(opts_.data_dir + "/sandboxes/" + name);
+  for (const auto& name : dirs) (void)RemoveSandboxDir(name);
+  // The disk goes when no sandbox is left on it (containers outlive dsecd).
+  if (disk_) disk_->Close();
   // The groups' parents go when no container is left in them (rmdir refuses
   // otherwise, which is what we want); the recycled groups go first.
   if (!cgm_.memory.empty()) {
@@ -346,6 +367,8 @@ Result<std::string> ContainerDriver::CreateNow(const v1::SandboxRecord& sb) {
   };
   std::string base = SandboxDir(opts_.data_dir, id);
   if (Status st = TakeDir(id); !st.ok()) return undo(st);
+  if (disk_ && sb.spec().limits().disk_bytes())
+    if (Status st = disk_->SetLimit(id, sb.spec().limits().disk_bytes()); !st.ok()) return undo(st);
   std::string hostname = id.substr(0, 63);
   if (Status st = WriteEtcFiles(base, hostname, sb.spec().network()); !st.ok()) return undo(st);
 
@@ -568,6 +591,7 @@ Status ContainerDriver::CheckExecLimits(const v1::SandboxRecord& sb, const v1::L
   const char* what = differs(asked.memory_bytes(), box.memory_bytes()) ? "memory"
                      : differs(asked.pids(), box.pids())                 ? "pids"
                      : differs(asked.cpu_millis(), box.cpu_millis())     ? "cpu"
+                     : differs(asked.disk_bytes(), box.disk_bytes())     ? "disk"
                                                                          : nullptr;
   if (!what) return Status::Ok();
   return Status::InvalidArgument(std::string("the ") + what + " limit of container " + sb.id() +
@@ -832,6 +856,7 @@ Status ContainerDriver::TakeDir(const std::string& id) {
     Log(2, "rename " + free + " to " + base + ": " + std::strerror(errno) + "; making a new dir instead");
     (void)RemoveTree(free);
   }
+  if (disk_) DSEC_RETURN_IF_ERROR(disk_->MakeDir(id));
   for (const char* sub : {"", "/upper", "/work", "/run"}) DSEC_RETURN_IF_ERROR(MakeDirs(base + sub, 0700));
   ::chmod((base + "/upper").c_str(), 0755);
   // The mount point of the agent binary (no content, nothing to sync).
@@ -852,8 +877,23 @@ void ContainerDriver::ReleaseDir(const std::string& id, bool stopped) {
     free_dirs_.push_back(name);
     return;
   }
-  if (Status rm = RemoveTree(base); !rm.ok())
+  if (Status rm = RemoveSandboxDir(id); !rm.ok())
     Log(2, "container " + id + ": " + rm.message() + "; the next start of dsecd removes it");
+}
+
+Status ContainerDriver::RemoveSandboxDir(const std::string& name) {
+  std::string path = opts_.data_dir + "/sandboxes/" + name;
+  struct stat st;
+  if (::lstat(path.c_str(), &st) < 0 && errno == ENOENT) return Status::Ok();
+  // A subvolume goes whole, in one call, however much it holds; a dir
+  // that is not one (made before the disk was) the slow way.
+  if (disk_ && disk_->RemoveDir(name).ok()) return Status::Ok();
+  return RemoveTree(path);
+}
+
+Result<uint64_t> ContainerDriver::DiskUsage(const v1::SandboxRecord& sb) const {
+  if (!disk_) return Status::FailedPrecondition("container disk limits unavailable: " + disk_status_.message());
+  return disk_->Usage(sb.id());
 }
 
 void ContainerDriver::Restored() {
@@ -870,7 +910,7 @@ void ContainerDriver::Restored() {
   // no cgroup of ours is without its dir.)
   std::set<std::string> orphans;
   for (const auto& name : ListSubdirs(opts_.data_dir + "/sandboxes")) {
-    if (name.rfind("free.", 0) == 0) (void)RemoveTree(opts_.data_dir + "/sandboxes/" + name);  // kept by the last run
+    if (name.rfind("free.", 0) == 0) (void)RemoveSandboxDir(name);  // kept by the last run
     else if (!known.count(name)) orphans.insert(name);
   }
   for (const auto& id : orphans) {
@@ -912,6 +952,8 @@ std::string ContainerDriver::StatsJson() const {
               {"idle_freezes", idle_freezes_.load()},
               {"free_cgroups", free_groups_.size()},
               {"free_dirs", free_dirs_.size()},
+              {"disk", disk_ ? json{{"filesystem", "btrfs"}, {"size_bytes", disk_->size_bytes()}}
+                             : json{{"unavailable", disk_status_.message()}}},
               {"execs_in_flight", runs_.size()},
               {"image_mounts", mounts}}
       .dump();

@@ -20,6 +20,7 @@
 #include <unordered_map>
 
 #include "drivers/agent/agent_client.hpp"
+#include "drivers/container/sandbox_disk.hpp"
 #include "drivers/driver.hpp"
 #include "drivers/fncall/cgroup_v1.hpp"
 #include "drivers/images/mounts.hpp"
@@ -39,6 +40,11 @@ struct ContainerOptions {
   // long is frozen (cgroup freezer) until the next call thaws it, which the
   // caller does not notice. 0: never.
   int64_t idle_freeze_ms = 300'000;
+  // Per-sandbox disk limits: sandbox dirs live on a btrfs filesystem of
+  // this size (sandbox_disk.hpp). Off, or unavailable on this host: no
+  // disk limit is enforced (stats says why).
+  bool disk_limits = true;
+  uint64_t disk_size_bytes = 64ull << 30;
   // The image registry (the node's images table).
   std::function<Result<v1::ImageManifest>(const std::string& name)> find_image;
   std::function<void(int level, const std::string& text)> log;
@@ -66,6 +72,7 @@ class ContainerDriver : public Driver {
   void Pause(const v1::SandboxRecord& sandbox, bool paused, StatusCallback done) override;
   void Destroy(const v1::SandboxRecord& sandbox, StatusCallback done) override;
   Status Readopt(const v1::SandboxRecord& sandbox) override;
+  Result<uint64_t> DiskUsage(const v1::SandboxRecord& sandbox) const override;
   void Restored() override;
   std::string StatsJson() const override;
 
@@ -114,6 +121,10 @@ class ContainerDriver : public Driver {
   fncall::CgroupMounts cgm_;
   std::unique_ptr<images::ImageMounts> mounts_;
   std::string skeleton_;  // <data>/run/skeleton: the bottom overlay layer
+  std::unique_ptr<SandboxDisk> disk_;  // null: no disk limits (disk_status_ says why)
+  Status disk_status_;
+  // Removes a sandbox dir (a subvolume when there is a disk).
+  Status RemoveSandboxDir(const std::string& name);
   std::unique_ptr<SpawnerLink> link_;
 
   mutable std::mutex mu_;

@@ -101,6 +101,9 @@ Status FncallDriver::CanHandle(const v1::SandboxSpec& spec) const {
                                    spec.image() + "' (use --kind container for built images)");
   if (spec.network().enabled())
     return Status::InvalidArgument("fncall sandboxes have no network; use --kind container for network access");
+  if (spec.limits().disk_bytes())
+    return Status::InvalidArgument("fncall sandboxes keep their files in memory (/work and /tmp are tmpfs, "
+                                   "within the memory limit): a disk limit is for containers");
   return Available();
 }
 

@@ -52,6 +52,7 @@ class FncallDriver : public Driver {
   ~FncallDriver() override;
 
   v1::Kind kind() const override { return v1::KIND_FNCALL; }
+  bool CanPause() const override { return false; }
   const char* name() const override { return "fncall"; }
   Status Available() const override;
   Status CanHandle(const v1::SandboxSpec& spec) const override;

@@ -15,11 +15,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <sys/random.h>
 
 namespace dsec {
 
 struct Client::Impl {
   ClientOptions options;
+  std::string client_id;  // owner of the sandboxes this client makes
   std::string host;
   uint16_t port = 0;
   sdk::AgentShared shared;
@@ -140,6 +142,24 @@ Result<std::string> ReadSmallFile(const std::string& path) {
 
 }  // namespace
 
+// 128 random bits in hex: this client's id as the owner of its sandboxes.
+static std::string RandomClientId() {
+  unsigned char b[16] = {};
+  size_t got = 0;
+  while (got < sizeof b) {
+    ssize_t n = ::getrandom(b + got, sizeof b - got, 0);
+    if (n > 0) got += static_cast<size_t>(n);
+    else if (errno != EINTR) break;
+  }
+  static const char* hex = "0123456789abcdef";
+  std::string s;
+  for (unsigned char c : b) {
+    s.push_back(hex[c >> 4]);
+    s.push_back(hex[c & 15]);
+  }
+  return s;
+}
+
 Result<ClientOptions> ResolveClientOptions(ClientOptions o) {
   if (o.data_dir.empty()) o.data_dir = Env("DSEC_DATA_DIR");
   if (o.data_dir.empty()) o.data_dir = "./dsec-data";
@@ -190,8 +210,9 @@ Result<std::unique_ptr<Client>> Client::Connect(ClientOptions given) {
   caf_opts.scheduler_threads = options.threads;
   ConfigureCaf(*impl->cfg, caf_opts);
   impl->sys = std::make_unique<caf::actor_system>(*impl->cfg);
-  impl->agent =
-      sdk::SpawnAgent(*impl->sys, impl->host, impl->port, options.token, options.connect_timeout, &impl->shared);
+  impl->client_id = RandomClientId();
+  impl->agent = sdk::SpawnAgent(*impl->sys, impl->host, impl->port, options.token, impl->client_id,
+                                options.connect_timeout, &impl->shared);
   // Wait for the first connection: a cheap GetSandboxRequest for an id that
   // cannot exist tells us the node answers.
   v1::GetSandboxRequest probe;
@@ -202,6 +223,7 @@ Result<std::unique_ptr<Client>> Client::Connect(ClientOptions given) {
 }
 
 bool Client::connected() const { return impl_->shared.connected; }
+const std::string& Client::client_id() const { return impl_->client_id; }
 uint64_t Client::connections() const { return impl_->shared.connections; }
 const ClientOptions& Client::options() const { return impl_->options; }
 
@@ -229,9 +251,18 @@ Result<v1::ExecResult> Client::Run(const v1::SandboxSpec& spec, v1::ExecRequest 
 }
 
 Result<Sandbox> Client::Create(const v1::SandboxSpec& spec, const std::string& id) {
+  CreateOptions o;
+  o.id = id;
+  return Create(spec, o);
+}
+
+Result<Sandbox> Client::Create(const v1::SandboxSpec& spec, const CreateOptions& options) {
   v1::CreateRequest req;
   *req.mutable_spec() = spec;
-  req.set_id(id);
+  req.set_id(options.id);
+  req.set_owner(impl_->client_id);
+  req.set_detached(options.detached);
+  req.set_lease_s(options.lease_s);
   auto r = impl_->CallSync<v1::SandboxReply>(std::move(req), impl_->options.rpc_timeout);
   if (!r.ok()) return r.status();
   return Sandbox(this, r->sandbox().id(), r->sandbox().spec());

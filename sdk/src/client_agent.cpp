@@ -61,6 +61,7 @@ struct AgentState {
   std::string host;
   uint16_t port = 0;
   std::string token;
+  std::string client_id;
   std::chrono::milliseconds connect_timeout{5000};
   AgentShared* shared = nullptr;
   caf::actor entry;
@@ -242,6 +243,11 @@ void Connected(Self self, caf::strong_actor_ptr ptr, const std::set<std::string>
   } else {
     st.entry = caf::actor_cast<caf::actor>(std::move(ptr));
     self->monitor(st.entry);
+    // First on the connection: who this is (the owner of its sandboxes).
+    v1::Hello hello;
+    hello.set_client_id(st.client_id);
+    hello.set_version(DSEC_VERSION);
+    self->send(st.entry, std::move(hello));
     st.backoff = std::chrono::milliseconds(50);
     st.ever_connected = true;
     st.shared->connections++;
@@ -330,12 +336,13 @@ caf::behavior Dialer(caf::event_based_actor*, std::string host, uint16_t port, s
   };
 }
 
-caf::behavior Agent(Self self, std::string host, uint16_t port, std::string token,
+caf::behavior Agent(Self self, std::string host, uint16_t port, std::string token, std::string client_id,
                     std::chrono::milliseconds connect_timeout, AgentShared* shared) {
   auto& st = self->state;
   st.host = std::move(host);
   st.port = port;
   st.token = std::move(token);
+  st.client_id = std::move(client_id);
   st.connect_timeout = connect_timeout;
   st.shared = shared;
   st.dialer = self->spawn<caf::detached + caf::linked>(Dialer, st.host, st.port, st.token, connect_timeout);
@@ -447,8 +454,8 @@ bool FromCafError(const caf::error& e, Status* out) {
 caf::error Disconnected(const std::string& why) { return ToCafError(Status::Unavailable(why)); }
 
 caf::actor SpawnAgent(caf::actor_system& sys, std::string host, uint16_t port, std::string token,
-                      std::chrono::milliseconds connect_timeout, AgentShared* shared) {
-  return sys.spawn(Agent, std::move(host), port, std::move(token), connect_timeout, shared);
+                      std::string client_id, std::chrono::milliseconds connect_timeout, AgentShared* shared) {
+  return sys.spawn(Agent, std::move(host), port, std::move(token), std::move(client_id), connect_timeout, shared);
 }
 
 }  // namespace dsec::sdk

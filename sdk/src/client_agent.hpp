@@ -57,8 +57,9 @@ struct AgentShared {
 
 // Connects through dsecd's front door (runtime/door_auth.hpp) with `token`,
 // then hands the socket to CAF's BASP broker.
+// `client_id` goes to dsecd in a v1::Hello first on every connection.
 caf::actor SpawnAgent(caf::actor_system& sys, std::string host, uint16_t port, std::string token,
-                      std::chrono::milliseconds connect_timeout, AgentShared* shared);
+                      std::string client_id, std::chrono::milliseconds connect_timeout, AgentShared* shared);
 
 // One connection through the door, blocking (for tools and tests that
 // talk to the entry actor directly): the entry's handle, or why not.

@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sys/prctl.h>
+#include <sys/mount.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -298,7 +299,11 @@ TestDaemon::~TestDaemon() {
   while (::waitpid(-1, nullptr, WNOHANG) > 0) {
   }
   if (!data_dir_.empty() && std::getenv("DSEC_KEEP_TEST_DATA") == nullptr) {
-    RunProcess({"/bin/rm", "-rf", data_dir_});
+    // The sandboxes' filesystem stays mounted while sandboxes outlive a
+    // dsecd (a test that killed it and did not restart it): its mount, and
+    // with it the loop device, go before the dir.
+    ::umount2((data_dir_ + "/sandboxes").c_str(), MNT_DETACH);
+    RunProcess({"/bin/rm", "-rf", "--one-file-system", data_dir_});
     ::unlink(log_path_.c_str());
   }
 }

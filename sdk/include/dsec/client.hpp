@@ -151,6 +151,12 @@ struct SessionOptions {
   uint32_t lease_s = 0;
 };
 
+struct CreateOptions {
+  std::string id;          // see Client::Create
+  bool detached = false;   // outlives this client (until its ttl)
+  uint32_t lease_s = 0;    // how long it outlives this client gone; 0: the node's (dsecd --sandbox-lease)
+};
+
 class Client {
  public:
   // Connects to dsecd; Unavailable (saying where and what to check) when it
@@ -168,8 +174,13 @@ class Client {
                 std::function<void(Result<v1::ExecResult>)> done);
 
   // A new sandbox. `id` names it ([a-z0-9-], at most 64 bytes); empty: one
-  // is made up. AlreadyExists when the id is taken.
+  // is made up. AlreadyExists when the id is taken. It belongs to this
+  // client: once the client has had no connection for the lease (the
+  // process died, the network is gone), dsecd destroys it, unless it was
+  // made detached. Its ttl and idle timeout are in the spec
+  // (SandboxSpec.ttl_s, idle_timeout_s, on_idle; unset: the node's).
   Result<Sandbox> Create(const v1::SandboxSpec& spec, const std::string& id = "");
+  Result<Sandbox> Create(const v1::SandboxSpec& spec, const CreateOptions& options);
   // A handle to an existing sandbox (NotFound when the node has none by that id).
   Result<Sandbox> Attach(const std::string& sandbox_id);
 
@@ -187,6 +198,8 @@ class Client {
   Result<std::vector<v1::ImageManifest>> ListImages();
   Status RemoveImage(const std::string& name);
 
+  // This client's id: the owner of the sandboxes it makes (SandboxRecord.owner).
+  const std::string& client_id() const;
   // Connected right now (the client reconnects by itself when not).
   bool connected() const;
   // Connections made so far (1 after Connect; +1 per reconnect).

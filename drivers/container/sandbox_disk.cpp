@@ -1,0 +1,265 @@
+#include "drivers/container/sandbox_disk.hpp"
+
+#include <fcntl.h>
+#include <linux/btrfs.h>
+#include <linux/btrfs_tree.h>
+#include <linux/loop.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include "runtime/files.hpp"
+#include "runtime/unique_fd.hpp"
+
+namespace dsec::drivers {
+
+namespace {
+
+constexpr long kBtrfsMagic = 0x9123683E;
+// Linux 6.7+: quota groups that account extents where they are made (no
+// back-reference walks) and go away with their subvolume's data. Not in
+// Debian 12's headers.
+constexpr __u64 kQuotaCtlEnableSimple = 4;
+
+bool IsMountPoint(const std::string& dir) {
+  struct stat a, b;
+  if (::stat(dir.c_str(), &a) < 0 || ::stat((dir + "/..").c_str(), &b) < 0) return false;
+  return a.st_dev != b.st_dev || a.st_ino == b.st_ino;
+}
+
+bool IsBtrfs(const std::string& dir) {
+  struct statfs fs;
+  return ::statfs(dir.c_str(), &fs) == 0 && static_cast<long>(fs.f_type) == kBtrfsMagic;
+}
+
+std::string FindTool(const char* name) {
+  for (const char* d : {"/usr/sbin/", "/sbin/", "/usr/bin/", "/bin/"}) {
+    std::string p = std::string(d) + name;
+    if (::access(p.c_str(), X_OK) == 0) return p;
+  }
+  return "";
+}
+
+// Runs argv (no shell), its output discarded; its exit status.
+int RunQuiet(const std::vector<std::string>& argv) {
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    int null = ::open("/dev/null", O_RDWR);
+    ::dup2(null, 1);
+    ::dup2(null, 2);
+    std::vector<char*> av;
+    for (const auto& a : argv) av.push_back(const_cast<char*>(a.c_str()));
+    av.push_back(nullptr);
+    ::execv(av[0], av.data());
+    ::_exit(127);
+  }
+  if (pid < 0) return -1;
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// A free loop device bound to `image`, open in `*held`: it detaches itself
+// on its last close (autoclear), so it must be held until it is mounted,
+// and then goes when the mount does. Its path.
+Result<std::string> AttachLoop(const std::string& image, UniqueFd* held) {
+  UniqueFd ctl(::open("/dev/loop-control", O_RDWR | O_CLOEXEC));
+  if (!ctl) return Status::FailedPrecondition(std::string("no /dev/loop-control: ") + std::strerror(errno));
+  UniqueFd img(::open(image.c_str(), O_RDWR | O_CLOEXEC));
+  if (!img) return Status::FromErrno(errno, "open " + image);
+  for (int attempt = 0; attempt < 16; ++attempt) {
+    int n = ::ioctl(ctl.get(), LOOP_CTL_GET_FREE);
+    if (n < 0) return Status::FromErrno(errno, "find a free loop device");
+    std::string dev = "/dev/loop" + std::to_string(n);
+    UniqueFd loop(::open(dev.c_str(), O_RDWR | O_CLOEXEC));
+    if (!loop) return Status::FromErrno(errno, "open " + dev);
+    loop_config cfg{};
+    cfg.fd = static_cast<__u32>(img.get());
+    cfg.info.lo_flags = LO_FLAGS_AUTOCLEAR;
+    std::strncpy(reinterpret_cast<char*>(cfg.info.lo_file_name), image.c_str(), LO_NAME_SIZE - 1);
+    if (::ioctl(loop.get(), LOOP_CONFIGURE, &cfg) == 0) {
+      *held = std::move(loop);
+      return dev;
+    }
+    if (errno != EBUSY) return Status::FromErrno(errno, "bind " + dev + " to " + image);
+    // Taken by someone else between the two calls: the next one.
+  }
+  return Status::ResourceExhausted("no free loop device for " + image);
+}
+
+Result<UniqueFd> OpenDir(const std::string& dir) {
+  UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!fd) return Status::FromErrno(errno, "open " + dir);
+  return fd;
+}
+
+btrfs_ioctl_vol_args VolArgs(const std::string& name) {
+  btrfs_ioctl_vol_args a{};
+  std::strncpy(a.name, name.c_str(), sizeof a.name - 1);
+  return a;
+}
+
+}  // namespace
+
+void SandboxDisk::Log(int level, const std::string& text) const {
+  if (opts_.log) opts_.log(level, text);
+}
+
+Result<std::unique_ptr<SandboxDisk>> SandboxDisk::Open(SandboxDiskOptions o) {
+  std::unique_ptr<SandboxDisk> d(new SandboxDisk(o));
+  const std::string& dir = o.dir;
+  DSEC_RETURN_IF_ERROR(MakeDirs(dir, 0700));
+  if (!(IsMountPoint(dir) && IsBtrfs(dir))) {
+    // Never over sandboxes that live in the plain dir (a dsecd from before
+    // disk limits left them running): they would vanish from under it.
+    for (const auto& name : ListEntries(dir))
+      if (name.rfind("free.", 0) != 0)
+        return Status::FailedPrecondition(dir + " holds sandboxes made without disk limits (" + name +
+                                          " ...); they run on unlimited until removed, after which a restart "
+                                          "of dsecd sets the disk up");
+    // Kept dirs of an earlier run would only be hidden by the mount.
+    for (const auto& name : ListEntries(dir)) (void)RunQuiet({"/bin/rm", "-rf", "--one-file-system", dir + "/" + name});
+    struct stat st;
+    if (::stat(o.image.c_str(), &st) < 0) {
+      std::string mkfs = FindTool("mkfs.btrfs");
+      if (mkfs.empty())
+        return Status::FailedPrecondition("no mkfs.btrfs to make " + o.image + " (apt-get install btrfs-progs)");
+      struct statfs fs;
+      std::string parent = o.image.substr(0, o.image.rfind('/'));
+      uint64_t size = o.size_bytes;
+      if (::statfs(parent.c_str(), &fs) == 0) {
+        uint64_t free_bytes = static_cast<uint64_t>(fs.f_bavail) * static_cast<uint64_t>(fs.f_bsize);
+        size = std::min(size, free_bytes / 10 * 9);
+      }
+      if (size < (1ull << 30))
+        return Status::ResourceExhausted("too little free space beside " + o.image + " for the sandboxes' disk (" +
+                                         std::to_string(size >> 20) + " MiB; 1 GiB at least)");
+      {
+        UniqueFd f(::open(o.image.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+        if (!f || ::ftruncate(f.get(), static_cast<off_t>(size)) < 0) {
+          Status err = Status::FromErrno(errno, "make " + o.image);
+          ::unlink(o.image.c_str());
+          return err;
+        }
+      }
+      if (int rc = RunQuiet({mkfs, "-q", "-f", o.image}); rc != 0) {
+        ::unlink(o.image.c_str());
+        return Status::Internal("mkfs.btrfs " + o.image + " exited " + std::to_string(rc));
+      }
+    }
+    UniqueFd loop;
+    auto dev = AttachLoop(o.image, &loop);
+    if (!dev.ok()) return dev.status();
+    // discard: what a removed sandbox held goes back to the host's disk.
+    // (Closing `loop` after a failed mount detaches the device again.)
+    if (::mount(dev->c_str(), dir.c_str(), "btrfs", MS_NOSUID | MS_NODEV, "discard=async") < 0)
+      return Status::FromErrno(errno, "mount " + o.image + " (btrfs, on " + *dev + ") on " + dir);
+  }
+  UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!fd) return Status::FromErrno(errno, "open " + dir);
+  btrfs_ioctl_quota_ctl_args q{};
+  q.cmd = kQuotaCtlEnableSimple;
+  if (::ioctl(fd.get(), BTRFS_IOC_QUOTA_CTL, &q) < 0 && errno != EEXIST) {
+    // An older kernel: full quota groups (stale groups of removed sandboxes then stay).
+    int simple_err = errno;
+    q.cmd = BTRFS_QUOTA_CTL_ENABLE;
+    if (::ioctl(fd.get(), BTRFS_IOC_QUOTA_CTL, &q) < 0)
+      return Status::FailedPrecondition(std::string("cannot enable btrfs quotas on ") + dir + ": " +
+                                        std::strerror(simple_err));
+    d->Log(1, "btrfs simple quotas unavailable (" + std::string(std::strerror(simple_err)) +
+                  "); full quota groups instead");
+  }
+  struct statfs fs;
+  if (::statfs(dir.c_str(), &fs) == 0) d->size_ = static_cast<uint64_t>(fs.f_blocks) * static_cast<uint64_t>(fs.f_bsize);
+  return d;
+}
+
+SandboxDisk::~SandboxDisk() = default;
+
+Status SandboxDisk::MakeDir(const std::string& name) {
+  auto fd = OpenDir(opts_.dir);
+  if (!fd.ok()) return fd.status();
+  auto args = VolArgs(name);
+  if (::ioctl(fd->get(), BTRFS_IOC_SUBVOL_CREATE, &args) < 0)
+    return Status::FromErrno(errno, "create subvolume " + opts_.dir + "/" + name);
+  ::chmod((opts_.dir + "/" + name).c_str(), 0700);
+  return Status::Ok();
+}
+
+Status SandboxDisk::RemoveDir(const std::string& name) {
+  auto fd = OpenDir(opts_.dir);
+  if (!fd.ok()) return fd.status();
+  auto args = VolArgs(name);
+  if (::ioctl(fd->get(), BTRFS_IOC_SNAP_DESTROY, &args) < 0)
+    return Status::FromErrno(errno, "delete subvolume " + opts_.dir + "/" + name);
+  return Status::Ok();
+}
+
+Result<uint64_t> SandboxDisk::SubvolumeId(const std::string& name) const {
+  UniqueFd fd(::open((opts_.dir + "/" + name).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW));
+  if (!fd) return Status::FromErrno(errno, "open " + opts_.dir + "/" + name);
+  btrfs_ioctl_ino_lookup_args a{};
+  a.treeid = 0;
+  a.objectid = BTRFS_FIRST_FREE_OBJECTID;
+  if (::ioctl(fd.get(), BTRFS_IOC_INO_LOOKUP, &a) < 0)
+    return Status::FromErrno(errno, opts_.dir + "/" + name + " is not a subvolume");
+  return static_cast<uint64_t>(a.treeid);
+}
+
+Status SandboxDisk::SetLimit(const std::string& name, uint64_t bytes) {
+  auto id = SubvolumeId(name);
+  if (!id.ok()) return id.status();
+  auto fd = OpenDir(opts_.dir);
+  if (!fd.ok()) return fd.status();
+  btrfs_ioctl_qgroup_limit_args l{};
+  l.qgroupid = *id;
+  l.lim.flags = BTRFS_QGROUP_LIMIT_MAX_RFER;
+  l.lim.max_rfer = bytes;
+  if (::ioctl(fd->get(), BTRFS_IOC_QGROUP_LIMIT, &l) < 0)
+    return Status::FromErrno(errno, "set the disk limit of " + opts_.dir + "/" + name);
+  return Status::Ok();
+}
+
+Result<uint64_t> SandboxDisk::Usage(const std::string& name) const {
+  auto id = SubvolumeId(name);
+  if (!id.ok()) return id.status();
+  auto fd = OpenDir(opts_.dir);
+  if (!fd.ok()) return fd.status();
+  btrfs_ioctl_search_args s{};
+  auto& k = s.key;
+  k.tree_id = BTRFS_QUOTA_TREE_OBJECTID;
+  k.min_objectid = k.max_objectid = 0;
+  k.min_type = k.max_type = BTRFS_QGROUP_INFO_KEY;
+  k.min_offset = k.max_offset = *id;  // level 0: the subvolume's own group
+  k.max_transid = ~0ull;
+  k.nr_items = 1;
+  if (::ioctl(fd->get(), BTRFS_IOC_TREE_SEARCH, &s) < 0)
+    return Status::FromErrno(errno, "read the disk use of " + opts_.dir + "/" + name);
+  if (k.nr_items == 0) return uint64_t{0};
+  auto* h = reinterpret_cast<const btrfs_ioctl_search_header*>(s.buf);
+  if (h->len < sizeof(btrfs_qgroup_info_item)) return uint64_t{0};
+  const auto* info = reinterpret_cast<const btrfs_qgroup_info_item*>(s.buf + sizeof *h);
+  return static_cast<uint64_t>(info->rfer);
+}
+
+void SandboxDisk::Close() {
+  if (closed_) return;
+  closed_ = true;
+  auto left = ListEntries(opts_.dir);
+  if (!left.empty()) {
+    Log(1, opts_.dir + " stays mounted: " + std::to_string(left.size()) + " sandbox dir(s) in it outlive dsecd");
+    return;
+  }
+  if (::umount2(opts_.dir.c_str(), MNT_DETACH) < 0)
+    Log(2, "unmount " + opts_.dir + ": " + std::strerror(errno));
+}
+
+}  // namespace dsec::drivers
