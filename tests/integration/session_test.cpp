@@ -161,6 +161,19 @@ TEST_F(Sessions, ClosedSessionRefusesSteps) {
   EXPECT_THAT(r.status().message(), HasSubstr("closed"));
 }
 
+TEST_F(Sessions, ASessionKilledFromTheConsoleIsRecordedAsAnOperatorsKill) {
+  auto s = client_->OpenSession("job1/killed/s0", FncallSpec());
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  auto killed = daemon_->Admin("kill job1/killed/s0");
+  ASSERT_TRUE(killed.value("ok", false)) << killed.dump();
+  auto rec = s->Get();
+  ASSERT_TRUE(rec.ok()) << rec.status().ToString();
+  EXPECT_EQ(rec->phase(), v1::SESSION_PHASE_CLOSED);
+  EXPECT_EQ(rec->close_reason(), "killed by an operator (admin console)");
+  auto inspected = daemon_->Admin("inspect job1/killed/s0");
+  EXPECT_NE(inspected.dump().find("killed by an operator"), std::string::npos) << inspected.dump();
+}
+
 TEST_F(Sessions, AttachToUnknownSessionIsNotFound) {
   auto s = client_->AttachSession("never/opened/0");
   ASSERT_FALSE(s.ok());
