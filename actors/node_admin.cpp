@@ -1,6 +1,5 @@
 // The node's answers to the admin console: each command yields one JSON
 // object; errors are {"ok":false,"error":"..."}.
-#include <google/protobuf/util/json_util.h>
 
 #include <nlohmann/json.hpp>
 
@@ -8,6 +7,7 @@
 #include "actors/node_state.hpp"
 #include "dsec/status_proto.hpp"
 #include "runtime/front_door.hpp"
+#include "runtime/proto_json.hpp"
 #include "state/table.hpp"
 
 namespace dsec {
@@ -21,13 +21,6 @@ std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_hand
 
 std::string Error(const std::string& msg) { return Dump(json{{"ok", false}, {"error", msg}}); }
 
-json ProtoJson(const google::protobuf::Message& m) {
-  std::string out;
-  google::protobuf::util::JsonPrintOptions o;
-  o.preserve_proto_field_names = true;
-  (void)google::protobuf::util::MessageToJsonString(m, &out, o);
-  return json::parse(out, nullptr, false);
-}
 
 // A sandbox as listed: its stored row, with when and why it ends (the
 // node knows since when its owner is gone; an exec running now is not

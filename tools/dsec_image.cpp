@@ -5,7 +5,6 @@
 //
 // Exit codes: 0 done; 1 failed (the message says why); 2 bad usage.
 #include <CLI/CLI.hpp>
-#include <google/protobuf/util/json_util.h>
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
@@ -20,6 +19,7 @@
 #include "drivers/images/image_store.hpp"
 #include "dsec/client.hpp"
 #include "runtime/files.hpp"
+#include "runtime/proto_json.hpp"
 #include "state/store.hpp"
 
 namespace {
@@ -92,14 +92,7 @@ std::string Human(uint64_t bytes) {
   return buf;
 }
 
-std::string ToJson(const google::protobuf::Message& m) {
-  std::string out;
-  google::protobuf::util::JsonPrintOptions o;
-  o.preserve_proto_field_names = true;
-  o.add_whitespace = true;
-  (void)google::protobuf::util::MessageToJsonString(m, &out, o);
-  return out;
-}
+std::string ToJson(const google::protobuf::Message& m) { return dsec::DumpJson(dsec::ProtoJson(m), 2) + "\n"; }
 
 }  // namespace
 
@@ -173,9 +166,7 @@ int main(int argc, char** argv) {
     if (!all.ok()) return Fail(all.status().message());
     if (json_out) {
       for (const auto& m : *all) {
-        std::string line;
-        (void)google::protobuf::util::MessageToJsonString(m, &line);
-        std::printf("%s\n", line.c_str());
+        std::printf("%s\n", dsec::DumpJson(dsec::ProtoJson(m)).c_str());
       }
       return 0;
     }

@@ -9,7 +9,6 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
-#include <google/protobuf/util/json_util.h>
 #include <nlohmann/json.hpp>
 
 #include <cctype>
@@ -26,6 +25,7 @@
 #include "dsec/status_proto.hpp"
 #include "runtime/files.hpp"
 #include "runtime/line_client.hpp"
+#include "runtime/proto_json.hpp"
 
 namespace {
 
@@ -212,14 +212,8 @@ std::string ReadAllStdin(size_t max) {
   return data;
 }
 
-std::string ToJson(const google::protobuf::Message& m) {
-  std::string out;
-  google::protobuf::util::JsonPrintOptions o;
-  o.preserve_proto_field_names = true;
-  o.add_whitespace = true;
-  (void)google::protobuf::util::MessageToJsonString(m, &out, o);
-  return out;
-}
+// The one JSON shape (runtime/proto_json.hpp), pretty, with a newline.
+std::string ToJson(const google::protobuf::Message& m) { return dsec::DumpJson(dsec::ProtoJson(m), 2) + "\n"; }
 
 // dsecctl's exit code for a result (as docker run's); `say` gets why, for
 // the non-zero ones a human should read about.
@@ -272,10 +266,10 @@ int ShowSession(const dsec::Session& session, bool json) {
     from = all.back().index() + 1;
   }
   if (json) {
-    auto out = nlohmann::json::parse(ToJson(rec), nullptr, false);
-    for (const auto& st : all) steps.push_back(nlohmann::json::parse(ToJson(st), nullptr, false));
+    auto out = dsec::ProtoJson(rec);
+    for (const auto& st : all) steps.push_back(dsec::ProtoJson(st));
     out["steps"] = steps;
-    std::cout << out.dump(2) << "\n";
+    std::cout << dsec::DumpJson(out, 2) << "\n";
     return 0;
   }
   const char* phase = rec.phase() == dsec::v1::SESSION_PHASE_OPEN     ? "open"

@@ -65,13 +65,29 @@ TEST_F(DsecctlRun, StdinIsPassedThrough) {
   EXPECT_EQ(r.out, "ABC\ndone\n");
 }
 
-TEST_F(DsecctlRun, JsonPrintsTheWholeResult) {
-  auto r = daemon_->Ctl({"run", "--json", "--", "true"});
+TEST_F(DsecctlRun, JsonPrintsTheWholeResultInTheOneShape) {
+  auto r = daemon_->Ctl({"run", "--json", "--", "sh", "-c", "echo hi; echo oops >&2"});
   EXPECT_EQ(r.exit_code, 0);
   auto j = nlohmann::json::parse(r.out, nullptr, false);
   ASSERT_FALSE(j.is_discarded()) << r.out;
-  EXPECT_EQ(j.value("verdict", ""), "VERDICT_OK");
-  EXPECT_TRUE(j.contains("wall_us"));
+  // docs/console.md, "JSON shape": lower-case enums, plain text output,
+  // numbers as numbers, a zero exit code present.
+  EXPECT_EQ(j.value("verdict", ""), "ok");
+  EXPECT_EQ(j.value("stdout", ""), "hi\n");
+  EXPECT_EQ(j.value("stderr", ""), "oops\n");
+  ASSERT_TRUE(j.contains("exit_code"));
+  EXPECT_EQ(j["exit_code"], 0);
+  EXPECT_TRUE(j["wall_us"].is_number());
+  EXPECT_TRUE(j["cpu_us"].is_number());
+  // The console's records have it too.
+  auto sb = daemon_->Ctl({"create"});
+  ASSERT_EQ(sb.exit_code, 0) << sb.err;
+  std::string id = sb.out.substr(0, sb.out.find('\n'));
+  auto inspected = daemon_->Admin("inspect " + id);
+  EXPECT_EQ(inspected["sandbox"].value("phase", ""), "running") << inspected.dump();
+  EXPECT_EQ(inspected["sandbox"]["spec"].value("kind", ""), "fncall");
+  EXPECT_TRUE(inspected["sandbox"]["created_ms"].is_number());
+  EXPECT_EQ(daemon_->Ctl({"rm", id}).exit_code, 0);
 }
 
 TEST_F(DsecctlRun, UnavailableKindIsPlatformError125) {

@@ -423,7 +423,7 @@ TEST_F(ContainerSessions, DsecctlSessionCommandsOpenStepShowClose) {
   EXPECT_TRUE(listed) << sessions.dump();
   auto inspect = daemon_->Admin("inspect " + name);
   ASSERT_TRUE(inspect.value("ok", false)) << inspect.dump();
-  EXPECT_EQ(inspect["session"].value("phase", ""), "SESSION_PHASE_CLOSED");
+  EXPECT_EQ(inspect["session"].value("phase", ""), "closed");
   auto unknown = daemon_->Ctl({"session", "show", "no/such/0"});
   EXPECT_EQ(unknown.exit_code, 125);
   EXPECT_THAT(unknown.err, HasSubstr("not found"));
