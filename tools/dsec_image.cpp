@@ -121,10 +121,10 @@ int main(int argc, char** argv) {
   ls->add_flag("--json", json_out, "one JSON object per image");
   std::vector<std::string> names;
   auto* rm = app.add_subcommand("rm", "remove images (refused while a sandbox uses one)");
-  rm->add_option("names", names)->required();
+  rm->add_option("names", names, "image names (dsec-image ls lists them)")->required();
   std::string one;
   auto* inspect = app.add_subcommand("inspect", "show an image's manifest");
-  inspect->add_option("name", one)->required();
+  inspect->add_option("name", one, "an image name (dsec-image ls lists them)")->required();
 
   try {
     app.parse(argc, argv);

@@ -62,7 +62,10 @@ struct LimitFlags {
 
 void AddLimitFlags(CLI::App* c, LimitFlags* l, bool spec_only = false) {
   if (!spec_only) {
-    c->add_option("--kind", l->kind, "fncall | container | microvm | vm | auto")->capture_default_str();
+    c->add_option("--kind", l->kind,
+                  "fncall | container | auto (microvm and vm are not in this build; `dsecctl status` lists "
+                  "the kinds this node runs and why others are unavailable)")
+        ->capture_default_str();
     c->add_option("--image", l->image, "image name (default: the built-in host image)");
   }
   c->add_option("--timeout", l->timeout_s, "wall-clock limit, seconds (default 30)");
@@ -482,18 +485,20 @@ int main(int argc, char** argv) {
   auto* s_step = session->add_subcommand("step",
                                          "run step INDEX (or answer it from the log if it ran before); prints "
                                          "the output and exits like dsecctl run");
-  s_step->add_option("name", s_name)->required();
-  s_step->add_option("index", s_index)->required();
+  s_step->add_option("name", s_name, "the session (job/prompt/sample)")->required();
+  s_step->add_option("index", s_index,
+                     "the step's number, from 0: the log's length runs it, a lower one is answered from the log")
+      ->required();
   AddLimitFlags(s_step, &s_step_l, true);
   s_step->add_option("--sandbox", s_role, "the session's sandbox to run in (default agent)");
   auto* reward_opt = s_step->add_option("--reward", s_reward, "reward to log with the step");
   s_step->add_flag("--json", s_json, "print the step record as JSON");
   s_step->add_option("command", s_cmd, "the command (after --)")->required();
   auto* s_show = session->add_subcommand("show", "a session's record and its steps, one line each");
-  s_show->add_option("name", s_name)->required();
+  s_show->add_option("name", s_name, "the session (job/prompt/sample)")->required();
   s_show->add_flag("--json", s_json, "the record and every step as JSON");
   auto* s_close = session->add_subcommand("close", "close a session");
-  s_close->add_option("name", s_name)->required();
+  s_close->add_option("name", s_name, "the session (job/prompt/sample)")->required();
 
   // Admin commands.
   bool raw = false;
@@ -504,9 +509,9 @@ int main(int argc, char** argv) {
   auto* sessions_cmd = app.add_subcommand("sessions", "rollout sessions: phase, steps, sandboxes (admin console)");
   auto* stats = app.add_subcommand("stats", "counters (admin console)");
   auto* inspect = app.add_subcommand("inspect", "one sandbox, session or run (admin console)");
-  inspect->add_option("id", admin_id)->required();
+  inspect->add_option("id", admin_id, "a sandbox id, session name or run id (dsecctl ls lists them)")->required();
   auto* kill = app.add_subcommand("kill", "stop a run, destroy a sandbox, close a session (admin console)");
-  kill->add_option("id", admin_id)->required();
+  kill->add_option("id", admin_id, "a sandbox id, session name or run id (dsecctl ls lists them)")->required();
   for (auto* a : {status, nodes, ls, sessions_cmd, stats, inspect, kill}) a->add_flag("--raw", raw, "print the reply line as is");
 
   try {

@@ -14,6 +14,9 @@
 //
 // Output, one line each, flushed: "step R K run|ff OUTPUT" per acknowledged
 // step, "reward R X" per finished rollout, then "finished N rollouts".
+// Sessions stay open for their lease once done (a run again with the same
+// --job fast-forwards through them); --close closes each one when its
+// rollout is done (its sandbox goes; its log stays for dsec-replay).
 // Exit: 0 all finished (and, with --strict-count, all counts right); 1 a
 // rollout failed; 2 bad usage.
 //
@@ -41,6 +44,7 @@ struct Flags {
   int rollouts = 16;
   int steps = 20;
   bool strict_count = false;
+  bool close = false;
   double retry_s = 120;
   uint32_t lease_s = 0;
 };
@@ -132,6 +136,14 @@ bool Rollout(dsec::Client& client, const Flags& f, const dsec::v1::SandboxSpec& 
   auto annotated = Retry(f, [&] { return session->Annotate(plan.size() - 1, meta); });
   if (!annotated.ok()) Say("error " + std::to_string(r) + " annotate: " + annotated.status().ToString());
   Say("reward " + std::to_string(r) + " " + std::to_string(reward));
+  if (f.close) {
+    auto closed = Retry(f, [&]() -> dsec::Result<bool> {
+      auto st = session->Close();
+      if (!st.ok()) return st;
+      return true;
+    });
+    if (!closed.ok()) Say("error " + std::to_string(r) + " close: " + closed.status().ToString());
+  }
   return ok;
 }
 
@@ -149,6 +161,9 @@ int main(int argc, char** argv) {
   app.add_option("--rollouts", f.rollouts, "concurrent rollouts")->check(CLI::Range(1, 10000))->capture_default_str();
   app.add_option("--steps", f.steps, "steps per rollout (count task)")->check(CLI::Range(1, 100000))->capture_default_str();
   app.add_flag("--strict-count", f.strict_count, "count task: fail unless step k saw exactly k+1 lines");
+  app.add_flag("--close", f.close,
+               "close each session when its rollout is done (default: left open for the lease, so a run "
+               "again with the same --job fast-forwards through them)");
   app.add_option("--retry", f.retry_s, "seconds to keep retrying a step while dsecd is unreachable")->capture_default_str();
   app.add_option("--lease", f.lease_s, "session lease, seconds (default: the node's)");
   CLI11_PARSE(app, argc, argv);
@@ -179,5 +194,9 @@ int main(int argc, char** argv) {
     });
   for (auto& t : threads) t.join();
   Say("finished " + std::to_string(f.rollouts - failed.load()) + " rollouts");
+  if (!f.close)
+    std::fprintf(stderr,
+                 "dsec-rollout-trainer: the sessions stay open for their lease (their sandboxes too); --close "
+                 "closes them at the end\n");
   return failed ? 1 : 0;
 }

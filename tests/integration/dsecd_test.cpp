@@ -2,6 +2,8 @@
 // admin commands answer.
 #include <gmock/gmock.h>
 
+#include <sstream>
+
 #include "tests/support/daemon_fixture.hpp"
 
 namespace dsec::testing {
@@ -149,6 +151,52 @@ TEST_F(DsecctlAdmin, WrongTokenIsRefused) {
   auto r = daemon_->Ctl({"--token", "not-the-token", "status"});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.err, HasSubstr("token"));
+}
+
+}  // namespace
+}  // namespace dsec::testing
+
+namespace dsec::testing {
+namespace {
+
+// Every binary answers --help, and every positional it lists says what it is.
+TEST(Help, EveryBinaryAndSubcommandDescribesItsPositionals) {
+  std::vector<std::vector<std::string>> commands = {
+      {"dsecd"}, {"dsec-replay"}, {"dsec-example-trainer"}, {"dsec-rollout-trainer"},
+      {"dsec-image"}, {"dsec-image", "build"}, {"dsec-image", "ls"}, {"dsec-image", "rm"}, {"dsec-image", "inspect"},
+      {"dsecctl"}};
+  for (const char* sub : {"run", "create", "exec", "rm", "pause", "resume", "cp", "status", "nodes", "ls", "sessions",
+                          "stats", "inspect", "kill"})
+    commands.push_back({"dsecctl", sub});
+  for (const char* sub : {"open", "step", "show", "close"}) commands.push_back({"dsecctl", "session", sub});
+  for (auto& c : commands) {
+    std::vector<std::string> argv{BinDir() + "/" + c[0]};
+    argv.insert(argv.end(), c.begin() + 1, c.end());
+    argv.push_back("--help");
+    auto r = RunProcess(argv);
+    std::string what;
+    for (const auto& a : c) what += a + " ";
+    EXPECT_EQ(r.exit_code, 0) << what << r.err;
+    EXPECT_FALSE(r.out.empty()) << what;
+    auto pos = r.out.find("Positionals:");
+    if (pos == std::string::npos) continue;
+    std::istringstream lines(r.out.substr(pos));
+    std::string line;
+    std::getline(lines, line);  // the heading
+    while (std::getline(lines, line) && !line.empty()) {
+      // "  name TEXT REQUIRED          what it is"
+      std::istringstream words(line);
+      std::vector<std::string> w;
+      for (std::string x; words >> x;) w.push_back(x);
+      size_t meta = 1;
+      while (meta < w.size() && (w[meta] == "TEXT" || w[meta] == "UINT" || w[meta] == "INT" ||
+                                 w[meta] == "..." || w[meta] == "REQUIRED" || w[meta] == "FLOAT"))
+        ++meta;
+      EXPECT_LT(meta, w.size()) << what << "describes no positional '" << (w.empty() ? "" : w[0]) << "': " << line;
+    }
+  }
+  auto kinds = RunProcess({BinDir() + "/dsecctl", "run", "--help"});
+  EXPECT_NE(kinds.out.find("not in this build"), std::string::npos) << "kinds this build lacks are marked";
 }
 
 }  // namespace
