@@ -5,6 +5,7 @@
 #include <limits.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -132,6 +133,31 @@ std::string AbsolutePath(const std::string& path) {
   std::string p = path;
   while (p.rfind("./", 0) == 0) p = p.substr(2);
   return std::string(cwd) + "/" + p;
+}
+
+}  // namespace dsec
+
+namespace dsec {
+
+int RunToFile(const std::vector<std::string>& argv, const std::string& output) {
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    int fd = ::open(output.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+    }
+    std::vector<char*> av;
+    for (const auto& a : argv) av.push_back(const_cast<char*>(a.c_str()));
+    av.push_back(nullptr);
+    ::execv(av[0], av.data());
+    ::_exit(127);
+  }
+  if (pid < 0) return -1;
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
 }  // namespace dsec

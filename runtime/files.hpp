@@ -29,5 +29,9 @@ std::vector<std::string> ListEntries(const std::string& dir);
 std::string SiblingExecutable(const char* env_var, const std::string& name);
 // Absolute form of `path` (need not exist).
 std::string AbsolutePath(const std::string& path);
+// Runs argv (argv[0] a path; no shell) with stdout and stderr to `output`
+// ("/dev/null" to drop them) and waits: its exit status, -1 when it could
+// not run or was killed.
+int RunToFile(const std::vector<std::string>& argv, const std::string& output);
 
 }  // namespace dsec

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "drivers/images/builder.hpp"
+#include "drivers/images/debian.hpp"
 #include "drivers/images/image_store.hpp"
 #include "dsec/client.hpp"
 #include "runtime/files.hpp"
@@ -109,9 +110,26 @@ int main(int argc, char** argv) {
 
   std::string src, name, compression = "lz4";
   bool keep_owners = false, replace = false;
-  auto* build = app.add_subcommand("build", "build an image from a directory, a tarball or an OCI/docker-save layout");
-  build->add_option("source", src, "directory, tarball (.tar, .tar.gz, ...), OCI layout or docker-save archive")->required();
-  build->add_option("name", name, "image name: lowercase letters, digits, . _ -")->required();
+  dsec::images::DebianOptions deb;
+  std::string deb_suite;
+  auto* build = app.add_subcommand(
+      "build",
+      "build an image from a directory, a tarball or an OCI/docker-save layout; or, with --debian, from "
+      "Debian's packages (dsec-image build --debian bookworm --packages python3,git py311)");
+  build->add_option("source", src,
+                    "directory, tarball (.tar, .tar.gz, ...), OCI layout or docker-save archive; with --debian, "
+                    "leave it out")
+      ->required();
+  build->add_option("name", name, "image name: lowercase letters, digits, . _ -");
+  build->add_option("--debian", deb_suite,
+                    "make the tree with debootstrap from Debian's packages: this suite (bookworm, trixie, ...); "
+                    "kept in a cache, so the same image again is only packed");
+  build->add_option("--packages", deb.packages, "with --debian: packages beyond the variant's, comma-separated")
+      ->delimiter(',');
+  build->add_option("--variant", deb.variant, "with --debian: debootstrap --variant")->capture_default_str();
+  build->add_option("--mirror", deb.mirror, "with --debian: the Debian mirror")->capture_default_str();
+  build->add_option("--cache-dir", deb.cache_dir,
+                    "with --debian: where trees are kept ($DSEC_DEBIAN_CACHE, else /var/cache/dsec/debian)");
   build->add_option("--compress", compression, "none | lz4 | lz4hc")->capture_default_str();
   build->add_flag("--keep-owners", keep_owners, "directory sources: keep file owners (default: all root)");
   build->add_flag("--replace", replace, "replace an existing, unused image of that name");
@@ -132,6 +150,17 @@ int main(int argc, char** argv) {
     int rc = app.exit(e);
     return rc == 0 ? 0 : 2;
   }
+  // Usage errors before anything touches the data dir.
+  if (*build) {
+    // With --debian there is one positional: the name.
+    if (!deb_suite.empty()) {
+      if (!name.empty()) return Fail("with --debian, give only the image name (the tree comes from Debian)", 2);
+      name = src;
+      src.clear();
+    } else if (name.empty()) {
+      return Fail("build needs SOURCE NAME (or --debian SUITE NAME)", 2);
+    }
+  }
   data = dsec::AbsolutePath(data);
   if (auto st = dsec::MakeDirs(data, 0700); !st.ok()) return Fail(st.message());
   auto reg = OpenRegistry(data, addr);
@@ -148,6 +177,14 @@ int main(int argc, char** argv) {
     o.compression = compression;
     o.keep_owners = keep_owners;
     o.progress = [](const std::string& s) { std::fprintf(stderr, "dsec-image: %s\n", s.c_str()); };
+    if (!deb_suite.empty()) {
+      deb.suite = deb_suite;
+      deb.progress = o.progress;
+      auto tree = dsec::images::DebianRootfs(deb);
+      if (!tree.ok()) return Fail(tree.status().message());
+      src = *tree;
+      o.keep_owners = true;  // the tree's owners are Debian's (root, _apt, man, ...)
+    }
     auto m = dsec::images::BuildImage(src, name, data + "/images", o);
     if (!m.ok()) return Fail(m.status().message());
     if (auto st = r.Register(*m, replace); !st.ok()) {

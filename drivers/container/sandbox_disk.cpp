@@ -47,26 +47,6 @@ std::string FindTool(const char* name) {
   return "";
 }
 
-// Runs argv (no shell), its output discarded; its exit status.
-int RunQuiet(const std::vector<std::string>& argv) {
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    int null = ::open("/dev/null", O_RDWR);
-    ::dup2(null, 1);
-    ::dup2(null, 2);
-    std::vector<char*> av;
-    for (const auto& a : argv) av.push_back(const_cast<char*>(a.c_str()));
-    av.push_back(nullptr);
-    ::execv(av[0], av.data());
-    ::_exit(127);
-  }
-  if (pid < 0) return -1;
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
 // A free loop device bound to `image`, open in `*held`: it detaches itself
 // on its last close (autoclear), so it must be held until it is mounted,
 // and then goes when the mount does. Its path.
@@ -126,7 +106,8 @@ Result<std::unique_ptr<SandboxDisk>> SandboxDisk::Open(SandboxDiskOptions o) {
                                           " ...); they run on unlimited until removed, after which a restart "
                                           "of dsecd sets the disk up");
     // Kept dirs of an earlier run would only be hidden by the mount.
-    for (const auto& name : ListEntries(dir)) (void)RunQuiet({"/bin/rm", "-rf", "--one-file-system", dir + "/" + name});
+    for (const auto& name : ListEntries(dir))
+      (void)RunToFile({"/bin/rm", "-rf", "--one-file-system", dir + "/" + name}, "/dev/null");
     struct stat st;
     if (::stat(o.image.c_str(), &st) < 0) {
       std::string mkfs = FindTool("mkfs.btrfs");
@@ -150,7 +131,7 @@ Result<std::unique_ptr<SandboxDisk>> SandboxDisk::Open(SandboxDiskOptions o) {
           return err;
         }
       }
-      if (int rc = RunQuiet({mkfs, "-q", "-f", o.image}); rc != 0) {
+      if (int rc = RunToFile({mkfs, "-q", "-f", o.image}, "/dev/null"); rc != 0) {
         ::unlink(o.image.c_str());
         return Status::Internal("mkfs.btrfs " + o.image + " exited " + std::to_string(rc));
       }
