@@ -56,6 +56,7 @@ std::function<void()> Gone(NodeSelf self, Children NodeState::*children, Of Node
 // Remembers why sandbox `id` ended (bounded), and forgets its owner's claim.
 void Ended(NodeSelf self, const std::string& id, const std::string& owner, const std::string& why) {
   auto& st = self->state;
+  st.clients.owner_of.erase(id);
   if (!owner.empty()) {
     auto it = st.clients.owned.find(owner);
     if (it != st.clients.owned.end()) {
@@ -86,6 +87,7 @@ sandbox_actor Spawn(NodeSelf self, const v1::SandboxRecord& rec) {
   std::string id = rec.id(), owner = rec.owner();
   if (!owner.empty()) {
     self->state.clients.owned[owner].insert(id);
+    self->state.clients.owner_of[id] = owner;
     if (!OwnerConnected(self, owner)) self->state.clients.gone_since.emplace(owner, NowMs());
   }
   return SpawnSandbox(
@@ -357,6 +359,8 @@ void OnDown(NodeSelf self, caf::down_msg& dm) {
       st.sandboxes.erase(cur);
     if (normal) {
       st.intensity->Forget("sb/" + id);
+      // Quit without a destroy (a creation that failed): its owner's claim goes too.
+      if (auto o = st.clients.owner_of.find(id); o != st.clients.owner_of.end()) Ended(self, id, o->second, "");
       return;
     }
     auto rec = state::TypedTable<v1::SandboxRecord>(ctx.store, state::Table::kSandboxes).Get(id);
@@ -495,7 +499,11 @@ Status SetLifetime(NodeSelf self, const v1::CreateRequest& req, const drivers::D
   if (idle > 30u * 24 * 3600) return Status::InvalidArgument(what + ": an idle timeout above 30 days");
   if (req.lease_s() > 7u * 24 * 3600)
     return Status::InvalidArgument(what + ": a lease of " + std::to_string(req.lease_s()) + " s is above 7 days");
-  if (req.owner().size() > 64) return Status::InvalidArgument(what + ": owner id longer than 64 bytes");
+  bool owner_ok = req.owner().size() <= 64;
+  for (char c : req.owner()) owner_ok = owner_ok && std::isalnum(static_cast<unsigned char>(c));
+  if (!owner_ok)
+    return Status::InvalidArgument(what + ": owner '" + req.owner().substr(0, 64) +
+                                   "' is not a client id (up to 64 letters and digits, as Hello.client_id)");
   spec->set_ttl_s(ttl);
   spec->set_idle_timeout_s(idle);
   if (spec->on_idle() == v1::IDLE_ACTION_PAUSE && !driver.CanPause())

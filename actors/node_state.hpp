@@ -45,6 +45,7 @@ struct Clients {
   std::unordered_map<std::string, int> connections;         // client id -> connected agents
   std::unordered_map<std::string, std::unordered_set<std::string>> owned;  // client id -> sandbox ids
   std::unordered_map<std::string, int64_t> gone_since;      // owners without a connection, since when
+  std::unordered_map<std::string, std::string> owner_of;    // sandbox id -> its owner's client id
 };
 
 struct NodeState {

@@ -30,8 +30,16 @@ struct SandboxState {
   std::function<void(const std::string&)> gone;  // see SpawnSandbox
   // Lifetime (see SpawnSandbox): the armed expiry timer's generation, and
   // how far rec.last_active_ms was written ahead of the last activity.
-  uint64_t expiry_gen = 0;
+  // The armed timer's time (0: none). CAF 0.17 cannot cancel a delayed
+  // message, so a new one is sent only for an earlier end; one that fires
+  // before the (moved) end re-arms. Each waits at most kMaxTimerWait, so an
+  // ended actor is not held long by its timers.
+  int64_t armed_at_ms = 0;
   int64_t active_written_until = 0;
+  bool busy_written = false;       // rec.busy as stored
+  bool pausing = false;            // a pause or resume is with the driver
+  std::function<void()> after_pause;  // a destroy waiting for it
+  int64_t idle_retry_ms = 0;       // a failed automatic pause is tried again then, not before
   static constexpr const char* name = "sandbox";
 };
 
@@ -43,9 +51,18 @@ using End = SandboxEnd;
 
 // The next end of the sandbox as its record and its calls in flight stand.
 End NextEnd(const SandboxState& st) {
-  if (st.destroying) return End{};
-  return ::dsec::NextEnd(st.rec, !st.running.empty() || !st.file_callers.empty());
+  if (st.destroying || st.pausing) return End{};
+  bool busy = !st.running.empty() || !st.file_callers.empty();
+  End e = ::dsec::NextEnd(st.rec, busy);
+  if (st.idle_retry_ms && std::string(e.because) == "idle timeout" && e.at_ms < st.idle_retry_ms) {
+    // After a failed automatic pause: the other ends, or the retry.
+    End other = ::dsec::NextEnd(st.rec, true);
+    e = other.at_ms && other.at_ms < st.idle_retry_ms ? other : End{st.idle_retry_ms, e.because, e.action};
+  }
+  return e;
 }
+
+constexpr int64_t kMaxTimerWait = 300'000;
 
 void ArmExpiry(Self self);
 void Touch(Self self);
@@ -89,6 +106,8 @@ Status NotServing(Self self, bool paused_ok) {
   auto& st = self->state;
   if (!st.driver) return st.driver_status.Annotate("sandbox " + st.rec.id());
   bool ok = st.rec.phase() == v1::SANDBOX_PHASE_RUNNING || (paused_ok && st.rec.phase() == v1::SANDBOX_PHASE_PAUSED);
+  if (ok && st.pausing)
+    return Status::Unavailable("sandbox " + st.rec.id() + " is being paused or resumed; try again in a moment");
   if (ok && !st.destroying) return Status::Ok();
   std::string hint = st.rec.phase() != v1::SANDBOX_PHASE_PAUSED ? ""
                      : st.rec.pause_reason().empty()        ? " (resume it first)"
@@ -131,10 +150,24 @@ void DoPause(Self self, bool paused, std::string why, std::function<void(const S
   auto& st = self->state;
   auto want = paused ? v1::SANDBOX_PHASE_PAUSED : v1::SANDBOX_PHASE_RUNNING;
   auto handle = caf::actor_cast<sandbox_actor>(self);
+  st.pausing = true;
   st.driver->Pause(st.rec, paused, [handle, self, want, why, done](const Status& s) mutable {
     Post(handle, [self, want, why, done, s]() mutable {
       auto& st = self->state;
-      if (!s.ok()) return done(s.Annotate("sandbox " + st.rec.id()));
+      st.pausing = false;
+      // A destroy came meanwhile: it goes on now; the phase is its.
+      if (st.destroying) {
+        done(Status::FailedPrecondition("sandbox " + st.rec.id() + " was destroyed meanwhile"));
+        if (auto next = std::move(st.after_pause)) {
+          st.after_pause = nullptr;
+          next();
+        }
+        return;
+      }
+      if (!s.ok()) {
+        done(s.Annotate("sandbox " + st.rec.id()));
+        return ArmExpiry(self);
+      }
       st.rec.set_phase(want);
       st.rec.set_pause_reason(paused_reason(want, why));
       // A resumed sandbox starts a new idle period.
@@ -170,7 +203,6 @@ caf::result<v1::SandboxReply> SetPaused(Self self, bool paused) {
 void StartDestroy(Self self, std::string why, std::function<void(const Status&)> done) {
   auto& st = self->state;
   st.destroying = true;
-  ++st.expiry_gen;
   st.rec.set_phase(v1::SANDBOX_PHASE_STOPPING);
   auto handle = caf::actor_cast<sandbox_actor>(self);
   st.after_runs = [self, handle, why, done]() mutable {
@@ -193,12 +225,19 @@ void StartDestroy(Self self, std::string why, std::function<void(const Status&)>
       });
     });
   };
-  for (const auto& id : st.running) (void)st.driver->Kill(id, "sandbox " + st.rec.id() + " was destroyed (" + why + ")");
-  if (st.running.empty()) {
-    auto next = std::move(st.after_runs);
-    st.after_runs = nullptr;
-    next();
-  }
+  auto go = [self, why] {
+    auto& st = self->state;
+    for (const auto& id : st.running) (void)st.driver->Kill(id, "sandbox " + st.rec.id() + " was destroyed (" + why + ")");
+    if (st.running.empty()) {
+      auto next = std::move(st.after_runs);
+      st.after_runs = nullptr;
+      next();
+    }
+  };
+  // A pause with the driver finishes first (its freeze must not land on
+  // the container being removed).
+  if (st.pausing) st.after_pause = go;
+  else go();
 }
 
 // The sandbox ends as its deadline says (NextEnd), now.
@@ -217,9 +256,11 @@ void Expire(Self self) {
   st.ctx->log->info("sandbox {}: {}; {}", st.rec.id(), why, pause ? "pausing it" : "destroying it");
   if (!st.driver) return;  // its kind is not here: nothing to stop (the record stays for a later start)
   if (pause) {
-    ++st.expiry_gen;
     DoPause(self, true, "paused: " + why, [self](const Status& s) {
-      if (!s.ok()) self->state.ctx->log->warn("sandbox {}: pause after idling: {}", self->state.rec.id(), s.message());
+      if (s.ok()) return;
+      auto& st = self->state;
+      st.ctx->log->warn("sandbox {}: pause after idling: {}; trying again in a minute", st.rec.id(), s.message());
+      st.idle_retry_ms = NowMs() + 60'000;
     });
     return;
   }
@@ -232,29 +273,57 @@ void Expire(Self self) {
 void ArmExpiry(Self self) {
   auto& st = self->state;
   End e = NextEnd(st);
-  uint64_t gen = ++st.expiry_gen;
   if (e.at_ms == 0) return;
-  auto in = std::chrono::milliseconds(std::max<int64_t>(0, e.at_ms - NowMs()));
-  self->delayed_send(caf::actor_cast<sandbox_actor>(self), in, Continuation{[self, gen] {
-                       if (gen == self->state.expiry_gen) Expire(self);
+  int64_t now = NowMs();
+  int64_t at = std::min(e.at_ms, now + kMaxTimerWait);
+  // One armed timer that fires no later than needed is enough.
+  if (st.armed_at_ms && st.armed_at_ms <= at) return;
+  st.armed_at_ms = at;
+  self->delayed_send(caf::actor_cast<sandbox_actor>(self), std::chrono::milliseconds(std::max<int64_t>(0, at - now)),
+                     Continuation{[self, at] {
+                       auto& st = self->state;
+                       if (st.armed_at_ms != at) return;  // a later-sent, earlier timer is the armed one
+                       st.armed_at_ms = 0;
+                       Expire(self);
                      }});
 }
 
-// An exec or file call starts or ends: a new idle period. The record keeps
-// the time rounded up by a second, written at most once a second, so a
-// restart never ends an idle period early (at most a second late).
+// Stores the last activity a second ahead (so a restart after a crash
+// never ends an idle period early) and whether a call runs (`busy`: then a
+// restart counts the sandbox as active from the restart on, since the call
+// may still be running in the sandbox).
+void WriteActivity(Self self, bool busy) {
+  auto& st = self->state;
+  int64_t now = NowMs();
+  st.active_written_until = now + 1000;
+  st.busy_written = busy;
+  v1::SandboxRecord ahead = st.rec;
+  ahead.set_last_active_ms(st.active_written_until);
+  ahead.set_busy(busy);
+  ahead.set_updated_ms(now);
+  state::WriteBatch b;
+  state::TypedTable<v1::SandboxRecord>(st.ctx->store, state::Table::kSandboxes).Put(&b, ahead.id(), ahead);
+  st.ctx->committer->Submit(std::move(b), [](const Status&) {});
+}
+
+// An exec or file call starts or ends: a new idle period. At most one
+// write a second, plus one when a call that ran longer than a second ends.
 void Touch(Self self) {
   auto& st = self->state;
   int64_t now = NowMs();
   st.rec.set_last_active_ms(now);
-  if (st.rec.spec().idle_timeout_s() > 0 && now >= st.active_written_until && st.rec.phase() == v1::SANDBOX_PHASE_RUNNING) {
-    st.active_written_until = now + 1000;
-    v1::SandboxRecord ahead = st.rec;
-    ahead.set_last_active_ms(st.active_written_until);
-    ahead.set_updated_ms(now);
-    state::WriteBatch b;
-    state::TypedTable<v1::SandboxRecord>(st.ctx->store, state::Table::kSandboxes).Put(&b, ahead.id(), ahead);
-    st.ctx->committer->Submit(std::move(b), [](const Status&) {});
+  st.idle_retry_ms = 0;
+  bool busy = !st.running.empty() || !st.file_callers.empty();
+  if (st.rec.spec().idle_timeout_s() > 0 && st.rec.phase() == v1::SANDBOX_PHASE_RUNNING) {
+    if (now >= st.active_written_until || (!busy && st.busy_written)) WriteActivity(self, busy);
+    if (busy && !st.busy_written) {
+      // Still running in a second: say so in the record.
+      self->delayed_send(caf::actor_cast<sandbox_actor>(self), std::chrono::seconds(1), Continuation{[self] {
+                           auto& st = self->state;
+                           bool busy = !st.running.empty() || !st.file_callers.empty();
+                           if (busy && !st.busy_written && !st.destroying) WriteActivity(self, true);
+                         }});
+    }
   }
   ArmExpiry(self);
 }
@@ -462,6 +531,10 @@ sandbox_actor::behavior_type SandboxActor(Self self, std::shared_ptr<NodeContext
   // An owner not connected now is gone from now on (after a restart: from
   // the restart, so it has the whole lease to come back).
   st.rec.set_owner_gone_ms(owner_present || st.rec.owner().empty() ? 0 : NowMs());
+  // A call was running when the last one stopped (it may still run in the
+  // sandbox, which outlives dsecd): active from now.
+  if (st.rec.busy()) st.rec.set_last_active_ms(std::max(st.rec.last_active_ms(), NowMs()));
+  st.rec.set_busy(false);
   st.active_written_until = st.rec.last_active_ms();
   auto d = st.ctx->DriverFor(st.rec.spec());
   if (d.ok()) {

@@ -22,6 +22,19 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr char kMagic[4] = {'d', 's', 'e', 'c'};
 constexpr char kContext[] = "dsec-door-v1";
+constexpr char kNodeContext[] = "dsec-door-v1-node";
+
+// Random bytes, or false (then nothing is sent: a guessable nonce would
+// make the handshake replayable).
+bool RandomBytes(char* out, size_t n) {
+  size_t got = 0;
+  while (got < n) {
+    ssize_t r = ::getrandom(out + got, n - got, 0);
+    if (r > 0) got += static_cast<size_t>(r);
+    else if (errno != EINTR) return false;
+  }
+  return true;
+}
 
 std::string Header(uint8_t version, uint8_t service) {
   std::string h(kMagic, 4);
@@ -32,8 +45,9 @@ std::string Header(uint8_t version, uint8_t service) {
   return h;
 }
 
-std::string Mac(const std::string& token, const std::string& challenge) {
-  std::string data = std::string(kContext) + challenge;
+std::string Mac(const std::string& token, const char* context, const std::string& challenge,
+                const std::string& client_nonce) {
+  std::string data = std::string(context) + challenge + client_nonce;
   unsigned char out[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
   HMAC(EVP_sha256(), token.data(), static_cast<int>(token.size()), reinterpret_cast<const unsigned char*>(data.data()),
@@ -60,11 +74,16 @@ const char* ServiceName(uint8_t s) { return s == kSdk ? "the SDK entry" : "an un
 struct TokenDoor::State : Handshake {
   TokenDoor* door = nullptr;
   std::string challenge;
+  bool broken = false;  // no random challenge could be made
   size_t Wants(const std::string& input) const override {
     return input.size() < kResponseSize ? kResponseSize - input.size() : 0;
   }
   Step OnInput(const std::string& in, bool eof) override {
     Step s;
+    if (broken) {
+      s.kind = Step::kReject;
+      return s;
+    }
     // Judged at the first byte that cannot be right.
     size_t n = std::min(in.size(), size_t{4});
     if (std::memcmp(in.data(), kMagic, n) != 0) {
@@ -89,14 +108,15 @@ struct TokenDoor::State : Handshake {
       return s;
     }
     s.consumed = kResponseSize;
-    std::string want = Mac(door->token_, challenge);
-    if (want.size() != 32 || CRYPTO_memcmp(want.data(), in.data() + 8, 32) != 0) {
+    std::string client_nonce = in.substr(8, 32);
+    std::string want = Mac(door->token_, kContext, challenge, client_nonce);
+    if (want.size() != 32 || CRYPTO_memcmp(want.data(), in.data() + 40, 32) != 0) {
       s.kind = Step::kReject;
       s.reply = VerdictBytes(kWrongToken, "wrong SDK token" + (door->hint_.empty() ? "" : " (" + door->hint_ + ")"));
       return s;
     }
     s.kind = Step::kAdmit;
-    s.reply = VerdictBytes(kAdmitted, "");
+    s.reply = VerdictBytes(kAdmitted, Mac(door->token_, kNodeContext, challenge, client_nonce));
     return s;
   }
 };
@@ -109,11 +129,12 @@ std::unique_ptr<Handshake> TokenDoor::Begin(const std::string&, std::string* gre
   auto st = std::make_unique<State>();
   st->door = this;
   char nonce[32];
-  size_t got = 0;
-  while (got < sizeof nonce) {
-    ssize_t n = ::getrandom(nonce + got, sizeof nonce - got, 0);
-    if (n > 0) got += static_cast<size_t>(n);
-    else if (errno != EINTR) break;
+  if (!RandomBytes(nonce, sizeof nonce)) {
+    // No challenge without a random one: the connection is refused (its
+    // handshake judges an empty challenge wrong).
+    if (log_) log_(3, std::string("sdk door: getrandom: ") + std::strerror(errno) + "; refusing connections");
+    st->broken = true;
+    return st;
   }
   st->challenge = Header(kVersion, service_) + std::string(nonce, sizeof nonce);
   *greeting = st->challenge;
@@ -217,7 +238,10 @@ Result<UniqueFd> Dial(const std::string& host, uint16_t port, const std::string&
     return Status::FailedPrecondition(where + " is " + ServiceName(uint8_t(challenge[5])) + ", not " +
                                       ServiceName(service));
   if (token.empty()) return Status::Unauthenticated("no SDK token to answer the challenge of " + where + " with");
-  std::string response = Header(kVersion, service) + Mac(token, std::string(challenge, sizeof challenge));
+  char nonce[32];
+  if (!RandomBytes(nonce, sizeof nonce)) return Status::FromErrno(errno, "getrandom");
+  std::string client_nonce(nonce, sizeof nonce), chal(challenge, sizeof challenge);
+  std::string response = Header(kVersion, service) + client_nonce + Mac(token, kContext, chal, client_nonce);
   size_t off = 0;
   while (off < response.size()) {
     ssize_t n = ::send(fd.get(), response.data() + off, response.size() - off, MSG_NOSIGNAL);
@@ -237,7 +261,14 @@ Result<UniqueFd> Dial(const std::string& host, uint16_t port, const std::string&
   std::string text(len, '\0');
   if (len) DSEC_RETURN_IF_ERROR(ReadExactly(fd.get(), text.data(), len, deadline, where, "verdict"));
   switch (static_cast<uint8_t>(head[4])) {
-    case kAdmitted: break;
+    case kAdmitted: {
+      // The node must prove it holds the token too.
+      std::string proof = Mac(token, kNodeContext, chal, client_nonce);
+      if (text.size() != proof.size() || CRYPTO_memcmp(text.data(), proof.data(), proof.size()) != 0)
+        return Status::FailedPrecondition(where + " admitted the client without knowing the SDK token: it is not "
+                                          "the dsecd whose token this is (something else holds the port?)");
+      break;
+    }
     case kWrongToken: return Status::Unauthenticated("dsecd at " + where + " refused the connection: " + text);
     default: return Status::FailedPrecondition("dsecd at " + where + " refused the connection: " + text);
   }

@@ -1,17 +1,21 @@
 // The SDK's handshake at the front door (front_door.hpp), before any CAF
-// byte: the node sends a challenge, the client answers with an HMAC of it
-// keyed by the node's SDK token, the node says yes or no. Fixed sizes, so a
-// stranger's bytes are judged at once and the parser behind the door (BASP)
-// only ever sees peers that hold the token. The token itself never crosses
-// the wire.
+// byte: the node sends a challenge, the client answers with a nonce of its
+// own and an HMAC keyed by the node's SDK token, the node says yes or no
+// and, on yes, proves it holds the token too. Fixed sizes, so a stranger's
+// bytes are judged at once and the parser behind the door (BASP) only ever
+// sees peers that hold the token; and a client never speaks BASP to a peer
+// that does not (one squatting the port while dsecd is down). The token
+// itself never crosses the wire.
 //
-//   node -> client  challenge  "dsec" version service 0 0 nonce[32]      40 bytes
-//   client -> node  response   "dsec" version service 0 0 hmac[32]       40 bytes
-//   node -> client  verdict    "dsec" code 0 length(2, big-endian) text   8 + length bytes
+//   node -> client  challenge  "dsec" version service 0 0 server_nonce[32]           40 bytes
+//   client -> node  response   "dsec" version service 0 0 client_nonce[32] mac[32]   72 bytes
+//   node -> client  verdict    "dsec" code 0 length(2, big-endian) text              8 + length bytes
 //
-// hmac = HMAC-SHA256(token, "dsec-door-v1" || challenge). After a verdict
-// of 0 the connection belongs to the protocol behind the door (BASP: the
-// node sends its handshake first).
+// mac = HMAC-SHA256(token, "dsec-door-v1" || challenge || client_nonce);
+// a verdict of 0 carries the node's proof as its text:
+// HMAC-SHA256(token, "dsec-door-v1-node" || challenge || client_nonce).
+// After it the connection belongs to the protocol behind the door (BASP:
+// the node sends its handshake first).
 #pragma once
 
 #include <chrono>
@@ -27,7 +31,7 @@ namespace dsec::door {
 
 inline constexpr uint8_t kVersion = 1;
 inline constexpr size_t kChallengeSize = 40;
-inline constexpr size_t kResponseSize = 40;
+inline constexpr size_t kResponseSize = 72;
 inline constexpr size_t kMaxVerdictText = 1024;
 
 // What the door guards (a client that dials the wrong port learns so).

@@ -142,7 +142,7 @@ namespace dsec {
 int RunToFile(const std::vector<std::string>& argv, const std::string& output) {
   pid_t pid = ::fork();
   if (pid == 0) {
-    int fd = ::open(output.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int fd = ::open(output.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
     if (fd >= 0) {
       ::dup2(fd, 1);
       ::dup2(fd, 2);
@@ -155,7 +155,9 @@ int RunToFile(const std::vector<std::string>& argv, const std::string& output) {
   }
   if (pid < 0) return -1;
   int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  for (;;) {
+    if (::waitpid(pid, &status, 0) == pid) break;
+    if (errno != EINTR) return -1;  // not ours to wait for (SIGCHLD ignored?): unknown, so not success
   }
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <chrono>
 #include <cstring>
 #include <list>
@@ -164,8 +165,21 @@ struct FrontDoor::Impl {
     return true;
   }
 
+  // The connection to push out for a new one: the oldest that has sent
+  // nothing yet (a real client answers its challenge within a round trip;
+  // one that sits silent is the cheap way to crowd the door), else the oldest.
+  static Conn* Victim(Listener& l) {
+    int looked = 0;
+    for (Conn* c : l.pending) {
+      if (c->input.empty()) return c;
+      if (++looked >= 64) break;
+    }
+    return l.pending.front();
+  }
+
   void AcceptAll(size_t li) {
     auto& l = listeners[li];
+    if (!reserve) reserve.Reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
     for (int round = 0; round < 512; ++round) {
       int fd = ::accept4(l.fd.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) {
@@ -184,7 +198,7 @@ struct FrontDoor::Impl {
       Count(l, &FrontDoorStats::accepted);
       if (l.pending.size() >= l.opts.max_pending) {
         Count(l, &FrontDoorStats::evicted);
-        Close(l.pending.front());
+        Close(Victim(l));
       }
       auto c = std::make_unique<Conn>();
       c->tag = next_tag++;
@@ -292,8 +306,10 @@ struct FrontDoor::Impl {
       int n = ::epoll_wait(epoll.get(), evs, 256, timeout);
       if (n < 0) {
         if (errno == EINTR) continue;
-        Log(3, std::string("front door: epoll_wait: ") + std::strerror(errno));
-        return;
+        // Nothing would answer on dsecd's ports any more while they stay
+        // bound: better to stop dsecd (its supervisor starts it again).
+        Log(3, std::string("front door: epoll_wait: ") + std::strerror(errno) + "; stopping dsecd");
+        std::abort();
       }
       for (int i = 0; i < n; ++i) {
         uint64_t tag = evs[i].data.u64;

@@ -2,7 +2,8 @@
 // a stranger's bytes away from the parsers behind them (CAF's BASP for the
 // SDK, the console's command loop) until the peer has proven itself. Per
 // listener, at most `max_pending` connections are in their handshake (a new
-// one pushes the oldest out), each with a deadline and a buffer of at most
+// one pushes out the oldest that has sent nothing, else the oldest), each
+// with a deadline and a buffer of at most
 // the protocol's max_input() bytes, and a connection is closed at its first
 // wrong byte: a garbage connection costs O(bytes it sent), nothing it claims.
 // Only a connection that passed is handed on (HandshakeProtocol::Admit).

@@ -13,6 +13,8 @@
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <vector>
 
 #include "runtime/files.hpp"
@@ -28,10 +30,26 @@ constexpr long kBtrfsMagic = 0x9123683E;
 // Debian 12's headers.
 constexpr __u64 kQuotaCtlEnableSimple = 4;
 
-bool IsMountPoint(const std::string& dir) {
-  struct stat a, b;
-  if (::stat(dir.c_str(), &a) < 0 || ::stat((dir + "/..").c_str(), &b) < 0) return false;
-  return a.st_dev != b.st_dev || a.st_ino == b.st_ino;
+// `dir` is the mount point of a btrfs filesystem on a loop device (ours,
+// from an earlier start). A btrfs subvolume of the host's own filesystem
+// has a device number of its own too, but is not mounted there: the mount
+// table says which.
+bool IsOurMount(const std::string& dir) {
+  std::ifstream mi("/proc/self/mountinfo");
+  for (std::string line; std::getline(mi, line);) {
+    // id parent major:minor root mount-point options... - fstype source superoptions
+    std::istringstream f(line);
+    std::string id, parent, dev, root, point;
+    f >> id >> parent >> dev >> root >> point;
+    if (point != dir) continue;
+    auto dash = line.find(" - ");
+    if (dash == std::string::npos) continue;
+    std::istringstream tail(line.substr(dash + 3));
+    std::string fstype, source;
+    tail >> fstype >> source;
+    if (fstype == "btrfs" && source.rfind("/dev/loop", 0) == 0 && root == "/") return true;
+  }
+  return false;
 }
 
 bool IsBtrfs(const std::string& dir) {
@@ -97,7 +115,8 @@ Result<std::unique_ptr<SandboxDisk>> SandboxDisk::Open(SandboxDiskOptions o) {
   std::unique_ptr<SandboxDisk> d(new SandboxDisk(o));
   const std::string& dir = o.dir;
   DSEC_RETURN_IF_ERROR(MakeDirs(dir, 0700));
-  if (!(IsMountPoint(dir) && IsBtrfs(dir))) {
+  bool mounted_here = false;
+  if (!(IsOurMount(dir) && IsBtrfs(dir))) {
     // Never over sandboxes that live in the plain dir (a dsecd from before
     // disk limits left them running): they would vanish from under it.
     for (const auto& name : ListEntries(dir))
@@ -123,17 +142,25 @@ Result<std::unique_ptr<SandboxDisk>> SandboxDisk::Open(SandboxDiskOptions o) {
       if (size < (1ull << 30))
         return Status::ResourceExhausted("too little free space beside " + o.image + " for the sandboxes' disk (" +
                                          std::to_string(size >> 20) + " MiB; 1 GiB at least)");
+      // Made aside and renamed into place: an image there is a whole filesystem.
+      std::string tmp = o.image + ".tmp";
+      ::unlink(tmp.c_str());
       {
-        UniqueFd f(::open(o.image.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+        UniqueFd f(::open(tmp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
         if (!f || ::ftruncate(f.get(), static_cast<off_t>(size)) < 0) {
-          Status err = Status::FromErrno(errno, "make " + o.image);
-          ::unlink(o.image.c_str());
+          Status err = Status::FromErrno(errno, "make " + tmp);
+          ::unlink(tmp.c_str());
           return err;
         }
       }
-      if (int rc = RunToFile({mkfs, "-q", "-f", o.image}, "/dev/null"); rc != 0) {
-        ::unlink(o.image.c_str());
-        return Status::Internal("mkfs.btrfs " + o.image + " exited " + std::to_string(rc));
+      if (int rc = RunToFile({mkfs, "-q", "-f", tmp}, "/dev/null"); rc != 0) {
+        ::unlink(tmp.c_str());
+        return Status::Internal("mkfs.btrfs " + tmp + " exited " + std::to_string(rc));
+      }
+      if (::rename(tmp.c_str(), o.image.c_str()) < 0) {
+        Status err = Status::FromErrno(errno, "rename " + tmp + " to " + o.image);
+        ::unlink(tmp.c_str());
+        return err;
       }
     }
     UniqueFd loop;
@@ -143,9 +170,15 @@ Result<std::unique_ptr<SandboxDisk>> SandboxDisk::Open(SandboxDiskOptions o) {
     // (Closing `loop` after a failed mount detaches the device again.)
     if (::mount(dev->c_str(), dir.c_str(), "btrfs", MS_NOSUID | MS_NODEV, "discard=async") < 0)
       return Status::FromErrno(errno, "mount " + o.image + " (btrfs, on " + *dev + ") on " + dir);
+    mounted_here = true;
   }
+  // What fails from here leaves no mount of ours behind.
+  auto fail = [&](Status st) {
+    if (mounted_here) ::umount2(dir.c_str(), MNT_DETACH);
+    return st;
+  };
   UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (!fd) return Status::FromErrno(errno, "open " + dir);
+  if (!fd) return fail(Status::FromErrno(errno, "open " + dir));
   btrfs_ioctl_quota_ctl_args q{};
   q.cmd = kQuotaCtlEnableSimple;
   if (::ioctl(fd.get(), BTRFS_IOC_QUOTA_CTL, &q) < 0 && errno != EEXIST) {
@@ -153,8 +186,8 @@ Result<std::unique_ptr<SandboxDisk>> SandboxDisk::Open(SandboxDiskOptions o) {
     int simple_err = errno;
     q.cmd = BTRFS_QUOTA_CTL_ENABLE;
     if (::ioctl(fd.get(), BTRFS_IOC_QUOTA_CTL, &q) < 0)
-      return Status::FailedPrecondition(std::string("cannot enable btrfs quotas on ") + dir + ": " +
-                                        std::strerror(simple_err));
+      return fail(Status::FailedPrecondition(std::string("cannot enable btrfs quotas on ") + dir + ": " +
+                                             std::strerror(simple_err)));
     d->Log(1, "btrfs simple quotas unavailable (" + std::string(std::strerror(simple_err)) +
                   "); full quota groups instead");
   }

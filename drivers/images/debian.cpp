@@ -120,10 +120,12 @@ Result<std::string> DebianRootfs(const DebianOptions& o) {
     return Status::Internal("debootstrap " + o.suite + " exited " + std::to_string(rc) + " (log " + log + "):\n" + tail);
   }
   // What an image does not need: the downloaded packages and the lists.
-  RunToFile({"/bin/sh", "-c",
-             "rm -rf '" + tmp + "'/var/cache/apt/archives/*.deb '" + tmp + "'/var/lib/apt/lists/* '" + tmp +
-                 "'/var/log/*.log '" + tmp + "'/debootstrap"},
-            "/dev/null");
+  // (No shell: the cache dir comes from the user.)
+  for (const char* sub : {"/var/cache/apt/archives", "/var/lib/apt/lists", "/var/log"})
+    RunToFile({"/usr/bin/find", tmp + sub, "-mindepth", "1", "-maxdepth", "1", "-type", "f", "(", "-name", "*.deb",
+               "-o", "-name", "*_Packages", "-o", "-name", "*_Release*", "-o", "-name", "*.log", ")", "-delete"},
+              "/dev/null");
+  RunToFile({"/bin/rm", "-rf", "--one-file-system", tmp + "/debootstrap"}, "/dev/null");
   if (::rename(tmp.c_str(), tree.c_str()) < 0) {
     int err = errno;
     RunToFile({"/bin/rm", "-rf", "--one-file-system", tmp}, "/dev/null");

@@ -160,7 +160,8 @@ static std::string RandomClientId() {
   return s;
 }
 
-Result<ClientOptions> ResolveClientOptions(ClientOptions o) {
+// The data dir and the address, as ResolveClientOptions finds them.
+static ClientOptions ResolveAddress(ClientOptions o) {
   if (o.data_dir.empty()) o.data_dir = Env("DSEC_DATA_DIR");
   if (o.data_dir.empty()) o.data_dir = "./dsec-data";
   if (o.address.empty()) o.address = Env("DSEC_ADDR");
@@ -172,6 +173,11 @@ Result<ClientOptions> ResolveClientOptions(ClientOptions o) {
     }
   }
   if (o.address.empty()) o.address = "127.0.0.1:7400";
+  return o;
+}
+
+Result<ClientOptions> ResolveClientOptions(ClientOptions given) {
+  ClientOptions o = ResolveAddress(std::move(given));
   if (o.token.empty()) o.token = Env("DSEC_SDK_TOKEN");
   if (o.token.empty()) {
     std::string path = !o.token_file.empty() ? o.token_file : o.data_dir + "/sdk.token";
@@ -189,7 +195,8 @@ Result<ClientOptions> ResolveClientOptions(ClientOptions o) {
 
 Result<std::unique_ptr<Client>> Client::Connect(ClientOptions given) {
   auto resolved = ResolveClientOptions(given);
-  ClientOptions options = resolved.ok() ? std::move(*resolved) : std::move(given);
+  // Without a token, still where it would have gone (for a useful error).
+  ClientOptions options = resolved.ok() ? std::move(*resolved) : ResolveAddress(std::move(given));
   auto impl = std::make_unique<Impl>();
   if (!SplitHostPort(options.address, &impl->host, &impl->port) || impl->host.empty() || impl->port == 0)
     return Status::InvalidArgument("address '" + options.address + "' is not host:port");

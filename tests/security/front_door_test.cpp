@@ -92,6 +92,47 @@ TEST_F(FrontDoorTest, AWrongTokenIsRefusedWithTheReasonAndARightOneGetsIn) {
   ASSERT_TRUE(ok.ok()) << ok.status().ToString();
 }
 
+// Something else holding the port (while dsecd is down) sends a challenge
+// and says yes without knowing the token: the client sees through it and
+// never speaks BASP to it.
+TEST(FrontDoorClient, AnImpostorThatCannotProveTheTokenIsRefused) {
+  int ls = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(ls, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(ls, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(ls, 4), 0);
+  socklen_t len = sizeof a;
+  ::getsockname(ls, reinterpret_cast<sockaddr*>(&a), &len);
+  std::thread impostor([ls] {
+    int c = ::accept(ls, nullptr, nullptr);
+    if (c < 0) return;
+    std::string challenge = std::string("dsec\x01\x01\0\0", 8) + std::string(32, 'n');
+    SendAll(c, challenge);
+    char buf[72];
+    size_t got = 0;
+    while (got < sizeof buf) {
+      ssize_t n = ::recv(c, buf + got, sizeof buf - got, 0);
+      if (n <= 0) break;
+      got += static_cast<size_t>(n);
+    }
+    SendAll(c, std::string("dsec\0\0\0\0", 8));  // "admitted", with no proof
+    ClosedWithin(c, 3000);
+    ::close(c);
+  });
+  ClientOptions o;
+  o.address = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+  o.token = "some-token";
+  o.connect_timeout = std::chrono::milliseconds(3000);
+  auto c = Client::Connect(o);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), Status::Code::kFailedPrecondition) << c.status().ToString();
+  EXPECT_THAT(c.status().message(), HasSubstr("without knowing the SDK token"));
+  impostor.join();
+  ::close(ls);
+}
+
 TEST_F(FrontDoorTest, GarbageIsClosedAtItsFirstWrongByte) {
   int port = PortOf(daemon_->sdk_addr());
   // A BASP header (as CAF 0.17 writes it) that claims a 1 GiB payload:

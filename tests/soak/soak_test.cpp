@@ -52,6 +52,17 @@ TEST_F(Soak, KilledEveryFewMinutesItLosesNothingDuplicatesNothingAndLeaksNothing
   const int kill_every_s = EnvInt("DSEC_SOAK_KILL_EVERY_S", 180);
   const int workers = EnvInt("DSEC_SOAK_CLIENTS", 3);
   Tally t;
+  // Whatever fails, what the clients made goes before the daemon does
+  // (containers outlive dsecd).
+  struct Cleanup {
+    ~Cleanup() {
+      if (!daemon_ || !daemon_->running()) return;
+      auto ls = daemon_->Admin("ls");
+      for (const auto& s : ls["sessions"])
+        if (s.value("phase", "") == "open") daemon_->Admin("kill " + s.value("name", ""));
+      for (const auto& sb : daemon_->Admin("ls")["sandboxes"]) daemon_->Admin("kill " + sb.value("id", ""));
+    }
+  } cleanup;
   std::vector<std::unique_ptr<Child>> clients;
   std::vector<std::thread> readers;
   for (int w = 0; w < workers; ++w) {
