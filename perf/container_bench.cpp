@@ -133,9 +133,9 @@ bool CrunBench(const std::string& crun, const std::string& rootfs, int runs, int
 
 int main(int argc, char** argv) {
   CLI::App app{"container macro benchmark against a running dsecd"};
-  std::string addr = "127.0.0.1:7400", data_dir = "./dsec-data", image = "bench", conc = "1,16,64";
+  std::string addr, data_dir = "./dsec-data", image = "bench", conc = "1,16,64";
   int creates = 300, execs = 2000, idle = 1000, crun_runs = 200, churn = 0;
-  app.add_option("--addr", addr, "dsecd SDK entry")->capture_default_str();
+  app.add_option("--addr", addr, "dsecd SDK entry (default: <data-dir>/dsecd.json)");
   app.add_option("--data-dir", data_dir, "dsecd's data dir (to build the image and find dsecd's pid)")
       ->capture_default_str();
   app.add_option("--image", image, "image to run (built from host sh/true when missing)")->capture_default_str();
@@ -152,6 +152,7 @@ int main(int argc, char** argv) {
 
   dsec::ClientOptions o;
   o.address = addr;
+  o.data_dir = data_dir;
   o.threads = 4;
   auto client = dsec::Client::Connect(o);
   if (!client.ok()) {

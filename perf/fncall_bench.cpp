@@ -123,10 +123,11 @@ std::vector<std::string> Split(const std::string& s, char sep) {
 
 int main(int argc, char** argv) {
   CLI::App app{"fncall macro benchmark against a running dsecd"};
-  std::string addr = "127.0.0.1:7400", conc = "1,16,256";
+  std::string addr, data_dir, conc = "1,16,256";
   int runs = 3000, python_runs = 600, warmup = 300;
   bool python = true;
-  app.add_option("--addr", addr, "dsecd SDK entry")->capture_default_str();
+  app.add_option("--addr", addr, "dsecd SDK entry (default: $DSEC_ADDR, else <data-dir>/dsecd.json)");
+  app.add_option("--data-dir", data_dir, "dsecd's data dir: its address and SDK token ($DSEC_DATA_DIR, else ./dsec-data)");
   app.add_option("--runs", runs, "runs of /bin/true per concurrency")->capture_default_str();
   app.add_option("--python-runs", python_runs, "runs of python3 -c pass per concurrency")->capture_default_str();
   app.add_option("--concurrency", conc, "comma-separated concurrencies")->capture_default_str();
@@ -136,6 +137,7 @@ int main(int argc, char** argv) {
 
   dsec::ClientOptions o;
   o.address = addr;
+  o.data_dir = data_dir;
   auto client = dsec::Client::Connect(o);
   if (!client.ok()) {
     std::fprintf(stderr, "fncall_bench: %s\n", client.status().ToString().c_str());

@@ -41,9 +41,11 @@ namespace {
 
 using namespace dsec::bench;  // NOLINT: the benchmark helpers
 
-std::unique_ptr<dsec::Client> Connect(const std::string& addr) {
+// A client of the bench's own dsecd: its address and, from its data dir, the SDK token.
+std::unique_ptr<dsec::Client> Connect(const dsec::testing::TestDaemon& d) {
   dsec::ClientOptions o;
-  o.address = addr;
+  o.address = d.sdk_addr();
+  o.data_dir = d.data_dir();
   auto c = dsec::Client::Connect(o);
   if (!c.ok()) {
     std::fprintf(stderr, "session_bench: %s\n", c.status().ToString().c_str());
@@ -136,7 +138,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "session_bench: image: %s %s\n", made.ToString().c_str(), built.err.c_str());
     return 1;
   }
-  auto client = Connect(d.sdk_addr());
+  auto client = Connect(d);
   if (!client) return 1;
   auto& c = *client;
   auto spec = dsec::ContainerSpec("bench");
@@ -262,7 +264,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "session_bench: restart: %s\n", st.ToString().c_str());
       return 1;
     }
-    auto again = Connect(d.sdk_addr());
+    auto again = Connect(d);
     if (!again) return 1;
     auto last = again->AttachSession("bench/recovery/" + std::to_string(recovery - 1));
     auto r = last.ok() ? last->Step(0, truth) : dsec::Result<dsec::v1::StepReply>(last.status());

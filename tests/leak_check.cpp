@@ -7,10 +7,49 @@
 
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <fstream>
 #include <string>
 
 #include "tests/support/daemon.hpp"
+
+namespace {
+
+std::string Cmdline(const std::string& pid) {
+  std::string cmd = dsec::testing::ProcCmdline(pid);
+  for (auto& c : cmd)
+    if (c == '\0') c = ' ';
+  return cmd;
+}
+
+// The groups below `dir` and the processes in each, with their command lines.
+void DescribeGroup(const std::string& dir, int depth = 0) {
+  if (depth > 4) return;
+  std::ifstream procs(dir + "/cgroup.procs");
+  for (std::string pid; std::getline(procs, pid);)
+    std::printf("      in %s: process %s: %s\n", dir.c_str(), pid.c_str(), Cmdline(pid).c_str());
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d))
+      if (e->d_type == DT_DIR && e->d_name[0] != '.') {
+        std::printf("      group %s/%s\n", dir.c_str(), e->d_name);
+        DescribeGroup(dir + "/" + e->d_name, depth + 1);
+      }
+    ::closedir(d);
+  }
+}
+
+void PrintTail(const std::string& path, size_t lines) {
+  std::ifstream in(path);
+  std::deque<std::string> tail;
+  for (std::string line; std::getline(in, line);) {
+    tail.push_back(line);
+    if (tail.size() > lines) tail.pop_front();
+  }
+  std::printf("      last %zu lines of %s:\n", tail.size(), path.c_str());
+  for (const auto& l : tail) std::printf("      | %s\n", l.c_str());
+}
+
+}  // namespace
 
 int main() {
   int leaks = 0;
@@ -26,12 +65,17 @@ int main() {
         if (c == '\0') c = ' ';
       report("process " + std::to_string(p) + ": " + cmd);
     }
-  // dsec-test and the dsec-test-* parents some tests use for themselves.
+  // dsec-test and the dsec-test-* parents some tests use for themselves;
+  // what is still in them (a container that outlived its test names the
+  // test's daemon through its sandbox id).
   for (const char* ctrl : {"memory", "pids", "cpu", "cpuacct", "freezer"}) {
     std::string root = std::string("/sys/fs/cgroup/") + ctrl;
     if (DIR* d = ::opendir(root.c_str())) {
       while (dirent* e = ::readdir(d))
-        if (std::strncmp(e->d_name, "dsec-test", 9) == 0) report("cgroup " + root + "/" + e->d_name);
+        if (std::strncmp(e->d_name, "dsec-test", 9) == 0) {
+          report("cgroup " + root + "/" + e->d_name);
+          if (std::strcmp(ctrl, "memory") == 0) DescribeGroup(root + "/" + e->d_name);
+        }
       ::closedir(d);
     }
   }
@@ -40,7 +84,12 @@ int main() {
     if (line.find("dsec") != std::string::npos) report("mount: " + line);
   if (DIR* d = ::opendir("/tmp")) {
     while (dirent* e = ::readdir(d))
-      if (std::strncmp(e->d_name, "dsec-test-", 10) == 0) report(std::string("data dir /tmp/") + e->d_name);
+      if (std::strncmp(e->d_name, "dsec-test-", 10) == 0) {
+        std::string path = std::string("/tmp/") + e->d_name;
+        report("data dir " + path);
+        // A test daemon's log says what its test did last.
+        if (path.size() > 4 && path.compare(path.size() - 4, 4, ".log") == 0) PrintTail(path, 40);
+      }
     ::closedir(d);
   }
   if (leaks == 0) std::printf("leak_check: nothing left behind\n");

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -299,10 +300,24 @@ TestDaemon::~TestDaemon() {
   while (::waitpid(-1, nullptr, WNOHANG) > 0) {
   }
   if (!data_dir_.empty() && std::getenv("DSEC_KEEP_TEST_DATA") == nullptr) {
-    // The sandboxes' filesystem stays mounted while sandboxes outlive a
-    // dsecd (a test that killed it and did not restart it): its mount, and
-    // with it the loop device, go before the dir.
-    ::umount2((data_dir_ + "/sandboxes").c_str(), MNT_DETACH);
+    // The sandboxes' filesystem and the images of running containers stay
+    // mounted while sandboxes outlive a dsecd (a test that killed it and
+    // did not restart it): those mounts, and with them the loop device, go
+    // before the dir, the deepest first. Said on stderr, so that a test
+    // whose containers outlived it shows in its output.
+    std::vector<std::string> mounts;
+    std::ifstream mi("/proc/self/mountinfo");
+    for (std::string line; std::getline(mi, line);) {
+      std::istringstream fields(line);
+      std::string id, parent, dev, root, point;
+      fields >> id >> parent >> dev >> root >> point;
+      if (point.rfind(data_dir_ + "/", 0) == 0) mounts.push_back(point);
+    }
+    for (auto it = mounts.rbegin(); it != mounts.rend(); ++it) {
+      if (::umount2(it->c_str(), MNT_DETACH) < 0) continue;
+      if (it->compare(data_dir_.size(), std::string::npos, "/sandboxes") != 0)
+        std::fprintf(stderr, "TestDaemon: unmounted %s, left mounted after dsecd stopped\n", it->c_str());
+    }
     RunProcess({"/bin/rm", "-rf", "--one-file-system", data_dir_});
     ::unlink(log_path_.c_str());
   }
