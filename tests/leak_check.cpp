@@ -3,14 +3,31 @@
 // mounts, data dirs. Test daemons and drivers use the cgroup parent
 // "dsec-test" and data dirs /tmp/dsec-test-*, so this never mistakes a
 // developer's own dsecd for a leak.
+//
+// `leak_check --sweep` runs before all of them (ctest fixture setup): it
+// removes what an earlier run that was killed midway left on the machine
+// (a run's processes killed with SIGKILL run no clean-up: containers, their
+// cgroups and mounts, data dirs stay), says what it removed, and never fails,
+// so that the check at the end judges this run alone. It leaves alone every
+// data dir whose dsecd is alive, and all cgroups while any test dsecd is.
 #include <dirent.h>
+#include <signal.h>
+#include <sys/mount.h>
+#include <unistd.h>
 
+#include <chrono>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <deque>
 #include <fstream>
 #include <string>
 
+#include "runtime/files.hpp"
 #include "tests/support/daemon.hpp"
 
 namespace {
@@ -49,9 +66,101 @@ void PrintTail(const std::string& path, size_t lines) {
   for (const auto& l : tail) std::printf("      | %s\n", l.c_str());
 }
 
+constexpr const char* kControllers[] = {"memory", "pids", "cpu", "cpuacct", "freezer"};
+
+bool Alive(pid_t pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
+
+// The test dsecds alive on this machine (their command line names a test data dir).
+std::vector<pid_t> LiveTestDaemons() {
+  std::vector<pid_t> out;
+  for (pid_t p : dsec::testing::ProcessesMatching("/tmp/dsec-test-"))
+    if (Cmdline(std::to_string(p)).find("dsecd ") != std::string::npos) out.push_back(p);
+  return out;
+}
+
+// Every process in `dir` and the groups below it gets SIGKILL (a
+// container's init takes its pid namespace with it); the groups go
+// bottom-up once empty. What cannot be removed within 10 s is reported.
+void SweepGroup(const std::string& dir) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (;;) {
+    std::vector<std::string> groups = {dir};
+    for (size_t i = 0; i < groups.size(); ++i)
+      for (const auto& e : dsec::ListSubdirs(groups[i])) groups.push_back(groups[i] + "/" + e);
+    // A frozen group's processes die only once thawed.
+    for (const auto& g : groups) {
+      std::ofstream thaw(g + "/freezer.state");
+      if (thaw) thaw << "THAWED";
+    }
+    for (const auto& g : groups) {
+      std::ifstream procs(g + "/cgroup.procs");
+      for (pid_t pid; procs >> pid;) ::kill(pid, SIGKILL);
+    }
+    for (auto it = groups.rbegin(); it != groups.rend(); ++it) ::rmdir(it->c_str());
+    if (::access(dir.c_str(), F_OK) != 0) return;
+    if (std::chrono::steady_clock::now() > deadline) {
+      std::printf("leak_check --sweep: cannot remove %s\n", dir.c_str());
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // killed processes take a moment to exit
+  }
+}
+
+int Sweep() {
+  int swept = 0;
+  auto said = [&](const std::string& what) {
+    std::printf("leak_check --sweep: removed %s, left by an earlier run\n", what.c_str());
+    ++swept;
+  };
+  auto daemons = LiveTestDaemons();
+  // Containers first: they hold the mounts.
+  if (daemons.empty()) {
+    for (const char* ctrl : kControllers) {
+      std::string root = std::string("/sys/fs/cgroup/") + ctrl;
+      for (const auto& e : dsec::ListEntries(root))
+        if (e.rfind("dsec-test", 0) == 0) {
+          SweepGroup(root + "/" + e);
+          said("cgroup " + root + "/" + e);
+        }
+    }
+  } else {
+    std::printf("leak_check --sweep: %zu test dsecd(s) of another run alive: cgroups left as they are\n",
+                daemons.size());
+  }
+  for (const auto& e : dsec::ListEntries("/tmp")) {
+    if (e.rfind("dsec-test-", 0) != 0) continue;
+    std::string path = "/tmp/" + e;
+    bool log = path.size() > 4 && path.compare(path.size() - 4, 4, ".log") == 0;
+    std::string data = log ? path.substr(0, path.size() - 4) : path;
+    // A data dir whose dsecd runs belongs to a run that is going on.
+    auto ep = dsec::ReadFileToString(data + "/dsecd.json");
+    if (ep.ok()) {
+      auto j = nlohmann::json::parse(*ep, nullptr, false);
+      if (!j.is_discarded() && Alive(j.value("pid", 0))) continue;
+    }
+    if (!log) {
+      std::vector<std::string> mounts;
+      std::ifstream mi("/proc/self/mountinfo");
+      for (std::string line; std::getline(mi, line);) {
+        std::istringstream fields(line);
+        std::string id, parent, dev, root, point;
+        fields >> id >> parent >> dev >> root >> point;
+        if (point.rfind(path + "/", 0) == 0) mounts.push_back(point);
+      }
+      for (auto it = mounts.rbegin(); it != mounts.rend(); ++it)
+        if (::umount2(it->c_str(), MNT_DETACH) == 0) said("mount " + *it);
+    }
+    dsec::testing::RunProcess({"/bin/rm", "-rf", "--one-file-system", path});
+    said(path);
+  }
+  std::printf("leak_check --sweep: %d item(s) of earlier runs removed\n", swept);
+  return 0;
+}
+
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], "--sweep") == 0) return Sweep();
   int leaks = 0;
   auto report = [&](const std::string& what) {
     std::printf("LEAK: %s\n", what.c_str());
@@ -68,7 +177,7 @@ int main() {
   // dsec-test and the dsec-test-* parents some tests use for themselves;
   // what is still in them (a container that outlived its test names the
   // test's daemon through its sandbox id).
-  for (const char* ctrl : {"memory", "pids", "cpu", "cpuacct", "freezer"}) {
+  for (const char* ctrl : kControllers) {
     std::string root = std::string("/sys/fs/cgroup/") + ctrl;
     if (DIR* d = ::opendir(root.c_str())) {
       while (dirent* e = ::readdir(d))

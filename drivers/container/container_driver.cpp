@@ -697,16 +697,16 @@ void ContainerDriver::Pause(const v1::SandboxRecord& sb, bool paused, StatusCall
 }
 
 void ContainerDriver::Destroy(const v1::SandboxRecord& sb, StatusCallback done) {
-  std::string digest;
-  if (auto box = Find(sb.id())) digest = box->digest;
-  else {
-    auto j = json::parse(sb.driver_state(), nullptr, false);
-    if (j.is_object()) digest = j.value("digest", "");
-  }
-  Work([this, id = sb.id(), digest, done = std::move(done)] { done(DestroyNow(id, digest)); });
+  // The image's hold goes with the box (DestroyNow): a container this
+  // process never held (not re-adopted, or destroyed before) has none to
+  // give back, whatever its record says.
+  Work([this, id = sb.id(), done = std::move(done)] { done(DestroyNow(id, "")); });
 }
 
-Status ContainerDriver::DestroyNow(const std::string& id, const std::string& digest) {
+// `held_digest`: the image a caller holds for a container that is not (or
+// not yet) in boxes_, a creation's own; a box found there gives back its own,
+// exactly once, whoever asks first.
+Status ContainerDriver::DestroyNow(const std::string& id, const std::string& held_digest) {
   std::shared_ptr<Box> box;
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -721,6 +721,7 @@ Status ContainerDriver::DestroyNow(const std::string& id, const std::string& dig
   // with them its overlay; then its files go, then its hold on the image.
   bool stopped = ReleaseGroup(box ? box->cgroup_rel : CgroupRel(opts_.cgroup_parent, id), box.get());
   ReleaseDir(id, stopped);
+  std::string digest = box ? box->digest : held_digest;
   if (!digest.empty()) mounts_->Release(digest);
   ++destroyed_;
   return Status::Ok();

@@ -87,7 +87,7 @@ class ContainerDriver : public Driver {
   void WorkerLoop();
   void OnEvent(spawner::Event& ev);
   Result<std::string> CreateNow(const v1::SandboxRecord& sb);
-  Status DestroyNow(const std::string& id, const std::string& digest);
+  Status DestroyNow(const std::string& id, const std::string& held_digest);
   std::shared_ptr<Box> Find(const std::string& id) const;
   // The box of a running container with a live agent, or Unavailable.
   Result<std::shared_ptr<Box>> Running(const std::string& id) const;

@@ -137,7 +137,13 @@ int main(int argc, char** argv) {
       while (!out.empty() && out.back() == '\n') out.pop_back();
       Say("step " + name + " " + std::to_string(k) + " " + out);
       ++steps;
-      if (out != std::to_string(k + 1)) Say("FAIL step " + name + " " + std::to_string(k) + " printed " + out);
+      if (out != std::to_string(k + 1)) {
+        const auto& res = st->step().result();
+        Say("FAIL step " + name + " " + std::to_string(k) + " printed '" + out + "' (" +
+            dsec::v1::Verdict_Name(res.verdict()) + ", exit " + std::to_string(res.exit_code()) + ", signal " +
+            std::to_string(res.signal()) + ", sandbox " + st->step().sandbox() + ": " + res.error() + "; stderr '" +
+            res.stderr() + "')");
+      }
     }
     if (!whole || stop) continue;
     auto closed = Retry([&]() -> dsec::Result<bool> {

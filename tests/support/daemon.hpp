@@ -62,6 +62,8 @@ class TestDaemon {
   using Options = TestDaemonOptions;
   // Starts dsecd (fresh data dir under /tmp, removed by the destructor).
   static Result<std::unique_ptr<TestDaemon>> Start(Options options = Options());
+  TestDaemon(const TestDaemon&) = delete;  // one owner stops and cleans up
+  TestDaemon& operator=(const TestDaemon&) = delete;
   ~TestDaemon();
 
   // kill -9 the daemon and wait until its spawner has cleaned up and gone.

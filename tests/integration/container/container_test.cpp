@@ -300,8 +300,21 @@ TEST_F(ContainerRestart, Kill9ReadoptsAndAGoneAgentIsMarkedFailedAndCleanedUp) {
   EXPECT_EQ(Remains(lose->id()), "") << "a container whose agent is gone is cleaned up";
   auto dead = lose->Exec(Command({"true"}));
   EXPECT_TRUE(!dead.ok() || dead->verdict() != v1::VERDICT_OK);
-  EXPECT_TRUE(keep->Destroy().ok());
+  // Destroying the failed one gives back no hold on the image (this dsecd
+  // never held one for it): the image stays mounted for `keep`, and a new
+  // container on it has its files. (It was given back, and the image
+  // unmounted under creations in flight: "overlay lowerdir: No such file",
+  // or a container without /bin/sh.)
   EXPECT_TRUE(lose->Destroy().ok());  // removes the failed record
+  auto mounts = daemon_->Admin("stats")["container"]["image_mounts"];
+  ASSERT_EQ(mounts.size(), 1u) << mounts.dump();
+  EXPECT_EQ(mounts.begin()->get<int>(), 1) << "holders of the image: " << mounts.dump();
+  auto fresh = NewContainer();
+  ASSERT_TRUE(fresh.ok()) << fresh.status().ToString();
+  EXPECT_EQ(ShIn(*fresh, "echo ok").stdout(), "ok\n");
+  EXPECT_TRUE(fresh->Destroy().ok());
+  EXPECT_TRUE(keep->Destroy().ok());
+  EXPECT_EQ(daemon_->Admin("stats")["container"]["image_mounts"].size(), 0u) << "the last holder gave it back";
   EXPECT_EQ(Remains(keep->id()), "");
 }
 
