@@ -12,11 +12,9 @@
 // data dir whose dsecd is alive, and all cgroups while any test dsecd is.
 #include <dirent.h>
 #include <signal.h>
-#include <sys/mount.h>
 #include <unistd.h>
 
 #include <chrono>
-#include <sstream>
 #include <thread>
 #include <vector>
 
@@ -138,18 +136,8 @@ int Sweep() {
       auto j = nlohmann::json::parse(*ep, nullptr, false);
       if (!j.is_discarded() && Alive(j.value("pid", 0))) continue;
     }
-    if (!log) {
-      std::vector<std::string> mounts;
-      std::ifstream mi("/proc/self/mountinfo");
-      for (std::string line; std::getline(mi, line);) {
-        std::istringstream fields(line);
-        std::string id, parent, dev, root, point;
-        fields >> id >> parent >> dev >> root >> point;
-        if (point.rfind(path + "/", 0) == 0) mounts.push_back(point);
-      }
-      for (auto it = mounts.rbegin(); it != mounts.rend(); ++it)
-        if (::umount2(it->c_str(), MNT_DETACH) == 0) said("mount " + *it);
-    }
+    if (!log)
+      for (const auto& point : dsec::testing::UnmountAllUnder(path)) said("mount " + point);
     dsec::testing::RunProcess({"/bin/rm", "-rf", "--one-file-system", path});
     said(path);
   }

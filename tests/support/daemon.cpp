@@ -305,19 +305,9 @@ TestDaemon::~TestDaemon() {
     // did not restart it): those mounts, and with them the loop device, go
     // before the dir, the deepest first. Said on stderr, so that a test
     // whose containers outlived it shows in its output.
-    std::vector<std::string> mounts;
-    std::ifstream mi("/proc/self/mountinfo");
-    for (std::string line; std::getline(mi, line);) {
-      std::istringstream fields(line);
-      std::string id, parent, dev, root, point;
-      fields >> id >> parent >> dev >> root >> point;
-      if (point.rfind(data_dir_ + "/", 0) == 0) mounts.push_back(point);
-    }
-    for (auto it = mounts.rbegin(); it != mounts.rend(); ++it) {
-      if (::umount2(it->c_str(), MNT_DETACH) < 0) continue;
-      if (it->compare(data_dir_.size(), std::string::npos, "/sandboxes") != 0)
-        std::fprintf(stderr, "TestDaemon: unmounted %s, left mounted after dsecd stopped\n", it->c_str());
-    }
+    for (const auto& point : UnmountAllUnder(data_dir_))
+      if (point != data_dir_ + "/sandboxes")
+        std::fprintf(stderr, "TestDaemon: unmounted %s, left mounted after dsecd stopped\n", point.c_str());
     RunProcess({"/bin/rm", "-rf", "--one-file-system", data_dir_});
     ::unlink(log_path_.c_str());
   }
@@ -357,6 +347,20 @@ std::vector<pid_t> ChildrenOf(pid_t pid) {
 std::string ProcCmdline(const std::string& pid) {
   auto cmd = ReadFileToString("/proc/" + pid + "/cmdline");
   return cmd.ok() ? *cmd : std::string();
+}
+
+std::vector<std::string> UnmountAllUnder(const std::string& dir) {
+  std::vector<std::string> mounts, done;
+  std::ifstream mi("/proc/self/mountinfo");
+  for (std::string line; std::getline(mi, line);) {
+    std::istringstream fields(line);
+    std::string id, parent, dev, root, point;
+    fields >> id >> parent >> dev >> root >> point;
+    if (point.rfind(dir + "/", 0) == 0) mounts.push_back(point);
+  }
+  for (auto it = mounts.rbegin(); it != mounts.rend(); ++it)
+    if (::umount2(it->c_str(), MNT_DETACH) == 0) done.push_back(*it);
+  return done;
 }
 
 std::vector<pid_t> ProcessesMatching(const std::string& needle) {

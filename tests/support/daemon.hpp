@@ -116,6 +116,10 @@ class ConsoleConn {
 // Children of `pid` (all its threads').
 std::vector<pid_t> ChildrenOf(pid_t pid);
 
+// Detaches every mount below `dir` (/proc/self/mountinfo), the deepest
+// first; the mount points it detached.
+std::vector<std::string> UnmountAllUnder(const std::string& dir);
+
 // Processes whose command line contains `needle` (for leak checks).
 std::vector<pid_t> ProcessesMatching(const std::string& needle);
 // /proc/<pid>/cmdline as is ('\0' after each argument); "" when the process
