@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "drivers/driver.hpp"
 #include "drivers/limits.hpp"
+#include "drivers/registry.hpp"
 #include "state/group_commit.hpp"
 #include "state/store.hpp"
 
@@ -43,22 +43,10 @@ struct NodeContext {
   NodeOptions options;
   state::Store* store = nullptr;
   state::GroupCommitter* committer = nullptr;
-  drivers::Driver* fncall = nullptr;    // nullptr: fncall not available here
-  Status fncall_unavailable;            // why, when fncall == nullptr
-  drivers::Driver* container = nullptr;
-  Status container_unavailable;
+  // The sandbox kinds: each one's driver here, or why it cannot run.
+  const drivers::Registry* kinds = nullptr;
   std::shared_ptr<spdlog::logger> log;
   FrontDoor* door = nullptr;            // dsecd's ports (counters for `stats`); may be null
-
-  // The driver for `spec`, or a status naming the kind and why it cannot run
-  // here. Auto (and unspecified) picks the lightest kind that meets the
-  // spec's isolation: fncall for process isolation on the host image,
-  // container for container isolation or a built image.
-  Result<drivers::Driver*> DriverFor(const v1::SandboxSpec& spec) const;
-  // Every driver this node has, for start-up and shutdown.
-  std::vector<drivers::Driver*> Drivers() const;
-  // The kinds this node can run now, and "kind: why not" for the others.
-  void Kinds(std::vector<std::string>* available, std::vector<std::string>* unavailable) const;
 };
 
 int64_t NowMs();

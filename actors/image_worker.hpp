@@ -7,7 +7,7 @@
 
 #include <memory>
 
-#include "actors/wire.hpp"
+#include "wire/wire.hpp"
 
 namespace dsec {
 

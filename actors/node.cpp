@@ -81,7 +81,7 @@ bool OwnerConnected(NodeSelf self, const std::string& owner) {
   return !owner.empty() && it != self->state.clients.connections.end() && it->second > 0;
 }
 
-sandbox_actor Spawn(NodeSelf self, const v1::SandboxRecord& rec) {
+sandbox_actor Spawn(NodeSelf self, const v1::SandboxRecord& rec, std::function<void()> readopted = nullptr) {
   auto gone = Gone(self, &NodeState::sandboxes, &NodeState::sandbox_of, "sb/", rec.id());
   auto handle = caf::actor_cast<node_actor>(self);
   std::string id = rec.id(), owner = rec.owner();
@@ -96,7 +96,7 @@ sandbox_actor Spawn(NodeSelf self, const v1::SandboxRecord& rec) {
         gone();
         Post(handle, [self, id, owner, why] { Ended(self, id, owner, why); });
       },
-      OwnerConnected(self, owner));
+      OwnerConnected(self, owner), std::move(readopted));
 }
 
 void Watch(NodeSelf self, const std::string& name, const session_actor& a) {
@@ -274,15 +274,32 @@ void SweepSessions(NodeSelf self) {
   self->delayed_send(caf::actor_cast<node_actor>(self), next, Continuation{[self] { SweepSessions(self); }});
 }
 
-// Rebuilds sandbox and session actors from the store (daemon start).
+// Once every sandbox's driver has answered its Readopt: drivers may drop
+// what no record claims, and the restore is done.
+void MaybeRestoreDone(NodeSelf self) {
+  auto& st = self->state;
+  auto& r = st.restore;
+  if (!r.scanned || r.readopting || r.done) return;
+  r.done = true;
+  for (auto* d : st.ctx->kinds->Drivers()) d->Restored();
+  double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - r.started).count();
+  st.ctx->log->info("re-adopted {} sandbox(es) in {:.1f} ms", r.readopted, ms);
+}
+
+// Rebuilds sandbox and session actors from the store (daemon start). The
+// scan is quick; re-adopting sandboxes (a ping to each one's agent) is not,
+// so drivers do it on their threads while the node answers: a sandbox's own
+// actor holds its requests until its driver has answered.
 void Restore(NodeSelf self) {
   auto& st = self->state;
   auto& ctx = *st.ctx;
-  auto started = std::chrono::steady_clock::now();
+  st.restore.started = std::chrono::steady_clock::now();
   size_t sandboxes = 0, sessions = 0, dropped = 0;
   state::WriteBatch cleanup;
   // One corrupt row must not keep the others from coming back: log it, skip it.
   size_t corrupt = 0;
+  auto handle = caf::actor_cast<node_actor>(self);
+  std::vector<v1::SandboxRecord> restored;
   auto s1 = ctx.store->Scan(state::Table::kSandboxes, "", [&](const std::string& key, const std::string& raw) {
     v1::SandboxRecord rec;
     if (!rec.ParseFromString(raw)) {
@@ -295,19 +312,22 @@ void Restore(NodeSelf self) {
       ++dropped;
       return true;
     }
-    if (rec.phase() == v1::SANDBOX_PHASE_RUNNING || rec.phase() == v1::SANDBOX_PHASE_PAUSED) {
-      auto d = ctx.DriverFor(rec.spec());
-      Status re = d.ok() ? (*d)->Readopt(rec) : d.status();
-      if (!re.ok()) {
-        rec.set_phase(v1::SANDBOX_PHASE_FAILED);
-        rec.set_error("not re-adopted after restart: " + re.message());
-        state::TypedTable<v1::SandboxRecord>(ctx.store, state::Table::kSandboxes).Put(&cleanup, key, rec);
-      }
-    }
-    Watch(self, rec.id(), Spawn(self, rec));
-    ++sandboxes;
+    restored.push_back(std::move(rec));
     return true;
   });
+  st.restore.readopting = restored.size();
+  for (auto& rec : restored) {
+    auto readopted = [handle, self] {
+      Post(handle, [self] {
+        auto& r = self->state.restore;
+        ++r.readopted;
+        --r.readopting;
+        MaybeRestoreDone(self);
+      });
+    };
+    Watch(self, rec.id(), Spawn(self, rec, readopted));
+    ++sandboxes;
+  }
   size_t closed = 0;
   auto s2 = ctx.store->Scan(state::Table::kSessions, "", [&](const std::string& key, const std::string& raw) {
     v1::SessionRecord rec;
@@ -325,20 +345,21 @@ void Restore(NodeSelf self) {
     ++sessions;
     return true;
   });
-  // Only with every record seen may a driver drop what no record claims.
-  if (s1.ok())
-    for (auto* d : ctx.Drivers()) d->Restored();
   if (!s1.ok()) ctx.log->error("restore sandboxes: {}", s1.message());
   if (!s2.ok()) ctx.log->error("restore sessions: {}", s2.message());
   if (!cleanup.empty()) {
     Status w = ctx.committer->WriteSync(std::move(cleanup));
     if (!w.ok()) ctx.log->error("restore: cleanup write: {}", w.message());
   }
-  double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
-  ctx.log->info("restored {} sandbox(es) and {} session(s) ({} closed ones kept for replay) from {} in {:.1f} ms{}{}",
+  double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - st.restore.started).count();
+  ctx.log->info("restored {} sandbox(es) and {} session(s) ({} closed ones kept for replay) from {} in {:.1f} ms{}{}{}",
                 sandboxes, sessions, closed, ctx.store->Describe(), ms,
                 dropped ? " (" + std::to_string(dropped) + " stopped sandbox row(s) removed)" : "",
-                corrupt ? " (" + std::to_string(corrupt) + " corrupt row(s) skipped)" : "");
+                corrupt ? " (" + std::to_string(corrupt) + " corrupt row(s) skipped)" : "",
+                sandboxes ? "; their drivers re-adopt them now" : "");
+  // Only with every record seen may a driver drop what no record claims.
+  st.restore.scanned = s1.ok();
+  MaybeRestoreDone(self);
 }
 
 bool ClientDown(NodeSelf self, const caf::down_msg& dm);
@@ -359,6 +380,7 @@ void OnDown(NodeSelf self, caf::down_msg& dm) {
       st.sandboxes.erase(cur);
     if (normal) {
       st.intensity->Forget("sb/" + id);
+      st.restart_counts.erase("sb/" + id);
       // Quit without a destroy (a creation that failed): its owner's claim goes too.
       if (auto o = st.clients.owner_of.find(id); o != st.clients.owner_of.end()) Ended(self, id, o->second, "");
       return;
@@ -370,6 +392,7 @@ void OnDown(NodeSelf self, caf::down_msg& dm) {
     }
     if (!st.intensity->Allow("sb/" + id)) {
       ++st.counters.gave_up;
+      rec->set_restarts(std::max(rec->restarts(), st.restart_counts["sb/" + id]));
       rec->set_phase(v1::SANDBOX_PHASE_FAILED);
       rec->set_error("crashed " + std::to_string(ctx.options.max_restarts + 1) + " times within " +
                      std::to_string(ctx.options.restart_window_s) + " s; last: " + why);
@@ -381,7 +404,16 @@ void OnDown(NodeSelf self, caf::down_msg& dm) {
       return;
     }
     ++st.counters.restarts;
-    rec->set_restarts(rec->restarts() + 1);
+    // Counted here and in the checkpoint: a crash before that write is done
+    // still counts from here.
+    uint32_t& count = st.restart_counts["sb/" + id];
+    count = std::max(count, rec->restarts()) + 1;
+    rec->set_restarts(count);
+    state::WriteBatch b;
+    state::TypedTable<v1::SandboxRecord>(ctx.store, state::Table::kSandboxes).Put(&b, id, *rec);
+    ctx.committer->Submit(std::move(b), [log = ctx.log, id](const Status& w) {
+      if (!w.ok()) log->warn("sandbox {}: writing its restart count: {}", id, w.message());
+    });
     ctx.log->warn("sandbox {} crashed ({}); restarted from its checkpoint (restart {} in the window)", id,
                   why, st.intensity->Recent("sb/" + id));
     Watch(self, id, Spawn(self, *rec));
@@ -394,6 +426,7 @@ void OnDown(NodeSelf self, caf::down_msg& dm) {
       st.sessions.erase(cur);
     if (normal) {
       st.intensity->Forget("se/" + name);
+      st.restart_counts.erase("se/" + name);
       return;
     }
     auto rec = state::TypedTable<v1::SessionRecord>(ctx.store, state::Table::kSessions).Get(name);
@@ -403,6 +436,7 @@ void OnDown(NodeSelf self, caf::down_msg& dm) {
     }
     if (!st.intensity->Allow("se/" + name)) {
       ++st.counters.gave_up;
+      rec->set_restarts(std::max(rec->restarts(), st.restart_counts["se/" + name]));
       rec->set_phase(v1::SESSION_PHASE_FAILED);
       rec->set_error("its actor crashed " + std::to_string(ctx.options.max_restarts + 1) + " times within " +
                      std::to_string(ctx.options.restart_window_s) + " s; last: " + why);
@@ -414,7 +448,14 @@ void OnDown(NodeSelf self, caf::down_msg& dm) {
       return;
     }
     ++st.counters.restarts;
-    rec->set_restarts(rec->restarts() + 1);
+    uint32_t& count = st.restart_counts["se/" + name];  // as for sandboxes, above
+    count = std::max(count, rec->restarts()) + 1;
+    rec->set_restarts(count);
+    state::WriteBatch b;
+    state::TypedTable<v1::SessionRecord>(ctx.store, state::Table::kSessions).Put(&b, name, *rec);
+    ctx.committer->Submit(std::move(b), [log = ctx.log, name](const Status& w) {
+      if (!w.ok()) log->warn("session {}: writing its restart count: {}", name, w.message());
+    });
     ctx.log->warn("session {} crashed ({}); restarted from its log ({} steps)", name, why, rec->step_count());
     Watch(self, name, SpawnSessionActor(self, *rec));
   }
@@ -506,12 +547,12 @@ Status SetLifetime(NodeSelf self, const v1::CreateRequest& req, const drivers::D
                                    "' is not a client id (up to 64 letters and digits, as Hello.client_id)");
   spec->set_ttl_s(ttl);
   spec->set_idle_timeout_s(idle);
-  if (spec->on_idle() == v1::IDLE_ACTION_PAUSE && !driver.CanPause())
+  if (spec->on_idle() == v1::IDLE_ACTION_PAUSE && !driver.traits().pause)
     return Status::InvalidArgument(what + ": " + driver.name() +
                                    " sandboxes cannot be paused (nothing runs between calls); ask for on_idle destroy");
   // The node's default, where the kind can do it.
   if (spec->on_idle() == v1::IDLE_ACTION_UNSPECIFIED)
-    spec->set_on_idle(o.sandbox_on_idle == v1::IDLE_ACTION_PAUSE && !driver.CanPause() ? v1::IDLE_ACTION_DESTROY
+    spec->set_on_idle(o.sandbox_on_idle == v1::IDLE_ACTION_PAUSE && !driver.traits().pause ? v1::IDLE_ACTION_DESTROY
                                                                                         : o.sandbox_on_idle);
   if (ttl) rec->set_ttl_deadline_ms(rec->created_ms() + int64_t{ttl} * 1000);
   rec->set_last_active_ms(rec->created_ms());
@@ -529,12 +570,12 @@ caf::result<v1::RunReply> HandleRun(NodeSelf self, v1::RunRequest& req) {
     ++st.counters.rejected;
     return ErrorReply<v1::RunReply>(s);
   };
-  auto d = ctx.DriverFor(req.spec());
+  auto d = ctx.kinds->DriverFor(req.spec());
   if (!d.ok()) return reject(d.status());
   Status s = drivers::CheckSpec(ctx.options.limits, req.spec());
-  if (s.ok() && (*d)->kind() != v1::KIND_FNCALL)
-    s = Status::InvalidArgument(std::string("one-shot runs are fncall only; for a ") + (*d)->name() +
-                                " create a sandbox (dsecctl create) and exec in it");
+  if (s.ok() && (*d)->traits().stateful)
+    s = Status::InvalidArgument(std::string("one-shot runs are for kinds without state (fncall); for a ") +
+                                (*d)->name() + " create a sandbox (dsecctl create) and exec in it");
   if (s.ok()) s = (*d)->CanHandle(req.spec());
   if (s.ok()) s = drivers::CheckExecRequest(ctx.options.limits, req.exec());
   if (s.ok() && !req.exec().idempotency_key().empty())
@@ -546,7 +587,7 @@ caf::result<v1::RunReply> HandleRun(NodeSelf self, v1::RunRequest& req) {
     return reject(Status::ResourceExhausted("node has " + std::to_string(st.runs.size()) +
                                             " runs in flight (the limit); retry later"));
   std::string id = "run-" + std::to_string(ctx.options.boot) + "-" + std::to_string(++st.next_run);
-  st.runs[id] = RunInfo{req.exec().argv(0), NowMs()};
+  st.runs[id] = RunInfo{req.exec().argv(0), NowMs(), *d};
   v1::ExecRequest exec = std::move(*req.mutable_exec());
   *exec.mutable_limits() = *limits;
   v1::SandboxRecord sandbox;
@@ -594,7 +635,7 @@ node_actor::behavior_type NodeActor(NodeSelf self, std::shared_ptr<NodeContext> 
       [self](v1::RunRequest& req) -> caf::result<v1::RunReply> { return HandleRun(self, req); },
       [self](v1::CreateRequest& req) -> caf::result<v1::SandboxReply> {
         auto& st = self->state;
-        auto d = st.ctx->DriverFor(req.spec());
+        auto d = st.ctx->kinds->DriverFor(req.spec());
         Status s = d.ok() ? drivers::CheckSpec(st.ctx->options.limits, req.spec()) : d.status();
         if (s.ok()) s = (*d)->CanHandle(req.spec());
         if (!s.ok()) {

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "actors/continuation.hpp"
-#include "actors/wire.hpp"
+#include "wire/wire.hpp"
 
 namespace dsec {
 

@@ -25,9 +25,8 @@ std::string Error(const std::string& msg) { return Dump(json{{"ok", false}, {"er
 // A sandbox as listed: its stored row, with when and why it ends (the
 // node knows since when its owner is gone; an exec running now is not
 // known here, so an idle end may be shown that the exec postpones).
-json SandboxSummary(NodeSelf self, v1::SandboxRecord r) {
-  auto& clients = self->state.clients;
-  if (auto g = clients.gone_since.find(r.owner()); !r.owner().empty() && g != clients.gone_since.end())
+json SandboxSummary(const std::unordered_map<std::string, int64_t>& gone_since, v1::SandboxRecord r) {
+  if (auto g = gone_since.find(r.owner()); !r.owner().empty() && g != gone_since.end())
     r.set_owner_gone_ms(g->second);
   else
     r.set_owner_gone_ms(0);
@@ -64,13 +63,25 @@ json SessionSummary(const v1::SessionRecord& r) {
   return j;
 }
 
+// Runs `scan` (a full-table scan: its time grows with the table) on a
+// thread of its own and answers with its result from the node, so the
+// node's thread never waits on the store for the console.
+caf::result<std::string> OffThread(NodeSelf self, std::function<std::string()> scan) {
+  auto rp = self->make_response_promise<std::string>();
+  auto handle = caf::actor_cast<node_actor>(self);
+  self->spawn<caf::detached>([handle, rp, scan = std::move(scan)]() mutable {
+    std::string out = scan();
+    Post(handle, [rp, out = std::move(out)]() mutable { rp.deliver(std::move(out)); });
+  });
+  return rp;
+}
+
 // `sessions`: every session (open ones with a live actor marked), newest
 // first would need an index; store order (by name) it is.
-std::string Sessions(NodeSelf self) {
-  auto& st = self->state;
+std::string Sessions(state::Store* store) {
   json sessions = json::array();
   size_t open = 0;
-  (void)state::TypedTable<v1::SessionRecord>(st.ctx->store, state::Table::kSessions)
+  (void)state::TypedTable<v1::SessionRecord>(store, state::Table::kSessions)
       .Scan("", [&](const std::string&, v1::SessionRecord&& r) {
         if (r.phase() == v1::SESSION_PHASE_OPEN) ++open;
         sessions.push_back(SessionSummary(r));
@@ -83,7 +94,7 @@ std::string Status_(NodeSelf self) {
   auto& st = self->state;
   auto& ctx = *st.ctx;
   std::vector<std::string> kinds, unavailable;
-  ctx.Kinds(&kinds, &unavailable);
+  ctx.kinds->Kinds(&kinds, &unavailable);
   return json{{"ok", true},
               {"node", ctx.options.node_id},
               {"boot", ctx.options.boot},
@@ -96,28 +107,38 @@ std::string Status_(NodeSelf self) {
               {"sandboxes", st.sandboxes.size()},
               {"sessions", st.sessions.size()},
               {"runs_in_flight", st.runs.size()},
+              {"readopting", st.restore.readopting},
               {"kinds", kinds},
               {"unavailable", unavailable}}
       .dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
-std::string Ls(NodeSelf self) {
-  auto& st = self->state;
-  json sandboxes = json::array(), sessions = json::array(), runs = json::array();
-  (void)state::TypedTable<v1::SandboxRecord>(st.ctx->store, state::Table::kSandboxes)
+std::string ScanLs(state::Store* store, const std::unordered_map<std::string, int64_t>& gone, const json& runs) {
+  json sandboxes = json::array(), sessions = json::array();
+  (void)state::TypedTable<v1::SandboxRecord>(store, state::Table::kSandboxes)
       .Scan("", [&](const std::string&, v1::SandboxRecord&& r) {
-        sandboxes.push_back(SandboxSummary(self, std::move(r)));
+        sandboxes.push_back(SandboxSummary(gone, std::move(r)));
         return sandboxes.size() < 10000;
       });
-  (void)state::TypedTable<v1::SessionRecord>(st.ctx->store, state::Table::kSessions)
+  (void)state::TypedTable<v1::SessionRecord>(store, state::Table::kSessions)
       .Scan("", [&](const std::string&, v1::SessionRecord&& r) {
         sessions.push_back(SessionSummary(r));
         return sessions.size() < 10000;
       });
+  return Dump(json{{"ok", true}, {"sandboxes", sandboxes}, {"sessions", sessions}, {"runs", runs}});
+}
+
+// `ls`: the rows of sandboxes and sessions (a scan, off the node's thread)
+// and the one-shot runs in flight (the node's own, read here).
+caf::result<std::string> Ls(NodeSelf self) {
+  auto& st = self->state;
+  json runs = json::array();
   int64_t now = NowMs();
   for (const auto& [id, info] : st.runs)
     runs.push_back(json{{"id", id}, {"argv0", info.argv0}, {"age_ms", now - info.started_ms}});
-  return Dump(json{{"ok", true}, {"sandboxes", sandboxes}, {"sessions", sessions}, {"runs", runs}});
+  return OffThread(self, [store = st.ctx->store, gone = st.clients.gone_since, runs = std::move(runs)] {
+    return ScanLs(store, gone, runs);
+  });
 }
 
 json DriverStats(const drivers::Driver* d) { return d ? json::parse(d->StatsJson(), nullptr, false) : json(nullptr); }
@@ -134,7 +155,7 @@ std::string Stats(NodeSelf self) {
   auto& st = self->state;
   auto& c = st.counters;
   auto cs = st.ctx->committer->stats();
-  return json{{"ok", true},
+  json out{{"ok", true},
               {"runs", c.runs},
               {"runs_ok", c.runs_ok},
               {"runs_platform_error", c.runs_platform_error},
@@ -146,10 +167,9 @@ std::string Stats(NodeSelf self) {
               {"store_batches", cs.batches},
               {"store_ops", cs.ops},
               {"sdk_door", DoorStats(st.ctx->door, 0)},
-              {"console_door", DoorStats(st.ctx->door, 1)},
-              {"fncall", DriverStats(st.ctx->fncall)},
-              {"container", DriverStats(st.ctx->container)}}
-      .dump(-1, ' ', false, json::error_handler_t::replace);
+              {"console_door", DoorStats(st.ctx->door, 1)}};
+  for (const auto& [name, driver] : st.ctx->kinds->ByName()) out[name] = DriverStats(driver);
+  return out.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
 // inspect / kill of a sandbox or session: asks its actor and turns the reply
@@ -184,16 +204,18 @@ caf::result<std::string> HandleAdmin(NodeSelf self, const std::string& cmd,
   };
   if (cmd == "status") return Status_(self);
   if (cmd == "nodes") {
-    json nodes = json::array();
-    (void)state::TypedTable<v1::NodeRecord>(st.ctx->store, state::Table::kNodes)
-        .Scan("", [&](const std::string&, v1::NodeRecord&& r) {
-          nodes.push_back(ProtoJson(r));
-          return true;
-        });
-    return Dump(json{{"ok", true}, {"nodes", nodes}});
+    return OffThread(self, [store = st.ctx->store] {
+      json nodes = json::array();
+      (void)state::TypedTable<v1::NodeRecord>(store, state::Table::kNodes)
+          .Scan("", [&](const std::string&, v1::NodeRecord&& r) {
+            nodes.push_back(ProtoJson(r));
+            return true;
+          });
+      return Dump(json{{"ok", true}, {"nodes", nodes}});
+    });
   }
   if (cmd == "ls") return Ls(self);
-  if (cmd == "sessions") return Sessions(self);
+  if (cmd == "sessions") return OffThread(self, [store = st.ctx->store] { return Sessions(store); });
   if (cmd == "stats") return Stats(self);
   if (cmd == "inspect" || cmd == "kill") {
     if (auto u = need_id(); !u.empty()) return Error(u);
@@ -204,9 +226,8 @@ caf::result<std::string> HandleAdmin(NodeSelf self, const std::string& cmd,
         return json{{"ok", true}, {"run", {{"id", id}, {"argv0", r->second.argv0},
                                            {"age_ms", NowMs() - r->second.started_ms}}}}
             .dump(-1, ' ', false, json::error_handler_t::replace);
-      // One-shot runs are fncall's (HandleRun); execs in sandboxes go through their actors.
-      Status s = st.ctx->fncall ? st.ctx->fncall->Kill(id, "killed by an operator (admin console)")
-                                : Status::NotFound("no fncall driver");
+      // One-shot runs (HandleRun); execs in sandboxes go through their actors.
+      Status s = r->second.driver->Kill(id, "killed by an operator (admin console)");
       if (!s.ok()) return Error(s.message());
       return Dump(json{{"ok", true}, {"killed", id}});
     }

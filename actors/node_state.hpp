@@ -1,6 +1,7 @@
 // Internal to the node actor (node.cpp, node_admin.cpp): its state.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -20,6 +21,7 @@ namespace dsec {
 struct RunInfo {
   std::string argv0;
   int64_t started_ms = 0;
+  drivers::Driver* driver = nullptr;  // that runs it
 };
 
 struct NodeCounters {
@@ -63,8 +65,20 @@ struct NodeState {
   std::unordered_map<caf::actor_addr, std::string> session_of;
   std::unordered_map<std::string, RunInfo> runs;  // one-shot runs in flight
   std::unique_ptr<RestartIntensity> intensity;
+  // Restarts of a child ("sb/<id>", "se/<name>") as last counted: its
+  // checkpoint may not have the last count yet when it crashes again.
+  std::unordered_map<std::string, uint32_t> restart_counts;
   image_worker_actor images;  // blocking registry work, off the node's thread
   NodeCounters counters;
+  // The restore at start: sandboxes whose driver has not yet answered
+  // Readopt, and those that have; done once the scan is too.
+  struct {
+    size_t readopting = 0;
+    size_t readopted = 0;
+    bool scanned = false;  // every record seen (the scan did not fail)
+    bool done = false;
+    std::chrono::steady_clock::time_point started;
+  } restore;
   uint64_t next_run = 0;
   int64_t started_ms = 0;
   static constexpr const char* name = "node";

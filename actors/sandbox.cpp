@@ -40,6 +40,10 @@ struct SandboxState {
   bool pausing = false;            // a pause or resume is with the driver
   std::function<void()> after_pause;  // a destroy waiting for it
   int64_t idle_retry_ms = 0;       // a failed automatic pause is tried again then, not before
+  // After a restart, until the driver has re-adopted the sandbox: requests
+  // wait here (see Defer) and no end is armed.
+  bool readopting = false;
+  std::vector<std::function<void()>> after_readopt;
   static constexpr const char* name = "sandbox";
 };
 
@@ -99,6 +103,16 @@ void Checkpoint(Self self, std::function<void(const Status&)> then) {
   st.ctx->committer->Submit(std::move(b), [handle, then](const Status& s) {
     Post(handle, [then, s] { then(s); });
   });
+}
+
+// While the driver re-adopts the sandbox, a request waits; once that is
+// done it is sent to this actor again, for its caller.
+template <class Reply, class Request>
+caf::result<Reply> Defer(Self self, const Request& req) {
+  auto rp = self->make_response_promise<Reply>();
+  self->state.after_readopt.push_back(
+      [self, rp, req]() mutable { rp.delegate(caf::actor_cast<sandbox_actor>(self), std::move(req)); });
+  return rp;
 }
 
 // Why the sandbox cannot take an operation now, or Ok.
@@ -272,6 +286,7 @@ void Expire(Self self) {
 // Arms the timer for the next end (one at a time: a newer one supersedes).
 void ArmExpiry(Self self) {
   auto& st = self->state;
+  if (st.readopting) return;  // armed once it is done
   End e = NextEnd(st);
   if (e.at_ms == 0) return;
   int64_t now = NowMs();
@@ -404,6 +419,7 @@ sandbox_actor::behavior_type Behavior(Self self) {
       },
       [self](v1::ExecRequest& req) -> caf::result<v1::ExecReply> {
         auto& st = self->state;
+        if (st.readopting) return Defer<v1::ExecReply>(self, req);
         v1::ExecReply reply;
         if (!st.driver) {
           ToProto(st.driver_status.Annotate("sandbox " + st.rec.id()), reply.mutable_status());
@@ -414,8 +430,13 @@ sandbox_actor::behavior_type Behavior(Self self) {
           return reply;
         }
         Status ok = drivers::CheckExecRequest(st.ctx->options.limits, req);
-        if (ok.ok() && !req.idempotency_key().empty() && st.driver->kind() == v1::KIND_FNCALL)
-          ok = Status::InvalidArgument("an idempotency_key needs a sandbox with state; every fncall exec is a fresh run");
+        if (ok.ok() && !req.idempotency_key().empty() && !st.driver->traits().stateful)
+          ok = Status::InvalidArgument(std::string("an idempotency_key needs a sandbox with state; every ") +
+                                       st.driver->name() + " exec is a fresh run");
+        if (ok.ok() && req.stream() && !st.driver->traits().streaming)
+          ok = Status::Unimplemented(std::string(st.driver->name()) +
+                                     " sandboxes cannot stream output: each exec is one fresh run whose output "
+                                     "comes back whole when it ends (call Exec, or use a container sandbox)");
         if (ok.ok()) ok = st.driver->CheckExecLimits(st.rec, req.limits());
         auto limits = ok.ok() ? drivers::EffectiveLimits(st.ctx->options.limits, st.rec.spec(), req)
                               : Result<v1::Limits>(ok);
@@ -475,25 +496,35 @@ sandbox_actor::behavior_type Behavior(Self self) {
             std::move(finished));
         return rp;
       },
-      [self](const v1::PauseRequest&) -> caf::result<v1::SandboxReply> { return SetPaused(self, true); },
-      [self](const v1::ResumeRequest&) -> caf::result<v1::SandboxReply> { return SetPaused(self, false); },
+      [self](const v1::PauseRequest& req) -> caf::result<v1::SandboxReply> {
+        if (self->state.readopting) return Defer<v1::SandboxReply>(self, req);
+        return SetPaused(self, true);
+      },
+      [self](const v1::ResumeRequest& req) -> caf::result<v1::SandboxReply> {
+        if (self->state.readopting) return Defer<v1::SandboxReply>(self, req);
+        return SetPaused(self, false);
+      },
       [self](const v1::ReadFileRequest& req) -> caf::result<v1::FileReply> {
+        if (self->state.readopting) return Defer<v1::FileReply>(self, req);
         return FileOp(self, req.path(), [req](Self s, drivers::FileCallback cb) {
           s->state.driver->ReadFile(s->state.rec, req, std::move(cb));
         });
       },
       [self](const v1::WriteFileRequest& req) -> caf::result<v1::FileReply> {
+        if (self->state.readopting) return Defer<v1::FileReply>(self, req);
         return FileOp(self, req.path(), [req](Self s, drivers::FileCallback cb) {
           s->state.driver->WriteFile(s->state.rec, req, std::move(cb));
         });
       },
       [self](const v1::ListFilesRequest& req) -> caf::result<v1::FileReply> {
+        if (self->state.readopting) return Defer<v1::FileReply>(self, req);
         return FileOp(self, req.path(), [req](Self s, drivers::FileCallback cb) {
           s->state.driver->ListFiles(s->state.rec, req, std::move(cb));
         });
       },
       [self](const v1::DestroyRequest& req) -> caf::result<v1::SandboxReply> {
         auto& st = self->state;
+        if (st.readopting) return Defer<v1::SandboxReply>(self, req);
         if (!st.driver) return Reply(st.driver_status, st);
         if (st.destroying)
           return Reply(Status::FailedPrecondition("sandbox " + st.rec.id() + " is already being destroyed"), st);
@@ -507,7 +538,8 @@ sandbox_actor::behavior_type Behavior(Self self) {
         st.rec.set_owner_gone_ms(present ? 0 : NowMs());
         ArmExpiry(self);
       },
-      [self](const v1::GetSandboxRequest&) {
+      [self](const v1::GetSandboxRequest& req) -> caf::result<v1::SandboxReply> {
+        if (self->state.readopting) return Defer<v1::SandboxReply>(self, req);
         auto reply = Reply(Status::Ok(), self->state);
         auto& st = self->state;
         // One ioctl on the quota tree: cheap enough to read on every look.
@@ -521,9 +553,28 @@ sandbox_actor::behavior_type Behavior(Self self) {
   };
 }
 
+// The driver's answer to Readopt: a sandbox it could not take back is
+// failed (and says why); then the requests that waited run.
+void Readopted(Self self, const Status& s) {
+  auto& st = self->state;
+  st.readopting = false;
+  if (!s.ok()) {
+    st.rec.set_phase(v1::SANDBOX_PHASE_FAILED);
+    st.rec.set_error("not re-adopted after restart: " + s.message());
+    st.ctx->log->warn("sandbox {}: {}", st.rec.id(), st.rec.error());
+    Checkpoint(self, [self](const Status& w) {
+      if (!w.ok()) self->state.ctx->log->error("sandbox {}: checkpoint: {}", self->state.rec.id(), w.message());
+    });
+  }
+  ArmExpiry(self);
+  auto waiting = std::move(st.after_readopt);
+  st.after_readopt.clear();
+  for (auto& fn : waiting) fn();
+}
+
 sandbox_actor::behavior_type SandboxActor(Self self, std::shared_ptr<NodeContext> ctx,
                                           v1::SandboxRecord record, std::function<void(const std::string&)> gone,
-                                          bool owner_present) {
+                                          bool owner_present, std::function<void()> readopted) {
   auto& st = self->state;
   st.ctx = std::move(ctx);
   st.rec = std::move(record);
@@ -536,7 +587,7 @@ sandbox_actor::behavior_type SandboxActor(Self self, std::shared_ptr<NodeContext
   if (st.rec.busy()) st.rec.set_last_active_ms(std::max(st.rec.last_active_ms(), NowMs()));
   st.rec.set_busy(false);
   st.active_written_until = st.rec.last_active_ms();
-  auto d = st.ctx->DriverFor(st.rec.spec());
+  auto d = st.ctx->kinds->DriverFor(st.rec.spec());
   if (d.ok()) {
     st.driver = *d;
   } else {
@@ -544,6 +595,21 @@ sandbox_actor::behavior_type SandboxActor(Self self, std::shared_ptr<NodeContext
     // it); until then every operation says why it cannot be served.
     st.driver_status = d.status();
     st.ctx->log->warn("sandbox {}: {}", st.rec.id(), d.status().message());
+  }
+  bool up = st.rec.phase() == v1::SANDBOX_PHASE_RUNNING || st.rec.phase() == v1::SANDBOX_PHASE_PAUSED;
+  if (readopted && up) {
+    // After a daemon restart: the driver takes the sandbox back on its own
+    // thread (agents answer pings there); requests wait until it has.
+    st.readopting = true;
+    auto handle = caf::actor_cast<sandbox_actor>(self);
+    auto answer = [handle, self, readopted](const Status& s) {
+      Post(handle, [self, s] { Readopted(self, s); });
+      readopted();
+    };
+    if (st.driver) st.driver->Readopt(st.rec, std::move(answer));
+    else answer(st.driver_status);
+  } else if (readopted) {
+    readopted();
   }
   // Restored: its ends come from its record (one already past acts now).
   if (st.rec.phase() != v1::SANDBOX_PHASE_PENDING) ArmExpiry(self);
@@ -554,9 +620,9 @@ sandbox_actor::behavior_type SandboxActor(Self self, std::shared_ptr<NodeContext
 
 sandbox_actor SpawnSandbox(caf::local_actor* parent, std::shared_ptr<NodeContext> ctx,
                            v1::SandboxRecord record, std::function<void(const std::string&)> gone,
-                           bool owner_present) {
+                           bool owner_present, std::function<void()> readopted) {
   return parent->spawn<caf::monitored>(SandboxActor, std::move(ctx), std::move(record), std::move(gone),
-                                       owner_present);
+                                       owner_present, std::move(readopted));
 }
 
 }  // namespace dsec

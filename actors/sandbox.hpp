@@ -11,7 +11,7 @@
 #include <memory>
 
 #include "actors/continuation.hpp"
-#include "actors/wire.hpp"
+#include "wire/wire.hpp"
 
 namespace dsec {
 
@@ -57,8 +57,13 @@ using sandbox_actor = caf::typed_actor<
 // timeout (pause or destroy, spec.on_idle) and once its owner has been gone
 // for the lease (destroy); the deadlines come from the record, so they hold
 // across restarts.
+//
+// `readopted` set: the record comes back after a daemon restart, and the
+// driver re-adopts the sandbox first (a running or paused one; one it cannot
+// take back is failed, saying why). Requests wait until it has; then
+// `readopted` runs, on a driver thread (post from it, nothing else).
 sandbox_actor SpawnSandbox(caf::local_actor* parent, std::shared_ptr<NodeContext> ctx,
                            v1::SandboxRecord record, std::function<void(const std::string& why)> gone = nullptr,
-                           bool owner_present = false);
+                           bool owner_present = false, std::function<void()> readopted = nullptr);
 
 }  // namespace dsec

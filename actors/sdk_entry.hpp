@@ -12,7 +12,7 @@
 #include <memory>
 #include <string>
 
-#include "actors/wire.hpp"
+#include "wire/wire.hpp"
 #include "runtime/door_auth.hpp"
 
 namespace dsec {

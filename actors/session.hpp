@@ -22,7 +22,7 @@
 
 #include "actors/continuation.hpp"
 #include "actors/sandbox.hpp"
-#include "actors/wire.hpp"
+#include "wire/wire.hpp"
 #include "dsec/status.hpp"
 
 namespace dsec {

@@ -11,19 +11,9 @@ Status NoState(const Driver& d, const char* what) {
 
 }  // namespace
 
-void Driver::ExecStreaming(const v1::SandboxRecord& sandbox, const std::string& run_id, const v1::ExecRequest& req,
-                           OutputCallback on_output, ExecCallback done) {
-  Exec(sandbox, run_id, req, [on_output = std::move(on_output), done = std::move(done)](Result<v1::ExecResult> r) {
-    if (r.ok() && (!r->stdout().empty() || !r->stderr().empty())) {
-      v1::ExecOutput out;
-      out.set_stdout(std::move(*r->mutable_stdout()));
-      out.set_stderr(std::move(*r->mutable_stderr()));
-      r->clear_stdout();
-      r->clear_stderr();
-      on_output(out);
-    }
-    done(std::move(r));
-  });
+void Driver::ExecStreaming(const v1::SandboxRecord&, const std::string&, const v1::ExecRequest&, OutputCallback,
+                           ExecCallback done) {
+  done(Status::Unimplemented(std::string(name()) + " sandboxes cannot stream output"));
 }
 
 Status Driver::CheckExecLimits(const v1::SandboxRecord&, const v1::Limits&) const { return Status::Ok(); }

@@ -23,6 +23,20 @@ using OutputCallback = std::function<void(const v1::ExecOutput&)>;
 // ReadFile: content; ListFiles: info and entries; WriteFile: nothing.
 using FileCallback = std::function<void(Result<v1::FileReply>)>;
 
+// What a kind can do, which actors ask instead of naming kinds.
+struct KindTraits {
+  v1::Isolation isolation = v1::ISOLATION_PROCESS;  // what its sandboxes give
+  bool host_image = false;   // runs on the host's own files only (image "" or "host")
+  // Processes and files live between calls. Without: every exec is one
+  // fresh run, one-shot runs (RunRequest) are for this kind, and an
+  // idempotency key means nothing.
+  bool stateful = false;
+  bool files = false;        // ReadFile / WriteFile / ListFiles
+  bool pause = false;        // Pause freezes its processes
+  bool streaming = false;    // ExecStreaming delivers output while it runs
+  bool readoptable = false;  // sandboxes outlive dsecd; Readopt reconnects them
+};
+
 class Driver {
  public:
   virtual ~Driver() = default;
@@ -30,6 +44,7 @@ class Driver {
   virtual v1::Kind kind() const = 0;
   // "fncall", "container", ...
   virtual const char* name() const = 0;
+  virtual const KindTraits& traits() const = 0;
 
   // Ok when this host can run this kind now; otherwise FailedPrecondition
   // saying why (e.g. "not available on this host: cgroup v1 memory missing").
@@ -50,8 +65,8 @@ class Driver {
   virtual void Exec(const v1::SandboxRecord& sandbox, const std::string& run_id,
                     const v1::ExecRequest& req, ExecCallback done) = 0;
   // Exec with its output delivered through `on_output` while it runs; the
-  // result then carries none. The default runs Exec and hands the output
-  // over in one piece at the end (kinds that cannot stream: fncall).
+  // result then carries none. Kinds without traits().streaming are never
+  // asked (the sandbox refuses a streamed exec); the default says so.
   virtual void ExecStreaming(const v1::SandboxRecord& sandbox, const std::string& run_id,
                              const v1::ExecRequest& req, OutputCallback on_output, ExecCallback done);
   // Stops a run in flight; its ExecCallback reports how it ended.
@@ -62,26 +77,27 @@ class Driver {
   virtual void ReadFile(const v1::SandboxRecord& sandbox, const v1::ReadFileRequest& req, FileCallback done);
   virtual void WriteFile(const v1::SandboxRecord& sandbox, const v1::WriteFileRequest& req, FileCallback done);
   virtual void ListFiles(const v1::SandboxRecord& sandbox, const v1::ListFilesRequest& req, FileCallback done);
-  // Freezes (paused) or thaws every process of the sandbox.
+  // Freezes (paused) or thaws every process of the sandbox (traits().pause).
   virtual void Pause(const v1::SandboxRecord& sandbox, bool paused, StatusCallback done);
-  // Whether Pause does anything (a kind without processes between calls cannot).
-  virtual bool CanPause() const { return true; }
   // Bytes the sandbox's files take on disk (cheap: kinds read a counter);
   // Unimplemented for kinds without a disk of their own.
   virtual Result<uint64_t> DiskUsage(const v1::SandboxRecord& sandbox) const {
     return Status::Unimplemented(std::string(name()) + " sandboxes have no disk of their own");
   }
 
-  // After a daemon restart: reconnect to a sandbox from its record, or say
-  // why it is gone.
-  virtual Status Readopt(const v1::SandboxRecord& sandbox) = 0;
-  // After every record was offered to Readopt: what the driver still holds
-  // that no record claims (a sandbox whose creation a crash cut short) is
-  // removed. Blocking; called once at start-up.
+  // After a daemon restart: reconnect to a sandbox from its record (`done`
+  // Ok), or say why it is gone. Returns at once, like every call here.
+  virtual void Readopt(const v1::SandboxRecord& sandbox, StatusCallback done) = 0;
+  // After every Readopt has called back: what the driver still holds that
+  // no record claims (a sandbox whose creation a crash cut short) is
+  // removed. Returns at once (the driver sweeps on its own thread); called
+  // once per start.
   virtual void Restored() {}
 
   // One-line JSON object of driver statistics for the admin console.
   virtual std::string StatsJson() const = 0;
+  // dsecd is stopping: end what must not outlive it (runs in flight).
+  virtual void Stop() {}
 };
 
 // A path for the file calls: absolute, no "..", no NUL, at most 4096 bytes.

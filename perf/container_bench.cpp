@@ -17,7 +17,7 @@
 //   - `crun run` of the same root filesystem (`true`, create to exit, at
 //     concurrency 1 and 16) as the reference, when crun is installed.
 // The image (--image, default "bench") is built from the host's own sh and
-// true (tests/support/rootfs.hpp) with dsec-image when dsecd does not have it.
+// true (harness/rootfs.hpp) with dsec-image when dsecd does not have it.
 #include <sched.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
@@ -41,8 +41,8 @@
 #include "dsec/client.hpp"
 #include "perf/bench_util.hpp"
 #include "runtime/files.hpp"
-#include "tests/support/daemon.hpp"
-#include "tests/support/rootfs.hpp"
+#include "harness/daemon.hpp"
+#include "harness/rootfs.hpp"
 
 namespace {
 

@@ -34,8 +34,8 @@
 #include "dsec/client.hpp"
 #include "perf/bench_util.hpp"
 #include "runtime/files.hpp"
-#include "tests/support/daemon.hpp"
-#include "tests/support/rootfs.hpp"
+#include "harness/daemon.hpp"
+#include "harness/rootfs.hpp"
 
 namespace {
 

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "perf/bench_util.hpp"
-#include "tests/support/daemon.hpp"
+#include "harness/daemon.hpp"
 
 extern char** environ;
 

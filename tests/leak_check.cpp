@@ -26,7 +26,7 @@
 #include <string>
 
 #include "runtime/files.hpp"
-#include "tests/support/daemon.hpp"
+#include "harness/daemon.hpp"
 
 namespace {
 

@@ -63,8 +63,8 @@ struct LimitFlags {
 void AddLimitFlags(CLI::App* c, LimitFlags* l, bool spec_only = false) {
   if (!spec_only) {
     c->add_option("--kind", l->kind,
-                  "fncall | container | auto (microvm and vm are not in this build; `dsecctl status` lists "
-                  "the kinds this node runs and why others are unavailable)")
+                  "fncall | container | microvm | vm | auto (`dsecctl status` lists the kinds this node runs "
+                  "and why others are unavailable)")
         ->capture_default_str();
     c->add_option("--image", l->image, "image name (default: the built-in host image)");
   }
@@ -584,6 +584,9 @@ int main(int argc, char** argv) {
         std::fflush(stderr);
       }
     });
+    // A kind that cannot stream (fncall) refuses before running anything:
+    // run it whole instead.
+    if (!r.ok() && r.status().code() == dsec::Status::Code::kUnimplemented) r = sb->Exec(req);
     if (!r.ok()) return Fail(r.status().message());
     return Report(*r, false);
   }

@@ -24,10 +24,9 @@
 #include "actors/context.hpp"
 #include "actors/node.hpp"
 #include "actors/sdk_entry.hpp"
-#include "actors/wire.hpp"
-#include "drivers/container/container_driver.hpp"
-#include "drivers/fncall/fncall_driver.hpp"
+#include "wire/wire.hpp"
 #include "drivers/images/image_store.hpp"
+#include "drivers/registry.hpp"
 #include "runtime/door_auth.hpp"
 #include "runtime/files.hpp"
 #include "runtime/front_door.hpp"
@@ -46,14 +45,6 @@ struct Flags {
   std::string log_level = "info";
   std::string log_file;
   size_t threads = 2;
-  size_t fncall_pool = 32;
-  size_t fncall_max_runners = 1024;
-  bool fncall_fresh_namespaces = false;
-  size_t container_netns_pool = 16;
-  bool container_fresh_netns = false;
-  uint64_t sandbox_disk_size = 64ull << 30;
-  bool no_sandbox_disk = false;
-  double container_idle_freeze_s = 300;
   std::string cgroup_parent = "dsec";
   uint32_t sandbox_uid = 65534;
   uint32_t sandbox_gid = 65534;
@@ -115,7 +106,7 @@ void RaiseOpenFilesLimit(const std::shared_ptr<spdlog::logger>& log) {
               static_cast<unsigned long long>(rl.rlim_max), static_cast<unsigned long long>(rl.rlim_max / 4));
 }
 
-int Run(const Flags& f) {
+int Run(const Flags& f, dsec::drivers::Registry& kinds) {
   auto log = dsec::Logger("dsecd");
   RaiseOpenFilesLimit(log);
   if (f.role != "all") {
@@ -185,40 +176,16 @@ int Run(const Flags& f) {
   ctx->committer = &committer;
   ctx->log = dsec::Logger("node");
 
-  dsec::drivers::FncallOptions fo;
-  fo.uid = f.sandbox_uid;
-  fo.gid = f.sandbox_gid;
-  fo.pool_size = f.fncall_pool;
-  fo.max_runners = f.fncall_max_runners;
-  fo.fresh_namespaces = f.fncall_fresh_namespaces;
-  fo.cgroup_parent = f.cgroup_parent;
-  fo.log = DriverLog("fncall");
-  auto fncall = dsec::drivers::FncallDriver::Start(fo);
-  if (fncall.ok()) {
-    ctx->fncall = fncall->get();
-  } else {
-    ctx->fncall_unavailable = fncall.status();
-    log->warn("{}", fncall.status().message());
-  }
-
   dsec::images::ImageStore image_store(store->get(), ctx->options.image_root);
-  dsec::drivers::ContainerOptions co;
-  co.data_dir = data;
-  co.cgroup_parent = f.cgroup_parent;
-  co.netns_pool = f.container_netns_pool;
-  co.fresh_netns = f.container_fresh_netns;
-  co.idle_freeze_ms = static_cast<int64_t>(f.container_idle_freeze_s * 1000);
-  co.disk_limits = !f.no_sandbox_disk;
-  co.disk_size_bytes = f.sandbox_disk_size;
-  co.find_image = [&image_store](const std::string& name) { return image_store.Get(name); };
-  co.log = DriverLog("container");
-  auto container = dsec::drivers::ContainerDriver::Start(co);
-  if (container.ok()) {
-    ctx->container = container->get();
-  } else {
-    ctx->container_unavailable = container.status();
-    log->warn("{}", container.status().message());
-  }
+  dsec::drivers::DriverEnv env;
+  env.data_dir = data;
+  env.cgroup_parent = f.cgroup_parent;
+  env.sandbox_uid = f.sandbox_uid;
+  env.sandbox_gid = f.sandbox_gid;
+  env.find_image = [&image_store](const std::string& name) { return image_store.Get(name); };
+  env.log = DriverLog;
+  kinds.StartAll(env, [&log](const std::string& why) { log->warn("{}", why); });
+  ctx->kinds = &kinds;
 
   int rc = 0;
   // Outlives the actor system: the node reads its counters until it quits.
@@ -286,9 +253,9 @@ int Run(const Flags& f) {
       nr.set_boot_count(boot);
       nr.set_started_ms(dsec::NowMs());
       nr.set_version(DSEC_VERSION);
-      std::vector<std::string> kinds, unavailable;
-      ctx->Kinds(&kinds, &unavailable);
-      for (auto& k : kinds) nr.add_kinds(k);
+      std::vector<std::string> available, unavailable;
+      kinds.Kinds(&available, &unavailable);
+      for (auto& k : available) nr.add_kinds(k);
       for (auto& u : unavailable) nr.add_unavailable(u);
       dsec::state::WriteBatch nb;
       dsec::state::TypedTable<dsec::v1::NodeRecord>(store->get(), dsec::state::Table::kNodes).Put(&nb, node_id, nr);
@@ -313,10 +280,10 @@ int Run(const Flags& f) {
     // The spawner kills its runners and removes its cgroups; runs still in
     // flight end with a platform error the trainer sees (or never sees, if
     // it has gone too).
-    if (fncall.ok()) (*fncall)->Stop();
     // Containers keep running: the next start re-adopts them.
-    if (container.ok()) (*container)->Stop();
+    kinds.StopAll();
   }  // ~actor_system: waits for every actor
+  kinds.Release();  // before the image store they use
   committer.Stop();
   log->info("stopped");
   return rc;
@@ -335,28 +302,9 @@ int main(int argc, char** argv) {
   app.add_option("--log-level", f.log_level, "trace|debug|info|warn|error")->capture_default_str();
   app.add_option("--log-file", f.log_file, "also log to this file");
   app.add_option("--threads", f.threads, "actor scheduler threads")->capture_default_str();
-  app.add_option("--fncall-pool", f.fncall_pool, "warm fncall runners kept ready")->capture_default_str();
-  app.add_option("--fncall-max-runners", f.fncall_max_runners, "concurrent fncall runs (more queue)")
-      ->capture_default_str();
-  app.add_flag("--fncall-fresh-ns", f.fncall_fresh_namespaces,
-               "new net and ipc namespaces per run instead of recycled ones (~1.4 ms of CPU each)");
-  app.add_option("--container-idle-freeze", f.container_idle_freeze_s,
-                 "seconds without exec, file call or CPU use after which a container is frozen until its next "
-                 "call (0: never)")
-      ->capture_default_str();
-  app.add_option("--container-netns-pool", f.container_netns_pool,
-                 "network namespaces made ahead of container creation")
-      ->capture_default_str();
-  app.add_flag("--container-fresh-ns", f.container_fresh_netns,
-               "a new network namespace per container instead of one recycled from a removed container "
-               "(~1.2 ms of CPU each)");
-  app.add_option("--sandbox-disk-size", f.sandbox_disk_size,
-                 "size of the filesystem container sandboxes live on (<data-dir>/sandboxes.img, sparse, made at "
-                 "the first start; at most 90% of the free space there): what all of them may write together")
-      ->transform(CLI::AsSizeValue(false))
-      ->capture_default_str();
-  app.add_flag("--no-sandbox-disk", f.no_sandbox_disk,
-               "keep container sandboxes on the data dir's own filesystem: no disk limits");
+  // Each kind's own flags (--fncall-..., --container-..., --sandbox-disk-...).
+  dsec::drivers::Registry kinds;
+  kinds.AddFlags(app);
   app.add_option("--cgroup-parent", f.cgroup_parent, "cgroups go to <controller>/<parent>/sp<pid>/...")
       ->capture_default_str();
   app.add_option("--sandbox-uid", f.sandbox_uid, "uid programs run as")->capture_default_str();
@@ -421,7 +369,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "dsecd: %s\n", err.c_str());
     return 2;
   }
-  int rc = Run(f);
+  int rc = Run(f, kinds);
   dsec::ShutdownLogging();
   return rc;
 }

@@ -13,39 +13,31 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
-#include "drivers/agent/agent.pb.h"
-#include "drivers/fncall/fncall_driver.hpp"
-#include "drivers/fncall/spawner.pb.h"
+#include "drivers/spawner/spawner.pb.h"
 #include "drivers/images/image_store.hpp"
 #include "runtime/files.hpp"
 #include "runtime/unique_fd.hpp"
 
 namespace dsec::drivers {
 
+const KindTraits& ContainerDriver::Traits() {
+  static const KindTraits t = [] {
+    KindTraits t;
+    t.isolation = v1::ISOLATION_CONTAINER;
+    t.stateful = true;
+    t.files = true;
+    t.pause = true;
+    t.streaming = true;
+    t.readoptable = true;
+    return t;
+  }();
+  return t;
+}
+
 namespace {
 
 using nlohmann::json;
 
-
-int RemoveOne(const char* path, const struct stat*, int, struct FTW*) { return ::remove(path) < 0 ? -1 : 0; }
-
-// rm -rf: never follows symlinks, never leaves the filesystem (a container's
-// upper dir holds whatever it wrote, links to host paths included). The
-// overlay of a container whose last process just died may still be mounted
-// for a moment (its mount namespace goes away asynchronously): retried for
-// up to 2 s. Ok, or what stopped it (the start-up sweep retries).
-Status RemoveTree(const std::string& path) {
-  int err = 0;
-  for (int attempt = 0; attempt < 100; ++attempt) {
-    struct stat st;
-    if (::lstat(path.c_str(), &st) < 0 && errno == ENOENT) return Status::Ok();
-    errno = 0;
-    if (::nftw(path.c_str(), RemoveOne, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT) == 0) return Status::Ok();
-    err = errno;
-    ::usleep(20000);  // waiting for the kernel to drop the dead container's mounts
-  }
-  return Status::FromErrno(err, "remove " + path);
-}
 
 std::string CgroupRel(const std::string& parent, const std::string& id) { return parent + "/c/" + id; }
 
@@ -81,55 +73,22 @@ Status WriteEtcFiles(const std::string& base, const std::string& hostname, const
   return Status::Ok();
 }
 
-// The agent's account of an exec in the spawner's terms, so both kinds give
-// the same verdicts with the same words (FncallDriver::ToExecResult).
-spawner::Outcome ToOutcome(const agent::ExecDone& d, const v1::Limits& lim, bool oom, const std::string& killed) {
-  spawner::Outcome o;
-  o.set_exited(d.exited());
-  o.set_exit_code(d.exit_code());
-  o.set_signal(d.signal());
-  o.set_timed_out(d.timed_out());
-  o.set_oom_killed(oom && !d.exited());
-  o.set_output_exceeded(d.output_exceeded());
-  o.set_exec_errno(d.exec_errno());
-  o.set_stdout(d.stdout());
-  o.set_stderr(d.stderr());
-  o.set_stdout_truncated(d.stdout_truncated());
-  o.set_stderr_truncated(d.stderr_truncated());
-  o.set_cpu_us(d.cpu_us());
-  o.set_wall_us(d.wall_us());
-  o.set_peak_memory_bytes(d.peak_rss_bytes());
-  o.set_user_error(d.error());
-  // RLIMIT_CPU: SIGXCPU at the soft limit, SIGKILL at the hard one.
-  o.set_cpu_time_exceeded(lim.cpu_time_ms() && !d.exited() &&
-                          (d.signal() == SIGXCPU || (d.signal() == SIGKILL && d.cpu_us() / 1000 >= lim.cpu_time_ms())));
-  if (!killed.empty()) {
-    o.set_killed(true);
-    o.set_kill_reason(killed);
-  }
-  return o;
-}
-
 }  // namespace
 
 std::string SandboxDir(const std::string& data_dir, const std::string& id) { return data_dir + "/sandboxes/" + id; }
 
-struct ContainerDriver::Box {
-  std::string id;
+struct ContainerDriver::Box : AgentBox {
+  uint64_t OomKills() const override { return cgroup ? cgroup->OomKills() : 0; }
+
   std::string digest;
   std::string image_file;
   std::string cgroup_rel;
   int init_pid = 0;
-  v1::Limits limits;
-  std::unique_ptr<fncall::CgroupSlot> cgroup;
-  fncall::GroupLimits group_limits;  // what its group holds
-  std::unique_ptr<AgentClient> agent;
-  // Idle freezing (IdleLoop), under idle_mu.
-  std::mutex idle_mu;
+  std::unique_ptr<cgroup::CgroupSlot> cgroup;
+  cgroup::GroupLimits group_limits;  // what its group holds
+  // Idle freezing (IdleLoop), under idle_mu (active and last_active_ms too).
   bool idle_frozen = false;  // frozen by the idle timer; the next call thaws it
   bool user_paused = false;  // frozen by Pause; only Resume thaws it
-  int active = 0;            // execs in flight
-  int64_t last_active_ms = 0;
   uint64_t cpu_ns_at_check = 0;
 };
 
@@ -153,7 +112,7 @@ Result<std::unique_ptr<ContainerDriver>> ContainerDriver::Start(ContainerOptions
   if (::access(d->opts_.agent_path.c_str(), X_OK) < 0)
     return Status::FailedPrecondition("container not available: no dsec-agent at " + d->opts_.agent_path +
                                       " (build it, or point $DSEC_AGENT at it)");
-  auto cgm = fncall::DiscoverCgroupMounts();
+  auto cgm = cgroup::DiscoverCgroupMounts();
   if (!cgm.ok()) return Status::FailedPrecondition("container not available on this host: " + cgm.status().message());
   d->cgm_ = *cgm;
   d->mounts_ = std::make_unique<images::ImageMounts>(d->opts_.data_dir + "/run/images");
@@ -261,9 +220,9 @@ void ContainerDriver::Stop() {
       std::lock_guard<std::mutex> lk(mu_);
       free.swap(free_groups_);
     }
-    for (const auto& g : free) fncall::RemoveGroupDirs(cgm_, g.rel);
-    fncall::RemoveGroupDirs(cgm_, opts_.cgroup_parent + "/c");
-    fncall::RemoveGroupDirs(cgm_, opts_.cgroup_parent);
+    for (const auto& g : free) cgroup::RemoveGroupDirs(cgm_, g.rel);
+    cgroup::RemoveGroupDirs(cgm_, opts_.cgroup_parent + "/c");
+    cgroup::RemoveGroupDirs(cgm_, opts_.cgroup_parent);
   }
 }
 
@@ -329,19 +288,11 @@ std::shared_ptr<ContainerDriver::Box> ContainerDriver::Find(const std::string& i
 }
 
 Status ContainerDriver::ConnectAgent(Box& box) const {
-  std::string sock = SandboxDir(opts_.data_dir, box.id) + "/run/agent.sock";
-  AgentClientOptions ao;
-  ao.name = "container " + box.id;
   auto log = opts_.log;
-  ao.log = [log](const std::string& t) {
-    if (log) log(2, t);
-  };
-  auto c = AgentClient::Connect(sock, ao);
-  if (!c.ok()) return c.status();
-  auto pong = (*c)->PingSync(std::chrono::milliseconds(opts_.agent_timeout_ms));
-  if (!pong.ok()) return pong.status().Annotate("container " + box.id + ": the agent does not answer");
-  box.agent = std::move(*c);
-  return Status::Ok();
+  return AgentDriver::ConnectAgent(box, SandboxDir(opts_.data_dir, box.id) + "/run/agent.sock", opts_.agent_timeout_ms,
+                                   [log](const std::string& t) {
+                                     if (log) log(2, t);
+                                   });
 }
 
 void ContainerDriver::Create(const v1::SandboxRecord& sb, CreateCallback done) {
@@ -374,14 +325,14 @@ Result<std::string> ContainerDriver::CreateNow(const v1::SandboxRecord& sb) {
 
   auto held = TakeGroup(box->cgroup_rel);
   if (!held.ok()) return undo(held.status());
-  box->cgroup = std::make_unique<fncall::CgroupSlot>(fncall::CgroupSlot::Paths(cgm_, box->cgroup_rel));
+  box->cgroup = std::make_unique<cgroup::CgroupSlot>(cgroup::CgroupSlot::Paths(cgm_, box->cgroup_rel));
   box->group_limits = *held;
   const v1::Limits& lim = sb.spec().limits();
-  fncall::GroupLimits want;
+  cgroup::GroupLimits want;
   want.memory = static_cast<int64_t>(lim.memory_bytes() ? lim.memory_bytes() : 512ull << 20);
   want.pids = lim.pids() ? static_cast<int64_t>(lim.pids()) + 1 : -1;  // +1: the agent
   want.cpu_quota = lim.cpu_millis() ? static_cast<int64_t>(lim.cpu_millis()) * 100 : -1;
-  Status st = fncall::ApplyGroupLimits(cgm_, box->cgroup_rel, want, &box->group_limits);
+  Status st = cgroup::ApplyGroupLimits(cgm_, box->cgroup_rel, want, &box->group_limits);
   if (!st.ok()) return undo(st);
 
   spawner::Request req;
@@ -434,18 +385,23 @@ Result<std::string> ContainerDriver::CreateNow(const v1::SandboxRecord& sb) {
     boxes_[id] = box;
   }
   ++created_;
-  return json{{"digest", box->digest}, {"image_file", box->image_file}, {"cgroup", box->cgroup_rel},
-              {"init_pid", box->init_pid}}
-      .dump();
+  container::ContainerState state;
+  state.set_digest(box->digest);
+  state.set_image_file(box->image_file);
+  state.set_cgroup(box->cgroup_rel);
+  state.set_init_pid(box->init_pid);
+  return state.SerializeAsString();
 }
 
-Result<std::shared_ptr<ContainerDriver::Box>> ContainerDriver::Running(const std::string& id) const {
+Result<std::shared_ptr<AgentBox>> ContainerDriver::RunningBox(const std::string& id) const {
   auto box = Find(id);
   if (!box || !box->agent || !box->agent->connected())
     return Status::Unavailable("container " + id + " is not running on this node (its agent is not connected)");
   if (Status woke = Wake(*box); !woke.ok()) return woke.Annotate("container " + id + ": thaw after idling");
-  return box;
+  return std::shared_ptr<AgentBox>(box);
 }
+
+std::shared_ptr<AgentBox> ContainerDriver::FindBox(const std::string& id) const { return Find(id); }
 
 Status ContainerDriver::Wake(Box& b) {
   std::lock_guard<std::mutex> lk(b.idle_mu);
@@ -489,191 +445,6 @@ void ContainerDriver::IdleLoop() {
       }
     }
   }
-}
-
-void ContainerDriver::Exec(const v1::SandboxRecord& sb, const std::string& run_id, const v1::ExecRequest& req,
-                           ExecCallback done) {
-  StartExec(sb, run_id, req, nullptr, std::move(done));
-}
-
-void ContainerDriver::ExecStreaming(const v1::SandboxRecord& sb, const std::string& run_id,
-                                    const v1::ExecRequest& req, OutputCallback on_output, ExecCallback done) {
-  StartExec(sb, run_id, req, std::move(on_output), std::move(done));
-}
-
-void ContainerDriver::StartExec(const v1::SandboxRecord& sb, const std::string& run_id, const v1::ExecRequest& req,
-                                OutputCallback on_output, ExecCallback done) {
-  auto running = Running(sb.id());
-  if (!running.ok()) {
-    done(running.status());
-    return;
-  }
-  auto box = *running;
-  agent::Exec e;
-  for (const auto& a : req.argv()) e.add_argv(a);
-  std::map<std::string, std::string> env = {{"PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
-                                            {"HOME", "/root"},
-                                            {"LANG", "C.UTF-8"},
-                                            {"TMPDIR", "/tmp"}};
-  for (const auto& [k, v] : sb.spec().env()) env[k] = v;
-  for (const auto& [k, v] : req.env()) env[k] = v;
-  for (const auto& [k, v] : env) e.add_env(k + "=" + v);
-  e.set_cwd(!req.cwd().empty() ? req.cwd() : !sb.spec().workdir().empty() ? sb.spec().workdir() : "/work");
-  e.set_stdin(req.stdin());
-  e.set_stream(on_output != nullptr);
-  e.set_key(req.idempotency_key());
-  const v1::Limits& lim = req.limits();
-  e.mutable_limits()->set_timeout_ms(lim.timeout_ms());
-  e.mutable_limits()->set_output_bytes(lim.output_bytes());
-  e.mutable_limits()->set_cpu_time_ms(lim.cpu_time_ms());
-  e.mutable_limits()->set_file_size_bytes(lim.file_size_bytes());
-  e.mutable_limits()->set_open_files(lim.open_files());
-  uint64_t oom0 = box->cgroup ? box->cgroup->OomKills() : 0;
-  std::string argv0 = req.argv_size() ? req.argv(0) : "";
-  v1::Limits box_limits = box->limits;
-  v1::Limits merged = lim;
-  merged.set_memory_bytes(box_limits.memory_bytes());
-  {
-    // Registered before the agent can answer, so the answer always finds it.
-    std::lock_guard<std::mutex> lk(mu_);
-    runs_[run_id] = RunRef{sb.id(), 0, {}};
-  }
-  AgentClient::OutputCallback piece;
-  if (on_output)
-    piece = [on_output](const agent::Output& o) {
-      v1::ExecOutput out;
-      if (o.stream() == 2) out.set_stderr(o.data());
-      else out.set_stdout(o.data());
-      on_output(out);
-    };
-  {
-    std::lock_guard<std::mutex> lk(box->idle_mu);
-    ++box->active;
-  }
-  uint64_t exec_id = box->agent->Exec(e, std::move(piece), [this, box, oom0, merged, argv0, run_id, done](Result<agent::ExecDone> r) {
-    {
-      std::lock_guard<std::mutex> lk(box->idle_mu);
-      --box->active;
-      box->last_active_ms = NowMs();
-    }
-    std::string kill_reason;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      if (auto it = runs_.find(run_id); it != runs_.end()) {
-        kill_reason = it->second.kill_reason;
-        runs_.erase(it);
-      }
-    }
-    if (!r.ok()) {
-      done(r.status().Annotate("container " + box->id));
-      return;
-    }
-    bool oom = box->cgroup && box->cgroup->OomKills() > oom0;
-    auto res = FncallDriver::ToExecResult(ToOutcome(*r, merged, oom, kill_reason), merged, argv0);
-    res.set_run_id(run_id);
-    done(std::move(res));
-  });
-  bool kill_now = false;
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    if (auto it = runs_.find(run_id); it != runs_.end()) {
-      it->second.exec_id = exec_id;
-      kill_now = !it->second.kill_reason.empty();  // Kill came before we knew the agent's id
-    }
-  }
-  if (kill_now && exec_id) box->agent->Signal(exec_id, SIGKILL, [](const Status&) {});
-}
-
-Status ContainerDriver::CheckExecLimits(const v1::SandboxRecord& sb, const v1::Limits& asked) const {
-  // One cgroup holds the whole container: these are fixed at creation.
-  const v1::Limits& box = sb.spec().limits();
-  auto differs = [](uint64_t want, uint64_t have) { return want != 0 && want != have; };
-  const char* what = differs(asked.memory_bytes(), box.memory_bytes()) ? "memory"
-                     : differs(asked.pids(), box.pids())                 ? "pids"
-                     : differs(asked.cpu_millis(), box.cpu_millis())     ? "cpu"
-                     : differs(asked.disk_bytes(), box.disk_bytes())     ? "disk"
-                                                                         : nullptr;
-  if (!what) return Status::Ok();
-  return Status::InvalidArgument(std::string("the ") + what + " limit of container " + sb.id() +
-                                 " is set for the whole container when it is created (dsecctl create --" +
-                                 (std::string(what) == "cpu" ? "cpus" : what) +
-                                 "); an exec cannot change it");
-}
-
-Status ContainerDriver::Kill(const std::string& run_id, const std::string& reason) {
-  std::string id;
-  uint64_t exec_id;
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    auto it = runs_.find(run_id);
-    if (it == runs_.end()) return Status::NotFound("run " + run_id + " is not in flight");
-    it->second.kill_reason = reason.empty() ? "killed" : reason;
-    id = it->second.sandbox;
-    exec_id = it->second.exec_id;
-  }
-  if (!exec_id) return Status::Ok();  // Exec signals it once the agent has it
-  auto box = Find(id);
-  if (!box || !box->agent) return Status::NotFound("container " + id + " is gone");
-  box->agent->Signal(exec_id, SIGKILL, [](const Status&) {});
-  return Status::Ok();
-}
-
-namespace {
-
-v1::FileInfo ToInfo(const agent::FileInfo& a) {
-  v1::FileInfo f;
-  f.set_name(a.name());
-  f.set_mode(a.mode());
-  f.set_size(a.size());
-  f.set_mtime_ms(a.mtime_ms());
-  f.set_link_target(a.link_target());
-  return f;
-}
-
-}  // namespace
-
-void ContainerDriver::ReadFile(const v1::SandboxRecord& sb, const v1::ReadFileRequest& req, FileCallback done) {
-  auto box = Running(sb.id());
-  if (!box.ok()) return done(box.status());
-  (*box)->agent->ReadFile(req.path(), req.max_bytes(), [done](Result<std::string> r) {
-    if (!r.ok()) return done(r.status());
-    v1::FileReply reply;
-    reply.set_content(std::move(*r));
-    done(std::move(reply));
-  });
-}
-
-void ContainerDriver::WriteFile(const v1::SandboxRecord& sb, const v1::WriteFileRequest& req, FileCallback done) {
-  auto box = Running(sb.id());
-  if (!box.ok()) return done(box.status());
-  agent::WriteFile w;
-  w.set_path(req.path());
-  w.set_data(req.content());
-  w.set_mode(req.mode() ? req.mode() : 0644);
-  w.set_mkdirs(req.make_parents());
-  (*box)->agent->WriteFile(w, [done](const Status& st) {
-    if (!st.ok()) return done(st);
-    done(v1::FileReply());
-  });
-}
-
-void ContainerDriver::ListFiles(const v1::SandboxRecord& sb, const v1::ListFilesRequest& req, FileCallback done) {
-  auto running = Running(sb.id());
-  if (!running.ok()) return done(running.status());
-  auto box = *running;
-  std::string path = req.path();
-  // The path itself first; a directory's entries next.
-  box->agent->Stat(path, [box, path, done](Result<agent::FileInfo> st) {
-    if (!st.ok()) return done(st.status());
-    v1::FileReply reply;
-    *reply.mutable_info() = ToInfo(*st);
-    if (!S_ISDIR(st->mode())) return done(std::move(reply));
-    box->agent->ListDir(path, [reply, done](Result<std::vector<agent::FileInfo>> entries) mutable {
-      if (!entries.ok()) return done(entries.status());
-      for (const auto& e : *entries) *reply.add_entries() = ToInfo(e);
-      done(std::move(reply));
-    });
-  });
 }
 
 void ContainerDriver::Pause(const v1::SandboxRecord& sb, bool paused, StatusCallback done) {
@@ -727,15 +498,36 @@ Status ContainerDriver::DestroyNow(const std::string& id, const std::string& hel
   return Status::Ok();
 }
 
-Status ContainerDriver::Readopt(const v1::SandboxRecord& sb) {
-  auto j = json::parse(sb.driver_state(), nullptr, false);
-  if (!j.is_object()) return Status::FailedPrecondition("container " + sb.id() + ": no driver state in its record");
+Result<container::ContainerState> ContainerDriver::ParseState(const std::string& raw) {
+  container::ContainerState state;
+  if (raw.empty()) return Status::FailedPrecondition("no driver state in its record");
+  // dsec before 0.1 (2026-12) wrote a JSON object; such records still come back.
+  if (raw.front() == '{') {
+    auto j = json::parse(raw, nullptr, false);
+    if (!j.is_object()) return Status::FailedPrecondition("its driver state is neither protobuf nor JSON");
+    state.set_digest(j.value("digest", ""));
+    state.set_image_file(j.value("image_file", ""));
+    state.set_cgroup(j.value("cgroup", ""));
+    state.set_init_pid(j.value("init_pid", 0));
+    return state;
+  }
+  if (!state.ParseFromString(raw)) return Status::FailedPrecondition("its driver state is not a ContainerState");
+  return state;
+}
+
+void ContainerDriver::Readopt(const v1::SandboxRecord& sb, StatusCallback done) {
+  Work([this, sb, done = std::move(done)] { done(ReadoptNow(sb)); });
+}
+
+Status ContainerDriver::ReadoptNow(const v1::SandboxRecord& sb) {
+  auto state = ParseState(sb.driver_state());
+  if (!state.ok()) return state.status().Annotate("container " + sb.id());
   auto box = std::make_shared<Box>();
   box->id = sb.id();
-  box->digest = j.value("digest", "");
-  box->image_file = j.value("image_file", "");
-  box->cgroup_rel = j.value("cgroup", CgroupRel(opts_.cgroup_parent, sb.id()));
-  box->init_pid = j.value("init_pid", 0);
+  box->digest = state->digest();
+  box->image_file = state->image_file();
+  box->cgroup_rel = state->cgroup().empty() ? CgroupRel(opts_.cgroup_parent, sb.id()) : state->cgroup();
+  box->init_pid = state->init_pid();
   box->limits = sb.spec().limits();
   auto fail = [&](const Status& why) {
     // Gone or broken: clean up what is left of it; the record is marked failed.
@@ -748,7 +540,7 @@ Status ContainerDriver::Readopt(const v1::SandboxRecord& sb) {
   image.set_file(box->image_file);
   auto lower = mounts_->Acquire(image);
   if (!lower.ok()) return fail(lower.status());
-  box->cgroup = std::make_unique<fncall::CgroupSlot>(fncall::CgroupSlot::Paths(cgm_, box->cgroup_rel));
+  box->cgroup = std::make_unique<cgroup::CgroupSlot>(cgroup::CgroupSlot::Paths(cgm_, box->cgroup_rel));
   if (box->cgroup->Pids().empty()) {
     mounts_->Release(box->digest);
     return fail(Status::Unavailable("container " + sb.id() + " has no process left"));
@@ -773,25 +565,6 @@ Status ContainerDriver::Readopt(const v1::SandboxRecord& sb) {
   return Status::Ok();
 }
 
-Result<fncall::GroupLimits> ContainerDriver::TakeGroup(const std::string& rel) {
-  FreeGroup free;
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    if (!free_groups_.empty()) {
-      free = std::move(free_groups_.back());
-      free_groups_.pop_back();
-    }
-  }
-  if (!free.rel.empty()) {
-    Status st = fncall::RenameGroup(cgm_, free.rel, rel);
-    if (st.ok()) return free.limits;
-    Log(2, "recycled " + st.message() + "; making a new group instead");
-    fncall::KillAndRemoveGroup(cgm_, free.rel);
-  }
-  DSEC_RETURN_IF_ERROR(fncall::MakeGroupDirs(cgm_, rel));
-  return fncall::GroupLimits::Fresh();
-}
-
 bool ContainerDriver::ReleaseGroup(const std::string& rel, Box* box) {
   std::string to;
   {
@@ -801,95 +574,25 @@ bool ContainerDriver::ReleaseGroup(const std::string& rel, Box* box) {
   }
   struct stat st;
   if (::stat((cgm_.memory + "/" + rel).c_str(), &st) < 0) {
-    fncall::KillAndRemoveGroup(cgm_, rel);  // whatever a failed creation made elsewhere
+    cgroup::KillAndRemoveGroup(cgm_, rel);  // whatever a failed creation made elsewhere
     return true;
   }
   bool frozen = false;
-  fncall::GroupLimits limits;  // unknown unless the box says
+  cgroup::GroupLimits limits;  // unknown unless the box says
   if (box) {
     std::lock_guard<std::mutex> lk(box->idle_mu);
     frozen = box->user_paused || box->idle_frozen;
     limits = box->group_limits;
   }
-  bool empty = box && box->init_pid > 0 ? fncall::StopContainerGroup(cgm_, rel, box->init_pid, frozen)
-                                        : fncall::EmptyGroup(cgm_, rel);
-  if (empty && !to.empty() && fncall::RenameGroup(cgm_, rel, to).ok()) {
+  bool empty = box && box->init_pid > 0 ? cgroup::StopContainerGroup(cgm_, rel, box->init_pid, frozen)
+                                        : cgroup::EmptyGroup(cgm_, rel);
+  if (empty && !to.empty() && cgroup::RenameGroup(cgm_, rel, to).ok()) {
     std::lock_guard<std::mutex> lk(mu_);
     free_groups_.push_back({to, limits});
     return true;
   }
-  fncall::KillAndRemoveGroup(cgm_, rel);
+  cgroup::KillAndRemoveGroup(cgm_, rel);
   return empty;
-}
-
-namespace {
-
-// Empties a stopped container's dir for the next container: true when it
-// holds again only what a new one does. Anything unexpected: false (the
-// caller removes it).
-bool EmptySandboxDir(const std::string& base) {
-  if (ListEntries(base) != std::vector<std::string>{"run", "upper", "work"}) return false;
-  std::string upper = base + "/upper", work = base + "/work";
-  if (!RemoveTree(upper).ok() || ::mkdir(upper.c_str(), 0755) < 0 || ::chmod(upper.c_str(), 0755) < 0) return false;
-  if (!RemoveTree(work).ok() || ::mkdir(work.c_str(), 0700) < 0) return false;
-  if (::unlink((base + "/run/agent.sock").c_str()) < 0 && errno != ENOENT) return false;
-  // The container's /etc files are written anew by the next creation; the
-  // container may have replaced them with anything (a directory, a link).
-  if (!RemoveTree(base + "/run/etc").ok()) return false;
-  struct stat st;
-  return ListEntries(base + "/run") == std::vector<std::string>{"agent"} &&
-         ::lstat((base + "/run/agent").c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_size == 0;
-}
-
-}  // namespace
-
-Status ContainerDriver::TakeDir(const std::string& id) {
-  std::string base = SandboxDir(opts_.data_dir, id), free;
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    if (!free_dirs_.empty()) {
-      free = opts_.data_dir + "/sandboxes/" + free_dirs_.back();
-      free_dirs_.pop_back();
-    }
-  }
-  if (!free.empty()) {
-    if (::rename(free.c_str(), base.c_str()) == 0) return Status::Ok();
-    Log(2, "rename " + free + " to " + base + ": " + std::strerror(errno) + "; making a new dir instead");
-    (void)RemoveTree(free);
-  }
-  if (disk_) DSEC_RETURN_IF_ERROR(disk_->MakeDir(id));
-  for (const char* sub : {"", "/upper", "/work", "/run"}) DSEC_RETURN_IF_ERROR(MakeDirs(base + sub, 0700));
-  ::chmod((base + "/upper").c_str(), 0755);
-  // The mount point of the agent binary (no content, nothing to sync).
-  if (UniqueFd f(::open((base + "/run/agent").c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0755)); !f)
-    return Status::FromErrno(errno, "create " + base + "/run/agent");
-  return Status::Ok();
-}
-
-void ContainerDriver::ReleaseDir(const std::string& id, bool stopped) {
-  std::string base = SandboxDir(opts_.data_dir, id), name;
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    if (stopped && free_dirs_.size() < kMaxFreeGroups) name = "free." + std::to_string(next_free_dir_++);
-  }
-  std::string to = opts_.data_dir + "/sandboxes/" + name;
-  if (!name.empty() && EmptySandboxDir(base) && ::rename(base.c_str(), to.c_str()) == 0) {
-    std::lock_guard<std::mutex> lk(mu_);
-    free_dirs_.push_back(name);
-    return;
-  }
-  if (Status rm = RemoveSandboxDir(id); !rm.ok())
-    Log(2, "container " + id + ": " + rm.message() + "; the next start of dsecd removes it");
-}
-
-Status ContainerDriver::RemoveSandboxDir(const std::string& name) {
-  std::string path = opts_.data_dir + "/sandboxes/" + name;
-  struct stat st;
-  if (::lstat(path.c_str(), &st) < 0 && errno == ENOENT) return Status::Ok();
-  // A subvolume goes whole, in one call, however much it holds; a dir
-  // that is not one (made before the disk was) the slow way.
-  if (disk_ && disk_->RemoveDir(name).ok()) return Status::Ok();
-  return RemoveTree(path);
 }
 
 Result<uint64_t> ContainerDriver::DiskUsage(const v1::SandboxRecord& sb) const {
@@ -898,6 +601,10 @@ Result<uint64_t> ContainerDriver::DiskUsage(const v1::SandboxRecord& sb) const {
 }
 
 void ContainerDriver::Restored() {
+  Work([this] { RestoredNow(); });
+}
+
+void ContainerDriver::RestoredNow() {
   // Whatever a crash left half-made: sandbox dirs and cgroups no re-adopted
   // container owns, then image mounts nobody uses any more.
   std::set<std::string> known;
@@ -924,11 +631,11 @@ void ContainerDriver::Restored() {
     if (name.compare(0, prefix.size(), prefix) != 0) continue;
     std::string rel = opts_.cgroup_parent + "/c/" + name;
     uint64_t n = std::strtoull(name.c_str() + prefix.size(), nullptr, 10);
-    bool ok = fncall::EmptyGroup(cgm_, rel);  // its limits are unknown: the next container writes them all
+    bool ok = cgroup::EmptyGroup(cgm_, rel);  // its limits are unknown: the next container writes them all
     std::lock_guard<std::mutex> lk(mu_);
     next_free_ = std::max(next_free_, n + 1);
-    if (ok && free_groups_.size() < kMaxFreeGroups) free_groups_.push_back({rel, fncall::GroupLimits()});
-    else fncall::KillAndRemoveGroup(cgm_, rel);
+    if (ok && free_groups_.size() < kMaxFreeGroups) free_groups_.push_back({rel, cgroup::GroupLimits()});
+    else cgroup::KillAndRemoveGroup(cgm_, rel);
   }
   mounts_->DropUnused();
 }
@@ -955,7 +662,7 @@ std::string ContainerDriver::StatsJson() const {
               {"free_dirs", free_dirs_.size()},
               {"disk", disk_ ? json{{"filesystem", "btrfs"}, {"size_bytes", disk_->size_bytes()}}
                              : json{{"unavailable", disk_status_.message()}}},
-              {"execs_in_flight", runs_.size()},
+              {"execs_in_flight", RunsInFlight()},
               {"image_mounts", mounts}}
       .dump();
 }

@@ -19,12 +19,12 @@
 #include <thread>
 #include <unordered_map>
 
-#include "drivers/agent/agent_client.hpp"
+#include "drivers/agent/agent_driver.hpp"
+#include "drivers/container/container_state.pb.h"
 #include "drivers/container/sandbox_disk.hpp"
-#include "drivers/driver.hpp"
-#include "drivers/fncall/cgroup_v1.hpp"
+#include "drivers/cgroup/cgroup_v1.hpp"
 #include "drivers/images/mounts.hpp"
-#include "drivers/spawner_link.hpp"
+#include "drivers/spawner/spawner_link.hpp"
 
 namespace dsec::drivers {
 
@@ -50,35 +50,33 @@ struct ContainerOptions {
   std::function<void(int level, const std::string& text)> log;
 };
 
-class ContainerDriver : public Driver {
+class ContainerDriver : public AgentDriver {
  public:
   static Result<std::unique_ptr<ContainerDriver>> Start(ContainerOptions options);
   ~ContainerDriver() override;
 
+  // Namespaces, cgroup and an image of its own; lives between calls and
+  // outlives dsecd.
+  static const KindTraits& Traits();
   v1::Kind kind() const override { return v1::KIND_CONTAINER; }
   const char* name() const override { return "container"; }
+  const KindTraits& traits() const override { return Traits(); }
   Status Available() const override;
   Status CanHandle(const v1::SandboxSpec& spec) const override;
-  Status CheckExecLimits(const v1::SandboxRecord& sandbox, const v1::Limits& asked) const override;
   void Create(const v1::SandboxRecord& sandbox, CreateCallback done) override;
-  void Exec(const v1::SandboxRecord& sandbox, const std::string& run_id, const v1::ExecRequest& req,
-            ExecCallback done) override;
-  void ExecStreaming(const v1::SandboxRecord& sandbox, const std::string& run_id, const v1::ExecRequest& req,
-                     OutputCallback on_output, ExecCallback done) override;
-  Status Kill(const std::string& run_id, const std::string& reason) override;
-  void ReadFile(const v1::SandboxRecord& sandbox, const v1::ReadFileRequest& req, FileCallback done) override;
-  void WriteFile(const v1::SandboxRecord& sandbox, const v1::WriteFileRequest& req, FileCallback done) override;
-  void ListFiles(const v1::SandboxRecord& sandbox, const v1::ListFilesRequest& req, FileCallback done) override;
   void Pause(const v1::SandboxRecord& sandbox, bool paused, StatusCallback done) override;
   void Destroy(const v1::SandboxRecord& sandbox, StatusCallback done) override;
-  Status Readopt(const v1::SandboxRecord& sandbox) override;
+  void Readopt(const v1::SandboxRecord& sandbox, StatusCallback done) override;
   Result<uint64_t> DiskUsage(const v1::SandboxRecord& sandbox) const override;
   void Restored() override;
   std::string StatsJson() const override;
 
   // Image mounts, for the registry's "in use" check.
   std::vector<std::string> ImageUsers(const std::string& digest) const;
-  void Stop();
+  // A record's driver_state (ContainerState; a JSON object from older dsecs).
+  static Result<container::ContainerState> ParseState(const std::string& raw);
+  // Stops the worker and the spawner; containers keep running.
+  void Stop() override;
 
  private:
   explicit ContainerDriver(ContainerOptions options);
@@ -87,16 +85,19 @@ class ContainerDriver : public Driver {
   void WorkerLoop();
   void OnEvent(spawner::Event& ev);
   Result<std::string> CreateNow(const v1::SandboxRecord& sb);
+  Status ReadoptNow(const v1::SandboxRecord& sb);
+  void RestoredNow();
   Status DestroyNow(const std::string& id, const std::string& held_digest);
   std::shared_ptr<Box> Find(const std::string& id) const;
-  // The box of a running container with a live agent, or Unavailable.
-  Result<std::shared_ptr<Box>> Running(const std::string& id) const;
-  void StartExec(const v1::SandboxRecord& sb, const std::string& run_id, const v1::ExecRequest& req,
-                 OutputCallback on_output, ExecCallback done);
+  // AgentDriver's: a running container's box with a live agent, thawed if
+  // the idle timer froze it, or Unavailable; any container's box.
+  Result<std::shared_ptr<AgentBox>> RunningBox(const std::string& id) const override;
+  std::shared_ptr<AgentBox> FindBox(const std::string& id) const override;
+  // Connects the box's agent (its socket in the sandbox's run dir).
   Status ConnectAgent(Box& box) const;
   // A group for a new container at `rel`: a recycled one renamed to it, or
   // a new one. The limits it holds (a recycled group keeps the last ones).
-  Result<fncall::GroupLimits> TakeGroup(const std::string& rel);
+  Result<cgroup::GroupLimits> TakeGroup(const std::string& rel);
   // A dead container's group: emptied and kept, with the limits it holds,
   // for the next container (up to kMaxFreeGroups), or removed. `box` is the
   // container when known (its init is then killed through its pid namespace).
@@ -118,7 +119,7 @@ class ContainerDriver : public Driver {
   void Log(int level, const std::string& text) const;
 
   ContainerOptions opts_;
-  fncall::CgroupMounts cgm_;
+  cgroup::CgroupMounts cgm_;
   std::unique_ptr<images::ImageMounts> mounts_;
   std::string skeleton_;  // <data>/run/skeleton: the bottom overlay layer
   std::unique_ptr<SandboxDisk> disk_;  // null: no disk limits (disk_status_ says why)
@@ -130,12 +131,6 @@ class ContainerDriver : public Driver {
   mutable std::mutex mu_;
   std::unordered_map<std::string, std::shared_ptr<Box>> boxes_;
   std::unordered_map<uint64_t, std::promise<Result<int>>> creating_;  // spawner request id -> init pid
-  struct RunRef {
-    std::string sandbox;
-    uint64_t exec_id = 0;      // the agent's; 0 until it is known
-    std::string kill_reason;   // set by Kill
-  };
-  std::unordered_map<std::string, RunRef> runs_;  // run id -> where it runs
   uint64_t next_id_ = 1;
   // Recycled cgroups, <parent>/c/<group_tag_>.<n>: this data dir's only
   // (other dsecds may share the parent).
@@ -143,7 +138,7 @@ class ContainerDriver : public Driver {
   std::string group_tag_;
   struct FreeGroup {
     std::string rel;
-    fncall::GroupLimits limits;
+    cgroup::GroupLimits limits;
   };
   std::vector<FreeGroup> free_groups_;
   uint64_t next_free_ = 0;

@@ -16,7 +16,7 @@
 #include <unordered_map>
 
 #include "drivers/driver.hpp"
-#include "drivers/spawner_link.hpp"
+#include "drivers/spawner/spawner_link.hpp"
 #include "dsec/status.hpp"
 
 namespace dsec::spawner {
@@ -51,9 +51,11 @@ class FncallDriver : public Driver {
   static Result<std::unique_ptr<FncallDriver>> Start(FncallOptions options);
   ~FncallDriver() override;
 
+  // Process isolation on the host's own files; nothing lives between calls.
+  static const KindTraits& Traits();
   v1::Kind kind() const override { return v1::KIND_FNCALL; }
-  bool CanPause() const override { return false; }
   const char* name() const override { return "fncall"; }
+  const KindTraits& traits() const override { return Traits(); }
   Status Available() const override;
   Status CanHandle(const v1::SandboxSpec& spec) const override;
   void Create(const v1::SandboxRecord& sandbox, CreateCallback done) override;
@@ -61,17 +63,14 @@ class FncallDriver : public Driver {
             const v1::ExecRequest& req, ExecCallback done) override;
   Status Kill(const std::string& run_id, const std::string& reason) override;
   void Destroy(const v1::SandboxRecord& sandbox, StatusCallback done) override;
-  Status Readopt(const v1::SandboxRecord& sandbox) override;
+  void Readopt(const v1::SandboxRecord& sandbox, StatusCallback done) override { done(Available()); }
   std::string StatsJson() const override;
 
   // Sends Shutdown, waits for the spawner to clean up and exit, fails what is
   // still in flight. Idempotent; the destructor calls it.
-  void Stop();
+  void Stop() override;
   pid_t spawner_pid() const { return link_ ? link_->pid() : -1; }
 
-  // The verdict logic, exposed for tests.
-  static v1::ExecResult ToExecResult(const spawner::Outcome& o, const v1::Limits& limits,
-                                     const std::string& argv0);
 
  private:
   explicit FncallDriver(FncallOptions options);

@@ -3,7 +3,7 @@
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
 
-#include "actors/wire.hpp"
+#include "wire/wire.hpp"
 #include "dsec/status_proto.hpp"
 #include "runtime/door_auth.hpp"
 #include "runtime/front_door.hpp"

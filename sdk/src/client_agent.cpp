@@ -13,7 +13,7 @@
 #include <unordered_map>
 #include <utility>
 
-#include "actors/wire.hpp"
+#include "wire/wire.hpp"
 #include "runtime/door_auth.hpp"
 
 namespace dsec::sdk {

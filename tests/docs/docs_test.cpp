@@ -17,7 +17,7 @@
 #include <sstream>
 
 #include "runtime/files.hpp"
-#include "tests/support/daemon.hpp"
+#include "harness/daemon.hpp"
 
 namespace dsec::testing {
 namespace {

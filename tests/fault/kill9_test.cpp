@@ -3,10 +3,14 @@
 // an SDK client reconnects by itself.
 #include <gmock/gmock.h>
 
+#include <algorithm>
+#include <chrono>
 #include <filesystem>
+#include <thread>
 
 #include "dsec/client.hpp"
-#include "tests/support/daemon.hpp"
+#include "harness/daemon.hpp"
+#include "tests/support/probes.hpp"
 
 namespace dsec::testing {
 namespace {
@@ -23,7 +27,10 @@ TEST(Kill9, TablesSurviveAndTheClientReconnects) {
   auto started = TestDaemon::Start();
   ASSERT_TRUE(started.ok()) << started.status().ToString();
   auto& d = *started;
-  if (d->Admin("status").dump().find("\"fncall\"") == std::string::npos) GTEST_SKIP() << "fncall unavailable: " << d->Admin("status").dump();
+  // Only a host that lacks what fncall needs may skip: elsewhere dsecd must offer it.
+  if (auto gap = FncallHostGap(); !gap.empty()) GTEST_SKIP() << "fncall sandboxes unavailable on this host: " << gap;
+  auto kinds = d->Admin("status");
+  ASSERT_NE(kinds.dump().find("\"fncall\""), std::string::npos) << "dsecd offers no fncall: " << kinds.dump();
   ClientOptions o;
   o.address = d->sdk_addr();
   o.data_dir = d->data_dir();
@@ -42,15 +49,24 @@ TEST(Kill9, TablesSurviveAndTheClientReconnects) {
     ASSERT_TRUE(r.ok()) << r.status().ToString();
     outputs.push_back(r->step().result().stdout());
   }
-  // Runs in flight at the moment of the kill.
+  // Runs in flight at the moment of the kill: sleeps of ~30 s that only this
+  // test runs, so the host shows their processes.
+  const std::string secs = "30." + std::to_string(::getpid());
   std::vector<std::future<Result<v1::ExecResult>>> inflight;
-  for (int i = 0; i < 50; ++i) inflight.push_back(client->RunAsync(FncallSpec(), Command({"sleep", "30"})));
-  for (int i = 0; i < 500; ++i) {  // wait until the node has them all
-    if (d->Admin("ls").value("runs", nlohmann::json::array()).size() == 50) break;
-  }
-  std::string spawner_group;
-  for (pid_t p : ChildrenOf(d->pid())) spawner_group = "dsec-test/sp" + std::to_string(p);
-  ASSERT_FALSE(spawner_group.empty()) << "could not find the daemon's spawner";
+  for (int i = 0; i < 50; ++i) inflight.push_back(client->RunAsync(FncallSpec(), Command({"sleep", secs})));
+  // Wait until the node has them all and every one runs in its sandbox.
+  auto at_node = [&] { return d->Admin("ls").value("runs", nlohmann::json::array()).size(); };
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while ((at_node() < 50 || HostProcessesWithArg(secs).size() < 50) && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));  // polling the node and /proc, bounded
+  ASSERT_EQ(at_node(), 50u) << "runs in flight at the node before the kill";
+  ASSERT_EQ(HostProcessesWithArg(secs).size(), 50u) << "sandboxed sleeps running before the kill";
+  // The spawner running them (not whichever child of dsecd comes last).
+  pid_t spawner = d->Admin("stats")["fncall"].value("spawner_pid", 0);
+  auto children = ChildrenOf(d->pid());
+  ASSERT_NE(std::find(children.begin(), children.end(), spawner), children.end())
+      << "the fncall spawner " << spawner << " is not a child of dsecd";
+  std::string spawner_group = "dsec-test/sp" + std::to_string(spawner);
   ASSERT_TRUE(CgroupDirExists(spawner_group));
 
   d->Kill9();

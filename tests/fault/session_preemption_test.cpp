@@ -22,6 +22,20 @@ namespace {
 
 using ::testing::HasSubstr;
 
+// A step that says it started, then holds until the test creates /work/go.
+constexpr const char* kHeldStep =
+    "touch /work/started; while [ ! -e /work/go ]; do sleep 0.01; done; echo x >> /work/n; wc -l < /work/n";
+
+// Polls for `path` in `sb` (30 s at most, through actor restarts).
+bool WaitForFile(const Sandbox& sb, const std::string& path) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!sb.ReadFile(path).ok()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));  // polling the sandbox, bounded
+  }
+  return true;
+}
+
 class SessionPreemption : public ContainerTest {
  protected:
   // A client with short timeouts: a request a crash left unanswered shows.
@@ -175,21 +189,23 @@ TEST_F(SessionPreemption, ASessionActorThatCrashesMidStepIsRestartedAndTheStepRu
   auto s = (*trainer)->OpenSession("crash/actor/0", ContainerSpec(kImage));
   ASSERT_TRUE(s.ok()) << s.status().ToString();
   v1::Limits limits;
-  limits.set_timeout_ms(5000);
-  auto slow = Sh("touch /work/started; sleep 1; echo x >> /work/n; wc -l < /work/n", limits);
+  limits.set_timeout_ms(30000);
+  // The step holds until the test creates /work/go: it cannot end by itself
+  // while its session actor dies.
+  auto slow = Sh(kHeldStep, limits);
   auto pending = s->StepAsync(0, slow);
-  // The step is running in the container when its session actor dies.
   auto sb = s->sandbox();
   ASSERT_TRUE(sb.ok()) << sb.status().ToString();
-  for (int i = 0; i < 300 && !sb->ReadFile("/work/started").ok(); ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  ASSERT_TRUE(sb->ReadFile("/work/started").ok()) << "the step never started";
+  ASSERT_TRUE(WaitForFile(*sb, "/work/started")) << "the step never started";
   ASSERT_TRUE(daemon_->Admin("crash crash/actor/0").value("ok", false));
   auto t0 = std::chrono::steady_clock::now();
   ASSERT_EQ(pending.wait_for(std::chrono::seconds(30)), std::future_status::ready);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2)) << "answered only at its timeout";
-  // The trainer re-sends the step; the restarted actor collects the run
-  // already going in the container instead of starting another.
+  // The run the crash left is still in the container, held.
+  EXPECT_EQ(sb->ReadFile("/work/n").status().code(), Status::Code::kNotFound) << "the held step ended";
+  ASSERT_TRUE(sb->WriteFile("/work/go", "").ok());
+  // The trainer re-sends the step; the restarted actor collects the run the
+  // crash left in the container instead of starting another.
   Result<v1::StepReply> again = s->Step(0, slow);
   for (int i = 0; i < 50 && !again.ok() && again.status().code() == Status::Code::kUnavailable; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -217,13 +233,11 @@ TEST_F(SessionPreemption, ASandboxActorThatCrashesAnswersItsExecsAtOnce) {
   auto sb = (*c)->Create(ContainerSpec(kImage));
   ASSERT_TRUE(sb.ok()) << sb.status().ToString();
   v1::Limits limits;
-  limits.set_timeout_ms(10000);
-  auto req = Sh("touch /work/started; sleep 2; echo x >> /work/n; wc -l < /work/n", limits);
+  limits.set_timeout_ms(30000);
+  auto req = Sh(kHeldStep, limits);  // held until /work/go exists
   req.set_idempotency_key("once");
   auto pending = sb->ExecAsync(req);
-  for (int i = 0; i < 300 && !sb->ReadFile("/work/started").ok(); ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  ASSERT_TRUE(sb->ReadFile("/work/started").ok()) << "the exec never started";
+  ASSERT_TRUE(WaitForFile(*sb, "/work/started")) << "the exec never started";
   ASSERT_TRUE(daemon_->Admin("crash " + sb->id()).value("ok", false));
   auto t0 = std::chrono::steady_clock::now();
   ASSERT_EQ(pending.wait_for(std::chrono::seconds(30)), std::future_status::ready);
@@ -232,7 +246,11 @@ TEST_F(SessionPreemption, ASandboxActorThatCrashesAnswersItsExecsAtOnce) {
   ASSERT_FALSE(first.ok());
   EXPECT_EQ(first.status().code(), Status::Code::kUnavailable);
   EXPECT_THAT(first.status().message(), HasSubstr("idempotency_key"));
-  // Sent again with the same key, it gets the run still going: once.
+  // Sent again with the same key, it gets the run the crash left going
+  // (released now): once.
+  ASSERT_TRUE(WaitForFile(*sb, "/work/started"));  // the restarted actor serves files again
+  EXPECT_EQ(sb->ReadFile("/work/n").status().code(), Status::Code::kNotFound) << "the held exec ended";
+  ASSERT_TRUE(sb->WriteFile("/work/go", "").ok());
   Result<v1::ExecResult> again = sb->Exec(req);
   for (int i = 0; i < 50 && !again.ok() && again.status().code() == Status::Code::kUnavailable; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));

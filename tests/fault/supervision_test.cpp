@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <future>
+#include <thread>
 
 #include "tests/support/daemon_fixture.hpp"
 
@@ -14,19 +15,23 @@ namespace {
 using ::testing::HasSubstr;
 using Supervision = DaemonTest;
 
-// Crashes `id` and waits until the node reports the restart (or failure).
+// Crashes `id` and waits (20 s at most) until the node reports the restart
+// (or failure); the last record seen.
 nlohmann::json CrashAndWait(TestDaemon& d, const std::string& id, const std::string& kind, uint32_t restarts) {
   auto j = d.Admin("crash " + id);
   EXPECT_TRUE(j.value("ok", false)) << j.dump();
   nlohmann::json rec;
-  for (int i = 0; i < 2000; ++i) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (std::chrono::steady_clock::now() < deadline) {
     auto ins = d.Admin("inspect " + id);
     if (ins.value("ok", false)) {
       rec = ins[kind];
-      if (rec.value("restarts", 0u) >= restarts || rec.value("phase", "").find("FAILED") != std::string::npos)
+      if (rec.value("restarts", 0u) >= restarts || rec.value("phase", "") == "failed")
         return rec;
     }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));  // polling the node, bounded
   }
+  ADD_FAILURE() << id << " did not restart (" << restarts << ") nor fail within 20 s: " << rec.dump();
   return rec;
 }
 
@@ -48,6 +53,7 @@ TEST_F(Supervision, SandboxThatKeepsCrashingIsLeftFailed) {
   nlohmann::json rec;
   for (uint32_t i = 1; i <= 4; ++i) rec = CrashAndWait(*daemon_, sb->id(), "sandbox", i);
   EXPECT_EQ(rec.value("phase", ""), "failed") << rec.dump();
+  EXPECT_EQ(rec.value("restarts", 0), 3) << "each restart counts, in the record as well: " << rec.dump();
   EXPECT_THAT(rec.value("error", ""), HasSubstr("crashed"));
   auto r = sb->Exec(Command({"true"}));
   EXPECT_FALSE(r.ok() && r->verdict() == v1::VERDICT_OK);
@@ -77,13 +83,16 @@ TEST_F(Supervision, CrashedSessionKeepsItsLog) {
 TEST_F(Supervision, ABatchedAnnotationHeldByACrashedSessionIsAnswered) {
   auto s = client_->OpenSession("supervision/p/1", FncallSpec());
   ASSERT_TRUE(s.ok()) << s.status().ToString();
-  auto running = s->StepAsync(0, Command({"sleep", "3"}));
+  // A step that outlasts the test: the crash, not its end, must answer it.
+  auto running = s->StepAsync(0, Command({"sleep", "20"}));
   v1::StepMeta meta;
   meta.set_reward(1);
   auto held = s->AnnotateAsync(0, meta);  // waits behind the running step
   // Calls reach the session in order: once this is answered, the
   // annotation is in the session actor's hands.
   ASSERT_TRUE(s->Get().ok());
+  ASSERT_EQ(running.wait_for(std::chrono::seconds(0)), std::future_status::timeout) << "the step is no longer running";
+  ASSERT_EQ(held.wait_for(std::chrono::seconds(0)), std::future_status::timeout) << "the annotation was not held";
   auto t0 = std::chrono::steady_clock::now();
   CrashAndWait(*daemon_, "supervision/p/1", "session", 1);
   ASSERT_EQ(held.wait_for(std::chrono::seconds(20)), std::future_status::ready)
@@ -94,7 +103,11 @@ TEST_F(Supervision, ABatchedAnnotationHeldByACrashedSessionIsAnswered) {
   EXPECT_THAT(r.status().message(), HasSubstr("session supervision/p/1: annotation of step 0"));
   EXPECT_THAT(r.status().message(), HasSubstr("send it again"));
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(20));
-  (void)running.get();
+  // The step the crashed actor held is answered too, long before its end.
+  ASSERT_EQ(running.wait_for(std::chrono::seconds(10)), std::future_status::ready) << "the step was left to its end";
+  auto step = running.get();
+  ASSERT_FALSE(step.ok());
+  EXPECT_EQ(step.status().code(), Status::Code::kUnavailable) << step.status().ToString();
 }
 
 }  // namespace

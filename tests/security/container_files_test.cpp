@@ -7,19 +7,24 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <string>
 
 #include "runtime/files.hpp"
 #include "tests/support/container_fixture.hpp"
+#include "tests/support/probes.hpp"
 
 namespace dsec::testing {
 namespace {
 
 class ContainerFiles : public ContainerTest {};
 
-std::string Trim(std::string s) {
-  while (!s.empty() && s.back() == '\n') s.pop_back();
-  return s;
+// `st` is the agent's refusal with `err`: its code, and the errno's text in
+// its message (the agent says strerror for what the kernel refused).
+void ExpectRefused(const Status& st, Status::Code code, int err, const std::string& what) {
+  EXPECT_EQ(st.code(), code) << what << ": " << st.ToString();
+  EXPECT_NE(st.message().find(std::strerror(err)), std::string::npos) << what << ": " << st.ToString();
 }
 
 // A file only the host has, with known content; removed at the end.
@@ -110,18 +115,21 @@ TEST_F(ContainerFiles, ProcMagicLinksAreRefused) {
   ASSERT_TRUE(sb.ok()) << sb.status().ToString();
   ASSERT_EQ(ShIn(*sb, "ln -s /proc/1/root/etc/hostname /work/magic; sleep 1000 > /dev/null 2>&1 &").verdict(),
             v1::VERDICT_OK);
+  // Each is refused where the path meets the magic link (ELOOP), for
+  // reading and for writing (/work/magic: its O_EXCL create finds the link,
+  // the plain open then follows it).
   for (const char* p : {"/proc/1/root/etc/hostname", "/proc/self/root/etc/hostname", "/proc/1/cwd/etc/hostname",
                         "/work/magic"}) {
     auto r = sb->ReadFile(p);
-    EXPECT_FALSE(r.ok()) << p << " was read: " << (r.ok() ? *r : "");
-    if (!r.ok()) {
-      EXPECT_NE(r.status().message().find("magic link"), std::string::npos) << r.status().message();
-    }
-    EXPECT_FALSE(sb->WriteFile(p, "x").ok()) << p << " was written";
+    ASSERT_FALSE(r.ok()) << p << " was read: " << *r;
+    ExpectRefused(r.status(), Status::Code::kFailedPrecondition, ELOOP, p);
+    EXPECT_NE(r.status().message().find("magic link"), std::string::npos) << r.status().message();
+    ExpectRefused(sb->WriteFile(p, "x"), Status::Code::kFailedPrecondition, ELOOP, p);
   }
   // An open fd of a process is a magic link too.
   auto fd = sb->ReadFile("/proc/1/fd/0");
-  EXPECT_FALSE(fd.ok());
+  ASSERT_FALSE(fd.ok()) << "/proc/1/fd/0 was read";
+  ExpectRefused(fd.status(), Status::Code::kFailedPrecondition, ELOOP, "/proc/1/fd/0");
   Destroy(*sb);
 }
 
@@ -129,13 +137,19 @@ TEST_F(ContainerFiles, FifosAndDevicesAreRefusedAndTheAgentKeepsAnswering) {
   auto sb = Make();
   ASSERT_TRUE(sb.ok()) << sb.status().ToString();
   ASSERT_EQ(ShIn(*sb, "mkfifo /work/pipe").verdict(), v1::VERDICT_OK);
+  // Opened without waiting for a writer, then refused for what it is.
   auto r = sb->ReadFile("/work/pipe");
-  EXPECT_FALSE(r.ok());
-  EXPECT_NE(r.status().message().find("FIFO"), std::string::npos) << r.status().message();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Status::Code::kInvalidArgument) << r.status().ToString();  // EINVAL
+  EXPECT_NE(r.status().message().find("is a FIFO, not a regular file"), std::string::npos) << r.status().message();
+  // Opened for writing without waiting for a reader: there is none (ENXIO).
   auto w = sb->WriteFile("/work/pipe", "x");
-  EXPECT_FALSE(w.ok());
+  EXPECT_NE(w.message().find(std::strerror(ENXIO)), std::string::npos) << w.ToString();
   auto dev = sb->ReadFile("/dev/zero");
-  EXPECT_FALSE(dev.ok()) << "an endless device was read";
+  ASSERT_FALSE(dev.ok()) << "an endless device was read";
+  EXPECT_EQ(dev.status().code(), Status::Code::kInvalidArgument) << dev.status().ToString();  // EINVAL
+  EXPECT_NE(dev.status().message().find("is a character device, not a regular file"), std::string::npos)
+      << dev.status().message();
   EXPECT_EQ(ShIn(*sb, "echo alive").stdout(), "alive\n");
   Destroy(*sb);
 }
@@ -143,12 +157,21 @@ TEST_F(ContainerFiles, FifosAndDevicesAreRefusedAndTheAgentKeepsAnswering) {
 TEST_F(ContainerFiles, TheAgentAndItsSocketCannotBeReplaced) {
   auto sb = Make();
   ASSERT_TRUE(sb.ok()) << sb.status().ToString();
-  for (const char* p : {"/run/dsec/agent", "/run/dsec/agent.sock", "/run/dsec/new"}) {
-    auto w = sb->WriteFile(p, "#!/bin/sh\necho pwned\n", 0755);
-    EXPECT_FALSE(w.ok()) << p << " was written";
-  }
-  auto rm = ShIn(*sb, "rm -f /run/dsec/agent.sock 2>&1; mv /run/dsec/agent /work/ 2>&1; echo done");
-  EXPECT_EQ(Trim(rm.stdout()).substr(Trim(rm.stdout()).rfind('\n') + 1), "done");
+  const std::string script = "#!/bin/sh\necho pwned\n";
+  // /run/dsec is mounted read-only: nothing new in it.
+  ExpectRefused(sb->WriteFile("/run/dsec/new", script, 0755), Status::Code::kFailedPrecondition, EROFS,
+                "/run/dsec/new");
+  // The running agent's file: the kernel refuses writers to a running
+  // program first where it does (ETXTBSY), else the read-only mount.
+  ExpectRefused(sb->WriteFile("/run/dsec/agent", script, 0755), Status::Code::kFailedPrecondition,
+                RunningProgramsRefuseWriters() ? ETXTBSY : EROFS, "/run/dsec/agent");
+  // A socket cannot be opened at all (ENXIO).
+  auto sock = sb->WriteFile("/run/dsec/agent.sock", script, 0755);
+  EXPECT_NE(sock.message().find(std::strerror(ENXIO)), std::string::npos) << sock.ToString();
+  // Nor removed or renamed from inside: the read-only mount again.
+  auto rm = ShIn(*sb, "rm -f /run/dsec/agent.sock; echo rm=$?; mv /run/dsec/agent /run/dsec/agent.old; echo mv=$?");
+  EXPECT_EQ(rm.stdout(), "rm=1\nmv=1\n") << rm.stderr();
+  EXPECT_EQ(Occurrences(rm.stderr(), std::strerror(EROFS)), 2) << rm.stderr();
   // Still served by the real agent.
   EXPECT_EQ(ShIn(*sb, "echo alive").stdout(), "alive\n");
   EXPECT_EQ(ShIn(*sb, "ls /run/dsec | tr '\\n' ' '").stdout(), "agent agent.sock etc ");

@@ -1,8 +1,6 @@
 // Runs cannot see each other: not while they run side by side (files, processes,
 // SysV IPC, abstract unix sockets), and not one after the other (files and
 // background processes die with their run).
-#include <dirent.h>
-
 #include <fstream>
 #include <future>
 #include <iterator>
@@ -12,25 +10,13 @@
 #include <string>
 #include <vector>
 
-#include "runtime/files.hpp"
 #include "tests/support/fncall_fixture.hpp"
+#include "tests/support/probes.hpp"
 
 namespace dsec::testing {
 namespace {
 
 using CrossRun = FncallTest;
-
-std::future<Result<v1::ExecResult>> StartExec(drivers::FncallDriver& driver, const std::string& run_id,
-                                              const std::vector<std::string>& argv) {
-  v1::ExecRequest req;
-  for (const auto& a : argv) req.add_argv(a);
-  v1::SandboxRecord sb;
-  *req.mutable_limits() = *drivers::EffectiveLimits(drivers::LimitPolicy::Default(), sb.spec(), req);
-  auto p = std::make_shared<std::promise<Result<v1::ExecResult>>>();
-  auto f = p->get_future();
-  driver.Exec(sb, run_id, req, [p](Result<v1::ExecResult> r) { p->set_value(std::move(r)); });
-  return f;
-}
 
 // "key rest-of-line" lines.
 std::map<std::string, std::string> ParseLines(const std::string& out) {
@@ -81,8 +67,8 @@ constexpr const char* kRunB =
     "print('end', time.monotonic())\n";
 
 TEST_F(CrossRun, ConcurrentRunsSeeNothingOfEachOther) {
-  auto fa = StartExec(*driver_, "cross-a", {"python3", "-c", kRunA});
-  auto fb = StartExec(*driver_, "cross-b", {"python3", "-c", kRunB});
+  auto fa = RunAsync({"python3", "-c", kRunA});
+  auto fb = RunAsync({"python3", "-c", kRunB});
   auto ra = fa.get();
   auto rb = fb.get();
   ASSERT_TRUE(ra.ok()) << ra.status().ToString();
@@ -135,32 +121,17 @@ TEST_F(CrossRun, SysVObjectsLeftBehindNeverReachALaterRun) {
   }
 }
 
-// Host processes whose command line is exactly `argv`.
-int CountHostProcesses(const std::vector<std::string>& argv) {
-  std::string want;
-  for (const auto& a : argv) want += a + '\0';
-  int n = 0;
-  DIR* d = ::opendir("/proc");
-  if (!d) return -1;
-  while (dirent* e = ::readdir(d)) {
-    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
-    // Not an ifstream: a process that exits while read makes it throw.
-    auto cmd = ReadFileToString(std::string("/proc/") + e->d_name + "/cmdline");
-    if (cmd.ok() && *cmd == want) ++n;
-  }
-  ::closedir(d);
-  return n;
-}
-
 TEST_F(CrossRun, BackgroundProcessesDieWithTheirRun) {
-  const std::vector<std::string> marker = {"sleep", "98765.4321"};
-  ASSERT_EQ(CountHostProcesses(marker), 0);
+  const std::string marker = "98765.4321";  // sleep's argument
+  ASSERT_EQ(HostProcessesWithArg(marker).size(), 0u);
+  // The run ends only once its three sleeps run (as ps inside shows them).
   auto r = Sh("setsid sleep 98765.4321 >/dev/null 2>&1 & (sleep 98765.4321 &) ; "
-              "nohup sleep 98765.4321 >/dev/null 2>&1 & echo started");
+              "nohup sleep 98765.4321 >/dev/null 2>&1 & "
+              "until [ \"$(ps -e -o args= | grep -c '^sleep 98765.4321$')\" = 3 ]; do sleep 0.01; done; echo started");
   ASSERT_EQ(r.verdict(), v1::VERDICT_OK) << r.error() << "\n" << r.stderr();
   ASSERT_EQ(r.stdout(), "started\n");
   // The run's pid namespace is gone with its runner: nothing outlived it.
-  EXPECT_EQ(CountHostProcesses(marker), 0) << "a sandbox process outlived its run";
+  EXPECT_EQ(HostProcessesWithArg(marker).size(), 0u) << "a sandbox process outlived its run";
   auto next = Sh("ps -e -o comm=");
   ASSERT_EQ(next.verdict(), v1::VERDICT_OK) << next.error();
   EXPECT_EQ(next.stdout().find("sleep"), std::string::npos) << next.stdout();

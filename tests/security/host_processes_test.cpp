@@ -5,13 +5,16 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <map>
 #include <set>
 #include <sstream>
 #include <string>
 
 #include "tests/support/fncall_fixture.hpp"
+#include "tests/support/probes.hpp"
 
 extern char** environ;
 
@@ -82,15 +85,18 @@ TEST_F(HostProcesses, ProcListsOnlyTheRunsOwnProcesses) {
 TEST_F(HostProcesses, PsListsNoHostProcess) {
   auto r = Sh("ps -e -o pid= -o comm=");
   ASSERT_EQ(r.verdict(), v1::VERDICT_OK) << r.error() << "\n" << r.stderr();
+  // ps sees the run's own processes (so it does list processes): the runner
+  // as pid 1, ps itself, and sh unless it exec'd ps; nothing else.
+  std::map<std::string, std::string> seen;  // comm -> pid
   std::istringstream out(r.stdout());
-  int lines = 0;
-  for (std::string line; std::getline(out, line);) {
-    ++lines;
-    EXPECT_TRUE(line.find("dsec-runner") != std::string::npos || line.find(" sh") != std::string::npos ||
-                line.find(" ps") != std::string::npos)
-        << "unexpected process inside: " << line;
-  }
-  EXPECT_LE(lines, 3) << r.stdout();
+  for (std::string pid, comm; out >> pid >> comm;) seen[comm] = pid;
+  EXPECT_EQ(seen["dsec-runner"], "1") << r.stdout();
+  EXPECT_EQ(seen.count("ps"), 1u) << r.stdout();
+  seen.erase("dsec-runner");
+  seen.erase("ps");
+  seen.erase("sh");
+  EXPECT_TRUE(seen.empty()) << "processes of the host inside:\n" << r.stdout();
+  EXPECT_LE(std::count(r.stdout().begin(), r.stdout().end(), '\n'), 3) << r.stdout();
 }
 
 TEST_F(HostProcesses, CannotSignalTheTestProcess) {
@@ -107,10 +113,11 @@ TEST_F(HostProcesses, CannotSignalTheTestProcess) {
                 pid});
   ASSERT_EQ(r.verdict(), v1::VERDICT_OK) << r.error() << "\n" << r.stderr();
   EXPECT_EQ(r.stdout(), "0 ESRCH\n15 ESRCH\n9 ESRCH\n");
-  // The shell's kill builtin fails too.
+  // The shell's kill builtin fails too, for the same reason.
   auto sh = Sh("kill -0 " + pid + "; echo rc=$?; kill -9 " + pid + "; echo rc=$?");
   EXPECT_EQ(sh.verdict(), v1::VERDICT_OK) << sh.error();
   EXPECT_EQ(sh.stdout(), "rc=1\nrc=1\n") << sh.stderr();
+  EXPECT_EQ(Occurrences(sh.stderr(), "No such process"), 2) << sh.stderr();
   // And, plainly, this process is still here to check it.
   EXPECT_EQ(::kill(::getpid(), 0), 0);
 }
@@ -123,8 +130,10 @@ TEST_F(HostProcesses, CannotKillAHostChild) {
   auto r = Sh("kill -9 " + pid + "; echo rc=$?; kill -TERM " + pid +
               "; echo rc=$?; kill -9 -1; echo rc=$?");
   EXPECT_EQ(r.verdict(), v1::VERDICT_OK) << r.error();
-  // kill -1 finds nobody it may signal (pid 1 and the caller are exempt).
+  // The host's pid does not exist in here; kill -1 finds nobody it may
+  // signal (pid 1 and the caller are exempt): ESRCH, each time.
   EXPECT_EQ(r.stdout(), "rc=1\nrc=1\nrc=1\n") << r.stderr();
+  EXPECT_EQ(Occurrences(r.stderr(), "No such process"), 3) << r.stderr();
   EXPECT_TRUE(sleeper.Running()) << "the host's sleep " << pid << " did not survive the sandbox";
   int st = sleeper.Stop();
   EXPECT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) << "wait status " << st;

@@ -4,10 +4,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 
+#include "drivers/container/container_state.pb.h"
 #include "tests/support/daemon_fixture.hpp"
+#include "tests/support/probes.hpp"
 
 namespace dsec::testing {
 
@@ -18,44 +22,40 @@ bool Exists(const std::string& p) {
   return ::lstat(p.c_str(), &st) == 0;
 }
 
-bool HaveMkfsErofs() {
-  for (const char* tool : {"/usr/bin/mkfs.erofs", "/sbin/mkfs.erofs", "/usr/sbin/mkfs.erofs"})
-    if (Exists(tool)) return true;
-  return false;
-}
-
 }  // namespace
 
-std::string ContainerTest::StartContainerDaemon(TestDaemonOptions o, std::unique_ptr<TestDaemon>* daemon,
-                                                std::unique_ptr<Client>* client) {
-  if (::geteuid() != 0) return "container tests need root (namespaces, cgroups, mounts)";
-  if (!HaveMkfsErofs()) return "mkfs.erofs is missing (apt-get install erofs-utils)";
+DaemonStart ContainerTest::TryStartContainerDaemon(TestDaemonOptions o, std::unique_ptr<TestDaemon>* daemon,
+                                                   std::unique_ptr<Client>* client) {
+  if (auto gap = ContainerHostGap(); !gap.empty()) return {"container sandboxes unavailable on this host: " + gap, ""};
   auto d = TestDaemon::Start(std::move(o));
-  if (!d.ok()) {
-    // Not a missing capability of the host: a daemon that cannot start fails the test.
-    ADD_FAILURE() << "dsecd did not start: " << d.status().ToString();
-    return "dsecd did not start";
-  }
+  if (!d.ok()) return {"", "dsecd did not start: " + d.status().ToString()};
   *daemon = std::move(*d);
   auto status = (*daemon)->Admin("status");
   bool container = false;
   for (const auto& k : status.value("kinds", nlohmann::json::array())) container = container || k == "container";
-  if (!container) return "container sandboxes unavailable on this host: " + status.dump();
+  if (!container) return {"", "dsecd offers no containers on a host that has all they need: " + status.dump()};
 
   char tmpl[] = "/tmp/dsec-test-rootfs-XXXXXX";
-  if (!::mkdtemp(tmpl)) return "mkdtemp failed";
+  if (!::mkdtemp(tmpl)) return {"", std::string("mkdtemp: ") + std::strerror(errno)};
   std::string rootfs = tmpl;
   Status made = MakeRootfs(rootfs);
   ProcResult built;
   if (made.ok())
     built = RunProcess({BinDir() + "/dsec-image", "--data-dir", (*daemon)->data_dir(), "build", rootfs, kImage});
   RunProcess({"/bin/rm", "-rf", rootfs});
-  if (!made.ok()) return "cannot make the test rootfs: " + made.ToString();
-  if (built.exit_code != 0) {
-    ADD_FAILURE() << "dsec-image build failed: " << built.err;
-    return "dsec-image build failed";
-  }
-  return ConnectClient(**daemon, client);
+  // FailedPrecondition: the host lacks a program the image is made of.
+  if (made.code() == Status::Code::kFailedPrecondition)
+    return {"cannot make the test rootfs on this host: " + made.ToString(), ""};
+  if (!made.ok()) return {"", "cannot make the test rootfs: " + made.ToString()};
+  if (built.exit_code != 0) return {"", "dsec-image build failed: " + built.err};
+  return {"", ConnectClient(**daemon, client)};
+}
+
+std::string ContainerTest::StartContainerDaemon(TestDaemonOptions o, std::unique_ptr<TestDaemon>* daemon,
+                                                std::unique_ptr<Client>* client) {
+  auto s = TryStartContainerDaemon(std::move(o), daemon, client);
+  if (!s.failure.empty()) ADD_FAILURE() << s.failure;
+  return s.failure.empty() ? s.skip : s.failure;
 }
 
 Result<Sandbox> ContainerTest::NewContainer(v1::Limits limits) {
@@ -107,9 +107,9 @@ int ContainerTest::InitPid(const Sandbox& sb) {
     ADD_FAILURE() << sb.id() << ": " << rec.status().ToString();
     return 0;
   }
-  auto state = nlohmann::json::parse(rec->driver_state(), nullptr, false);
-  int pid = state.is_object() ? state.value("init_pid", 0) : 0;
-  if (pid <= 0) ADD_FAILURE() << sb.id() << ": no init pid in the driver state " << rec->driver_state();
+  container::ContainerState state;
+  int pid = state.ParseFromString(rec->driver_state()) ? state.init_pid() : 0;
+  if (pid <= 0) ADD_FAILURE() << sb.id() << ": no init pid in the driver state " << state.ShortDebugString();
   return pid;
 }
 

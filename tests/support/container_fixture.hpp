@@ -1,5 +1,5 @@
 // A real dsecd that can run containers, with one image ("tools": the host's
-// shell tools and python3, tests/support/rootfs.hpp) built through dsec-image,
+// shell tools and python3, harness/rootfs.hpp) built through dsec-image,
 // shared by the tests of one suite. Tests skip, saying why, on a host that
 // cannot run containers (not root, no erofs-utils, no cgroup v1 ...).
 #pragma once
@@ -11,8 +11,9 @@
 #include <vector>
 
 #include "dsec/client.hpp"
-#include "tests/support/daemon.hpp"
-#include "tests/support/rootfs.hpp"
+#include "harness/daemon.hpp"
+#include "harness/rootfs.hpp"
+#include "tests/support/daemon_fixture.hpp"
 
 namespace dsec::testing {
 
@@ -21,13 +22,15 @@ class ContainerTest : public ::testing::Test {
   static constexpr const char* kImage = "tools";
 
  protected:
-  static void SetUpTestSuite() { skip_ = StartContainerDaemon(TestDaemonOptions(), &daemon_, &client_); }
+  static void SetUpTestSuite() { start_ = TryStartContainerDaemon(TestDaemonOptions(), &daemon_, &client_); }
   static void TearDownTestSuite() {
     client_.reset();
     daemon_.reset();
   }
+  // Only a host without what containers need skips; a failure fails each test.
   void SetUp() override {
-    if (!client_) GTEST_SKIP() << skip_;
+    ASSERT_TRUE(start_.failure.empty()) << start_.failure;
+    if (!client_) GTEST_SKIP() << start_.skip;
   }
   // Destroys what Make made and a failed ASSERT left behind.
   void TearDown() override;
@@ -39,7 +42,13 @@ class ContainerTest : public ::testing::Test {
   void Destroy(const Sandbox& sb);
 
   // Starts a daemon, checks it offers containers, builds the tools image
-  // in it and connects a client. "" on success, else why the tests skip.
+  // in it and connects a client. Both empty on success; `skip` when the host
+  // lacks what containers need; `failure` when the product failed. Reports
+  // nothing (for SetUpTestSuite, where a failure would make gtest skip).
+  static DaemonStart TryStartContainerDaemon(TestDaemonOptions o, std::unique_ptr<TestDaemon>* daemon,
+                                             std::unique_ptr<Client>* client);
+  // The same from a test (SetUp or its body): a failure is reported as the
+  // test's at once. "" when all is up; else why the test cannot go on.
   static std::string StartContainerDaemon(TestDaemonOptions o, std::unique_ptr<TestDaemon>* daemon,
                                           std::unique_ptr<Client>* client);
 
@@ -62,7 +71,7 @@ class ContainerTest : public ::testing::Test {
 
   static inline std::unique_ptr<TestDaemon> daemon_;
   static inline std::unique_ptr<Client> client_;
-  static inline std::string skip_;
+  static inline DaemonStart start_;
   std::vector<Sandbox> made_;
 };
 

@@ -64,6 +64,8 @@ class Sandbox {
   std::future<Result<v1::ExecResult>> ExecAsync(v1::ExecRequest req) const;
   // Exec with output handed to `on_output` as it is produced (in order, on
   // an SDK thread; do not block there); the result carries no output.
+  // Kinds that cannot stream (fncall: each exec is one fresh run whose
+  // output comes back whole) answer Unimplemented, having run nothing.
   Result<v1::ExecResult> ExecStream(v1::ExecRequest req,
                                     std::function<void(const v1::ExecOutput&)> on_output) const;
   Result<v1::SandboxRecord> Get() const;

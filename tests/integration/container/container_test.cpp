@@ -9,8 +9,10 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <fstream>
+#include <future>
 #include <string>
 #include <thread>
 
@@ -198,16 +200,21 @@ TEST_F(Container, VerdictsMatchFncall) {
 TEST_F(Container, DestroyStopsExecsInFlightAndAnswersThem) {
   auto sb = NewContainer();
   ASSERT_TRUE(sb.ok()) << sb.status().ToString();
-  auto started = ShIn(*sb, "touch /work/ready");
-  ASSERT_EQ(started.verdict(), v1::VERDICT_OK);
-  auto pending = sb->ExecAsync(Sh("sleep 600"));
-  // The destroy waits for the exec's answer, whichever order they arrive in.
+  auto pending = sb->ExecAsync(Sh("touch /work/started; exec sleep 600"));
+  // The exec runs in the container when the destroy comes.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!sb->ReadFile("/work/started").ok() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));  // polling the container, bounded
+  ASSERT_TRUE(sb->ReadFile("/work/started").ok()) << "the exec never started";
+  ASSERT_EQ(pending.wait_for(std::chrono::seconds(0)), std::future_status::timeout);
+  // The destroy kills it and waits for its answer.
   Status destroyed = sb->Destroy();
   EXPECT_TRUE(destroyed.ok()) << destroyed.ToString();
+  ASSERT_EQ(pending.wait_for(std::chrono::seconds(20)), std::future_status::ready) << "the exec was never answered";
   auto r = pending.get();
-  if (r.ok()) {
-    EXPECT_NE(r->verdict(), v1::VERDICT_OK);
-  }
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->verdict(), v1::VERDICT_PLATFORM_ERROR) << v1::Verdict_Name(r->verdict()) << ": " << r->error();
+  EXPECT_NE(r->error().find("sandbox " + sb->id() + " was destroyed"), std::string::npos) << r->error();
   EXPECT_EQ(Remains(sb->id()), "");
 }
 
@@ -255,8 +262,8 @@ class ContainerRestart : public ContainerTest {
  protected:
   static void SetUpTestSuite() {}
   void SetUp() override {
-    skip_ = StartContainerDaemon(TestDaemonOptions(), &daemon_, &client_);
-    if (!client_) GTEST_SKIP() << skip_;
+    auto skip = StartContainerDaemon(TestDaemonOptions(), &daemon_, &client_);
+    if (!client_) GTEST_SKIP() << skip;
   }
   void TearDown() override {
     client_.reset();

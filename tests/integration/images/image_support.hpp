@@ -23,7 +23,7 @@
 
 #include "dsec/v1/types.pb.h"
 #include "runtime/files.hpp"
-#include "tests/support/daemon.hpp"
+#include "harness/daemon.hpp"
 
 namespace dsec::testing::img {
 

@@ -13,7 +13,7 @@
 
 #include "actors/context.hpp"
 #include "actors/session.hpp"
-#include "actors/wire.hpp"
+#include "wire/wire.hpp"
 #include "dsec/status_proto.hpp"
 #include "state/fault_store.hpp"
 #include "state/group_commit.hpp"
@@ -39,6 +39,7 @@ class SessionLog : public ::testing::Test {
     ctx_->store = &fault_;
     ctx_->committer = &committer_;
     ctx_->log = spdlog::default_logger();
+    ctx_->kinds = &kinds_;  // none: the session's steps are all logged
     // A restored open session (fncall, nothing to re-create) with step 0
     // logged.
     v1::SessionRecord rec;
@@ -108,6 +109,7 @@ class SessionLog : public ::testing::Test {
   state::GroupCommitter committer_{&fault_};
   caf::actor_system_config cfg_;
   std::unique_ptr<caf::actor_system> sys_;
+  drivers::Registry kinds_{{}};
   std::shared_ptr<NodeContext> ctx_;
   std::unique_ptr<caf::scoped_actor> self_;
   v1::SessionRecord rec_;  // as restored

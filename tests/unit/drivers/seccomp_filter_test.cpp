@@ -4,7 +4,7 @@
 // The child is forked from this single-threaded test process (GoogleTest
 // starts no threads), so only async-signal-safe calls are needed after fork;
 // it reports through its exit status and never returns into GoogleTest.
-#include "drivers/fncall/seccomp_filter.hpp"
+#include "drivers/spawner/seccomp_filter.hpp"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,4 +1,4 @@
-// The fncall verdict: how FncallDriver::ToExecResult turns the spawner's
+// The verdict of every kind: how ToExecResult turns the spawner's
 // facts about a run (Outcome) into the ExecResult a trainer sees, including
 // which verdict wins when several facts are true at once.
 #include <signal.h>
@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "drivers/fncall/fncall_driver.hpp"
-#include "drivers/fncall/spawner.pb.h"
+#include "drivers/verdict.hpp"
+#include "drivers/spawner/spawner.pb.h"
 
 namespace dsec::drivers {
 namespace {
@@ -30,7 +30,7 @@ v1::Limits TestLimits() {
   return l;
 }
 
-v1::ExecResult Map(const Outcome& o) { return FncallDriver::ToExecResult(o, TestLimits(), "python3"); }
+v1::ExecResult Map(const Outcome& o) { return ToExecResult(o, TestLimits(), "python3"); }
 
 // Outcomes as the spawner reports them.
 Outcome Exited(int code) {
@@ -214,7 +214,7 @@ TEST(VerdictTest, LimitsInTheMessageAreTheRunsOwn) {
   l.set_timeout_ms(777);
   Outcome o = Signaled(SIGKILL);
   o.set_timed_out(true);
-  EXPECT_THAT(FncallDriver::ToExecResult(o, l, "x").error(), HasSubstr("777 ms"));
+  EXPECT_THAT(ToExecResult(o, l, "x").error(), HasSubstr("777 ms"));
 }
 
 // When several facts are true, the first in this list decides the verdict:

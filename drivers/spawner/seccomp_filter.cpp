@@ -1,4 +1,4 @@
-#include "drivers/fncall/seccomp_filter.hpp"
+#include "drivers/spawner/seccomp_filter.hpp"
 
 #include <errno.h>
 #include <sched.h>

@@ -1,6 +1,6 @@
 // dsec-spawner's event loop: the protocol with dsecd, signals, and the life of a
 // run from "go" to its Outcome. The warm pool lives in spawner_pool.cpp.
-#include "drivers/fncall/spawner_internal.hpp"
+#include "drivers/spawner/spawner_internal.hpp"
 
 namespace dsec::fncall {
 namespace internal {

@@ -1,4 +1,4 @@
-#include "tests/support/daemon.hpp"
+#include "harness/daemon.hpp"
 
 #include <dirent.h>
 #include <fcntl.h>

@@ -1,4 +1,4 @@
-#include "drivers/fncall/sandbox_root.hpp"
+#include "drivers/spawner/sandbox_root.hpp"
 
 #include <dirent.h>
 #include <errno.h>

@@ -1,4 +1,4 @@
-#include "drivers/spawner_link.hpp"
+#include "drivers/spawner/spawner_link.hpp"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -17,7 +17,7 @@
 #include <cstring>
 #include <future>
 
-#include "drivers/fncall/spawner.pb.h"
+#include "drivers/spawner/spawner.pb.h"
 #include "runtime/files.hpp"
 
 extern char** environ;

@@ -1,4 +1,4 @@
-#include "actors/wire.hpp"
+#include "wire/wire.hpp"
 
 #include <caf/io/all.hpp>
 

@@ -17,7 +17,7 @@
 
 #include <linux/filter.h>
 
-#include "drivers/fncall/runner.hpp"
+#include "drivers/spawner/runner.hpp"
 
 namespace dsec::container {
 

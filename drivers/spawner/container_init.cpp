@@ -1,4 +1,4 @@
-#include "drivers/container/container_init.hpp"
+#include "drivers/spawner/container_init.hpp"
 
 #include <fcntl.h>
 #include <linux/seccomp.h>
@@ -17,7 +17,7 @@
 #include <cerrno>
 #include <initializer_list>
 
-#include "drivers/fncall/raw_syscall.hpp"
+#include "drivers/spawner/raw_syscall.hpp"
 
 namespace dsec::container {
 

@@ -16,7 +16,7 @@
 #include "dsec/status.hpp"
 #include "runtime/unique_fd.hpp"
 
-namespace dsec::fncall {
+namespace dsec::cgroup {
 
 struct CgroupMounts {
   std::string memory, pids, cpu, cpuacct;  // mount points; cpu may == cpuacct
@@ -137,4 +137,4 @@ Status RenameGroup(const CgroupMounts& m, const std::string& rel, const std::str
 // rmdir of <mount>/<rel> in every hierarchy, ignoring "not empty" and "absent".
 void RemoveGroupDirs(const CgroupMounts& m, const std::string& rel);
 
-}  // namespace dsec::fncall
+}  // namespace dsec::cgroup

@@ -1,4 +1,4 @@
-#include "drivers/fncall/cgroup_v1.hpp"
+#include "drivers/cgroup/cgroup_v1.hpp"
 #include "runtime/files.hpp"
 
 #include <dirent.h>
@@ -16,7 +16,7 @@
 #include <fstream>
 #include <sstream>
 
-namespace dsec::fncall {
+namespace dsec::cgroup {
 
 namespace {
 
@@ -444,4 +444,4 @@ void CgroupSlot::Remove() {
   dirs_.clear();
 }
 
-}  // namespace dsec::fncall
+}  // namespace dsec::cgroup

@@ -9,7 +9,7 @@
 #include <cstring>
 #include <string>
 
-#include "drivers/fncall/spawner.hpp"
+#include "drivers/spawner/spawner.hpp"
 
 namespace {
 

@@ -1,4 +1,4 @@
-#include "drivers/fncall/ns_pool.hpp"
+#include "drivers/spawner/ns_pool.hpp"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,4 +1,4 @@
-#include "tests/support/rootfs.hpp"
+#include "harness/rootfs.hpp"
 
 #include <dirent.h>
 #include <limits.h>
@@ -12,7 +12,7 @@
 #include <sstream>
 
 #include "runtime/files.hpp"
-#include "tests/support/daemon.hpp"
+#include "harness/daemon.hpp"
 
 namespace dsec::testing {
 

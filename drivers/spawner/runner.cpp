@@ -1,4 +1,4 @@
-#include "drivers/fncall/runner.hpp"
+#include "drivers/spawner/runner.hpp"
 
 #include <fcntl.h>
 #include <linux/capability.h>
@@ -11,7 +11,7 @@
 
 #include <cerrno>
 
-#include "drivers/fncall/raw_syscall.hpp"
+#include "drivers/spawner/raw_syscall.hpp"
 
 namespace dsec::fncall {
 

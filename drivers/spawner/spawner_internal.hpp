@@ -4,7 +4,7 @@
 // pool: creating runners and the cgroups, namespaces and stacks they use.
 #pragma once
 
-#include "drivers/fncall/spawner.hpp"
+#include "drivers/spawner/spawner.hpp"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -30,15 +30,25 @@
 #include <unordered_map>
 #include <vector>
 
-#include "drivers/container/container_init.hpp"
-#include "drivers/fncall/cgroup_v1.hpp"
-#include "drivers/fncall/ns_pool.hpp"
-#include "drivers/fncall/runner.hpp"
-#include "drivers/fncall/sandbox_root.hpp"
-#include "drivers/fncall/seccomp_filter.hpp"
-#include "drivers/fncall/spawner.pb.h"
+#include "drivers/spawner/container_init.hpp"
+#include "drivers/cgroup/cgroup_v1.hpp"
+#include "drivers/spawner/ns_pool.hpp"
+#include "drivers/spawner/runner.hpp"
+#include "drivers/spawner/sandbox_root.hpp"
+#include "drivers/spawner/seccomp_filter.hpp"
+#include "drivers/spawner/spawner.pb.h"
 #include "runtime/frame.hpp"
 
+
+namespace dsec::fncall {
+// The spawner's cgroups (drivers/cgroup/).
+using cgroup::CgroupMounts;
+using cgroup::CgroupSlot;
+using cgroup::DiscoverCgroupMounts;
+using cgroup::MakeGroupDirs;
+using cgroup::RemoveGroupDirs;
+using cgroup::SweepStaleSpawnerGroups;
+}  // namespace dsec::fncall
 
 namespace dsec::fncall::internal {
 

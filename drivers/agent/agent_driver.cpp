@@ -1,0 +1,250 @@
+#include "drivers/agent/agent_driver.hpp"
+
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <chrono>
+#include <map>
+
+#include "drivers/agent/agent.pb.h"
+#include "drivers/spawner/spawner.pb.h"
+#include "drivers/verdict.hpp"
+
+namespace dsec::drivers {
+
+namespace {
+
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// The agent's account of an exec in the spawner's terms, so every kind gives
+// the same verdicts with the same words (ToExecResult).
+spawner::Outcome ToOutcome(const agent::ExecDone& d, const v1::Limits& lim, bool oom, const std::string& killed) {
+  spawner::Outcome o;
+  o.set_exited(d.exited());
+  o.set_exit_code(d.exit_code());
+  o.set_signal(d.signal());
+  o.set_timed_out(d.timed_out());
+  o.set_oom_killed(oom && !d.exited());
+  o.set_output_exceeded(d.output_exceeded());
+  o.set_exec_errno(d.exec_errno());
+  o.set_stdout(d.stdout());
+  o.set_stderr(d.stderr());
+  o.set_stdout_truncated(d.stdout_truncated());
+  o.set_stderr_truncated(d.stderr_truncated());
+  o.set_cpu_us(d.cpu_us());
+  o.set_wall_us(d.wall_us());
+  o.set_peak_memory_bytes(d.peak_rss_bytes());
+  o.set_user_error(d.error());
+  // RLIMIT_CPU: SIGXCPU at the soft limit, SIGKILL at the hard one.
+  o.set_cpu_time_exceeded(lim.cpu_time_ms() && !d.exited() &&
+                          (d.signal() == SIGXCPU || (d.signal() == SIGKILL && d.cpu_us() / 1000 >= lim.cpu_time_ms())));
+  if (!killed.empty()) {
+    o.set_killed(true);
+    o.set_kill_reason(killed);
+  }
+  return o;
+}
+
+v1::FileInfo ToInfo(const agent::FileInfo& a) {
+  v1::FileInfo f;
+  f.set_name(a.name());
+  f.set_mode(a.mode());
+  f.set_size(a.size());
+  f.set_mtime_ms(a.mtime_ms());
+  f.set_link_target(a.link_target());
+  return f;
+}
+
+}  // namespace
+
+Status AgentDriver::ConnectAgent(AgentBox& box, const std::string& socket, int timeout_ms,
+                                 std::function<void(const std::string&)> log) const {
+  AgentClientOptions ao;
+  ao.name = std::string(name()) + " " + box.id;
+  ao.log = std::move(log);
+  auto c = AgentClient::Connect(socket, ao);
+  if (!c.ok()) return c.status();
+  auto pong = (*c)->PingSync(std::chrono::milliseconds(timeout_ms));
+  if (!pong.ok()) return pong.status().Annotate(ao.name + ": the agent does not answer");
+  box.agent = std::move(*c);
+  return Status::Ok();
+}
+
+size_t AgentDriver::RunsInFlight() const {
+  std::lock_guard<std::mutex> lk(runs_mu_);
+  return runs_.size();
+}
+
+void AgentDriver::Exec(const v1::SandboxRecord& sb, const std::string& run_id, const v1::ExecRequest& req,
+                       ExecCallback done) {
+  StartExec(sb, run_id, req, nullptr, std::move(done));
+}
+
+void AgentDriver::ExecStreaming(const v1::SandboxRecord& sb, const std::string& run_id, const v1::ExecRequest& req,
+                                OutputCallback on_output, ExecCallback done) {
+  StartExec(sb, run_id, req, std::move(on_output), std::move(done));
+}
+
+void AgentDriver::StartExec(const v1::SandboxRecord& sb, const std::string& run_id, const v1::ExecRequest& req,
+                            OutputCallback on_output, ExecCallback done) {
+  auto running = RunningBox(sb.id());
+  if (!running.ok()) {
+    done(running.status());
+    return;
+  }
+  auto box = *running;
+  agent::Exec e;
+  for (const auto& a : req.argv()) e.add_argv(a);
+  std::map<std::string, std::string> env = {{"PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+                                            {"HOME", "/root"},
+                                            {"LANG", "C.UTF-8"},
+                                            {"TMPDIR", "/tmp"}};
+  for (const auto& [k, v] : sb.spec().env()) env[k] = v;
+  for (const auto& [k, v] : req.env()) env[k] = v;
+  for (const auto& [k, v] : env) e.add_env(k + "=" + v);
+  e.set_cwd(!req.cwd().empty() ? req.cwd() : !sb.spec().workdir().empty() ? sb.spec().workdir() : "/work");
+  e.set_stdin(req.stdin());
+  e.set_stream(on_output != nullptr);
+  e.set_key(req.idempotency_key());
+  const v1::Limits& lim = req.limits();
+  e.mutable_limits()->set_timeout_ms(lim.timeout_ms());
+  e.mutable_limits()->set_output_bytes(lim.output_bytes());
+  e.mutable_limits()->set_cpu_time_ms(lim.cpu_time_ms());
+  e.mutable_limits()->set_file_size_bytes(lim.file_size_bytes());
+  e.mutable_limits()->set_open_files(lim.open_files());
+  uint64_t oom0 = box->OomKills();
+  std::string argv0 = req.argv_size() ? req.argv(0) : "";
+  v1::Limits merged = lim;
+  merged.set_memory_bytes(box->limits.memory_bytes());
+  {
+    // Registered before the agent can answer, so the answer always finds it.
+    std::lock_guard<std::mutex> lk(runs_mu_);
+    runs_[run_id] = RunRef{sb.id(), 0, {}};
+  }
+  AgentClient::OutputCallback piece;
+  if (on_output)
+    piece = [on_output](const agent::Output& o) {
+      v1::ExecOutput out;
+      if (o.stream() == 2) out.set_stderr(o.data());
+      else out.set_stdout(o.data());
+      on_output(out);
+    };
+  {
+    std::lock_guard<std::mutex> lk(box->idle_mu);
+    ++box->active;
+  }
+  uint64_t exec_id =
+      box->agent->Exec(e, std::move(piece), [this, box, oom0, merged, argv0, run_id, done](Result<agent::ExecDone> r) {
+        {
+          std::lock_guard<std::mutex> lk(box->idle_mu);
+          --box->active;
+          box->last_active_ms = NowMs();
+        }
+        std::string kill_reason;
+        {
+          std::lock_guard<std::mutex> lk(runs_mu_);
+          if (auto it = runs_.find(run_id); it != runs_.end()) {
+            kill_reason = it->second.kill_reason;
+            runs_.erase(it);
+          }
+        }
+        if (!r.ok()) {
+          done(r.status().Annotate(std::string(name()) + " " + box->id));
+          return;
+        }
+        bool oom = box->OomKills() > oom0;
+        auto res = ToExecResult(ToOutcome(*r, merged, oom, kill_reason), merged, argv0);
+        res.set_run_id(run_id);
+        done(std::move(res));
+      });
+  bool kill_now = false;
+  {
+    std::lock_guard<std::mutex> lk(runs_mu_);
+    if (auto it = runs_.find(run_id); it != runs_.end()) {
+      it->second.exec_id = exec_id;
+      kill_now = !it->second.kill_reason.empty();  // Kill came before we knew the agent's id
+    }
+  }
+  if (kill_now && exec_id) box->agent->Signal(exec_id, SIGKILL, [](const Status&) {});
+}
+
+Status AgentDriver::CheckExecLimits(const v1::SandboxRecord& sb, const v1::Limits& asked) const {
+  const v1::Limits& box = sb.spec().limits();
+  auto differs = [](uint64_t want, uint64_t have) { return want != 0 && want != have; };
+  const char* what = differs(asked.memory_bytes(), box.memory_bytes()) ? "memory"
+                     : differs(asked.pids(), box.pids())                 ? "pids"
+                     : differs(asked.cpu_millis(), box.cpu_millis())     ? "cpu"
+                     : differs(asked.disk_bytes(), box.disk_bytes())     ? "disk"
+                                                                         : nullptr;
+  if (!what) return Status::Ok();
+  return Status::InvalidArgument(std::string("the ") + what + " limit of " + name() + " " + sb.id() +
+                                 " is set for the whole " + name() + " when it is created (dsecctl create --" +
+                                 (std::string(what) == "cpu" ? "cpus" : what) + "); an exec cannot change it");
+}
+
+Status AgentDriver::Kill(const std::string& run_id, const std::string& reason) {
+  std::string id;
+  uint64_t exec_id;
+  {
+    std::lock_guard<std::mutex> lk(runs_mu_);
+    auto it = runs_.find(run_id);
+    if (it == runs_.end()) return Status::NotFound("run " + run_id + " is not in flight");
+    it->second.kill_reason = reason.empty() ? "killed" : reason;
+    id = it->second.sandbox;
+    exec_id = it->second.exec_id;
+  }
+  if (!exec_id) return Status::Ok();  // StartExec signals it once the agent has it
+  auto box = FindBox(id);
+  if (!box || !box->agent) return Status::NotFound(std::string(name()) + " " + id + " is gone");
+  box->agent->Signal(exec_id, SIGKILL, [](const Status&) {});
+  return Status::Ok();
+}
+
+void AgentDriver::ReadFile(const v1::SandboxRecord& sb, const v1::ReadFileRequest& req, FileCallback done) {
+  auto box = RunningBox(sb.id());
+  if (!box.ok()) return done(box.status());
+  (*box)->agent->ReadFile(req.path(), req.max_bytes(), [done](Result<std::string> r) {
+    if (!r.ok()) return done(r.status());
+    v1::FileReply reply;
+    reply.set_content(std::move(*r));
+    done(std::move(reply));
+  });
+}
+
+void AgentDriver::WriteFile(const v1::SandboxRecord& sb, const v1::WriteFileRequest& req, FileCallback done) {
+  auto box = RunningBox(sb.id());
+  if (!box.ok()) return done(box.status());
+  agent::WriteFile w;
+  w.set_path(req.path());
+  w.set_data(req.content());
+  w.set_mode(req.mode() ? req.mode() : 0644);
+  w.set_mkdirs(req.make_parents());
+  (*box)->agent->WriteFile(w, [done](const Status& st) {
+    if (!st.ok()) return done(st);
+    done(v1::FileReply());
+  });
+}
+
+void AgentDriver::ListFiles(const v1::SandboxRecord& sb, const v1::ListFilesRequest& req, FileCallback done) {
+  auto running = RunningBox(sb.id());
+  if (!running.ok()) return done(running.status());
+  auto box = *running;
+  std::string path = req.path();
+  // The path itself first; a directory's entries next.
+  box->agent->Stat(path, [box, path, done](Result<agent::FileInfo> st) {
+    if (!st.ok()) return done(st.status());
+    v1::FileReply reply;
+    *reply.mutable_info() = ToInfo(*st);
+    if (!S_ISDIR(st->mode())) return done(std::move(reply));
+    box->agent->ListDir(path, [reply, done](Result<std::vector<agent::FileInfo>> entries) mutable {
+      if (!entries.ok()) return done(entries.status());
+      for (const auto& e : *entries) *reply.add_entries() = ToInfo(e);
+      done(std::move(reply));
+    });
+  });
+}
+
+}  // namespace dsec::drivers

@@ -1,0 +1,219 @@
+// dsec-agent end to end: reaping orphans, malformed frames, clients that go
+// away or read slowly, serving one connected fd, and PID 1 duty.
+#include "tests/integration/agent/agent_fixture.hpp"
+
+namespace dsec::testing {
+namespace {
+
+TEST_F(AgentTest, OrphansAreReaped) {
+  auto r = Run(Sh("sleep 1000 >/dev/null 2>&1 & echo $!"));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->exit_code(), 0);
+  pid_t orphan = static_cast<pid_t>(std::atoi(r->stdout().c_str()));
+  ASSERT_GT(orphan, 0);
+  // Its shell is gone, so it is the agent's child now, and its only one.
+  EXPECT_EQ(ProcField(orphan, "PPid"), std::to_string(pid_));
+  EXPECT_EQ(ChildrenOf(pid_), std::vector<pid_t>{orphan});
+  ::kill(orphan, SIGKILL);
+  ASSERT_TRUE(WaitExited(orphan));
+  ASSERT_TRUE(client_->PingSync(kWait).ok());  // barrier: the agent reaps before serving
+  EXPECT_FALSE(Alive(orphan)) << "orphan " << orphan << " is a zombie: state " << ProcState(orphan);
+  EXPECT_TRUE(ChildrenOf(pid_).empty()) << "the agent keeps a child it should have reaped";
+}
+
+TEST_F(AgentTest, MalformedFramesGetAnErrorAndTheAgentServesOthers) {
+  UniqueFd raw = RawConnect();
+  bool eof = false;
+  // Not a Request at all (an over-long varint).
+  ASSERT_EQ(WriteFrame(raw.get(), std::string(16, '\xff')), 0);
+  auto ev = ReadEvent(raw.get(), &eof);
+  ASSERT_TRUE(ev) << "eof=" << eof;
+  EXPECT_EQ(ev->id(), 0u);
+  ASSERT_TRUE(ev->has_error());
+  EXPECT_EQ(ev->error().errno_value(), EBADMSG);
+  // An empty frame: no id, no body.
+  ASSERT_EQ(WriteFrame(raw.get(), ""), 0);
+  ev = ReadEvent(raw.get(), &eof);
+  ASSERT_TRUE(ev);
+  EXPECT_EQ(ev->id(), 0u);
+  EXPECT_TRUE(ev->has_error());
+  // A valid frame with an id and no body.
+  agent::Request req;
+  req.set_id(7);
+  ASSERT_EQ(WriteFrame(raw.get(), req.SerializeAsString()), 0);
+  ev = ReadEvent(raw.get(), &eof);
+  ASSERT_TRUE(ev);
+  EXPECT_EQ(ev->id(), 7u);
+  EXPECT_TRUE(ev->has_error());
+  // The connection still works after all that.
+  req.mutable_ping();
+  ASSERT_EQ(WriteFrame(raw.get(), req.SerializeAsString()), 0);
+  ev = ReadEvent(raw.get(), &eof);
+  ASSERT_TRUE(ev);
+  EXPECT_TRUE(ev->has_pong());
+
+  // An oversized length prefix: the stream is unusable, the agent hangs up.
+  const char huge[4] = {'\xf0', '\xff', '\xff', '\xff'};
+  ASSERT_EQ(WriteFull(raw.get(), huge, 4), 0);
+  for (int i = 0; i < 3 && !eof; ++i) {
+    ev = ReadEvent(raw.get(), &eof);
+    if (ev) EXPECT_TRUE(ev->has_error());
+    else EXPECT_TRUE(eof) << "no EOF after an oversized frame";
+  }
+  EXPECT_TRUE(eof);
+  // Plain garbage (an HTTP request reads as a 542 MB length).
+  UniqueFd raw2 = RawConnect();
+  std::string http = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+  ASSERT_EQ(WriteFull(raw2.get(), http.data(), http.size()), 0);
+  eof = false;
+  for (int i = 0; i < 3 && !eof; ++i)
+    if (!ReadEvent(raw2.get(), &eof)) break;
+  EXPECT_TRUE(eof);
+
+  auto p = client_->PingSync(kWait);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  auto r = Run(Cmd({"echo", "still here"}));
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->stdout(), "still here\n");
+}
+
+TEST_F(AgentTest, ClientDisconnectMidExecLeavesItRunning) {
+  auto other = Connect();
+  ASSERT_NE(other, nullptr);
+  auto e = Sh("echo $$; exec sleep 1000");
+  e.set_stream(true);
+  std::promise<std::string> first;
+  std::atomic<bool> once{false};
+  std::promise<Status> done;
+  other->Exec(
+      e,
+      [&](const agent::Output& o) {
+        if (!once.exchange(true)) first.set_value(o.data());
+      },
+      [&](Result<agent::ExecDone> r) { done.set_value(r.status()); });
+  auto ff = first.get_future();
+  ASSERT_EQ(ff.wait_for(kWait), std::future_status::ready);
+  pid_t pid = static_cast<pid_t>(std::atoi(ff.get().c_str()));
+  ASSERT_GT(pid, 0);
+  other.reset();  // hang up mid-exec
+  auto df = done.get_future();
+  ASSERT_EQ(df.wait_for(kWait), std::future_status::ready);
+  EXPECT_EQ(df.get().code(), Status::Code::kUnavailable);
+
+  auto p = client_->PingSync(kWait);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(p->execs_running(), 1u);
+  EXPECT_TRUE(Alive(pid));
+  ::kill(pid, SIGKILL);
+  ASSERT_TRUE(WaitExited(pid));
+  p = client_->PingSync(kWait);
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->execs_running(), 0u);  // finished, its events dropped
+}
+
+TEST_F(AgentTest, ASlowReaderHoldsBackOutputNotAgentMemory) {
+  UniqueFd raw = RawConnect();
+  agent::Request req;
+  req.set_id(1);
+  auto* e = req.mutable_exec();
+  *e = Cmd({"head", "-c", "64000000", "/dev/zero"});
+  e->set_stream(true);
+  e->mutable_limits()->set_output_bytes(1ull << 30);
+  ASSERT_EQ(WriteFrame(raw.get(), req.SerializeAsString()), 0);
+  // Nobody reads `raw`: once the agent stops draining the program's pipe,
+  // `head` blocks writing to it, with 64 MB not yet written. Whatever the
+  // agent buffers meanwhile, it holds by then.
+  std::string wchan;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (wchan.find("pipe_write") == std::string::npos && std::chrono::steady_clock::now() < deadline) {
+    for (pid_t child : ChildrenOf(pid_)) {
+      std::ifstream comm("/proc/" + std::to_string(child) + "/comm"), in("/proc/" + std::to_string(child) + "/wchan");
+      std::string name;
+      if (std::getline(comm, name) && name == "head") std::getline(in, wchan);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));  // polling the kernel, bounded
+  }
+  ASSERT_NE(wchan.find("pipe_write"), std::string::npos) << "head never blocked on its full pipe (wchan '" << wchan
+                                                         << "'): the agent kept reading what nobody took";
+  std::string hwm = ProcField(pid_, "VmHWM");  // kB
+  ASSERT_FALSE(hwm.empty());
+  EXPECT_LT(std::stoull(hwm), 24u * 1024) << "agent peak RSS " << hwm << " kB";
+  uint64_t got = 0;
+  bool eof = false, done = false;
+  while (!done) {
+    auto ev = ReadEvent(raw.get(), &eof);
+    ASSERT_TRUE(ev) << "eof=" << eof << " after " << got << " bytes";
+    if (ev->has_output()) got += ev->output().data().size();
+    else if (ev->has_exec_done()) {
+      done = true;
+      EXPECT_EQ(ev->exec_done().exit_code(), 0);
+    }
+  }
+  EXPECT_EQ(got, 64000000u);
+  EXPECT_LT(std::stoull(ProcField(pid_, "VmHWM")), 24u * 1024);
+}
+
+
+TEST(AgentFdTest, ServesOneConnectedFdAndLeavesWhenItCloses) {
+  int sv[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  pid_t pid = SpawnAgent({BinDir() + "/dsec-agent", "--fd", "3"}, false, sv[1]);
+  ::close(sv[1]);
+  ASSERT_GT(pid, 0);
+  auto c = AgentClient::FromFd(UniqueFd(sv[0]));
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  auto p = (*c)->PingSync(kWait);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(static_cast<pid_t>(p->pid()), pid);
+  auto r = (*c)->ExecSync(Cmd({"echo", "over fd"}), kWait);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->stdout(), "over fd\n");
+  c->reset();
+  ASSERT_TRUE(WaitExited(pid));
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+}
+
+// As PID 1 of a pid namespace (as in a container): SIGTERM and SIGINT are
+// ignored, orphans are reaped, only SIGKILL from outside stops it.
+TEST(AgentPid1Test, IgnoresTermAndReapsAsInit) {
+  if (::geteuid() != 0) GTEST_SKIP() << "a new pid namespace needs root";
+  char tmpl[] = "/tmp/dsec-test-agent-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  std::string dir = tmpl, sock = dir + "/agent.sock";
+  pid_t unshare = SpawnAgent({"/usr/bin/unshare", "--pid", "--fork", "--kill-child", BinDir() + "/dsec-agent",
+                              "--listen", sock, "--ready-fd", "3"},
+                             true);
+  ASSERT_GT(unshare, 0);
+  std::vector<pid_t> kids = ChildrenOf(unshare);
+  ASSERT_EQ(kids.size(), 1u);
+  pid_t agent = kids[0];  // its pid out here
+  {
+    auto c = AgentClient::Connect(sock);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    auto p = (*c)->PingSync(kWait);
+    ASSERT_TRUE(p.ok()) << p.status().ToString();
+    EXPECT_EQ(p->pid(), 1u);
+    auto r = (*c)->ExecSync(Sh("sleep 1000 >/dev/null 2>&1 & echo started"), kWait);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->stdout(), "started\n");
+    // Its shell is gone: the sleep is an orphan, PID 1's child now.
+    std::vector<pid_t> orphans = ChildrenOf(agent);
+    ASSERT_EQ(orphans.size(), 1u) << "the orphaned sleep is not the agent's child";
+    ::kill(orphans[0], SIGKILL);
+    ASSERT_TRUE(WaitExited(orphans[0]));
+    ::kill(agent, SIGTERM);
+    ::kill(agent, SIGINT);
+    p = (*c)->PingSync(kWait);  // still there; and a barrier for the reaping
+    ASSERT_TRUE(p.ok()) << p.status().ToString();
+    EXPECT_TRUE(ChildrenOf(agent).empty()) << "orphan " << orphans[0] << " not reaped: " << ProcState(orphans[0]);
+  }
+  ::kill(unshare, SIGKILL);  // --kill-child: the agent gets SIGKILL too
+  ::waitpid(unshare, nullptr, 0);
+  EXPECT_TRUE(WaitExited(agent));
+  RunProcess({"/bin/rm", "-rf", dir});
+}
+
+}  // namespace
+}  // namespace dsec::testing
