@@ -15,28 +15,14 @@
 #include <thread>
 #include <vector>
 
-#include "drivers/registry.hpp"
 #include "tests/support/container_fixture.hpp"
+#include "tests/support/kinds.hpp"
 #include "tests/support/probes.hpp"
 
 namespace dsec::testing {
 namespace {
 
-// Every kind of the registry, with what it offers (its traits); the suite
-// checks the rest is refused cleanly. A new kind is tested by being there.
-struct Kind {
-  std::string name;
-  v1::Kind kind;
-  drivers::KindTraits traits;
-};
-
-std::vector<Kind> Kinds() {
-  std::vector<Kind> out;
-  for (const auto& k : drivers::AllKinds()) out.push_back({k->name(), k->kind(), k->traits()});
-  return out;
-}
-
-class Contract : public ContainerTest, public ::testing::WithParamInterface<Kind> {
+class Contract : public ContainerTest, public ::testing::WithParamInterface<KindParam> {
  protected:
   // Host-image kinds run on the host's files; the others on the tools image.
   static v1::SandboxSpec Spec() {
@@ -55,8 +41,6 @@ class Contract : public ContainerTest, public ::testing::WithParamInterface<Kind
     EXPECT_NE(st.message().find(GetParam().name), std::string::npos) << op << " should name the kind: " << st.message();
   }
 };
-
-std::string Name(const ::testing::TestParamInfo<Kind>& info) { return info.param.name; }
 
 TEST_P(Contract, CreateGivesARunningSandboxAndDestroyRemovesIt) {
   auto sb = New();
@@ -327,7 +311,8 @@ TEST_P(Contract, Kill9OfTheDaemonKeepsTheSandboxAndItsState) {
   Destroy(*sb);
 }
 
-INSTANTIATE_TEST_SUITE_P(Kinds, Contract, ::testing::ValuesIn(Kinds()), Name);
+// Every registered kind, with what it offers (its traits): the rest must be refused cleanly.
+INSTANTIATE_TEST_SUITE_P(Kinds, Contract, ::testing::ValuesIn(RegisteredKinds()), KindParamName);
 
 }  // namespace
 }  // namespace dsec::testing
