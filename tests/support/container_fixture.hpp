@@ -75,4 +75,20 @@ class ContainerTest : public ::testing::Test {
   std::vector<Sandbox> made_;
 };
 
+// A daemon of each test's own, which the test may kill and restart (the
+// shared one would outlive such a test in a state others do not expect).
+class OwnContainerDaemonTest : public ContainerTest {
+ protected:
+  static void SetUpTestSuite() {}
+  void SetUp() override {
+    auto skip = StartContainerDaemon(TestDaemonOptions(), &daemon_, &client_);
+    if (!client_) GTEST_SKIP() << skip;
+  }
+  void TearDown() override {
+    ContainerTest::TearDown();
+    client_.reset();
+    daemon_.reset();
+  }
+};
+
 }  // namespace dsec::testing

@@ -258,18 +258,7 @@ TEST_F(Container, AutoKindPicksContainerForABuiltImage) {
 
 // --- restarts: each test has its own daemon, which it stops and starts ------------
 
-class ContainerRestart : public ContainerTest {
- protected:
-  static void SetUpTestSuite() {}
-  void SetUp() override {
-    auto skip = StartContainerDaemon(TestDaemonOptions(), &daemon_, &client_);
-    if (!client_) GTEST_SKIP() << skip;
-  }
-  void TearDown() override {
-    client_.reset();
-    daemon_.reset();
-  }
-};
+using ContainerRestart = OwnContainerDaemonTest;
 
 TEST_F(ContainerRestart, CleanRestartReadoptsRunningContainers) {
   auto sb = NewContainer();
