@@ -337,12 +337,18 @@ Status CgroupSlot::Freeze(bool frozen) {
   }
   const char* v = frozen ? "FROZEN" : "THAWED";
   DSEC_RETURN_IF_ERROR(WriteFd(fd, v, "freezer.state", rel_));
-  // FREEZING settles asynchronously; wait (bounded) until it has.
-  for (int i = 0; frozen && i < 1000; ++i) {
+  if (!frozen) return Status::Ok();
+  // FREEZING settles asynchronously, and the v1 freezer can stay FREEZING
+  // when a task was between fork and exec: writing FROZEN again retries.
+  // Bounded (5 s; a loaded host needs more than 1); on failure it is thawed
+  // again, so nothing is left half frozen.
+  for (int i = 1; i <= 5000; ++i) {
     if (ReadSmallFd(fd).rfind("FROZEN", 0) == 0) return Status::Ok();
     ::usleep(1000);
+    if (i % 100 == 0) (void)WriteFd(fd, "FROZEN", "freezer.state", rel_);
   }
-  return frozen ? Status::Unavailable("cgroup " + rel_ + ": did not freeze within 1 s") : Status::Ok();
+  (void)WriteFd(fd, "THAWED", "freezer.state", rel_);
+  return Status::Unavailable("cgroup " + rel_ + ": did not freeze within 5 s (left running)");
 }
 
 bool CgroupSlot::Frozen() {

@@ -247,7 +247,8 @@ TEST_P(Contract, PauseFreezesEveryProcessAndResumeContinues) {
             v1::VERDICT_OK);
   ASSERT_EQ(ShIn(*sb, "until [ \"$(wc -l < /work/ticks)\" -ge 3 ]; do sleep 0.01; done; echo ticking").stdout(),
             "ticking\n");
-  ASSERT_TRUE(sb->Pause().ok());
+  Status paused = sb->Pause();
+  ASSERT_TRUE(paused.ok()) << paused.ToString();
   EXPECT_EQ(FreezerState(sb->id()), "FROZEN");
   auto rec = sb->Get();
   ASSERT_TRUE(rec.ok());
