@@ -67,6 +67,7 @@ Registry::Registry(std::vector<std::unique_ptr<Kind>> kinds) {
     Entry e;
     e.unavailable = Status::FailedPrecondition(std::string(k->name()) + " was not started");
     e.kind = std::move(k);
+    kinds_.push_back(e.kind.get());
     entries_.push_back(std::move(e));
   }
 }
@@ -105,9 +106,7 @@ const Registry::Entry* Registry::Find(v1::Kind kind) const {
 }
 
 Result<Driver*> Registry::DriverFor(const v1::SandboxSpec& spec) const {
-  std::vector<const Kind*> kinds;
-  for (auto& e : entries_) kinds.push_back(e.kind.get());
-  auto kind = ChooseKind(spec, kinds);
+  auto kind = ChooseKind(spec, kinds_);
   if (!kind.ok()) return kind.status();
   const Entry* e = Find(*kind);
   if (!e) {

@@ -90,6 +90,7 @@ class Registry {
   };
   const Entry* Find(v1::Kind kind) const;
   std::vector<Entry> entries_;
+  std::vector<const Kind*> kinds_;  // entries_' kinds, for ChooseKind (no allocation per call)
 };
 
 }  // namespace dsec::drivers
