@@ -91,7 +91,8 @@ class Driver {
   // After every Readopt has called back: what the driver still holds that
   // no record claims (a sandbox whose creation a crash cut short) is
   // removed. Returns at once (the driver sweeps on its own thread); called
-  // once per start.
+  // once per start. Creations and removals of this run may be under way
+  // meanwhile: only what the last run left may be taken for a leftover.
   virtual void Restored() {}
 
   // One-line JSON object of driver statistics for the admin console.

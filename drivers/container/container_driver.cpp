@@ -154,6 +154,7 @@ Result<std::unique_ptr<ContainerDriver>> ContainerDriver::Start(ContainerOptions
   char tag[16];
   std::snprintf(tag, sizeof tag, "f%08zx", std::hash<std::string>{}(d->opts_.data_dir) & 0xffffffffu);
   d->group_tag_ = tag;
+  d->SweepLastRun();
   SpawnerLinkOptions lo;
   lo.name = "container";
   lo.spawner_path = d->opts_.spawner_path;
@@ -309,6 +310,12 @@ Result<std::string> ContainerDriver::CreateNow(const v1::SandboxRecord& sb) {
   box->image_file = image->file();
   box->cgroup_rel = CgroupRel(opts_.cgroup_parent, id);
   box->limits = sb.spec().limits();
+  // A creation of this id that a crash cut short left its dir (a session
+  // creates its sandboxes under ids it chose first): removed before anew.
+  if (ClaimLeftover(id)) {
+    Log(1, "container " + id + ": left over from a creation cut short by a restart; removed before creating it again");
+    (void)DestroyNow(id, "");
+  }
   auto lower = mounts_->Acquire(*image);
   if (!lower.ok()) return lower.status();
   auto undo = [&](const Status& why) -> Result<std::string> {
@@ -520,6 +527,7 @@ void ContainerDriver::Readopt(const v1::SandboxRecord& sb, StatusCallback done) 
 }
 
 Status ContainerDriver::ReadoptNow(const v1::SandboxRecord& sb) {
+  (void)ClaimLeftover(sb.id());  // its dir is its own, kept or removed here
   auto state = ParseState(sb.driver_state());
   if (!state.ok()) return state.status().Annotate("container " + sb.id());
   auto box = std::make_shared<Box>();
@@ -600,42 +608,51 @@ Result<uint64_t> ContainerDriver::DiskUsage(const v1::SandboxRecord& sb) const {
   return disk_->Usage(sb.id());
 }
 
-void ContainerDriver::Restored() {
-  Work([this] { RestoredNow(); });
-}
-
-void ContainerDriver::RestoredNow() {
-  // Whatever a crash left half-made: sandbox dirs and cgroups no re-adopted
-  // container owns, then image mounts nobody uses any more.
-  std::set<std::string> known;
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    for (const auto& [id, b] : boxes_) known.insert(id);
-  }
-  // Only what our data dir names: another dsecd on this host may share the
-  // cgroup parent, and its containers are not ours to judge. (Creation
-  // makes the dir before the cgroup and removal drops the cgroup first, so
-  // no cgroup of ours is without its dir.)
-  std::set<std::string> orphans;
+void ContainerDriver::SweepLastRun() {
+  // Nothing of this run exists yet: what the last run kept for recycling
+  // goes or is taken over, and the sandbox dirs it left are leftovers until
+  // a Readopt claims one.
   for (const auto& name : ListSubdirs(opts_.data_dir + "/sandboxes")) {
-    if (name.rfind("free.", 0) == 0) (void)RemoveSandboxDir(name);  // kept by the last run
-    else if (!known.count(name)) orphans.insert(name);
+    if (name.rfind("free.", 0) == 0) (void)RemoveSandboxDir(name);
+    else leftovers_.insert(name);
   }
-  for (const auto& id : orphans) {
-    Log(1, "container " + id + ": left over from before the restart with no running record; removed");
-    (void)DestroyNow(id, "");
-  }
-  // Recycled groups the last run of this data dir kept.
   std::string prefix = group_tag_ + ".";
   for (const auto& name : ListSubdirs(cgm_.memory + "/" + opts_.cgroup_parent + "/c")) {
     if (name.compare(0, prefix.size(), prefix) != 0) continue;
     std::string rel = opts_.cgroup_parent + "/c/" + name;
     uint64_t n = std::strtoull(name.c_str() + prefix.size(), nullptr, 10);
-    bool ok = cgroup::EmptyGroup(cgm_, rel);  // its limits are unknown: the next container writes them all
-    std::lock_guard<std::mutex> lk(mu_);
     next_free_ = std::max(next_free_, n + 1);
+    bool ok = cgroup::EmptyGroup(cgm_, rel);  // its limits are unknown: the next container writes them all
     if (ok && free_groups_.size() < kMaxFreeGroups) free_groups_.push_back({rel, cgroup::GroupLimits()});
     else cgroup::KillAndRemoveGroup(cgm_, rel);
+  }
+}
+
+bool ContainerDriver::ClaimLeftover(const std::string& id) {
+  std::lock_guard<std::mutex> lk(mu_);
+  return leftovers_.erase(id) > 0;
+}
+
+void ContainerDriver::Restored() {
+  Work([this] { RestoredNow(); });
+}
+
+void ContainerDriver::RestoredNow() {
+  // Whatever a crash left half-made: the sandbox dirs of the last run that
+  // no Readopt claimed (and no creation of the same id took over meanwhile),
+  // then image mounts nobody uses any more. Only what our data dir names:
+  // another dsecd on this host may share the cgroup parent, and its
+  // containers are not ours to judge. (Creation makes the dir before the
+  // cgroup and removal drops the cgroup first, so no cgroup of ours is
+  // without its dir.)
+  std::set<std::string> orphans;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    orphans.swap(leftovers_);
+  }
+  for (const auto& id : orphans) {
+    Log(1, "container " + id + ": left over from before the restart with no running record; removed");
+    (void)DestroyNow(id, "");
   }
   mounts_->DropUnused();
 }

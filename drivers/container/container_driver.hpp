@@ -87,6 +87,11 @@ class ContainerDriver : public AgentDriver {
   Result<std::string> CreateNow(const v1::SandboxRecord& sb);
   Status ReadoptNow(const v1::SandboxRecord& sb);
   void RestoredNow();
+  // At start, before any container of this run: the last run's kept dirs
+  // and groups, and its sandbox dirs as leftovers (see leftovers_).
+  void SweepLastRun();
+  // True once for an id among leftovers_ (its caller then owns the dir).
+  bool ClaimLeftover(const std::string& id);
   Status DestroyNow(const std::string& id, const std::string& held_digest);
   std::shared_ptr<Box> Find(const std::string& id) const;
   // AgentDriver's: a running container's box with a live agent, thawed if
@@ -142,6 +147,9 @@ class ContainerDriver : public AgentDriver {
   };
   std::vector<FreeGroup> free_groups_;
   uint64_t next_free_ = 0;
+  // Sandbox dirs found at start: each is claimed by its Readopt, or by a
+  // creation of the same id, or removed by RestoredNow, exactly once.
+  std::set<std::string> leftovers_;
   // Kept sandbox dirs, <data>/sandboxes/free.<n> (removed at start-up).
   std::vector<std::string> free_dirs_;
   uint64_t next_free_dir_ = 0;
