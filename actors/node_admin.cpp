@@ -100,14 +100,14 @@ std::string Status_(NodeSelf self) {
               {"boot", ctx.options.boot},
               {"role", "all"},
               {"version", DSEC_VERSION},
-              {"uptime_s", (NowMs() - st.started_ms) / 1000},
+              {"uptime_s", (NowMs() - st.host->started_ms()) / 1000},
               {"sdk", ctx.options.sdk_address},
               {"admin", ctx.options.admin_address},
               {"data", ctx.store->Describe()},
-              {"sandboxes", st.sandboxes.size()},
-              {"sessions", st.sessions.size()},
-              {"runs_in_flight", st.runs.size()},
-              {"readopting", st.restore.readopting},
+              {"sandboxes", st.dir.sandboxes().size()},
+              {"sessions", st.dir.sessions().size()},
+              {"runs_in_flight", st.host->runs().size()},
+              {"readopting", st.host->readopting()},
               {"kinds", kinds},
               {"unavailable", unavailable}}
       .dump(-1, ' ', false, json::error_handler_t::replace);
@@ -134,9 +134,9 @@ caf::result<std::string> Ls(NodeSelf self) {
   auto& st = self->state;
   json runs = json::array();
   int64_t now = NowMs();
-  for (const auto& [id, info] : st.runs)
+  for (const auto& [id, info] : st.host->runs())
     runs.push_back(json{{"id", id}, {"argv0", info.argv0}, {"age_ms", now - info.started_ms}});
-  return OffThread(self, [store = st.ctx->store, gone = st.clients.gone_since, runs = std::move(runs)] {
+  return OffThread(self, [store = st.ctx->store, gone = st.dir.gone_since(), runs = std::move(runs)] {
     return ScanLs(store, gone, runs);
   });
 }
@@ -153,16 +153,16 @@ json DoorStats(const FrontDoor* door, size_t i) {
 
 std::string Stats(NodeSelf self) {
   auto& st = self->state;
-  auto& c = st.counters;
+  const auto& c = st.host->counters();
   auto cs = st.ctx->committer->stats();
   json out{{"ok", true},
               {"runs", c.runs},
               {"runs_ok", c.runs_ok},
               {"runs_platform_error", c.runs_platform_error},
-              {"runs_in_flight", st.runs.size()},
+              {"runs_in_flight", st.host->runs().size()},
               {"rejected", c.rejected},
-              {"supervisor_restarts", c.restarts},
-              {"supervisor_gave_up", c.gave_up},
+              {"supervisor_restarts", st.supervisor->restarts()},
+              {"supervisor_gave_up", st.supervisor->gave_up()},
               {"store_writes", cs.writes},
               {"store_batches", cs.batches},
               {"store_ops", cs.ops},
@@ -221,32 +221,32 @@ caf::result<std::string> HandleAdmin(NodeSelf self, const std::string& cmd,
     if (auto u = need_id(); !u.empty()) return Error(u);
     const std::string& id = args[0];
     bool kill = cmd == "kill";
-    if (auto r = st.runs.find(id); r != st.runs.end()) {
+    if (auto r = st.host->runs().find(id); r != st.host->runs().end()) {
       if (!kill)
         return json{{"ok", true}, {"run", {{"id", id}, {"argv0", r->second.argv0},
                                            {"age_ms", NowMs() - r->second.started_ms}}}}
             .dump(-1, ' ', false, json::error_handler_t::replace);
       // One-shot runs (HandleRun); execs in sandboxes go through their actors.
-      Status s = r->second.driver->Kill(id, "killed by an operator (admin console)");
+      Status s = st.host->KillRun(id, "killed by an operator (admin console)");
       if (!s.ok()) return Error(s.message());
       return Dump(json{{"ok", true}, {"killed", id}});
     }
-    if (auto sb = st.sandboxes.find(id); sb != st.sandboxes.end()) {
+    if (auto sb = st.dir.FindSandbox(id)) {
       v1::DestroyRequest destroy;
       destroy.set_sandbox_id(id);
       destroy.set_reason("destroyed by an operator (admin console kill)");
       v1::GetSandboxRequest get;
       get.set_sandbox_id(id);
-      return AskChild<v1::SandboxReply>(self, sb->second, kill, destroy, get, "sandbox", id,
+      return AskChild<v1::SandboxReply>(self, sb, kill, destroy, get, "sandbox", id,
                       [](const v1::SandboxReply& r) { return ProtoJson(r.sandbox()); });
     }
-    if (auto se = st.sessions.find(id); se != st.sessions.end()) {
+    if (auto se = st.dir.FindSession(id)) {
       v1::CloseSessionRequest close;
       close.set_name(id);
       close.set_reason("killed by an operator (admin console)");
       v1::GetSessionRequest get;
       get.set_name(id);
-      return AskChild<v1::SessionReply>(self, se->second, kill, close, get, "session", id,
+      return AskChild<v1::SessionReply>(self, se, kill, close, get, "session", id,
                       [](const v1::SessionReply& r) { return ProtoJson(r.session()); });
     }
     // A closed session has no actor; its record is in the store.
@@ -260,12 +260,12 @@ caf::result<std::string> HandleAdmin(NodeSelf self, const std::string& cmd,
   if (cmd == "crash" && st.ctx->options.test_hooks) {
     // Test hook: make a sandbox or session actor throw (supervision tests).
     if (auto u = need_id(); !u.empty()) return Error(u);
-    if (auto sb = st.sandboxes.find(args[0]); sb != st.sandboxes.end()) {
-      self->send(sb->second, crash_atom::value);
+    if (auto sb = st.dir.FindSandbox(args[0])) {
+      self->send(sb, crash_atom::value);
       return Dump(json{{"ok", true}, {"crashed", args[0]}});
     }
-    if (auto se = st.sessions.find(args[0]); se != st.sessions.end()) {
-      self->send(se->second, crash_atom::value);
+    if (auto se = st.dir.FindSession(args[0])) {
+      self->send(se, crash_atom::value);
       return Dump(json{{"ok", true}, {"crashed", args[0]}});
     }
     return Error("no sandbox or session '" + args[0] + "'");

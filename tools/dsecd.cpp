@@ -23,6 +23,7 @@
 #include "actors/console.hpp"
 #include "actors/context.hpp"
 #include "actors/node.hpp"
+#include "actors/node_host.hpp"
 #include "actors/sdk_entry.hpp"
 #include "wire/wire.hpp"
 #include "drivers/images/image_store.hpp"
@@ -245,21 +246,7 @@ int Run(const Flags& f, dsec::drivers::Registry& kinds) {
                         {"node_id", node_id},
                         {"sdk", ctx->options.sdk_address},
                         {"admin", ctx->options.admin_address}};
-      // This node in the `nodes` table: what it is, where, and what it can run.
-      dsec::v1::NodeRecord nr;
-      nr.set_id(node_id);
-      nr.set_sdk_address(ctx->options.sdk_address);
-      nr.set_admin_address(ctx->options.admin_address);
-      nr.set_boot_count(boot);
-      nr.set_started_ms(dsec::NowMs());
-      nr.set_version(DSEC_VERSION);
-      std::vector<std::string> available, unavailable;
-      kinds.Kinds(&available, &unavailable);
-      for (auto& k : available) nr.add_kinds(k);
-      for (auto& u : unavailable) nr.add_unavailable(u);
-      dsec::state::WriteBatch nb;
-      dsec::state::TypedTable<dsec::v1::NodeRecord>(store->get(), dsec::state::Table::kNodes).Put(&nb, node_id, nr);
-      if (auto st = committer.WriteSync(std::move(nb)); !st.ok()) log->error("write the node record: {}", st.message());
+      if (auto st = dsec::WriteNodeRecord(*ctx); !st.ok()) log->error("write the node record: {}", st.message());
       (void)dsec::WriteFileAtomic(data + "/dsecd.json", ep.dump() + "\n", 0644);
       log->info("dsecd {} ready: node {} (boot {}), SDK on {}, admin console on {}, data in {}", DSEC_VERSION,
                 node_id, boot, ctx->options.sdk_address, ctx->options.admin_address, data);
