@@ -230,7 +230,7 @@ bool HandleLine(Broker self, connection_handle h, const std::string& line) {
     }
     return true;
   }
-  static const char* kKnown[] = {"status", "nodes", "ls", "sessions", "inspect", "kill", "stats", "crash"};
+  static const char* kKnown[] = {"status", "nodes", "ls", "sessions", "inspect", "kill", "stats", "crash", "fault"};
   bool known = false;
   for (const char* k : kKnown) known = known || cmd == k;
   if (!known) {

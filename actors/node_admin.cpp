@@ -257,6 +257,14 @@ caf::result<std::string> HandleAdmin(NodeSelf self, const std::string& cmd,
     }
     return Error("no sandbox, session or run '" + id + "' on this node (ls lists them)");
   }
+  if (cmd == "fault" && st.ctx->options.test_hooks) {
+    // Test hook: make a kind's driver fail or hold its calls (drivers/fault_driver.hpp).
+    if (args.empty()) return Error(drivers::FaultDriver::Usage());
+    auto faults = st.ctx->kinds->Faults(args[0]);
+    auto done = faults.ok() ? (*faults)->Command({args.begin() + 1, args.end()}) : Result<std::string>(faults.status());
+    if (!done.ok()) return Error(done.status().message());
+    return Dump(json{{"ok", true}, {"fault", *done}});
+  }
   if (cmd == "crash" && st.ctx->options.test_hooks) {
     // Test hook: make a sandbox or session actor throw (supervision tests).
     if (auto u = need_id(); !u.empty()) return Error(u);

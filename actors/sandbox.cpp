@@ -40,6 +40,7 @@ struct SandboxState {
   bool pausing = false;            // a pause or resume is with the driver
   std::function<void()> after_pause;  // a destroy waiting for it
   int64_t idle_retry_ms = 0;       // a failed automatic pause is tried again then, not before
+  int64_t end_retry_ms = 0;        // a failed destroy: no automatic end before then
   // After a restart, until the driver has re-adopted the sandbox: requests
   // wait here (see Defer) and no end is armed.
   bool readopting = false;
@@ -63,6 +64,7 @@ End NextEnd(const SandboxState& st) {
     End other = ::dsec::NextEnd(st.rec, true);
     e = other.at_ms && other.at_ms < st.idle_retry_ms ? other : End{st.idle_retry_ms, e.because, e.action};
   }
+  if (e.at_ms && e.at_ms < st.end_retry_ms) e.at_ms = st.end_retry_ms;
   return e;
 }
 
@@ -214,6 +216,8 @@ caf::result<v1::SandboxReply> SetPaused(Self self, bool paused) {
 // Destroys the sandbox: execs in flight are stopped and answered (as
 // killed) first, so nobody is left waiting on a reply that never comes;
 // the row goes; `why` goes to the node; the actor quits after `done`.
+// When the driver cannot remove it, the row stays (failed, saying why) and
+// so does the actor, for a destroy again.
 void StartDestroy(Self self, std::string why, std::function<void(const Status&)> done) {
   auto& st = self->state;
   st.destroying = true;
@@ -223,16 +227,31 @@ void StartDestroy(Self self, std::string why, std::function<void(const Status&)>
     self->state.driver->Destroy(self->state.rec, [handle, self, why, done](const Status& s) mutable {
       Post(handle, [self, why, done, s]() mutable {
         auto& st = self->state;
-        st.rec.set_phase(s.ok() ? v1::SANDBOX_PHASE_STOPPED : v1::SANDBOX_PHASE_FAILED);
-        if (!s.ok()) st.rec.set_error(s.message());
+        if (!s.ok()) {
+          // What the driver could not remove is still there: the record
+          // stays (failed, saying so) for a destroy again, and an automatic
+          // end tries again in a minute.
+          st.destroying = false;
+          st.rec.set_phase(v1::SANDBOX_PHASE_FAILED);
+          st.rec.set_error("destroy failed: " + s.message() + "; destroy it again");
+          st.end_retry_ms = NowMs() + 60'000;
+          st.ctx->log->warn("sandbox {}: {}", st.rec.id(), st.rec.error());
+          Checkpoint(self, [self, done, s](const Status& w) mutable {
+            if (!w.ok()) self->state.ctx->log->error("sandbox {}: checkpoint: {}", self->state.rec.id(), w.message());
+            done(s.Annotate("sandbox " + self->state.rec.id() + ": destroy"));
+            ArmExpiry(self);
+          });
+          return;
+        }
+        st.rec.set_phase(v1::SANDBOX_PHASE_STOPPED);
         // A stopped sandbox leaves no row behind.
         state::WriteBatch b;
         b.Delete(state::Table::kSandboxes, st.rec.id());
-        st.ctx->committer->Submit(std::move(b), [handle = caf::actor_cast<sandbox_actor>(self), self, why, done,
-                                                 s](const Status& w) mutable {
-          Post(handle, [self, why, done, s, w]() mutable {
+        st.ctx->committer->Submit(std::move(b), [handle = caf::actor_cast<sandbox_actor>(self), self, why,
+                                                 done](const Status& w) mutable {
+          Post(handle, [self, why, done, w]() mutable {
             if (self->state.gone) self->state.gone(why);
-            done(s.ok() ? w : s);
+            done(w);
             self->quit();
           });
         });

@@ -99,6 +99,25 @@ void Registry::Release() {
   for (auto e = entries_.rbegin(); e != entries_.rend(); ++e) e->driver.reset();
 }
 
+void Registry::WrapForFaults() {
+  for (auto& e : entries_) {
+    if (!e.driver || e.faults) continue;
+    auto wrapped = std::make_unique<FaultDriver>(std::move(e.driver));
+    e.faults = wrapped.get();
+    e.driver = std::move(wrapped);
+  }
+}
+
+Result<FaultDriver*> Registry::Faults(const std::string& name) const {
+  for (auto& e : entries_) {
+    if (name != e.kind->name()) continue;
+    if (!e.driver) return e.unavailable;
+    if (!e.faults) return Status::FailedPrecondition("driver faults need dsecd --test-hooks");
+    return e.faults;
+  }
+  return Status::NotFound("no sandbox kind '" + name + "' in this build");
+}
+
 const Registry::Entry* Registry::Find(v1::Kind kind) const {
   for (auto& e : entries_)
     if (e.kind->kind() == kind) return &e;

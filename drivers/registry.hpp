@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "drivers/driver.hpp"
+#include "drivers/fault_driver.hpp"
 #include "dsec/status.hpp"
 
 namespace CLI {
@@ -70,6 +71,11 @@ class Registry {
   void StopAll();
   // Destroys the drivers, last started first (once nothing calls them).
   void Release();
+  // Tests only (dsecd --test-hooks): wraps every started driver in a
+  // FaultDriver, before anything calls them.
+  void WrapForFaults();
+  // The FaultDriver of kind `name`, or why there is none.
+  Result<FaultDriver*> Faults(const std::string& name) const;
 
   // The driver for `spec` (auto resolved by ChooseKind), or a status naming
   // the kind and why it cannot run here.
@@ -86,6 +92,7 @@ class Registry {
   struct Entry {
     std::unique_ptr<Kind> kind;
     std::unique_ptr<Driver> driver;  // null: not started
+    FaultDriver* faults = nullptr;   // `driver` itself, when wrapped
     Status unavailable;              // why, when driver is null
   };
   const Entry* Find(v1::Kind kind) const;

@@ -3,7 +3,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "drivers/spawner/spawner.pb.h"
+#include "drivers/run_outcome.pb.h"
 
 namespace dsec::drivers {
 
@@ -13,7 +13,7 @@ std::string Mib(uint64_t bytes) { return std::to_string(bytes >> 20) + " MiB"; }
 
 }  // namespace
 
-v1::ExecResult ToExecResult(const spawner::Outcome& o, const v1::Limits& limits, const std::string& argv0) {
+v1::ExecResult ToExecResult(const run::Outcome& o, const v1::Limits& limits, const std::string& argv0) {
   v1::ExecResult r;
   r.set_exit_code(o.exit_code());
   r.set_signal(o.signal());

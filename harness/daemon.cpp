@@ -203,13 +203,15 @@ Result<std::unique_ptr<TestDaemon>> TestDaemon::Start(Options options) {
   return d;
 }
 
-Status TestDaemon::Launch(const std::string& listen, const std::string& admin) {
+Status TestDaemon::Launch(const std::string& listen, const std::string& admin,
+                          const std::vector<std::string>& more_args) {
   ::unlink((data_dir_ + "/dsecd.json").c_str());
   std::vector<std::string> args = {BinDir() + "/dsecd", "--data-dir", data_dir_, "--listen", listen, "--admin",
                                    admin, "--cgroup-parent", options_.cgroup_parent, "--fncall-pool", "8", "--log-file",
                                    log_path_};
   if (options_.test_hooks) args.push_back("--test-hooks");
   for (const auto& a : options_.extra_args) args.push_back(a);
+  for (const auto& a : more_args) args.push_back(a);
   args.insert(args.begin(), options_.wrapper.begin(), options_.wrapper.end());
   std::vector<char*> av;
   for (auto& a : args) av.push_back(a.data());
@@ -288,9 +290,9 @@ int TestDaemon::Stop() {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-Status TestDaemon::Restart() {
+Status TestDaemon::Restart(const std::vector<std::string>& more_args) {
   if (pid_ > 0) Stop();
-  return Launch(sdk_addr_, admin_addr_);
+  return Launch(sdk_addr_, admin_addr_, more_args);
 }
 
 TestDaemon::~TestDaemon() {

@@ -70,8 +70,9 @@ class TestDaemon {
   void Kill9();
   // SIGTERM and wait (clean stop). Returns dsecd's exit code.
   int Stop();
-  // Starts again on the same data dir and the same ports.
-  Status Restart();
+  // Starts again on the same data dir and the same ports; `more_args`:
+  // dsecd flags for this start only (e.g. --test-fault).
+  Status Restart(const std::vector<std::string>& more_args = {});
   bool running() const { return pid_ > 0; }
   pid_t pid() const { return pid_; }
 
@@ -89,7 +90,7 @@ class TestDaemon {
 
  private:
   TestDaemon() = default;
-  Status Launch(const std::string& listen, const std::string& admin);
+  Status Launch(const std::string& listen, const std::string& admin, const std::vector<std::string>& more_args = {});
 
   Options options_;
   pid_t pid_ = -1;

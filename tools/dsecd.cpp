@@ -63,6 +63,7 @@ struct Flags {
   size_t door_max_pending = 256;
   double door_timeout_s = 5;
   bool test_hooks = false;
+  std::vector<std::string> test_faults;  // KIND:OP:fail:N | KIND:OP:hold
 };
 
 // The node id survives restarts; the boot counter counts them.
@@ -187,6 +188,31 @@ int Run(const Flags& f, dsec::drivers::Registry& kinds) {
   env.log = DriverLog;
   kinds.StartAll(env, [&log](const std::string& why) { log->warn("{}", why); });
   ctx->kinds = &kinds;
+  if (f.test_hooks) {
+    // Driver faults for tests: armed here for what happens at start (re-adoption),
+    // later through the console's `fault` command.
+    kinds.WrapForFaults();
+    for (const auto& spec : f.test_faults) {
+      std::vector<std::string> parts;
+      for (size_t at = 0;;) {
+        size_t colon = spec.find(':', at);
+        parts.push_back(spec.substr(at, colon == std::string::npos ? std::string::npos : colon - at));
+        if (colon == std::string::npos) break;
+        at = colon + 1;
+      }
+      auto faults = kinds.Faults(parts[0]);
+      auto done = faults.ok() ? (*faults)->Command({parts.begin() + 1, parts.end()})
+                              : dsec::Result<std::string>(faults.status());
+      if (!done.ok()) {
+        log->error("--test-fault {}: {}", spec, done.status().message());
+        return 2;
+      }
+      log->warn("test hook: {}", *done);
+    }
+  } else if (!f.test_faults.empty()) {
+    log->error("--test-fault needs --test-hooks (tests only)");
+    return 2;
+  }
 
   int rc = 0;
   // Outlives the actor system: the node reads its counters until it quits.
@@ -334,7 +360,10 @@ int main(int argc, char** argv) {
   app.add_option("--door-timeout", f.door_timeout_s, "seconds an SDK connection has for its token handshake")
       ->check(CLI::Range(0.1, 3600.0))
       ->capture_default_str();
-  app.add_flag("--test-hooks", f.test_hooks, "honour crash injection (tests only)");
+  app.add_flag("--test-hooks", f.test_hooks, "honour crash and driver fault injection (tests only)");
+  app.add_option("--test-fault", f.test_faults,
+                 "with --test-hooks: KIND:OP:fail:N or KIND:OP:hold, armed before the restore (tests only; "
+                 "OP: create, exec, destroy, pause, readopt, files)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

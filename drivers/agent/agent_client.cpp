@@ -400,10 +400,10 @@ void AgentClient::OnFrame(const std::string& frame) {
 
 // --- requests -------------------------------------------------------------------
 
-uint64_t AgentClient::Exec(const agent::Exec& exec, OutputCallback on_output, Callback<agent::ExecDone> done) {
+uint64_t AgentClient::Exec(const agent::Exec& exec, OutputCallback on_output, Callback<run::Outcome> done) {
   auto p = std::make_shared<Pending>();
   p->on_output = std::move(on_output);
-  p->done = Answer<agent::ExecDone>(name(), std::move(done), [n = name()](Event& ev) -> Result<agent::ExecDone> {
+  p->done = Answer<run::Outcome>(name(), std::move(done), [n = name()](Event& ev) -> Result<run::Outcome> {
     if (!ev.has_exec_done()) return Unexpected(n, "exec");
     return std::move(*ev.mutable_exec_done());
   });
@@ -484,8 +484,8 @@ Result<agent::Pong> AgentClient::PingSync(Millis timeout) {
   return Wait<agent::Pong>(name(), "ping", timeout, [this](Callback<agent::Pong> cb) { Ping(std::move(cb)); });
 }
 
-Result<agent::ExecDone> AgentClient::ExecSync(const agent::Exec& req, Millis timeout, OutputCallback on_output) {
-  return Wait<agent::ExecDone>(name(), "exec", timeout, [&](Callback<agent::ExecDone> cb) {
+Result<run::Outcome> AgentClient::ExecSync(const agent::Exec& req, Millis timeout, OutputCallback on_output) {
+  return Wait<run::Outcome>(name(), "exec", timeout, [&](Callback<run::Outcome> cb) {
     Exec(req, std::move(on_output), std::move(cb));
   });
 }

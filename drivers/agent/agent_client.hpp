@@ -57,11 +57,11 @@ class AgentClient {
   AgentClient& operator=(const AgentClient&) = delete;
 
   // Runs a command. With req.stream(), output arrives through on_output
-  // (may be empty) and ExecDone carries none. `done` gets the ExecDone, or a
+  // (may be empty) and its outcome carries none. `done` gets the outcome, or a
   // failure: the agent refused the request (InvalidArgument...), or the
   // connection dropped (Unavailable; the command may still be running).
   // Returns the exec's id for Signal (0 when it failed at once).
-  uint64_t Exec(const agent::Exec& req, OutputCallback on_output, Callback<agent::ExecDone> done);
+  uint64_t Exec(const agent::Exec& req, OutputCallback on_output, Callback<run::Outcome> done);
   // Sends `signal` to the process group of a running exec of this client.
   void Signal(uint64_t exec_id, int signal, StatusCallback done);
   // The file's contents; files above max_bytes (0: 64 MiB) are refused.
@@ -77,7 +77,7 @@ class AgentClient {
   // DeadlineExceeded; the request itself is not cancelled.
   using Millis = std::chrono::milliseconds;
   Result<agent::Pong> PingSync(Millis timeout);
-  Result<agent::ExecDone> ExecSync(const agent::Exec& req, Millis timeout, OutputCallback on_output = {});
+  Result<run::Outcome> ExecSync(const agent::Exec& req, Millis timeout, OutputCallback on_output = {});
   Status SignalSync(uint64_t exec_id, int signal, Millis timeout);
   Result<std::string> ReadFileSync(const std::string& path, Millis timeout, uint64_t max_bytes = 0);
   Status WriteFileSync(const agent::WriteFile& req, Millis timeout);

@@ -7,7 +7,6 @@
 #include <map>
 
 #include "drivers/agent/agent.pb.h"
-#include "drivers/spawner/spawner.pb.h"
 #include "drivers/verdict.hpp"
 
 namespace dsec::drivers {
@@ -19,32 +18,21 @@ int64_t NowMs() {
       .count();
 }
 
-// The agent's account of an exec in the spawner's terms, so every kind gives
-// the same verdicts with the same words (ToExecResult).
-spawner::Outcome ToOutcome(const agent::ExecDone& d, const v1::Limits& lim, bool oom, const std::string& killed) {
-  spawner::Outcome o;
-  o.set_exited(d.exited());
-  o.set_exit_code(d.exit_code());
-  o.set_signal(d.signal());
-  o.set_timed_out(d.timed_out());
-  o.set_oom_killed(oom && !d.exited());
-  o.set_output_exceeded(d.output_exceeded());
-  o.set_exec_errno(d.exec_errno());
-  o.set_stdout(d.stdout());
-  o.set_stderr(d.stderr());
-  o.set_stdout_truncated(d.stdout_truncated());
-  o.set_stderr_truncated(d.stderr_truncated());
-  o.set_cpu_us(d.cpu_us());
-  o.set_wall_us(d.wall_us());
-  o.set_peak_memory_bytes(d.peak_rss_bytes());
-  o.set_user_error(d.error());
-  // RLIMIT_CPU: SIGXCPU at the soft limit, SIGKILL at the hard one.
-  o.set_cpu_time_exceeded(lim.cpu_time_ms() && !d.exited() &&
-                          (d.signal() == SIGXCPU || (d.signal() == SIGKILL && d.cpu_us() / 1000 >= lim.cpu_time_ms())));
-  if (!killed.empty()) {
-    o.set_killed(true);
-    o.set_kill_reason(killed);
-  }
+// The agent's account of an exec (fields 1-14 of run::Outcome) with what
+// only the host knows added: OOM kills (the container's memory cgroup), a
+// kill on request, and the CPU-time limit (RLIMIT_CPU: SIGXCPU at the soft
+// limit, SIGKILL at the hard one). Fields 15 and up from the agent itself
+// are not trusted: a program in the sandbox cannot make its run a
+// platform error. Then every kind's verdict is the same (ToExecResult).
+run::Outcome Completed(run::Outcome o, const v1::Limits& lim, bool oom, const std::string& killed) {
+  bool exited = o.exited();
+  int sig = o.signal();
+  o.set_oom_killed(oom && !exited);
+  o.set_killed(!killed.empty());
+  o.set_kill_reason(killed);
+  o.set_platform_error("");
+  o.set_cpu_time_exceeded(lim.cpu_time_ms() && !exited &&
+                          (sig == SIGXCPU || (sig == SIGKILL && o.cpu_us() / 1000 >= lim.cpu_time_ms())));
   return o;
 }
 
@@ -137,7 +125,7 @@ void AgentDriver::StartExec(const v1::SandboxRecord& sb, const std::string& run_
     ++box->active;
   }
   uint64_t exec_id =
-      box->agent->Exec(e, std::move(piece), [this, box, oom0, merged, argv0, run_id, done](Result<agent::ExecDone> r) {
+      box->agent->Exec(e, std::move(piece), [this, box, oom0, merged, argv0, run_id, done](Result<run::Outcome> r) {
         {
           std::lock_guard<std::mutex> lk(box->idle_mu);
           --box->active;
@@ -156,7 +144,7 @@ void AgentDriver::StartExec(const v1::SandboxRecord& sb, const std::string& run_
           return;
         }
         bool oom = box->OomKills() > oom0;
-        auto res = ToExecResult(ToOutcome(*r, merged, oom, kill_reason), merged, argv0);
+        auto res = ToExecResult(Completed(std::move(*r), merged, oom, kill_reason), merged, argv0);
         res.set_run_id(run_id);
         done(std::move(res));
       });

@@ -3,7 +3,7 @@
 // rlimits and an optional uid/gid drop (ChildExec, the only code that runs
 // between the clone and execve); stdin fed without blocking; output kept
 // up to its cap or streamed with backpressure; the wall-clock limit; Signal;
-// reaping (every zombie, as PID 1 or subreaper); and the ExecDone report.
+// reaping (every zombie, as PID 1 or subreaper); and the report of how each exec ended (run::Outcome).
 //
 // An exec is done when its own process has been reaped and both output pipes
 // are at EOF. Processes it leaves behind with the pipes still open (`cmd &`)
@@ -292,7 +292,7 @@ void Agent::StartExec(Conn& c, uint64_t id, Exec& req) {
   auto fail_setup = [&](const std::string& what) {
     Event ev;
     ev.set_id(id);
-    ev.mutable_exec_done()->set_error("exec: " + what + ": " + std::strerror(errno));
+    ev.mutable_exec_done()->set_user_error("exec: " + what + ": " + std::strerror(errno));
     Send(c, ev);
   };
   int in[2] = {-1, -1}, out[2] = {-1, -1}, err[2] = {-1, -1}, st[2] = {-1, -1};
@@ -576,15 +576,15 @@ void Agent::Finish(ExecRun& x, const std::string& forced_error) {
   switch (x.setup_stage) {
     case kStageNone: break;
     case kStageExec: d->set_exec_errno(x.setup_errno); break;
-    case kStageStdio: d->set_error("exec: set up stdin/stdout/stderr: " + why); break;
-    case kStageRlimit: d->set_error("exec: set resource limits: " + why); break;
+    case kStageStdio: d->set_user_error("exec: set up stdin/stdout/stderr: " + why); break;
+    case kStageRlimit: d->set_user_error("exec: set resource limits: " + why); break;
     case kStageCredentials:
-      d->set_error("exec: switch to uid " + std::to_string(x.uid) + " gid " + std::to_string(x.gid) + ": " + why);
+      d->set_user_error("exec: switch to uid " + std::to_string(x.uid) + " gid " + std::to_string(x.gid) + ": " + why);
       break;
-    case kStageChdir: d->set_error("exec: cannot enter the working directory '" + x.cwd + "': " + why); break;
-    default: d->set_error("exec: setup failed: " + why); break;
+    case kStageChdir: d->set_user_error("exec: cannot enter the working directory '" + x.cwd + "': " + why); break;
+    default: d->set_user_error("exec: setup failed: " + why); break;
   }
-  if (!forced_error.empty()) d->set_error(forced_error);
+  if (!forced_error.empty()) d->set_user_error(forced_error);
   d->set_timed_out(x.timed_out);
   d->set_output_exceeded(x.output_exceeded);
   if (!x.stream) {
@@ -597,7 +597,7 @@ void Agent::Finish(ExecRun& x, const std::string& forced_error) {
   d->set_cpu_us(static_cast<uint64_t>(ru.ru_utime.tv_sec * 1000000L + ru.ru_utime.tv_usec +
                                       ru.ru_stime.tv_sec * 1000000L + ru.ru_stime.tv_usec));
   d->set_wall_us(static_cast<uint64_t>((NowNs() - x.start_ns) / 1000));
-  d->set_peak_rss_bytes(static_cast<uint64_t>(ru.ru_maxrss) * 1024);  // KiB on Linux
+  d->set_peak_memory_bytes(static_cast<uint64_t>(ru.ru_maxrss) * 1024);  // KiB on Linux
   if (Conn* c = x.conn ? FindConn(x.conn) : nullptr) {
     Send(*c, ev);
     auto it = c->execs.find(x.req_id);

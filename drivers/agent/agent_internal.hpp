@@ -32,7 +32,7 @@ constexpr size_t kHighWater = 1 << 20;
 constexpr size_t kLowWater = 256 << 10;
 constexpr size_t kReadChunk = 64 << 10;          // one read; one Output event at most
 constexpr uint64_t kDefaultOutputCap = 1 << 20;  // Limits.output_bytes = 0
-// Non-streamed output travels whole in ExecDone, which must fit in a frame.
+// Non-streamed output travels whole in the exec's outcome, which must fit in a frame.
 constexpr uint64_t kMaxBufferedOutput = 16 << 20;
 // After the exec's own process ended, how long output pipes still held open
 // by processes it left behind (`cmd &`) are read before the exec is reported.
@@ -165,7 +165,7 @@ class Agent {
   struct KeptResult {
     std::string key;
     size_t fingerprint = 0;
-    ExecDone done;
+    run::Outcome done;
   };
   std::vector<KeptResult> kept_;
   std::unordered_map<pid_t, uint64_t> by_pid_;

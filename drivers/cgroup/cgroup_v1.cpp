@@ -4,9 +4,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <poll.h>
 #include <signal.h>
-#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -214,30 +212,6 @@ Status ApplyGroupLimits(const CgroupMounts& m, const std::string& rel, const Gro
     have->cpu_quota = want.cpu_quota;
   }
   return Status::Ok();
-}
-
-bool StopContainerGroup(const CgroupMounts& m, const std::string& rel, pid_t init_pid, bool frozen) {
-  std::string dir = m.memory + "/" + rel;
-  auto has = [&dir](pid_t pid) {
-    auto pids = ReadProcs(dir);
-    return std::find(pids.begin(), pids.end(), pid) != pids.end();
-  };
-  UniqueFd pidfd;
-  if (init_pid > 0 && has(init_pid)) {
-    pidfd.Reset(static_cast<int>(::syscall(SYS_pidfd_open, init_pid, 0)));
-    // Still in the group once we hold it: the pidfd is that init, not a
-    // process that got its pid after it died.
-    if (pidfd && !has(init_pid)) pidfd.Reset();
-  }
-  bool stopped = false;
-  if (pidfd && ::syscall(SYS_pidfd_send_signal, pidfd.get(), SIGKILL, nullptr, 0) == 0) {
-    // A frozen init takes the signal only once thawed.
-    if (frozen && !m.freezer.empty()) (void)WritePath(m.freezer + "/" + rel, "freezer.state", "THAWED", rel);
-    // The init exits only after every other process of its namespace has.
-    pollfd p{pidfd.get(), POLLIN, 0};
-    stopped = ::poll(&p, 1, 1000) == 1 && ReadProcs(dir).empty();
-  }
-  return stopped || EmptyGroup(m, rel);
 }
 
 Status RenameGroup(const CgroupMounts& m, const std::string& rel, const std::string& to_rel) {

@@ -123,13 +123,6 @@ struct GroupLimits {
 // Writes the values of `want` that differ from `*have`, opening each file by
 // path (a container keeps no descriptor on its group), and updates *have.
 Status ApplyGroupLimits(const CgroupMounts& m, const std::string& rel, const GroupLimits& want, GroupLimits* have);
-// Stops a container whose init (PID 1 of its own pid namespace) is init_pid:
-// SIGKILL to the init, through a pidfd taken only once the init is seen in
-// <rel> (so a reused pid is never signalled), ends every process of its
-// namespace with it; then waits for the init's exit and thaws the group if
-// `frozen`. Falls back to EmptyGroup when the init is not there or something
-// is left. True when the group is empty.
-bool StopContainerGroup(const CgroupMounts& m, const std::string& rel, pid_t init_pid, bool frozen);
 // Renames <rel> to <to_rel> (same parent) in every hierarchy, undoing the
 // renames done when one fails. Recycling a memory group this way spares the
 // kernel its removal, which costs more the more superblocks are mounted.

@@ -78,13 +78,13 @@ Status WriteEtcFiles(const std::string& base, const std::string& hostname, const
 std::string SandboxDir(const std::string& data_dir, const std::string& id) { return data_dir + "/sandboxes/" + id; }
 
 struct ContainerDriver::Box : AgentBox {
-  uint64_t OomKills() const override { return cgroup ? cgroup->OomKills() : 0; }
+  uint64_t OomKills() const override { return groups ? groups->OomKills(cgroup_rel) : 0; }
 
   std::string digest;
   std::string image_file;
   std::string cgroup_rel;
   int init_pid = 0;
-  std::unique_ptr<cgroup::CgroupSlot> cgroup;
+  cgroup::Groups* groups = nullptr;  // the driver's, once the box has its group
   cgroup::GroupLimits group_limits;  // what its group holds
   // Idle freezing (IdleLoop), under idle_mu (active and last_active_ms too).
   bool idle_frozen = false;  // frozen by the idle timer; the next call thaws it
@@ -112,9 +112,10 @@ Result<std::unique_ptr<ContainerDriver>> ContainerDriver::Start(ContainerOptions
   if (::access(d->opts_.agent_path.c_str(), X_OK) < 0)
     return Status::FailedPrecondition("container not available: no dsec-agent at " + d->opts_.agent_path +
                                       " (build it, or point $DSEC_AGENT at it)");
-  auto cgm = cgroup::DiscoverCgroupMounts();
-  if (!cgm.ok()) return Status::FailedPrecondition("container not available on this host: " + cgm.status().message());
-  d->cgm_ = *cgm;
+  auto groups = cgroup::Groups::Discover();
+  if (!groups.ok())
+    return Status::FailedPrecondition("container not available on this host: " + groups.status().message());
+  d->groups_ = std::move(*groups);
   d->mounts_ = std::make_unique<images::ImageMounts>(d->opts_.data_dir + "/run/images");
   d->mounts_->Adopt();
   DSEC_RETURN_IF_ERROR(MakeDirs(d->opts_.data_dir + "/sandboxes", 0700));
@@ -179,7 +180,7 @@ Result<std::unique_ptr<ContainerDriver>> ContainerDriver::Start(ContainerOptions
   // Creations wait on the spawner and the agent's handshake, removals on the
   // container's exit: with only 4, churn queued behind those waits.
   for (int i = 0; i < 16; ++i) d->workers_.emplace_back([p] { p->WorkerLoop(); });
-  if (d->opts_.idle_freeze_ms > 0 && !d->cgm_.freezer.empty()) d->idle_thread_ = std::thread([p] { p->IdleLoop(); });
+  if (d->opts_.idle_freeze_ms > 0 && d->groups_->CanFreeze()) d->idle_thread_ = std::thread([p] { p->IdleLoop(); });
   return d;
 }
 
@@ -215,15 +216,15 @@ void ContainerDriver::Stop() {
   if (disk_) disk_->Close();
   // The groups' parents go when no container is left in them (rmdir refuses
   // otherwise, which is what we want); the recycled groups go first.
-  if (!cgm_.memory.empty()) {
+  if (groups_) {
     std::vector<FreeGroup> free;
     {
       std::lock_guard<std::mutex> lk(mu_);
       free.swap(free_groups_);
     }
-    for (const auto& g : free) cgroup::RemoveGroupDirs(cgm_, g.rel);
-    cgroup::RemoveGroupDirs(cgm_, opts_.cgroup_parent + "/c");
-    cgroup::RemoveGroupDirs(cgm_, opts_.cgroup_parent);
+    for (const auto& g : free) groups_->RemoveDirs(g.rel);
+    groups_->RemoveDirs(opts_.cgroup_parent + "/c");
+    groups_->RemoveDirs(opts_.cgroup_parent);
   }
 }
 
@@ -332,14 +333,14 @@ Result<std::string> ContainerDriver::CreateNow(const v1::SandboxRecord& sb) {
 
   auto held = TakeGroup(box->cgroup_rel);
   if (!held.ok()) return undo(held.status());
-  box->cgroup = std::make_unique<cgroup::CgroupSlot>(cgroup::CgroupSlot::Paths(cgm_, box->cgroup_rel));
+  box->groups = groups_.get();
   box->group_limits = *held;
   const v1::Limits& lim = sb.spec().limits();
   cgroup::GroupLimits want;
   want.memory = static_cast<int64_t>(lim.memory_bytes() ? lim.memory_bytes() : 512ull << 20);
   want.pids = lim.pids() ? static_cast<int64_t>(lim.pids()) + 1 : -1;  // +1: the agent
   want.cpu_quota = lim.cpu_millis() ? static_cast<int64_t>(lim.cpu_millis()) * 100 : -1;
-  Status st = cgroup::ApplyGroupLimits(cgm_, box->cgroup_rel, want, &box->group_limits);
+  Status st = groups_->ApplyLimits(box->cgroup_rel, want, &box->group_limits);
   if (!st.ok()) return undo(st);
 
   spawner::Request req;
@@ -359,7 +360,7 @@ Result<std::string> ContainerDriver::CreateNow(const v1::SandboxRecord& sb) {
   c->set_run_dir(base + "/run");
   c->set_agent_path(opts_.agent_path);
   c->set_hostname(hostname);
-  for (const auto& p : box->cgroup->ProcsPaths()) c->add_cgroup_procs(p);
+  for (const auto& p : groups_->ProcsPaths(box->cgroup_rel)) c->add_cgroup_procs(p);
   auto t_sent = std::chrono::steady_clock::now();
   if (st = link_->Send(req); !st.ok()) {
     std::lock_guard<std::mutex> lk(mu_);
@@ -415,7 +416,7 @@ Status ContainerDriver::Wake(Box& b) {
   b.last_active_ms = NowMs();
   if (!b.idle_frozen) return Status::Ok();
   b.idle_frozen = false;
-  return b.cgroup->Freeze(false);
+  return b.groups->Freeze(b.cgroup_rel, false);
 }
 
 void ContainerDriver::IdleLoop() {
@@ -435,10 +436,10 @@ void ContainerDriver::IdleLoop() {
     int64_t now = NowMs();
     for (const auto& b : boxes) {
       std::lock_guard<std::mutex> lk(b->idle_mu);
-      if (b->idle_frozen || b->user_paused || b->active > 0 || !b->cgroup) continue;
+      if (b->idle_frozen || b->user_paused || b->active > 0 || !b->groups) continue;
       // Background work (a build started with &) keeps a container awake:
       // idle means under 1% of a CPU over the idle period.
-      uint64_t cpu = b->cgroup->CpuUsageNsByPath();
+      uint64_t cpu = groups_->CpuUsageNs(b->cgroup_rel);
       bool busy = cpu - b->cpu_ns_at_check > static_cast<uint64_t>(idle) * 10'000;  // 1% of idle, in ns
       if (busy || b->cpu_ns_at_check == 0) {
         b->cpu_ns_at_check = cpu ? cpu : 1;
@@ -446,7 +447,7 @@ void ContainerDriver::IdleLoop() {
         continue;
       }
       if (now - b->last_active_ms < idle) continue;
-      if (b->cgroup->Freeze(true).ok()) {
+      if (groups_->Freeze(b->cgroup_rel, true).ok()) {
         b->idle_frozen = true;
         ++idle_freezes_;
       }
@@ -456,13 +457,13 @@ void ContainerDriver::IdleLoop() {
 
 void ContainerDriver::Pause(const v1::SandboxRecord& sb, bool paused, StatusCallback done) {
   auto box = Find(sb.id());
-  if (!box || !box->cgroup) return done(Status::Unavailable("container " + sb.id() + " is not running on this node"));
+  if (!box || !box->groups) return done(Status::Unavailable("container " + sb.id() + " is not running on this node"));
   // Freezing waits for the kernel to settle: off the caller's thread.
   Work([this, box, paused, done] {
     Status st;
     {
       std::lock_guard<std::mutex> lk(box->idle_mu);
-      st = box->cgroup->Freeze(paused);
+      st = groups_->Freeze(box->cgroup_rel, paused);
       if (st.ok()) {
         box->user_paused = paused;
         box->idle_frozen = false;
@@ -548,8 +549,8 @@ Status ContainerDriver::ReadoptNow(const v1::SandboxRecord& sb) {
   image.set_file(box->image_file);
   auto lower = mounts_->Acquire(image);
   if (!lower.ok()) return fail(lower.status());
-  box->cgroup = std::make_unique<cgroup::CgroupSlot>(cgroup::CgroupSlot::Paths(cgm_, box->cgroup_rel));
-  if (box->cgroup->Pids().empty()) {
+  box->groups = groups_.get();
+  if (groups_->Pids(box->cgroup_rel).empty()) {
     mounts_->Release(box->digest);
     return fail(Status::Unavailable("container " + sb.id() + " has no process left"));
   }
@@ -557,11 +558,11 @@ Status ContainerDriver::ReadoptNow(const v1::SandboxRecord& sb) {
   // then freeze it again.
   // Frozen by Pause: frozen again after the handshake. Frozen by the idle
   // timer of the dsecd before: left thawed (the timer freezes it again).
-  bool frozen = box->cgroup->Frozen();
-  if (frozen) (void)box->cgroup->Freeze(false);
+  bool frozen = groups_->Frozen(box->cgroup_rel);
+  if (frozen) (void)groups_->Freeze(box->cgroup_rel, false);
   Status connected = ConnectAgent(*box);
   bool paused = sb.phase() == v1::SANDBOX_PHASE_PAUSED;
-  if (paused && connected.ok()) connected = box->cgroup->Freeze(true);
+  if (paused && connected.ok()) connected = groups_->Freeze(box->cgroup_rel, true);
   box->user_paused = paused;
   box->last_active_ms = NowMs();
   if (!connected.ok()) {
@@ -577,12 +578,11 @@ bool ContainerDriver::ReleaseGroup(const std::string& rel, Box* box) {
   std::string to;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    if (free_groups_.size() < kMaxFreeGroups)
+    if (free_groups_.size() < kMaxFreeGroups && groups_->CanRename())
       to = opts_.cgroup_parent + "/c/" + group_tag_ + "." + std::to_string(next_free_++);
   }
-  struct stat st;
-  if (::stat((cgm_.memory + "/" + rel).c_str(), &st) < 0) {
-    cgroup::KillAndRemoveGroup(cgm_, rel);  // whatever a failed creation made elsewhere
+  if (!groups_->Exists(rel)) {
+    groups_->KillAndRemove(rel);  // whatever a failed creation made elsewhere
     return true;
   }
   bool frozen = false;
@@ -592,14 +592,13 @@ bool ContainerDriver::ReleaseGroup(const std::string& rel, Box* box) {
     frozen = box->user_paused || box->idle_frozen;
     limits = box->group_limits;
   }
-  bool empty = box && box->init_pid > 0 ? cgroup::StopContainerGroup(cgm_, rel, box->init_pid, frozen)
-                                        : cgroup::EmptyGroup(cgm_, rel);
-  if (empty && !to.empty() && cgroup::RenameGroup(cgm_, rel, to).ok()) {
+  bool empty = box && box->init_pid > 0 ? groups_->StopContainer(rel, box->init_pid, frozen) : groups_->Empty(rel);
+  if (empty && !to.empty() && groups_->Rename(rel, to).ok()) {
     std::lock_guard<std::mutex> lk(mu_);
     free_groups_.push_back({to, limits});
     return true;
   }
-  cgroup::KillAndRemoveGroup(cgm_, rel);
+  groups_->KillAndRemove(rel);
   return empty;
 }
 
@@ -617,14 +616,14 @@ void ContainerDriver::SweepLastRun() {
     else leftovers_.insert(name);
   }
   std::string prefix = group_tag_ + ".";
-  for (const auto& name : ListSubdirs(cgm_.memory + "/" + opts_.cgroup_parent + "/c")) {
+  for (const auto& name : groups_->List(opts_.cgroup_parent + "/c")) {
     if (name.compare(0, prefix.size(), prefix) != 0) continue;
     std::string rel = opts_.cgroup_parent + "/c/" + name;
     uint64_t n = std::strtoull(name.c_str() + prefix.size(), nullptr, 10);
     next_free_ = std::max(next_free_, n + 1);
-    bool ok = cgroup::EmptyGroup(cgm_, rel);  // its limits are unknown: the next container writes them all
+    bool ok = groups_->Empty(rel);  // its limits are unknown: the next container writes them all
     if (ok && free_groups_.size() < kMaxFreeGroups) free_groups_.push_back({rel, cgroup::GroupLimits()});
-    else cgroup::KillAndRemoveGroup(cgm_, rel);
+    else groups_->KillAndRemove(rel);
   }
 }
 

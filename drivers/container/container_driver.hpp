@@ -22,7 +22,7 @@
 #include "drivers/agent/agent_driver.hpp"
 #include "drivers/container/container_state.pb.h"
 #include "drivers/container/sandbox_disk.hpp"
-#include "drivers/cgroup/cgroup_v1.hpp"
+#include "drivers/cgroup/groups.hpp"
 #include "drivers/images/mounts.hpp"
 #include "drivers/spawner/spawner_link.hpp"
 
@@ -124,7 +124,7 @@ class ContainerDriver : public AgentDriver {
   void Log(int level, const std::string& text) const;
 
   ContainerOptions opts_;
-  cgroup::CgroupMounts cgm_;
+  std::unique_ptr<cgroup::Groups> groups_;  // v1 or v2, whichever the host mounts
   std::unique_ptr<images::ImageMounts> mounts_;
   std::string skeleton_;  // <data>/run/skeleton: the bottom overlay layer
   std::unique_ptr<SandboxDisk> disk_;  // null: no disk limits (disk_status_ says why)

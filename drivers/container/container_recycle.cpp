@@ -48,12 +48,12 @@ Result<cgroup::GroupLimits> ContainerDriver::TakeGroup(const std::string& rel) {
     }
   }
   if (!free.rel.empty()) {
-    Status st = cgroup::RenameGroup(cgm_, free.rel, rel);
+    Status st = groups_->Rename(free.rel, rel);
     if (st.ok()) return free.limits;
     Log(2, "recycled " + st.message() + "; making a new group instead");
-    cgroup::KillAndRemoveGroup(cgm_, free.rel);
+    groups_->KillAndRemove(free.rel);
   }
-  DSEC_RETURN_IF_ERROR(cgroup::MakeGroupDirs(cgm_, rel));
+  DSEC_RETURN_IF_ERROR(groups_->Make(rel));
   return cgroup::GroupLimits::Fresh();
 }
 

@@ -61,12 +61,12 @@ void FncallDriver::OnEvent(spawner::Event& ev) {
     last_stats_json_ = j;
     return;
   }
-  if (!ev.has_outcome()) return;
-  const auto& o = ev.outcome();
+  if (!ev.has_finished()) return;
+  const auto& o = ev.finished().outcome();
   InFlight f;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    auto it = inflight_.find(o.id());
+    auto it = inflight_.find(ev.finished().id());
     if (it == inflight_.end()) return;
     f = std::move(it->second);
     inflight_.erase(it);

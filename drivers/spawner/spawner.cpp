@@ -270,8 +270,8 @@ void Spawner::OnRequest(spawner::Request& req) {
       for (auto it = pending_.begin(); it != pending_.end(); ++it) {
         if (it->id() != id) continue;
         spawner::Event ev;
-        auto* o = ev.mutable_outcome();
-        o->set_id(id);
+        ev.mutable_finished()->set_id(id);
+        auto* o = ev.mutable_finished()->mutable_outcome();
         o->set_killed(true);
         o->set_kill_reason(req.kill().reason());
         Send(ev);
@@ -317,8 +317,8 @@ void Spawner::SendStats() {
 
 void Spawner::FailRun(uint64_t id, const std::string& why) {
   spawner::Event ev;
-  ev.mutable_outcome()->set_id(id);
-  ev.mutable_outcome()->set_platform_error(why);
+  ev.mutable_finished()->set_id(id);
+  ev.mutable_finished()->mutable_outcome()->set_platform_error(why);
   Send(ev);
 }
 
@@ -471,8 +471,8 @@ void Spawner::Discard(Runner& r) {
 
 void Spawner::Finish(Runner& r) {
   spawner::Event ev;
-  auto* o = ev.mutable_outcome();
-  o->set_id(r.run_id);
+  ev.mutable_finished()->set_id(r.run_id);
+  auto* o = ev.mutable_finished()->mutable_outcome();
   CgroupSlot& slot = slots_[r.slot];
   uint64_t setup = static_cast<uint64_t>(r.shared.setup_cpu_us > 0 ? r.shared.setup_cpu_us : 0);
   o->set_cpu_us(r.cpu_us > setup ? r.cpu_us - setup : 0);

@@ -186,7 +186,7 @@ class AgentTest : public ::testing::Test {
     return ev;
   }
 
-  Result<agent::ExecDone> Run(const agent::Exec& e) { return client_->ExecSync(e, kWait); }
+  Result<run::Outcome> Run(const agent::Exec& e) { return client_->ExecSync(e, kWait); }
 
   agent::WriteFile Write(const std::string& path, const std::string& data, uint32_t mode = 0, bool mkdirs = false) {
     agent::WriteFile w;

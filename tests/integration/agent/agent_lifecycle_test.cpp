@@ -90,7 +90,7 @@ TEST_F(AgentTest, ClientDisconnectMidExecLeavesItRunning) {
       [&](const agent::Output& o) {
         if (!once.exchange(true)) first.set_value(o.data());
       },
-      [&](Result<agent::ExecDone> r) { done.set_value(r.status()); });
+      [&](Result<run::Outcome> r) { done.set_value(r.status()); });
   auto ff = first.get_future();
   ASSERT_EQ(ff.wait_for(kWait), std::future_status::ready);
   pid_t pid = static_cast<pid_t>(std::atoi(ff.get().c_str()));

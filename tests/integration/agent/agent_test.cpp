@@ -30,9 +30,9 @@ TEST_F(AgentTest, ExecReportsOutputAndExitCode) {
   EXPECT_EQ(r->stderr(), "oops\n");
   EXPECT_FALSE(r->timed_out());
   EXPECT_EQ(r->exec_errno(), 0);
-  EXPECT_TRUE(r->error().empty()) << r->error();
+  EXPECT_TRUE(r->user_error().empty()) << r->user_error();
   EXPECT_GT(r->wall_us(), 0u);
-  EXPECT_GT(r->peak_rss_bytes(), 0u);
+  EXPECT_GT(r->peak_memory_bytes(), 0u);
 }
 
 TEST_F(AgentTest, StdinIsFedThenClosed) {
@@ -81,7 +81,7 @@ TEST_F(AgentTest, CommandNotFoundAndNotExecutable) {
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->exec_errno(), ENOENT);
   EXPECT_EQ(r->exit_code(), 127);
-  EXPECT_TRUE(r->error().empty()) << r->error();
+  EXPECT_TRUE(r->user_error().empty()) << r->user_error();
 
   ASSERT_TRUE(client_->WriteFileSync(Write(dir_ + "/plain.txt", "not a program\n", 0644), kWait).ok());
   r = Run(Cmd({dir_ + "/plain.txt"}));
@@ -93,8 +93,8 @@ TEST_F(AgentTest, CommandNotFoundAndNotExecutable) {
   e.set_cwd(dir_ + "/no-such-dir");
   r = Run(e);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
-  EXPECT_NE(r->error().find(dir_ + "/no-such-dir"), std::string::npos) << r->error();
-  EXPECT_NE(r->error().find("No such file"), std::string::npos) << r->error();
+  EXPECT_NE(r->user_error().find(dir_ + "/no-such-dir"), std::string::npos) << r->user_error();
+  EXPECT_NE(r->user_error().find("No such file"), std::string::npos) << r->user_error();
 
   agent::Exec empty;
   auto bad = client_->ExecSync(empty, kWait);
@@ -186,13 +186,13 @@ TEST_F(AgentTest, SignalReachesARunningExec) {
   e.set_stream(true);
   std::promise<void> ready;
   std::atomic<bool> once{false};
-  std::promise<Result<agent::ExecDone>> done;
+  std::promise<Result<run::Outcome>> done;
   uint64_t id = client_->Exec(
       e,
       [&](const agent::Output&) {
         if (!once.exchange(true)) ready.set_value();
       },
-      [&](Result<agent::ExecDone> r) { done.set_value(std::move(r)); });
+      [&](Result<run::Outcome> r) { done.set_value(std::move(r)); });
   ASSERT_NE(id, 0u);
   ASSERT_EQ(ready.get_future().wait_for(kWait), std::future_status::ready);
   EXPECT_TRUE(client_->SignalSync(id, SIGTERM, kWait).ok());
@@ -214,11 +214,11 @@ TEST_F(AgentTest, TwentyConcurrentExecs) {
   constexpr int kN = 20;
   // Each holds until `go` exists, made once the agent runs all twenty at once.
   std::string go = dir_ + "/go";
-  std::vector<std::promise<Result<agent::ExecDone>>> done(kN);
+  std::vector<std::promise<Result<run::Outcome>>> done(kN);
   for (int i = 0; i < kN; ++i)
     client_->Exec(
         Cmd({"/bin/sh", "-c", "while [ ! -e \"$1\" ]; do sleep 0.01; done; echo $0", "n" + std::to_string(i), go}), {},
-        [&done, i](Result<agent::ExecDone> r) { done[i].set_value(std::move(r)); });
+        [&done, i](Result<run::Outcome> r) { done[i].set_value(std::move(r)); });
   auto running = [&] {
     auto ping = client_->PingSync(kWait);
     return ping.ok() ? ping->execs_running() : 0u;
@@ -260,7 +260,7 @@ TEST_F(AgentTest, LimitsAndUserDrop) {
   e.set_gid(65534);
   r = Run(e);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
-  EXPECT_EQ(r->stdout(), "65534\n65534\n65534\n") << r->error();
+  EXPECT_EQ(r->stdout(), "65534\n65534\n65534\n") << r->user_error();
 }
 
 TEST_F(AgentTest, CpuTimeIsReported) {

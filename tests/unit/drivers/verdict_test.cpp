@@ -13,13 +13,13 @@
 #include <vector>
 
 #include "drivers/verdict.hpp"
-#include "drivers/spawner/spawner.pb.h"
+#include "drivers/run_outcome.pb.h"
 
 namespace dsec::drivers {
 namespace {
 
 using ::testing::HasSubstr;
-using spawner::Outcome;
+using run::Outcome;
 
 v1::Limits TestLimits() {
   v1::Limits l;

@@ -1,0 +1,75 @@
+// What a container needs of cgroups, behind one interface whichever
+// hierarchy the host mounts: cgroup v1 (controllers mounted apart,
+// cgroup_v1.hpp) or the unified cgroup v2 hierarchy (cgroup_v2.cpp). A
+// group is named by its path below the hierarchy root (`rel`, e.g.
+// dsec/c/<sandbox id>). fncall's pooled groups (CgroupSlot, with their
+// control files kept open) are v1 only for now.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "drivers/cgroup/cgroup_v1.hpp"
+#include "dsec/status.hpp"
+
+namespace dsec::cgroup {
+
+class Groups {
+ public:
+  virtual ~Groups() = default;
+  // v1 when its controllers are mounted; else the v2 hierarchy mounted at
+  // /sys/fs/cgroup when it offers the memory, pids and cpu controllers;
+  // else FailedPrecondition saying what is missing from each.
+  static Result<std::unique_ptr<Groups>> Discover();
+  static std::unique_ptr<Groups> V1(const CgroupMounts& m);
+  // A cgroup2 mount (`root`); its controllers may be fewer than a
+  // container's limits need (then ApplyLimits says which is missing).
+  static std::unique_ptr<Groups> V2(const std::string& root);
+  // Where a cgroup2 filesystem is mounted ("" when nowhere).
+  static std::string V2Mount();
+
+  virtual const char* version() const = 0;  // "v1", "v2"
+  virtual bool Exists(const std::string& rel) const = 0;
+  virtual std::vector<std::string> List(const std::string& rel) const = 0;  // its subgroups' names
+  // mkdir -p (EEXIST is fine); in v2 the controllers are enabled on the way.
+  virtual Status Make(const std::string& rel) = 0;
+  // The cgroup.procs files a process writes itself into to join the group.
+  virtual std::vector<std::string> ProcsPaths(const std::string& rel) const = 0;
+  virtual std::vector<pid_t> Pids(const std::string& rel) const = 0;
+  // Writes the values of `want` that differ from `*have` and updates *have.
+  // A limit the hierarchy cannot enforce (its controller is not there) is
+  // FailedPrecondition, never dropped.
+  virtual Status ApplyLimits(const std::string& rel, const GroupLimits& want, GroupLimits* have) = 0;
+  virtual bool CanFreeze() const = 0;
+  // Freezes (waits until frozen, up to 5 s, else thaws again and says so)
+  // or thaws everything inside.
+  virtual Status Freeze(const std::string& rel, bool frozen) = 0;
+  virtual bool Frozen(const std::string& rel) const = 0;  // frozen or freezing
+  virtual uint64_t CpuUsageNs(const std::string& rel) const = 0;
+  virtual uint64_t OomKills(const std::string& rel) const = 0;
+  // Kills everything inside and waits, up to 1 s, until nothing is left;
+  // leaves it thawed. True when it is empty.
+  virtual bool Empty(const std::string& rel) = 0;
+  // Renames the group (same parent); nothing changes when it fails. v1
+  // only: cgroup v2 refuses renames (EPERM), so there a group is made anew
+  // for each container instead of recycled (CanRename false; Rename says so).
+  virtual bool CanRename() const = 0;
+  virtual Status Rename(const std::string& rel, const std::string& to) = 0;
+  // Kills everything in the group and below, and removes them.
+  virtual void KillAndRemove(const std::string& rel) = 0;
+  // rmdir, ignoring "not empty" and "absent".
+  virtual void RemoveDirs(const std::string& rel) = 0;
+
+  // Stops a container whose init (PID 1 of its own pid namespace) is
+  // init_pid: SIGKILL to the init, through a pidfd taken only once the init
+  // is seen in the group (a reused pid is never signalled), ends every
+  // process of its namespace; thawed first if `frozen`. Falls back to Empty
+  // when the init is not there or something is left. True when empty.
+  bool StopContainer(const std::string& rel, pid_t init_pid, bool frozen);
+};
+
+}  // namespace dsec::cgroup
