@@ -35,6 +35,9 @@ struct KindTraits {
   bool pause = false;        // Pause freezes its processes
   bool streaming = false;    // ExecStreaming delivers output while it runs
   bool readoptable = false;  // sandboxes outlive dsecd; Readopt reconnects them
+  // Its sandboxes have a loopback of their own, up (services inside talk to
+  // each other); without: only a loopback that is down. No route out either way.
+  bool own_loopback = false;
 };
 
 class Driver {

@@ -29,6 +29,7 @@ const KindTraits& ContainerDriver::Traits() {
     t.pause = true;
     t.streaming = true;
     t.readoptable = true;
+    t.own_loopback = true;
     return t;
   }();
   return t;

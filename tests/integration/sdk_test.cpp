@@ -7,7 +7,10 @@
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <string>
+#include <thread>
 
+#include "runtime/files.hpp"
 #include "tests/support/daemon_fixture.hpp"
 
 namespace dsec::testing {
@@ -127,6 +130,24 @@ TEST(SdkNoDaemon, BadAddressIsInvalidArgument) {
 // cancelled, see client_agent.hpp): a call to a daemon that stopped answering
 // fails with DeadlineExceeded at its deadline, the reply that comes after is
 // dropped, and the client goes on.
+// True once every thread of `pid` is in the stopped state ('T' in
+// /proc/<pid>/task/<tid>/stat), within 10 s.
+bool WaitAllThreadsStopped(pid_t pid) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  std::string dir = "/proc/" + std::to_string(pid) + "/task";
+  while (std::chrono::steady_clock::now() < deadline) {
+    bool all = true;
+    for (const auto& tid : ListSubdirs(dir)) {
+      auto stat = ReadFileToString(dir + "/" + tid + "/stat");
+      auto close = stat.ok() ? stat->rfind(')') : std::string::npos;
+      all = all && close != std::string::npos && close + 2 < stat->size() && (*stat)[close + 2] == 'T';
+    }
+    if (all) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));  // polling /proc, bounded
+  }
+  return false;
+}
+
 TEST(SdkDeadline, ACallToAStoppedDaemonFailsAtItsDeadlineAndTheLateReplyIsDropped) {
   std::unique_ptr<TestDaemon> d;
   std::unique_ptr<Client> unused;
@@ -146,6 +167,9 @@ TEST(SdkDeadline, ACallToAStoppedDaemonFailsAtItsDeadlineAndTheLateReplyIsDroppe
     pid_t pid;
     ~Cont() { ::kill(pid, SIGCONT); }
   } cont{d->pid()};
+  // kill() only queues the stop: a thread on another CPU may still answer a
+  // call for a moment. Wait until every thread of dsecd is stopped.
+  ASSERT_TRUE(WaitAllThreadsStopped(d->pid())) << "dsecd did not stop";
   auto t0 = std::chrono::steady_clock::now();
   auto late = client.Attach("sb-nobody");
   auto waited = std::chrono::steady_clock::now() - t0;

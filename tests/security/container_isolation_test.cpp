@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "tests/support/container_fixture.hpp"
+#include "tests/support/probes.hpp"
 
 namespace dsec::testing {
 namespace {
@@ -155,15 +156,8 @@ TEST_F(ContainerIsolation, CannotSignalAnothersProcessesByHostPid) {
   // B knows the host pid (say, leaked through a log) and tries every way to
   // signal it: no such process in B's world.
   auto r = Exec(*b, Command({"python3", "-c",
-                             "import errno, os, signal, sys\n"
-                             "pid = int(sys.argv[1])\n"
-                             "print(os.path.exists('/proc/%d' % pid))\n"
-                             "for sig in (0, signal.SIGTERM, signal.SIGKILL):\n"
-                             "    try:\n"
-                             "        os.kill(pid, sig)\n"
-                             "        print(int(sig), 'delivered')\n"
-                             "    except OSError as e:\n"
-                             "        print(int(sig), errno.errorcode[e.errno])\n",
+                             std::string("import os, sys\nprint(os.path.exists('/proc/' + sys.argv[1]))\n") +
+                                 kSignalProbe,
                              host_pid}));
   ASSERT_EQ(r.verdict(), v1::VERDICT_OK) << r.error() << "\n" << r.stderr();
   EXPECT_EQ(r.stdout(), "False\n0 ESRCH\n15 ESRCH\n9 ESRCH\n");
@@ -229,15 +223,7 @@ TEST_F(ContainerIsolation, AbstractUnixSocketsAreNotShared) {
                                   "print('listening')\n",
                                   name}));
   ASSERT_EQ(listen.stdout(), "listening\n") << listen.stderr();
-  constexpr const char* kConnect =
-      "import errno, socket, sys\n"
-      "s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
-      "s.settimeout(3)\n"
-      "try:\n"
-      "    s.connect('\\0' + sys.argv[1])\n"
-      "    print('connected')\n"
-      "except OSError as e:\n"
-      "    print(errno.errorcode.get(e.errno, e.errno))\n";
+  constexpr const char* kConnect = kAbstractConnectProbe;
   // Reachable in A, so the socket is there; not from B.
   EXPECT_EQ(Exec(*a, Command({"python3", "-c", kConnect, name})).stdout(), "connected\n");
   EXPECT_EQ(Exec(*b, Command({"python3", "-c", kConnect, name})).stdout(), "ECONNREFUSED\n");

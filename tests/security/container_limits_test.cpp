@@ -20,7 +20,6 @@
 #include "tests/support/container_fixture.hpp"
 #include "tests/support/probes.hpp"
 
-extern char** environ;
 
 namespace dsec::testing {
 namespace {
@@ -54,21 +53,6 @@ uint64_t OomKills(const std::string& id) {
   std::string s = CgroupFile("memory", id, "memory.oom_control");
   auto pos = s.find("oom_kill ");
   return pos == std::string::npos ? 0 : std::stoull(s.substr(pos + 9));
-}
-
-// The host can still fork and spawn.
-void ExpectHostCanFork() {
-  pid_t child = ::fork();
-  ASSERT_GE(child, 0) << "the test process cannot fork: " << std::strerror(errno);
-  if (child == 0) ::_exit(7);
-  int st = 0;
-  ASSERT_EQ(::waitpid(child, &st, 0), child);
-  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 7) << "wait status " << st;
-  pid_t spawned = -1;
-  char* argv[] = {const_cast<char*>("true"), nullptr};
-  ASSERT_EQ(::posix_spawnp(&spawned, "true", nullptr, nullptr, argv, environ), 0);
-  ASSERT_EQ(::waitpid(spawned, &st, 0), spawned);
-  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "wait status " << st;
 }
 
 TEST_F(ContainerLimits, MemoryHogIsKilledAndNothingElse) {

@@ -12,8 +12,8 @@
 #include <string>
 
 #include "tests/support/fncall_fixture.hpp"
+#include "tests/support/probes.hpp"
 
-extern char** environ;
 
 namespace dsec::testing {
 namespace {
@@ -33,19 +33,7 @@ v1::Limits BombLimits() {
 // The host is unharmed: this process can still fork and spawn, and `next`,
 // the sandbox run after the bomb, worked.
 void ExpectHostUnharmed(const v1::ExecResult& next) {
-  pid_t child = ::fork();
-  ASSERT_GE(child, 0) << "the test process cannot fork after the bomb: " << std::strerror(errno);
-  if (child == 0) ::_exit(7);
-  int st = 0;
-  ASSERT_EQ(::waitpid(child, &st, 0), child);
-  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 7) << "wait status " << st;
-
-  pid_t spawned = -1;
-  char* argv[] = {const_cast<char*>("true"), nullptr};
-  ASSERT_EQ(::posix_spawnp(&spawned, "true", nullptr, nullptr, argv, environ), 0);
-  ASSERT_EQ(::waitpid(spawned, &st, 0), spawned);
-  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "wait status " << st;
-
+  ExpectHostCanFork();
   EXPECT_EQ(next.verdict(), v1::VERDICT_OK) << next.error();
   EXPECT_EQ(next.stdout(), "still here\n");
 }

@@ -22,8 +22,7 @@
 #include <thread>
 #include <vector>
 
-#include "tests/support/container_fixture.hpp"
-#include "tests/support/kinds.hpp"
+#include "tests/support/kind_sandbox_fixture.hpp"
 #include "tests/support/probes.hpp"
 
 namespace dsec::testing {
@@ -44,20 +43,8 @@ v1::ExecRequest Probe(const Probes& probes, const std::string& setup = "", const
 constexpr const char* kSibling = "child = subprocess.Popen(['sleep', '300'])\n";
 constexpr const char* kSiblingGone = "child.kill()\nchild.wait()\n";
 
-class SandboxSyscalls : public ContainerTest, public ::testing::WithParamInterface<KindParam> {
+class SandboxSyscalls : public KindSandboxTest {
  protected:
-  void SetUp() override {
-    ContainerTest::SetUp();
-    if (IsSkipped() || HasFatalFailure()) return;
-    v1::SandboxSpec spec = GetParam().traits.host_image ? FncallSpec() : ContainerSpec(kImage);
-    spec.set_kind(GetParam().kind);
-    auto sb = client_->Create(spec);
-    ASSERT_TRUE(sb.ok()) << sb.status().ToString();
-    made_.push_back(*sb);
-    sb_.emplace(*sb);
-  }
-  v1::ExecResult Run(const v1::ExecRequest& req) { return Exec(*sb_, req); }
-
   // `calls` are refused by the seccomp filter a program in this sandbox
   // runs under, even to root with every capability: read from a program
   // that waits in the sandbox, found on the host by a marker argument.
@@ -78,7 +65,6 @@ class SandboxSyscalls : public ContainerTest, public ::testing::WithParamInterfa
     EXPECT_EQ(r->signal(), SIGKILL) << r->error();
   }
 
-  std::optional<Sandbox> sb_;
 };
 
 TEST_P(SandboxSyscalls, MountingIsDenied) {

@@ -5,8 +5,12 @@
 // the seccomp filter replayed as root: seccomp_probes.hpp (both included).
 #pragma once
 
+#include <spawn.h>
+
 #include "tests/support/host_probes.hpp"
 #include "tests/support/seccomp_probes.hpp"
+
+extern char** environ;
 
 namespace dsec::testing {
 
@@ -60,6 +64,46 @@ inline void ExpectNothingAccepted(const UniqueFd& listener) {
 // Syscall probes: name -> a python call of sc() or sc_fork() (both return
 // (result, errno)), run after kPrelude; report() prints "name result errno".
 using Probes = std::vector<std::pair<std::string, std::string>>;
+
+// Python: connects to the abstract unix socket named argv[1] (3 s
+// timeout); prints "connected" or the errno's name.
+inline constexpr const char* kAbstractConnectProbe =
+    "import errno, socket, sys\n"
+    "s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+    "s.settimeout(3)\n"
+    "try:\n"
+    "    s.connect('\\0' + sys.argv[1])\n"
+    "    print('connected')\n"
+    "except OSError as e:\n"
+    "    print(errno.errorcode.get(e.errno, e.errno))\n";
+
+// Python: sends signal 0, SIGTERM and SIGKILL to pid argv[1]; prints
+// "<signal> delivered" or "<signal> ERRNO" for each.
+inline constexpr const char* kSignalProbe =
+    "import errno, os, signal, sys\n"
+    "pid = int(sys.argv[1])\n"
+    "for sig in (0, signal.SIGTERM, signal.SIGKILL):\n"
+    "    try:\n"
+    "        os.kill(pid, sig)\n"
+    "        print(int(sig), 'delivered')\n"
+    "    except OSError as e:\n"
+    "        print(int(sig), errno.errorcode[e.errno])\n";
+
+// The host is unharmed by what a sandbox did: this process can still fork
+// and spawn.
+inline void ExpectHostCanFork() {
+  pid_t child = ::fork();
+  ASSERT_GE(child, 0) << "the test process cannot fork: " << std::strerror(errno);
+  if (child == 0) ::_exit(7);
+  int st = 0;
+  ASSERT_EQ(::waitpid(child, &st, 0), child);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 7) << "wait status " << st;
+  pid_t spawned = -1;
+  char* argv[] = {const_cast<char*>("true"), nullptr};
+  ASSERT_EQ(::posix_spawnp(&spawned, "true", nullptr, nullptr, argv, environ), 0);
+  ASSERT_EQ(::waitpid(spawned, &st, 0), spawned);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "wait status " << st;
+}
 
 // Python: attempt(name, f) prints "name done", or "name ERRNO" when f raises
 // OSError (ENOENT, EPERM, ...).
