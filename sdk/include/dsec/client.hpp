@@ -69,6 +69,8 @@ class Sandbox {
   Result<v1::ExecResult> ExecStream(v1::ExecRequest req,
                                     std::function<void(const v1::ExecOutput&)> on_output) const;
   Result<v1::SandboxRecord> Get() const;
+  // On an error the sandbox may still be there (failed, "destroy it
+  // again"): Destroy again removes it.
   Status Destroy() const;
   // Freeze every process (memory kept, no CPU used) / continue them.
   Status Pause() const;
