@@ -65,8 +65,11 @@ void NodeHost::Run(v1::RunRequest& req, std::function<void(v1::RunReply)> done) 
   *exec.mutable_limits() = *limits;
   v1::SandboxRecord sandbox;
   *sandbox.mutable_spec() = std::move(*req.mutable_spec());
-  (*d)->Exec(sandbox, id, exec, [this, id, done = std::move(done)](Result<v1::ExecResult> r) mutable {
-    post_([this, id, done = std::move(done), r = std::move(r)]() mutable {
+  // On the driver's thread only the post function (a copy) is touched: the
+  // host lives in the node's state, gone once the node has quit, and the
+  // posted function runs only while the node is there.
+  (*d)->Exec(sandbox, id, exec, [post = post_, this, id, done = std::move(done)](Result<v1::ExecResult> r) mutable {
+    post([this, id, done = std::move(done), r = std::move(r)]() mutable {
       runs_.erase(id);
       ++counters_.runs;
       v1::RunReply reply;

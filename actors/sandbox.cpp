@@ -40,7 +40,7 @@ struct SandboxState {
   bool pausing = false;            // a pause or resume is with the driver
   std::function<void()> after_pause;  // a destroy waiting for it
   int64_t idle_retry_ms = 0;       // a failed automatic pause is tried again then, not before
-  int64_t end_retry_ms = 0;        // a failed destroy: no automatic end before then
+  int64_t end_retry_ms = 0;        // a failed destroy: tried again then (its only end)
   // After a restart, until the driver has re-adopted the sandbox: requests
   // wait here (see Defer) and no end is armed.
   bool readopting = false;
@@ -64,7 +64,8 @@ End NextEnd(const SandboxState& st) {
     End other = ::dsec::NextEnd(st.rec, true);
     e = other.at_ms && other.at_ms < st.idle_retry_ms ? other : End{st.idle_retry_ms, e.because, e.action};
   }
-  if (e.at_ms && e.at_ms < st.end_retry_ms) e.at_ms = st.end_retry_ms;
+  // A destroy that failed: the sandbox's only end is trying it again.
+  if (st.end_retry_ms) return End{st.end_retry_ms, "destroy retry", "destroy"};
   return e;
 }
 
@@ -281,7 +282,8 @@ void Expire(Self self) {
   if (e.at_ms == 0) return;
   if (e.at_ms > now) return ArmExpiry(self);
   std::string why;
-  if (std::string(e.because) == "ttl") why = "its ttl of " + std::to_string(st.rec.spec().ttl_s()) + " s ran out";
+  if (std::string(e.because) == "destroy retry") why = "a destroy that failed, tried again";
+  else if (std::string(e.because) == "ttl") why = "its ttl of " + std::to_string(st.rec.spec().ttl_s()) + " s ran out";
   else if (std::string(e.because) == "owner gone")
     why = "its owner (SDK client " + st.rec.owner() + ") was gone for its lease of " + std::to_string(st.rec.lease_s()) + " s";
   else why = "idle for " + std::to_string(st.rec.spec().idle_timeout_s()) + " s (its idle timeout)";

@@ -39,14 +39,22 @@ void FaultDriver::Hold(Op op) {
 }
 
 void FaultDriver::Release(Op op) {
-  std::deque<std::function<void()>> held;
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    auto& o = ops_[static_cast<int>(op)];
-    o.hold = false;
-    held.swap(o.held);
+  // One at a time, still holding: a call that comes meanwhile queues behind
+  // the held ones instead of overtaking them. Holding ends once none is left.
+  for (;;) {
+    std::function<void()> call;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      auto& o = ops_[static_cast<int>(op)];
+      if (o.held.empty()) {
+        o.hold = false;
+        return;
+      }
+      call = std::move(o.held.front());
+      o.held.pop_front();
+    }
+    call();
   }
-  for (auto& call : held) call();
 }
 
 size_t FaultDriver::held(Op op) const {

@@ -529,9 +529,10 @@ void ContainerDriver::Readopt(const v1::SandboxRecord& sb, StatusCallback done) 
 }
 
 Status ContainerDriver::ReadoptNow(const v1::SandboxRecord& sb) {
-  (void)ClaimLeftover(sb.id());  // its dir is its own, kept or removed here
+  // Unreadable: its dir stays a leftover, which RestoredNow removes.
   auto state = ParseState(sb.driver_state());
   if (!state.ok()) return state.status().Annotate("container " + sb.id());
+  (void)ClaimLeftover(sb.id());  // its dir is its own from here, kept or removed
   auto box = std::make_shared<Box>();
   box->id = sb.id();
   box->digest = state->digest();
@@ -629,8 +630,12 @@ void ContainerDriver::SweepLastRun() {
 }
 
 bool ContainerDriver::ClaimLeftover(const std::string& id) {
-  std::lock_guard<std::mutex> lk(mu_);
-  return leftovers_.erase(id) > 0;
+  std::unique_lock<std::mutex> lk(mu_);
+  if (leftovers_.erase(id) > 0) return true;
+  // RestoredNow may be removing it right now: its dir and group are not
+  // ours to take until that is done.
+  removed_cv_.wait(lk, [&] { return removing_.count(id) == 0; });
+  return false;
 }
 
 void ContainerDriver::Restored() {
@@ -645,14 +650,24 @@ void ContainerDriver::RestoredNow() {
   // containers are not ours to judge. (Creation makes the dir before the
   // cgroup and removal drops the cgroup first, so no cgroup of ours is
   // without its dir.)
-  std::set<std::string> orphans;
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    orphans.swap(leftovers_);
-  }
-  for (const auto& id : orphans) {
+  // One at a time, each marked as being removed: a creation of the same
+  // id meanwhile waits for its removal (WaitLeftoverRemoved).
+  for (;;) {
+    std::string id;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (leftovers_.empty()) break;
+      id = *leftovers_.begin();
+      leftovers_.erase(leftovers_.begin());
+      removing_.insert(id);
+    }
     Log(1, "container " + id + ": left over from before the restart with no running record; removed");
     (void)DestroyNow(id, "");
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      removing_.erase(id);
+    }
+    removed_cv_.notify_all();
   }
   mounts_->DropUnused();
 }

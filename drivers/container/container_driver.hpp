@@ -90,7 +90,8 @@ class ContainerDriver : public AgentDriver {
   // At start, before any container of this run: the last run's kept dirs
   // and groups, and its sandbox dirs as leftovers (see leftovers_).
   void SweepLastRun();
-  // True once for an id among leftovers_ (its caller then owns the dir).
+  // True once for an id among leftovers_ (its caller then owns the dir);
+  // false, after waiting for RestoredNow to finish removing it, otherwise.
   bool ClaimLeftover(const std::string& id);
   Status DestroyNow(const std::string& id, const std::string& held_digest);
   std::shared_ptr<Box> Find(const std::string& id) const;
@@ -150,6 +151,8 @@ class ContainerDriver : public AgentDriver {
   // Sandbox dirs found at start: each is claimed by its Readopt, or by a
   // creation of the same id, or removed by RestoredNow, exactly once.
   std::set<std::string> leftovers_;
+  std::set<std::string> removing_;        // leftovers RestoredNow is removing now
+  std::condition_variable removed_cv_;    // one of removing_ is gone (under mu_)
   // Kept sandbox dirs, <data>/sandboxes/free.<n> (removed at start-up).
   std::vector<std::string> free_dirs_;
   uint64_t next_free_dir_ = 0;

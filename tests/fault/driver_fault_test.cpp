@@ -71,6 +71,9 @@ TEST_F(DriverFault, ADestroyTheDriverFailsKeepsTheSandboxUntilADestroyAgainRemov
   EXPECT_EQ(rec->phase(), v1::SANDBOX_PHASE_FAILED);
   EXPECT_THAT(rec->error(), HasSubstr("destroy failed"));
   EXPECT_THAT(rec->error(), HasSubstr("destroy it again"));
+  EXPECT_EQ(rec->expires_because(), "destroy retry") << "dsecd tries again by itself";
+  EXPECT_EQ(rec->expiry_action(), "destroy");
+  EXPECT_GT(rec->expires_ms(), 0);
   EXPECT_NE(Remains(sb->id()), "") << "the driver never removed it, so it is still there";
   EXPECT_EQ(daemon_->Admin("status").value("sandboxes", -1), 1);
   ASSERT_TRUE(sb->Destroy().ok());
