@@ -14,26 +14,6 @@
 
 namespace dsec {
 
-Result<std::string> ReadFileToString(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return Status::FromErrno(errno, "read " + path);
-  std::string out;
-  char buf[8192];
-  for (;;) {
-    ssize_t n = ::read(fd, buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      int e = errno;
-      ::close(fd);
-      return Status::FromErrno(e, "read " + path);
-    }
-    if (n == 0) break;
-    out.append(buf, static_cast<size_t>(n));
-  }
-  ::close(fd);
-  return out;
-}
-
 Status WriteFileAtomic(const std::string& path, const std::string& content, mode_t mode) {
   // Unique per writer: two threads writing the same path must not share a temp file.
   std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." + RandomHex(8);

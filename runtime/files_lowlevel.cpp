@@ -1,6 +1,8 @@
 // The parts of files.hpp that live in dsec_lowlevel (no spdlog): the
 // static spawner and the drivers use them.
 #include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <unistd.h>
 
@@ -29,6 +31,26 @@ std::vector<std::string> List(const std::string& dir, bool dirs_only) {
 }
 
 }  // namespace
+
+Result<std::string> ReadFileToString(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Status::FromErrno(errno, "read " + path);
+  std::string out;
+  char buf[8192];
+  for (;;) {
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      int e = errno;
+      ::close(fd);
+      return Status::FromErrno(e, "read " + path);
+    }
+    if (n == 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return out;
+}
 
 std::vector<std::string> ListSubdirs(const std::string& dir) { return List(dir, true); }
 

@@ -102,9 +102,7 @@ Result<CgroupMounts> DiscoverCgroupMounts() {
   if (m.cpuacct.empty()) missing += " cpuacct";
   if (!missing.empty()) {
     std::string why = "cgroup v1 controllers not mounted:" + missing;
-    if (saw_v2 && m.memory.empty())
-      why += " (this host uses the cgroup v2 unified hierarchy; dsec drives cgroup v1 for now: "
-             "boot with systemd.unified_cgroup_hierarchy=0 or mount the v1 controllers)";
+    if (saw_v2 && m.memory.empty()) why += " (this host uses the cgroup v2 unified hierarchy)";
     return Status::FailedPrecondition(why);
   }
   return m;
@@ -287,7 +285,7 @@ Result<CgroupSlot> CgroupSlot::Create(const CgroupMounts& m, const std::string& 
   return s;
 }
 
-std::vector<int> CgroupSlot::PoolProcsFds() const {
+std::vector<int> CgroupSlot::JoinFds() const {
   std::vector<int> fds;
   for (size_t i = 0; i < procs_.size(); ++i)
     if (!cpu_only_[i] && !freezer_only_[i]) fds.push_back(procs_[i].get());
@@ -341,7 +339,7 @@ void CgroupSlot::CloseFiles() {
 
 std::vector<pid_t> CgroupSlot::Pids() const { return dirs_.empty() ? std::vector<pid_t>{} : ReadProcs(dirs_[0]); }
 
-std::vector<int> CgroupSlot::CpuProcsFds() const {
+std::vector<int> CgroupSlot::CpuJoinFds() const {
   std::vector<int> fds;
   for (size_t i = 0; i < procs_.size(); ++i)
     if (cpu_only_[i]) fds.push_back(procs_[i].get());

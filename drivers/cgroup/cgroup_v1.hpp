@@ -3,8 +3,9 @@
 // use recycled groups under one directory per spawner (<mount>/dsec/sp<pid>)
 // with their control files kept open, so a run costs a few pread/pwrite
 // calls rather than mkdir/rmdir; a container has a group of its own
-// (<mount>/dsec/c/<sandbox id>) that outlives dsecd restarts. Raw cgroupfs
-// access lives here and nowhere else.
+// (<mount>/dsec/c/<sandbox id>) that outlives dsecd restarts. Callers go
+// through groups.hpp (Groups, RunSlot), which picks v1 or v2; raw cgroupfs
+// access lives in this folder and nowhere else.
 #pragma once
 
 #include <sys/types.h>
@@ -13,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "drivers/cgroup/run_slot.hpp"
 #include "dsec/status.hpp"
 #include "runtime/unique_fd.hpp"
 
@@ -33,11 +35,11 @@ Result<CgroupMounts> DiscoverCgroupMounts();
 // kills what is left inside and rmdirs. Returns how many it removed.
 int SweepStaleSpawnerGroups(const CgroupMounts& m, const std::string& parent);
 
-// One recycled group: <mount>/<base>/r<index> in each hierarchy, with its
-// control files kept open so a run costs a few pread/pwrite calls and no path
-// walks through cgroupfs (runners do not inherit the spawner's descriptors,
-// see runner.hpp, so holding many is free).
-class CgroupSlot {
+// One recycled group for runs (RunSlot): <mount>/<base>/r<index> in each
+// hierarchy, with its control files kept open (runners do not inherit the
+// spawner's descriptors, see runner.hpp, so holding many is free). Also, by
+// Paths, the by-path view of any v1 group (the v1 Groups adapter's).
+class CgroupSlot final : public RunSlot {
  public:
   static Result<CgroupSlot> Create(const CgroupMounts& m, const std::string& rel);
   // The paths of an existing group, no descriptor open (a container's
@@ -48,26 +50,22 @@ class CgroupSlot {
   CgroupSlot& operator=(CgroupSlot&&) = default;
 
   Status Attach(pid_t pid);
-  // cgroup.procs files, open for writing, for a process to join itself by
-  // writing "0": the memory and pids hierarchies, which every run joins, and
-  // the cpu and cpuacct ones (those not shared with the first two), which
-  // only runs with a CPU quota or a CPU-time limit join.
-  std::vector<int> PoolProcsFds() const;
-  std::vector<int> CpuProcsFds() const;
+  // RunSlot: the memory and pids hierarchies, which every run joins, and the
+  // cpu and cpuacct ones (those not shared with the first two).
+  std::vector<int> JoinFds() const override;
+  std::vector<int> CpuJoinFds() const override;
   // Every hierarchy's cgroup.procs, by path (a container's init joins all).
   std::vector<std::string> ProcsPaths() const;
-  // Each writes only when the value changes.
-  Status SetMemoryLimit(uint64_t bytes);
-  Status SetPidsMax(uint32_t n);
-  Status SetCpuQuota(uint32_t millis);  // 0: unlimited
-  // Start of a run: peak memory back to the current usage, and CPU usage to
-  // 0 when the run joins the cpu groups.
-  void ResetCounters(bool cpu);
-  uint64_t CpuUsageNs();
+  Status SetMemoryLimit(uint64_t bytes) override;
+  Status SetPidsMax(uint32_t n) override;
+  Status SetCpuQuota(uint32_t millis) override;
+  void ResetCounters(bool cpu) override;
+  uint64_t CpuUsageNs() override;
   // The same, opening cpuacct.usage (after CloseFiles).
   uint64_t CpuUsageNsByPath() const;
-  uint64_t PeakBytes();
-  uint64_t OomKills();
+  uint64_t PeakBytes() override;
+  uint64_t OomKills() override;
+  bool Reusable() const override { return true; }
   // Pause / resume everything inside (freezer); FailedPrecondition without
   // a freezer hierarchy.
   Status Freeze(bool frozen);
@@ -75,8 +73,7 @@ class CgroupSlot {
   bool Frozen();
   // Pids inside (the memory hierarchy's view).
   std::vector<pid_t> Pids() const;
-  // Kills anything left inside (there should be nothing), then rmdirs.
-  void Remove();
+  void Remove() override;
   // Closes the control files; OomKills, Freeze, Frozen, Pids and Remove go
   // on working (they open what they need), the rest must not be called. For
   // long-lived groups (containers): thousands of them would otherwise hold

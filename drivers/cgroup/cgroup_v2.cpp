@@ -21,15 +21,21 @@ namespace dsec::cgroup {
 
 namespace {
 
-// The value after `key ` in a flat keyed file (cgroup.events, cpu.stat,
-// memory.events); 0 when absent.
-uint64_t Keyed(const std::string& file, const std::string& key) {
-  std::ifstream in(file);
+// The value after `key ` in a flat keyed file's text (cgroup.events,
+// cpu.stat, memory.events); 0 when absent.
+uint64_t KeyedText(const std::string& text, const std::string& key) {
+  std::stringstream in(text);
   std::string k;
   uint64_t v = 0;
   while (in >> k >> v)
     if (k == key) return v;
   return 0;
+}
+
+// The same, of a file.
+uint64_t Keyed(const std::string& file, const std::string& key) {
+  auto text = ReadFileToString(file);
+  return text.ok() ? KeyedText(*text, key) : 0;
 }
 
 bool Contains(const std::string& words, const std::string& w) {
@@ -52,16 +58,25 @@ class GroupsV2 final : public Groups {
   std::vector<std::string> List(const std::string& rel) const override { return ListSubdirs(Dir(rel)); }
 
   Status Make(const std::string& rel) override {
-    std::string path = root_;
-    std::stringstream ss(rel);
-    std::string part;
-    while (std::getline(ss, part, '/')) {
-      if (part.empty()) continue;
-      EnableControllers(path);
-      path += "/" + part;
-      if (::mkdir(path.c_str(), 0755) < 0 && errno != EEXIST) return Status::FromErrno(errno, "cgroup mkdir " + path);
+    // Another spawner may rmdir the shared parent (it removes it when it
+    // looks empty) between our mkdirs: start over when a parent vanishes.
+    for (int attempt = 0;; ++attempt) {
+      std::string path = root_;
+      std::stringstream ss(rel);
+      std::string part;
+      int err = 0;
+      while (std::getline(ss, part, '/')) {
+        if (part.empty()) continue;
+        EnableControllers(path);
+        path += "/" + part;
+        if (::mkdir(path.c_str(), 0755) < 0 && errno != EEXIST) {
+          err = errno;
+          break;
+        }
+      }
+      if (err == 0) return Status::Ok();
+      if (err != ENOENT || attempt >= 10) return Status::FromErrno(err, "cgroup mkdir " + path);
     }
-    return Status::Ok();
   }
 
   std::vector<std::string> ProcsPaths(const std::string& rel) const override { return {Dir(rel) + "/cgroup.procs"}; }
@@ -157,8 +172,30 @@ class GroupsV2 final : public Groups {
 
   void RemoveDirs(const std::string& rel) override { ::rmdir(Dir(rel).c_str()); }
 
- private:
+  Result<std::unique_ptr<RunSlot>> MakeRunSlot(const std::string& rel) override;
+
+  int SweepStaleSpawners(const std::string& parent) override {
+    int removed = 0;
+    for (const auto& name : List(parent)) {
+      if (name.compare(0, 2, "sp") != 0) continue;
+      pid_t pid = static_cast<pid_t>(std::atoi(name.c_str() + 2));
+      if (pid <= 0 || ::kill(pid, 0) == 0 || errno == EPERM) continue;  // its spawner is alive
+      KillAndRemove(parent + "/" + name);
+      ++removed;
+    }
+    return removed;
+  }
+
   std::string Dir(const std::string& rel) const { return root_ + "/" + rel; }
+
+  // Says that <rel>/<file> is missing because its controller is not there.
+  Status MissingController(const std::string& rel, const char* file, const char* controller) const {
+    return Status::FailedPrecondition("cgroup v2 group " + rel + " has no " + file + ": the " + controller +
+                                      " controller is not available in " + root_ +
+                                      " (cgroup.controllers lists what is; a v1 hierarchy may hold it)");
+  }
+
+ private:
 
   static std::string Value(int64_t v) { return v < 0 ? "max" : std::to_string(v); }
 
@@ -167,12 +204,7 @@ class GroupsV2 final : public Groups {
   // is no limit), else said, naming the controller.
   Status Write(const std::string& rel, const char* file, const std::string& v, bool unlimited, const char* controller) {
     UniqueFd fd(::open((Dir(rel) + "/" + file).c_str(), O_WRONLY | O_CLOEXEC));
-    if (!fd && errno == ENOENT) {
-      if (unlimited) return Status::Ok();
-      return Status::FailedPrecondition("cgroup v2 group " + rel + " has no " + file + ": the " + controller +
-                                        " controller is not available in " + root_ +
-                                        " (cgroup.controllers lists what is; a v1 hierarchy may hold it)");
-    }
+    if (!fd && errno == ENOENT) return unlimited ? Status::Ok() : MissingController(rel, file, controller);
     if (!fd) return Status::FromErrno(errno, "cgroup " + rel + ": open " + file);
     if (::write(fd.get(), v.data(), v.size()) < 0) return Status::FromErrno(errno, "cgroup " + rel + ": write " + file + "=" + v);
     return Status::Ok();
@@ -204,6 +236,122 @@ class GroupsV2 final : public Groups {
 
   std::string root_;
 };
+
+std::string ReadFd(int fd) {
+  char buf[1024];
+  ssize_t n = ::pread(fd, buf, sizeof buf - 1, 0);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+}
+
+// A run group in the unified hierarchy: one directory holds every
+// controller, so a run joins one cgroup.procs and there is no separate cpu
+// group. CPU usage (cpu.stat) cannot be reset: it is counted from a
+// baseline. The peak (memory.peak) is reset by writing to the descriptor
+// that reads it (Linux 6.12+); before that the group serves one run.
+class RunSlotV2 final : public RunSlot {
+ public:
+  static Result<std::unique_ptr<RunSlot>> Create(GroupsV2* groups, const std::string& rel) {
+    DSEC_RETURN_IF_ERROR(groups->Make(rel));
+    auto s = std::unique_ptr<RunSlotV2>(new RunSlotV2(groups, rel));
+    Status st = s->Open();
+    if (!st.ok()) {
+      groups->KillAndRemove(rel);
+      return st;
+    }
+    return std::unique_ptr<RunSlot>(std::move(s));
+  }
+
+  std::vector<int> JoinFds() const override { return {procs_.get()}; }
+  std::vector<int> CpuJoinFds() const override { return {}; }
+
+  Status SetMemoryLimit(uint64_t bytes) override {
+    if (bytes == cur_mem_) return Status::Ok();
+    cur_mem_ = UINT64_MAX - 1;  // unknown until both are written
+    std::string v = std::to_string(bytes);
+    DSEC_RETURN_IF_ERROR(Write(mem_max_.get(), v, "memory.max"));
+    // No swap beyond the memory limit (v1: memory+swap = memory).
+    if (swap_max_) DSEC_RETURN_IF_ERROR(Write(swap_max_.get(), "0", "memory.swap.max"));
+    cur_mem_ = bytes;
+    return Status::Ok();
+  }
+  Status SetPidsMax(uint32_t n) override {
+    if (static_cast<int64_t>(n) == cur_pids_) return Status::Ok();
+    DSEC_RETURN_IF_ERROR(Write(pids_max_.get(), n ? std::to_string(n) : std::string("max"), "pids.max"));
+    cur_pids_ = n;
+    return Status::Ok();
+  }
+  Status SetCpuQuota(uint32_t millis) override {
+    int64_t quota = millis == 0 ? -1 : static_cast<int64_t>(millis) * 100;  // period 100 ms
+    if (quota == cur_quota_) return Status::Ok();
+    DSEC_RETURN_IF_ERROR(Write(cpu_max_.get(), (quota < 0 ? std::string("max") : std::to_string(quota)) + " 100000", "cpu.max"));
+    cur_quota_ = quota;
+    return Status::Ok();
+  }
+  void ResetCounters(bool) override {
+    if (peak_resettable_) (void)!::pwrite(mem_peak_.get(), "reset", 5, 0);
+    cpu0_ns_ = UsageNs();
+  }
+  uint64_t CpuUsageNs() override {
+    uint64_t now = UsageNs();
+    return now > cpu0_ns_ ? now - cpu0_ns_ : 0;
+  }
+  uint64_t PeakBytes() override { return mem_peak_ ? std::strtoull(ReadFd(mem_peak_.get()).c_str(), nullptr, 10) : 0; }
+  uint64_t OomKills() override { return KeyedText(ReadFd(mem_events_.get()), "oom_kill"); }
+  bool Reusable() const override { return peak_resettable_; }
+  void Remove() override {
+    for (auto* f : {&procs_, &mem_max_, &swap_max_, &mem_peak_, &mem_events_, &pids_max_, &cpu_max_, &cpu_stat_})
+      f->Reset();
+    groups_->KillAndRemove(rel_);
+  }
+
+ private:
+  RunSlotV2(GroupsV2* groups, std::string rel) : groups_(groups), rel_(std::move(rel)), dir_(groups->Dir(rel_)) {}
+
+  UniqueFd OpenFile(const char* file, int flags) const {
+    return UniqueFd(::open((dir_ + "/" + file).c_str(), flags | O_CLOEXEC));
+  }
+
+  Status Open() {
+    struct File {
+      UniqueFd* fd;
+      const char* name;
+      int flags;
+      const char* controller;
+    };
+    for (const File& f : {File{&procs_, "cgroup.procs", O_WRONLY, nullptr}, File{&mem_max_, "memory.max", O_WRONLY, "memory"},
+                          File{&mem_events_, "memory.events", O_RDONLY, "memory"},
+                          File{&pids_max_, "pids.max", O_WRONLY, "pids"}, File{&cpu_max_, "cpu.max", O_WRONLY, "cpu"},
+                          File{&cpu_stat_, "cpu.stat", O_RDONLY, nullptr}}) {
+      *f.fd = OpenFile(f.name, f.flags);
+      if (*f.fd) continue;
+      if (errno == ENOENT && f.controller) return groups_->MissingController(rel_, f.name, f.controller);
+      return Status::FromErrno(errno, "cgroup " + rel_ + ": open " + f.name);
+    }
+    swap_max_ = OpenFile("memory.swap.max", O_WRONLY);  // absent without swap accounting
+    // Writable (resettable) from Linux 6.12; read-only before (5.19+).
+    mem_peak_ = OpenFile("memory.peak", O_RDWR);
+    peak_resettable_ = static_cast<bool>(mem_peak_);
+    if (!mem_peak_) mem_peak_ = OpenFile("memory.peak", O_RDONLY);
+    return Status::Ok();
+  }
+
+  Status Write(int fd, const std::string& v, const char* what) {
+    if (::pwrite(fd, v.data(), v.size(), 0) < 0) return Status::FromErrno(errno, "cgroup " + rel_ + ": write " + what + "=" + v);
+    return Status::Ok();
+  }
+
+  uint64_t UsageNs() { return KeyedText(ReadFd(cpu_stat_.get()), "usage_usec") * 1000; }
+
+  GroupsV2* groups_;  // outlives its slots (the spawner's)
+  std::string rel_, dir_;
+  UniqueFd procs_, mem_max_, swap_max_, mem_peak_, mem_events_, pids_max_, cpu_max_, cpu_stat_;
+  bool peak_resettable_ = false;
+  uint64_t cpu0_ns_ = 0;
+  uint64_t cur_mem_ = UINT64_MAX;  // a new group is unlimited
+  int64_t cur_pids_ = -2, cur_quota_ = -2;
+};
+
+Result<std::unique_ptr<RunSlot>> GroupsV2::MakeRunSlot(const std::string& rel) { return RunSlotV2::Create(this, rel); }
 
 }  // namespace
 

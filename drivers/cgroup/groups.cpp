@@ -45,6 +45,12 @@ class GroupsV1 final : public Groups {
   bool Empty(const std::string& rel) override { return EmptyGroup(m_, rel); }
   bool CanRename() const override { return true; }
   Status Rename(const std::string& rel, const std::string& to) override { return RenameGroup(m_, rel, to); }
+  Result<std::unique_ptr<RunSlot>> MakeRunSlot(const std::string& rel) override {
+    auto slot = CgroupSlot::Create(m_, rel);
+    if (!slot.ok()) return slot.status();
+    return std::unique_ptr<RunSlot>(std::make_unique<CgroupSlot>(std::move(*slot)));
+  }
+  int SweepStaleSpawners(const std::string& parent) override { return SweepStaleSpawnerGroups(m_, parent); }
   void KillAndRemove(const std::string& rel) override { KillAndRemoveGroup(m_, rel); }
   void RemoveDirs(const std::string& rel) override { RemoveGroupDirs(m_, rel); }
 
@@ -58,7 +64,7 @@ std::unique_ptr<Groups> Groups::V1(const CgroupMounts& m) { return std::make_uni
 
 std::string Groups::V2Mount() {
   std::ifstream in("/proc/self/mountinfo");
-  std::string line;
+  std::string line, first;
   while (std::getline(in, line)) {
     auto dash = line.find(" - ");
     if (dash == std::string::npos) continue;
@@ -66,9 +72,11 @@ std::string Groups::V2Mount() {
     std::string id, parent, dev, root, mnt, fstype;
     pre >> id >> parent >> dev >> root >> mnt;
     post >> fstype;
-    if (fstype == "cgroup2") return mnt;
+    if (fstype != "cgroup2") continue;
+    if (mnt == "/sys/fs/cgroup") return mnt;  // the usual place, wherever else one is mounted
+    if (first.empty()) first = mnt;
   }
-  return "";
+  return first;
 }
 
 Result<std::unique_ptr<Groups>> Groups::Discover() {

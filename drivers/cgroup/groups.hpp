@@ -2,8 +2,8 @@
 // hierarchy the host mounts: cgroup v1 (controllers mounted apart,
 // cgroup_v1.hpp) or the unified cgroup v2 hierarchy (cgroup_v2.cpp). A
 // group is named by its path below the hierarchy root (`rel`, e.g.
-// dsec/c/<sandbox id>). fncall's pooled groups (CgroupSlot, with their
-// control files kept open) are v1 only for now.
+// dsec/c/<sandbox id>). fncall's pooled run groups are RunSlots
+// (run_slot.hpp), made here too.
 #pragma once
 
 #include <sys/types.h>
@@ -29,7 +29,8 @@ class Groups {
   // A cgroup2 mount (`root`); its controllers may be fewer than a
   // container's limits need (then ApplyLimits says which is missing).
   static std::unique_ptr<Groups> V2(const std::string& root);
-  // Where a cgroup2 filesystem is mounted ("" when nowhere).
+  // Where a cgroup2 filesystem is mounted: /sys/fs/cgroup when it is one,
+  // else the first found ("" when nowhere).
   static std::string V2Mount();
 
   virtual const char* version() const = 0;  // "v1", "v2"
@@ -59,6 +60,13 @@ class Groups {
   // for each container instead of recycled (CanRename false; Rename says so).
   virtual bool CanRename() const = 0;
   virtual Status Rename(const std::string& rel, const std::string& to) = 0;
+  // A pooled group for one-shot runs at `rel` (made here), its control
+  // files open. FailedPrecondition naming the controller when the hierarchy
+  // lacks one a run's limits need.
+  virtual Result<std::unique_ptr<RunSlot>> MakeRunSlot(const std::string& rel) = 0;
+  // Removes the groups sp<pid> under `parent` whose spawner (pid) is gone,
+  // killing what is left inside; returns how many.
+  virtual int SweepStaleSpawners(const std::string& parent) = 0;
   // Kills everything in the group and below, and removes them.
   virtual void KillAndRemove(const std::string& rel) = 0;
   // rmdir, ignoring "not empty" and "absent".

@@ -79,13 +79,32 @@ int Spawner::AcquireSlot() {
     free_slots_.pop_back();
     return s;
   }
-  auto slot = CgroupSlot::Create(cgroups_, group_base_ + "/r" + std::to_string(slots_.size()));
+  size_t index = slots_.size();
+  auto slot = groups_->MakeRunSlot(group_base_ + "/r" + std::to_string(index));
   if (!slot.ok()) {
     last_runner_error_ = slot.status().message();
     return -1;
   }
   slots_.push_back(std::move(*slot));
-  return static_cast<int>(slots_.size() - 1);
+  return static_cast<int>(index);
+}
+
+// A group that can serve one run only (RunSlot::Reusable) is removed and its
+// index made anew when taken again.
+void Spawner::ReleaseSlot(int s) {
+  auto& slot = slots_[static_cast<size_t>(s)];
+  if (slot && !slot->Reusable()) {
+    slot->Remove();
+    auto fresh = groups_->MakeRunSlot(group_base_ + "/r" + std::to_string(s));
+    if (!fresh.ok()) {
+      // Given back as a null slot: the index stays out of the free list.
+      Log(2, "remake run group r" + std::to_string(s) + ": " + fresh.status().message());
+      slot.reset();
+      return;
+    }
+    slot = std::move(*fresh);
+  }
+  free_slots_.push_back(s);
 }
 
 // Back to the pools once the runner is gone: every process that was in them
@@ -115,12 +134,12 @@ bool Spawner::SpawnRunner() {
     if (ipcns < 0) {
       last_runner_error_ = err;
       if (netns >= 0) netns_.Release(netns);
-      free_slots_.push_back(slot);
+      ReleaseSlot(slot);
       return false;
     }
   }
   auto give_back = [&] {
-    free_slots_.push_back(slot);
+    ReleaseSlot(slot);
     if (netns >= 0) netns_.Release(netns);
     if (ipcns >= 0) ipcns_.Release(ipcns);
   };
@@ -154,7 +173,7 @@ bool Spawner::SpawnRunner() {
   ::close(out[1]);
   ::close(err[1]);
   ::close(in[0]);
-  auto pool_procs = slots_[slot].PoolProcsFds(), cpu_procs = slots_[slot].CpuProcsFds();
+  auto pool_procs = slots_[slot]->JoinFds(), cpu_procs = slots_[slot]->CpuJoinFds();
   sh.cgroup_hierarchies = static_cast<int>(std::min<size_t>(pool_procs.size(), 2));
   sh.cpu_hierarchies = static_cast<int>(std::min<size_t>(cpu_procs.size(), 2));
   for (int i = 0; i < sh.cgroup_hierarchies; ++i) ::dup2(pool_procs[static_cast<size_t>(i)], kSlotCgroup + i);

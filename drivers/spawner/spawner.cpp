@@ -75,12 +75,12 @@ std::string Spawner::Init() {
   auto sc = BuildSandboxSeccomp();
   if (!sc.ok()) return sc.status().message();
   seccomp_ = std::move(*sc);
-  auto cg = DiscoverCgroupMounts();
-  if (!cg.ok()) return cg.status().message();
-  cgroups_ = *cg;
-  int swept = SweepStaleSpawnerGroups(cgroups_, opts_.cgroup_parent);
+  auto groups = cgroup::Groups::Discover();
+  if (!groups.ok()) return groups.status().message();
+  groups_ = std::move(*groups);
+  int swept = groups_->SweepStaleSpawners(opts_.cgroup_parent);
   group_base_ = opts_.cgroup_parent + "/sp" + std::to_string(::getpid());
-  if (auto st = MakeGroupDirs(cgroups_, group_base_); !st.ok()) return st.message();
+  if (auto st = groups_->Make(group_base_); !st.ok()) return st.message();
   if (swept) Log(2, "removed " + std::to_string(swept) + " cgroup(s) left by a spawner that died");
 
   work_opts_ = "mode=0755,uid=" + std::to_string(opts_.uid) + ",gid=" + std::to_string(opts_.gid) +
@@ -114,7 +114,7 @@ int Spawner::Main() {
   if (!err.empty()) {
     ::fcntl(control_, F_SETFL, ::fcntl(control_, F_GETFL) & ~O_NONBLOCK);
     (void)WriteFull(control_, control_out_.data(), control_out_.size());
-    if (!group_base_.empty()) RemoveGroupDirs(cgroups_, group_base_);
+    if (groups_ && !group_base_.empty()) groups_->RemoveDirs(group_base_);
     return 1;
   }
   epoll_event ev{};
@@ -463,7 +463,7 @@ void Spawner::Discard(Runner& r) {
       }
   if (!r.setup_error.empty() && !shutting_down_)
     RunnerFailed("runner pid " + std::to_string(r.pid) + ": " + r.setup_error);
-  if (r.slot >= 0) free_slots_.push_back(r.slot);
+  if (r.slot >= 0) ReleaseSlot(r.slot);
   ReleaseNamespaces(r);
   ReleaseStack(r);
   runners_.erase(r.key);
@@ -473,7 +473,7 @@ void Spawner::Finish(Runner& r) {
   spawner::Event ev;
   ev.mutable_finished()->set_id(r.run_id);
   auto* o = ev.mutable_finished()->mutable_outcome();
-  CgroupSlot& slot = slots_[r.slot];
+  RunSlot& slot = *slots_[r.slot];
   uint64_t setup = static_cast<uint64_t>(r.shared.setup_cpu_us > 0 ? r.shared.setup_cpu_us : 0);
   o->set_cpu_us(r.cpu_us > setup ? r.cpu_us - setup : 0);
   o->set_wall_us(static_cast<uint64_t>((NowNs() - r.start_ns) / 1000));
@@ -526,7 +526,7 @@ void Spawner::Finish(Runner& r) {
       deadlines_.erase(it);
       break;
     }
-  free_slots_.push_back(r.slot);
+  ReleaseSlot(r.slot);
   ReleaseNamespaces(r);
   ReleaseStack(r);
   runners_.erase(r.key);
@@ -541,7 +541,7 @@ void Spawner::CheckCpuTime(int64_t now) {
     auto it = runners_.find(key);
     if (it == runners_.end() || it->second->state != State::kRunning || it->second->exited) continue;
     Runner& r = *it->second;
-    if (slots_[r.slot].CpuUsageNs() >= r.cpu_time_ms * 1000000) {
+    if (slots_[r.slot]->CpuUsageNs() >= r.cpu_time_ms * 1000000) {
       r.cpu_exceeded = true;
       Kill(r, "cpu-time limit");
     } else {
@@ -563,11 +563,13 @@ void Spawner::Dispatch() {
 }
 
 void Spawner::Go(Runner& r, spawner::Run& run) {
-  CgroupSlot& slot = slots_[r.slot];
+  RunSlot& slot = *slots_[r.slot];
   Status st = slot.SetMemoryLimit(run.memory_bytes());
   if (st.ok()) st = slot.SetPidsMax(run.pids() ? run.pids() + 1 : 0);  // +1: the runner
   r.shared.join_cpu = run.cpu_millis() > 0 || run.cpu_time_ms() > 0;
-  if (st.ok() && r.shared.join_cpu) st = slot.SetCpuQuota(run.cpu_millis());
+  // A run that does not join v1's cpu groups is not bound by their quota;
+  // in v2 it is in the one group, so the quota goes back to none.
+  if (st.ok()) st = slot.SetCpuQuota(r.shared.join_cpu ? run.cpu_millis() : 0);
   r.state = State::kRunning;
   ++running_;
   r.run_id = run.id();
@@ -640,9 +642,12 @@ void Spawner::Shutdown() {
     ::fcntl(control_, F_SETFL, ::fcntl(control_, F_GETFL) & ~O_NONBLOCK);
     (void)WriteFull(control_, control_out_.data(), control_out_.size());
   }
-  for (auto& s : slots_) s.Remove();
-  RemoveGroupDirs(cgroups_, group_base_);
-  RemoveGroupDirs(cgroups_, opts_.cgroup_parent);  // only if no other spawner uses it
+  for (auto& s : slots_)
+    if (s) s->Remove();
+  if (groups_) {
+    groups_->RemoveDirs(group_base_);
+    groups_->RemoveDirs(opts_.cgroup_parent);  // only if no other spawner uses it
+  }
 }
 
 }  // namespace internal

@@ -31,7 +31,7 @@
 #include <vector>
 
 #include "drivers/spawner/container_init.hpp"
-#include "drivers/cgroup/cgroup_v1.hpp"
+#include "drivers/cgroup/groups.hpp"
 #include "drivers/spawner/ns_pool.hpp"
 #include "drivers/spawner/runner.hpp"
 #include "drivers/spawner/sandbox_root.hpp"
@@ -42,12 +42,7 @@
 
 namespace dsec::fncall {
 // The spawner's cgroups (drivers/cgroup/).
-using cgroup::CgroupMounts;
-using cgroup::CgroupSlot;
-using cgroup::DiscoverCgroupMounts;
-using cgroup::MakeGroupDirs;
-using cgroup::RemoveGroupDirs;
-using cgroup::SweepStaleSpawnerGroups;
+using cgroup::RunSlot;
 }  // namespace dsec::fncall
 
 namespace dsec::fncall::internal {
@@ -147,6 +142,7 @@ class Spawner {
   void CheckCpuTime(int64_t now);
   bool SpawnRunner();
   int AcquireSlot();
+  void ReleaseSlot(int slot);
   void* AcquireStack();
   void ReleaseStack(Runner& r);
   void ReleaseNamespaces(Runner& r);
@@ -159,7 +155,7 @@ class Spawner {
   FrameDecoder control_dec_;
   std::string control_out_;
   bool control_eof_ = false, shutting_down_ = false;
-  CgroupMounts cgroups_;
+  std::unique_ptr<cgroup::Groups> groups_;  // v1 or v2, whichever the host mounts
   std::string group_base_;
   UniqueFd root_ns_;   // always kSlotRoot
   UniqueFd container_base_ns_;  // containers only: BuildContainerBaseNamespace
@@ -167,7 +163,9 @@ class Spawner {
   SeccompProgram seccomp_;
   std::string work_opts_, tmp_opts_;
   sock_fprog seccomp_prog_{};
-  std::vector<CgroupSlot> slots_;
+  // Run groups by index (<group_base_>/r<index>); null when a single-use
+  // one (RunSlot::Reusable) could not be made again: that index is retired.
+  std::vector<std::unique_ptr<RunSlot>> slots_;
   std::vector<int> free_slots_;
   NamespacePool netns_{CLONE_NEWNET, "net"};
   NamespacePool ipcns_{CLONE_NEWIPC, "ipc"};

@@ -9,6 +9,7 @@
 
 #include <signal.h>
 #include <sys/wait.h>
+#include <sys/types.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -214,6 +215,70 @@ TEST_P(GroupsTest, LimitsAreWrittenOrRefusedSayingWhichControllerIsMissing) {
   EXPECT_EQ(st.code(), Status::Code::kFailedPrecondition) << st.ToString();
   EXPECT_NE(st.message().find("controller is not available"), std::string::npos) << st.message();
   EXPECT_EQ(have.memory, GroupLimits::kUnknown) << "a limit not written is not recorded as written";
+}
+
+// The spawner's pooled run group: a process joins through the open
+// cgroup.procs, limits are written through open files, and the counters
+// count from ResetCounters. On a hierarchy without the controllers a run
+// needs, making one is refused naming the controller.
+TEST_P(GroupsTest, ARunSlotCountsARunFromItsResetAndIsRemovedWhole) {
+  std::string rel = rel_ + "/r0";
+  auto made = groups_->MakeRunSlot(rel);
+  if (!made.ok()) {
+    ASSERT_EQ(GetParam(), "v2") << "v1 has every controller a run needs: " << made.status().ToString();
+    EXPECT_EQ(made.status().code(), Status::Code::kFailedPrecondition) << made.status().ToString();
+    EXPECT_NE(made.status().message().find("controller is not available"), std::string::npos) << made.status().message();
+    EXPECT_FALSE(groups_->Exists(rel)) << "a slot that could not be made leaves no group";
+    GTEST_SKIP() << "the cgroup v2 hierarchy on this host lacks a run's controllers (" << made.status().message()
+                 << "); the v2 run group needs a host that mounts cgroup v2 alone";
+  }
+  std::unique_ptr<RunSlot> slot = std::move(*made);
+  ASSERT_FALSE(slot->JoinFds().empty());
+  ASSERT_TRUE(slot->SetMemoryLimit(256ull << 20).ok());
+  ASSERT_TRUE(slot->SetPidsMax(8).ok());
+  ASSERT_TRUE(slot->SetCpuQuota(900).ok());
+  ASSERT_TRUE(slot->SetCpuQuota(0).ok()) << "back to no quota";
+
+  Child first = Child::Start(/*burn_ms=*/30);
+  std::string pid = std::to_string(first.pid);
+  for (int fd : slot->JoinFds()) ASSERT_EQ(::pwrite(fd, pid.data(), pid.size(), 0), static_cast<ssize_t>(pid.size()));
+  for (int fd : slot->CpuJoinFds()) ASSERT_EQ(::pwrite(fd, pid.data(), pid.size(), 0), static_cast<ssize_t>(pid.size()));
+  slot->ResetCounters(true);
+  ASSERT_TRUE(first.Go());
+  EXPECT_GE(slot->CpuUsageNs(), 20'000'000u) << "30 ms of CPU burnt inside";
+  EXPECT_GT(slot->PeakBytes(), 0u);
+  uint64_t oom0 = slot->OomKills();
+  EXPECT_EQ(oom0, 0u);
+  ::kill(first.pid, SIGKILL);
+  EXPECT_TRUE(first.Killed());
+
+  // The next run counts from its own start.
+  slot->ResetCounters(true);
+  EXPECT_LT(slot->CpuUsageNs(), 20'000'000u) << "the last run's CPU is not counted again";
+  if (slot->Reusable()) {
+    EXPECT_TRUE(groups_->Exists(rel));
+  }
+  slot->Remove();
+  EXPECT_FALSE(groups_->Exists(rel));
+}
+
+// A spawner that died leaves its groups (sp<pid>); the next one removes
+// them, and only them.
+TEST_P(GroupsTest, StaleSpawnerGroupsAreSweptAndLiveOnesKept) {
+  pid_t dead = ::fork();
+  if (dead == 0) ::_exit(0);
+  ASSERT_GT(dead, 0);
+  ASSERT_EQ(::waitpid(dead, nullptr, 0), dead);
+  std::string stale = rel_ + "/sp" + std::to_string(dead), live = rel_ + "/sp" + std::to_string(::getpid());
+  ASSERT_TRUE(groups_->Make(stale + "/r0").ok());
+  ASSERT_TRUE(groups_->Make(live + "/r0").ok());
+  Child c = Child::Start();
+  Join(c.pid, stale + "/r0");
+  EXPECT_EQ(groups_->SweepStaleSpawners(rel_) > 0, true);
+  EXPECT_TRUE(c.Killed()) << "what the dead spawner left running is killed";
+  EXPECT_FALSE(groups_->Exists(stale));
+  EXPECT_TRUE(groups_->Exists(live + "/r0"));
+  groups_->KillAndRemove(live);
 }
 
 INSTANTIATE_TEST_SUITE_P(Hierarchies, GroupsTest, ::testing::Values("v1", "v2"),
