@@ -499,7 +499,20 @@ Status ContainerDriver::DestroyNow(const std::string& id, const std::string& hel
   if (box && box->agent) box->agent->Close();
   // Killing every process of the container's cgroup ends its namespaces and
   // with them its overlay; then its files go, then its hold on the image.
-  bool stopped = ReleaseGroup(box ? box->cgroup_rel : CgroupRel(opts_.cgroup_parent, id), box.get());
+  std::string rel = box ? box->cgroup_rel : CgroupRel(opts_.cgroup_parent, id);
+  bool stopped = ReleaseGroup(rel, box.get());
+  if (!stopped && box) {
+    // Something of it still runs: its files, its image and its box stay for
+    // the next destroy (the sandbox is failed until then), not taken from
+    // under processes that are still there.
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      boxes_.emplace(id, box);
+    }
+    Log(2, "container " + id + ": destroy: processes left in cgroup " + rel + " after SIGKILL");
+    return Status::Unavailable("container " + id + ": processes are still in its cgroup " + rel +
+                               " after SIGKILL (a process stuck in the kernel?); destroy it again");
+  }
   ReleaseDir(id, stopped);
   std::string digest = box ? box->digest : held_digest;
   if (!digest.empty()) mounts_->Release(digest);
@@ -595,13 +608,16 @@ bool ContainerDriver::ReleaseGroup(const std::string& rel, Box* box) {
     limits = box->group_limits;
   }
   bool empty = box && box->init_pid > 0 ? groups_->StopContainer(rel, box->init_pid, frozen) : groups_->Empty(rel);
-  if (empty && !to.empty() && groups_->Rename(rel, to).ok()) {
+  // A group with subgroups (only root on the host can make them) is not
+  // recycled: KillAndRemove empties and removes the whole tree.
+  if (empty && !to.empty() && groups_->List(rel).empty() && groups_->Rename(rel, to).ok()) {
     std::lock_guard<std::mutex> lk(mu_);
     free_groups_.push_back({to, limits});
     return true;
   }
   groups_->KillAndRemove(rel);
-  return empty;
+  // KillAndRemove kills again and waits as well: stopped when the group is gone.
+  return empty || !groups_->Exists(rel);
 }
 
 Result<uint64_t> ContainerDriver::DiskUsage(const v1::SandboxRecord& sb) const {

@@ -85,6 +85,80 @@ TEST_F(Container, APausedContainerIsRemovedWithEveryProcessInIt) {
   }
 }
 
+// Writes `v` to a cgroup file; false when it cannot.
+bool WriteCgroup(const std::string& path, const std::string& v) {
+  std::ofstream out(path);
+  out << v;
+  out.flush();
+  return static_cast<bool>(out);
+}
+
+// A destroy that cannot stop every process of a container is refused,
+// saying so, and takes nothing from under what still runs: the sandbox
+// stays (failed) with its files; once the process can die, a destroy again
+// removes all of it. The process that cannot die is a sleep of the
+// container that the test moves, in the freezer hierarchy alone, into a
+// group of its own and freezes there: it stays in the container's memory
+// and pids groups, and its SIGKILL stays pending, as it would for a process
+// stuck in the kernel.
+TEST_F(Container, ADestroyThatCannotStopEveryProcessFailsAndADestroyAgainFinishes) {
+  auto sb = Make();
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  ASSERT_EQ(ShIn(*sb, "sleep 1000 > /dev/null 2>&1 &").verdict(), v1::VERDICT_OK);
+  std::string mem = "/sys/fs/cgroup/memory/dsec-test/c/" + sb->id();
+  pid_t sleeper = -1;
+  {
+    std::ifstream in(mem + "/cgroup.procs");
+    for (pid_t p; in >> p;) {
+      auto comm = ReadFileToString("/proc/" + std::to_string(p) + "/comm");
+      if (comm.ok() && Trim(*comm) == "sleep") sleeper = p;
+    }
+  }
+  ASSERT_GT(sleeper, 0) << "the sleep is in the container's group";
+  UniqueFd handle(static_cast<int>(::syscall(SYS_pidfd_open, sleeper, 0)));
+  ASSERT_TRUE(handle) << std::strerror(errno);
+  std::string stuck = "/sys/fs/cgroup/freezer/dsec-test-stuck-" + std::to_string(::getpid());
+  ASSERT_EQ(::mkdir(stuck.c_str(), 0755), 0) << stuck << ": " << std::strerror(errno);
+  // Whatever fails below, the sleep is thawed and its group removed, so the
+  // fixture's destroy at the end removes the sleep with its container.
+  struct Thaw {
+    std::string dir;
+    ~Thaw() {
+      WriteCgroup(dir + "/freezer.state", "THAWED");
+      for (int i = 0; i < 1000 && ::rmdir(dir.c_str()) < 0 && errno == EBUSY; ++i) ::usleep(1000);
+    }
+  } thaw{stuck};
+  ASSERT_TRUE(WriteCgroup(stuck + "/cgroup.procs", std::to_string(sleeper)));
+  ASSERT_TRUE(WriteCgroup(stuck + "/freezer.state", "FROZEN"));
+  std::string state;
+  for (int i = 0; i < 5000 && state != "FROZEN"; ++i) {
+    std::ifstream in(stuck + "/freezer.state");
+    in >> state;
+    if (state != "FROZEN") ::usleep(1000);  // the freezer settles asynchronously
+  }
+  ASSERT_EQ(state, "FROZEN");
+
+  Status first = sb->Destroy();
+  ASSERT_FALSE(first.ok()) << "a process of the container is still alive, so the destroy cannot have succeeded";
+  EXPECT_NE(first.message().find("still in its cgroup"), std::string::npos) << first.message();
+  auto rec = sb->Get();
+  ASSERT_TRUE(rec.ok()) << "the record must stay: " << rec.status().ToString();
+  EXPECT_EQ(rec->phase(), v1::SANDBOX_PHASE_FAILED);
+  EXPECT_NE(rec->error().find("destroy it again"), std::string::npos) << rec->error();
+  struct stat st;
+  EXPECT_EQ(::stat((daemon_->data_dir() + "/sandboxes/" + sb->id()).c_str(), &st), 0)
+      << "its files stay while a process of it runs";
+  EXPECT_TRUE(ImageMounted(daemon_->data_dir())) << "its image stays mounted while a process of it runs";
+  pollfd alive{handle.get(), POLLIN, 0};
+  EXPECT_EQ(::poll(&alive, 1, 0), 0) << "the frozen sleep is the process the destroy could not stop";
+
+  ASSERT_TRUE(WriteCgroup(stuck + "/freezer.state", "THAWED"));
+  pollfd gone{handle.get(), POLLIN, 0};
+  ASSERT_EQ(::poll(&gone, 1, 10000), 1) << "thawed, the sleep takes its pending SIGKILL";
+  Destroy(*sb);  // and nothing of it is left on the host
+  EXPECT_FALSE(ImageMounted(daemon_->data_dir()));
+}
+
 TEST_F(Container, DsecctlCpPauseResumeAndStreamedExec) {
   auto created = daemon_->Ctl({"create", "--kind", "container", "--image", kImage});
   ASSERT_EQ(created.exit_code, 0) << created.err;
