@@ -1,7 +1,8 @@
 // What the tests share: a python probe that connects to addresses and
 // reports each outcome, the parser for "name result" lines such probes
-// print, a host listener the test owns and checks nothing reached, and
-// syscall probes run in a sandbox. What this host offers: host_probes.hpp;
+// print, a host listener the test owns and checks nothing reached, probes
+// that signal a pid or make device nodes, and syscall probes run in a
+// sandbox. What this host offers: host_probes.hpp;
 // the seccomp filter replayed as root: seccomp_probes.hpp (both included).
 #pragma once
 
@@ -115,6 +116,21 @@ inline constexpr const char* kAttempt =
     "        print(name, 'done')\n"
     "    except OSError as e:\n"
     "        print(name, errno.errorcode.get(e.errno, e.errno))\n";
+
+// Python: tries each "path kind major minor" of argv (kind b: block device,
+// c: character device, p: FIFO) with mknod, mode 0666; prints "path made"
+// or "path ERRNO" for each. Leaves `args` (argv[1:]) defined for code after it.
+inline constexpr const char* kMknodProbe =
+    "import errno, os, stat, sys\n"
+    "kinds = {'b': stat.S_IFBLK, 'c': stat.S_IFCHR, 'p': stat.S_IFIFO}\n"
+    "args = sys.argv[1:]\n"
+    "for i in range(0, len(args), 4):\n"
+    "    path, kind, major, minor = args[i], args[i + 1], int(args[i + 2]), int(args[i + 3])\n"
+    "    try:\n"
+    "        os.mknod(path, kinds[kind] | 0o666, os.makedev(major, minor))\n"
+    "        print(path, 'made')\n"
+    "    except OSError as e:\n"
+    "        print(path, errno.errorcode.get(e.errno, e.errno))\n";
 
 inline constexpr const char* kPrelude =
     "import ctypes, errno, os, subprocess\n"
