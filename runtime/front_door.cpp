@@ -177,6 +177,20 @@ struct FrontDoor::Impl {
     return l.pending.front();
   }
 
+  // Handles every pending connection that has bytes waiting, without
+  // blocking. Listener events are left: they are level-triggered and come
+  // back in the next round of Loop.
+  void ServeReadable() {
+    epoll_event evs[256];
+    int n = ::epoll_wait(epoll.get(), evs, 256, 0);
+    for (int i = 0; i < n; ++i) {
+      uint64_t tag = evs[i].data.u64;
+      if (tag == kWakeTag || (tag & kListenerBit)) continue;
+      auto it = conns.find(tag);
+      if (it != conns.end()) OnReadable(it->second.get());
+    }
+  }
+
   void AcceptAll(size_t li) {
     auto& l = listeners[li];
     if (!reserve) reserve.Reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
@@ -196,6 +210,10 @@ struct FrontDoor::Impl {
         return;  // EAGAIN: all taken
       }
       Count(l, &FrontDoorStats::accepted);
+      // Full: first hear what the pending have sent (while this loop accepts,
+      // a real client's answer waits unread and would look like silence;
+      // garbage is refused and frees its place), then push one out if still full.
+      if (l.pending.size() >= l.opts.max_pending) ServeReadable();
       if (l.pending.size() >= l.opts.max_pending) {
         Count(l, &FrontDoorStats::evicted);
         Close(Victim(l));
