@@ -1,12 +1,16 @@
 // What the tests share: a python probe that connects to addresses and
 // reports each outcome, the parser for "name result" lines such probes
 // print, a host listener the test owns and checks nothing reached, probes
-// that signal a pid or make device nodes, and syscall probes run in a
-// sandbox. What this host offers: host_probes.hpp;
+// that signal a pid or make device nodes, tokens no one else has, and
+// syscall probes run in a sandbox. What this host offers: host_probes.hpp;
 // the seccomp filter replayed as root: seccomp_probes.hpp (both included).
 #pragma once
 
 #include <spawn.h>
+#include <unistd.h>
+
+#include <random>
+#include <string>
 
 #include "tests/support/host_probes.hpp"
 #include "tests/support/seccomp_probes.hpp"
@@ -33,6 +37,12 @@ inline constexpr const char* kConnectProbe =
     "    except OSError as e:\n"
     "        print(host, errno.errorcode.get(e.errno, e.errno))\n"
     "    s.close()\n";
+
+// A name or argument no other test, process or file has:
+// "<prefix>-<this test's pid>-<random>".
+inline std::string UniqueToken(const std::string& prefix) {
+  return prefix + "-" + std::to_string(::getpid()) + "-" + std::to_string(std::random_device{}());
+}
 
 // "name result" lines -> {name: result}; the result is the rest of the line.
 inline std::map<std::string, std::string> ParseResults(const std::string& out) {
