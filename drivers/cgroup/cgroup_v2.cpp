@@ -297,7 +297,9 @@ class RunSlotV2 final : public RunSlot {
   }
   uint64_t PeakBytes() override { return mem_peak_ ? std::strtoull(ReadFd(mem_peak_.get()).c_str(), nullptr, 10) : 0; }
   uint64_t OomKills() override { return KeyedText(ReadFd(mem_events_.get()), "oom_kill"); }
-  bool Reusable() const override { return peak_resettable_; }
+  // Without memory.peak at all (before Linux 5.19) there is no peak to
+  // keep apart, so the group is reused like a resettable one.
+  bool Reusable() const override { return peak_resettable_ || !mem_peak_; }
   void Remove() override {
     for (auto* f : {&procs_, &mem_max_, &swap_max_, &mem_peak_, &mem_events_, &pids_max_, &cpu_max_, &cpu_stat_})
       f->Reset();

@@ -501,13 +501,19 @@ Status ContainerDriver::DestroyNow(const std::string& id, const std::string& hel
   // with them its overlay; then its files go, then its hold on the image.
   std::string rel = box ? box->cgroup_rel : CgroupRel(opts_.cgroup_parent, id);
   bool stopped = ReleaseGroup(rel, box.get());
-  if (!stopped && box) {
-    // Something of it still runs: its files, its image and its box stay for
-    // the next destroy (the sandbox is failed until then), not taken from
-    // under processes that are still there.
-    {
+  if (!stopped) {
+    // Something of it still runs: its files, its image hold and its box (if
+    // this process has one) stay for the next destroy (the sandbox is failed
+    // until then; after a restart the dir stays a leftover and a destroy
+    // finds it by id), not taken from under processes that are still there.
+    if (box) {
+      {
+        std::lock_guard<std::mutex> lk(box->idle_mu);
+        box->groups = nullptr;  // the idle timer leaves it alone (it would not freeze)
+      }
       std::lock_guard<std::mutex> lk(mu_);
-      boxes_.emplace(id, box);
+      if (!boxes_.emplace(id, box).second)
+        Log(3, "container " + id + ": a box of the same id appeared during its destroy; the kept one is dropped");
     }
     Log(2, "container " + id + ": destroy: processes left in cgroup " + rel + " after SIGKILL");
     return Status::Unavailable("container " + id + ": processes are still in its cgroup " + rel +
@@ -616,8 +622,9 @@ bool ContainerDriver::ReleaseGroup(const std::string& rel, Box* box) {
     return true;
   }
   groups_->KillAndRemove(rel);
-  // KillAndRemove kills again and waits as well: stopped when the group is gone.
-  return empty || !groups_->Exists(rel);
+  // KillAndRemove kills again (the subgroups too, which `empty` did not
+  // look at) and waits: stopped when the group is gone.
+  return !groups_->Exists(rel);
 }
 
 Result<uint64_t> ContainerDriver::DiskUsage(const v1::SandboxRecord& sb) const {

@@ -140,7 +140,9 @@ TEST_F(Soak, KilledEveryFewMinutesItLosesNothingDuplicatesNothingAndLeaksNothing
       ++steps;
       if (!logged.count(k) || logged[k] != printed) ++lost;
     }
-    if (!t.closed.count(name)) EXPECT_TRUE(s->Close().ok()) << name;  // left open by the SIGTERM
+    if (!t.closed.count(name)) {
+      EXPECT_TRUE(s->Close().ok()) << name;  // left open by the SIGTERM
+    }
   }
   // Leaked: nothing of the clients' is left once their sessions are
   // closed (sandboxes, their cgroups, dirs and mounts).

@@ -93,68 +93,92 @@ bool WriteCgroup(const std::string& path, const std::string& v) {
   return static_cast<bool>(out);
 }
 
-// A destroy that cannot stop every process of a container is refused,
-// saying so, and takes nothing from under what still runs: the sandbox
-// stays (failed) with its files; once the process can die, a destroy again
-// removes all of it. The process that cannot die is a sleep of the
-// container that the test moves, in the freezer hierarchy alone, into a
-// group of its own and freezes there: it stays in the container's memory
-// and pids groups, and its SIGKILL stays pending, as it would for a process
-// stuck in the kernel.
-TEST_F(Container, ADestroyThatCannotStopEveryProcessFailsAndADestroyAgainFinishes) {
-  auto sb = Make();
-  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
-  ASSERT_EQ(ShIn(*sb, "sleep 1000 > /dev/null 2>&1 &").verdict(), v1::VERDICT_OK);
-  std::string mem = "/sys/fs/cgroup/memory/dsec-test/c/" + sb->id();
-  pid_t sleeper = -1;
-  {
-    std::ifstream in(mem + "/cgroup.procs");
+// A process of a container that cannot die: a `sleep` of it, moved in the
+// freezer hierarchy alone into a group of the test's own and frozen there.
+// It stays in the container's memory and pids groups, and a SIGKILL stays
+// pending, as for a process stuck in the kernel. Thawed (it then takes a
+// pending SIGKILL) and its group removed when this goes, whatever failed.
+class StuckSleep {
+ public:
+  // Freezes the one `sleep` in container `id`'s group; error() says why not.
+  explicit StuckSleep(const std::string& id) : dir_("/sys/fs/cgroup/freezer/dsec-test-stuck-" + std::to_string(::getpid())) {
+    pid_t sleeper = -1;
+    std::ifstream in("/sys/fs/cgroup/memory/dsec-test/c/" + id + "/cgroup.procs");
     for (pid_t p; in >> p;) {
       auto comm = ReadFileToString("/proc/" + std::to_string(p) + "/comm");
       if (comm.ok() && Trim(*comm) == "sleep") sleeper = p;
     }
-  }
-  ASSERT_GT(sleeper, 0) << "the sleep is in the container's group";
-  UniqueFd handle(static_cast<int>(::syscall(SYS_pidfd_open, sleeper, 0)));
-  ASSERT_TRUE(handle) << std::strerror(errno);
-  std::string stuck = "/sys/fs/cgroup/freezer/dsec-test-stuck-" + std::to_string(::getpid());
-  ASSERT_EQ(::mkdir(stuck.c_str(), 0755), 0) << stuck << ": " << std::strerror(errno);
-  // Whatever fails below, the sleep is thawed and its group removed, so the
-  // fixture's destroy at the end removes the sleep with its container.
-  struct Thaw {
-    std::string dir;
-    ~Thaw() {
-      WriteCgroup(dir + "/freezer.state", "THAWED");
-      for (int i = 0; i < 1000 && ::rmdir(dir.c_str()) < 0 && errno == EBUSY; ++i) ::usleep(1000);
+    if (sleeper <= 0) {
+      error_ = "no sleep in the container's group";
+      return;
     }
-  } thaw{stuck};
-  ASSERT_TRUE(WriteCgroup(stuck + "/cgroup.procs", std::to_string(sleeper)));
-  ASSERT_TRUE(WriteCgroup(stuck + "/freezer.state", "FROZEN"));
-  std::string state;
-  for (int i = 0; i < 5000 && state != "FROZEN"; ++i) {
-    std::ifstream in(stuck + "/freezer.state");
-    in >> state;
-    if (state != "FROZEN") ::usleep(1000);  // the freezer settles asynchronously
+    handle_.Reset(static_cast<int>(::syscall(SYS_pidfd_open, sleeper, 0)));
+    if (!handle_ || ::mkdir(dir_.c_str(), 0755) < 0) {
+      error_ = std::string("pidfd_open or mkdir ") + dir_ + ": " + std::strerror(errno);
+      return;
+    }
+    if (!WriteCgroup(dir_ + "/cgroup.procs", std::to_string(sleeper)) || !WriteCgroup(dir_ + "/freezer.state", "FROZEN")) {
+      error_ = "move the sleep into " + dir_ + " and freeze it";
+      return;
+    }
+    std::string state;
+    for (int i = 0; i < 5000 && state != "FROZEN"; ++i) {
+      std::ifstream f(dir_ + "/freezer.state");
+      f >> state;
+      if (state != "FROZEN") ::usleep(1000);  // the freezer settles asynchronously
+    }
+    if (state != "FROZEN") error_ = "the sleep did not freeze (" + state + ")";
   }
-  ASSERT_EQ(state, "FROZEN");
+  ~StuckSleep() {
+    Thaw();
+    for (int i = 0; i < 1000 && ::rmdir(dir_.c_str()) < 0 && errno == EBUSY; ++i) ::usleep(1000);
+  }
+  const std::string& error() const { return error_; }
+  bool Alive() const {
+    pollfd p{handle_.get(), POLLIN, 0};
+    return ::poll(&p, 1, 0) == 0;
+  }
+  bool Thaw() { return WriteCgroup(dir_ + "/freezer.state", "THAWED"); }
+  // Thaws it and waits (up to 10 s) until it has taken its SIGKILL.
+  bool ThawAndWaitGone() {
+    pollfd p{handle_.get(), POLLIN, 0};
+    return Thaw() && ::poll(&p, 1, 10000) == 1;
+  }
 
-  Status first = sb->Destroy();
-  ASSERT_FALSE(first.ok()) << "a process of the container is still alive, so the destroy cannot have succeeded";
-  EXPECT_NE(first.message().find("still in its cgroup"), std::string::npos) << first.message();
-  auto rec = sb->Get();
+ private:
+  std::string dir_, error_;
+  UniqueFd handle_;
+};
+
+// What a destroy that could not stop a container leaves, as the user sees
+// it: the record, failed, asking for a destroy again; the container's files.
+void ExpectKeptAfterAFailedDestroy(const Sandbox& sb, const Status& destroyed, const std::string& data_dir) {
+  EXPECT_FALSE(destroyed.ok()) << "a process of the container is still alive, so the destroy cannot have succeeded";
+  EXPECT_NE(destroyed.message().find("still in its cgroup"), std::string::npos) << destroyed.message();
+  auto rec = sb.Get();
   ASSERT_TRUE(rec.ok()) << "the record must stay: " << rec.status().ToString();
   EXPECT_EQ(rec->phase(), v1::SANDBOX_PHASE_FAILED);
   EXPECT_NE(rec->error().find("destroy it again"), std::string::npos) << rec->error();
   struct stat st;
-  EXPECT_EQ(::stat((daemon_->data_dir() + "/sandboxes/" + sb->id()).c_str(), &st), 0)
-      << "its files stay while a process of it runs";
-  EXPECT_TRUE(ImageMounted(daemon_->data_dir())) << "its image stays mounted while a process of it runs";
-  pollfd alive{handle.get(), POLLIN, 0};
-  EXPECT_EQ(::poll(&alive, 1, 0), 0) << "the frozen sleep is the process the destroy could not stop";
+  EXPECT_EQ(::stat((data_dir + "/sandboxes/" + sb.id()).c_str(), &st), 0) << "its files stay while a process of it runs";
+}
 
-  ASSERT_TRUE(WriteCgroup(stuck + "/freezer.state", "THAWED"));
-  pollfd gone{handle.get(), POLLIN, 0};
-  ASSERT_EQ(::poll(&gone, 1, 10000), 1) << "thawed, the sleep takes its pending SIGKILL";
+// A destroy that cannot stop every process of a container is refused,
+// saying so, and takes nothing from under what still runs: the sandbox
+// stays (failed) with its files and its image; once the process can die, a
+// destroy again removes all of it.
+TEST_F(Container, ADestroyThatCannotStopEveryProcessFailsAndADestroyAgainFinishes) {
+  auto sb = Make();
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  ASSERT_EQ(ShIn(*sb, "sleep 1000 > /dev/null 2>&1 &").verdict(), v1::VERDICT_OK);
+  StuckSleep stuck(sb->id());
+  ASSERT_EQ(stuck.error(), "");
+
+  ASSERT_NO_FATAL_FAILURE(ExpectKeptAfterAFailedDestroy(*sb, sb->Destroy(), daemon_->data_dir()));
+  EXPECT_TRUE(ImageMounted(daemon_->data_dir())) << "its image stays mounted while a process of it runs";
+  EXPECT_TRUE(stuck.Alive()) << "the frozen sleep is the process the destroy could not stop";
+
+  ASSERT_TRUE(stuck.ThawAndWaitGone()) << "thawed, the sleep takes its pending SIGKILL";
   Destroy(*sb);  // and nothing of it is left on the host
   EXPECT_FALSE(ImageMounted(daemon_->data_dir()));
 }
@@ -386,6 +410,29 @@ TEST_F(ContainerRestart, Kill9ReadoptsAndAGoneAgentIsMarkedFailedAndCleanedUp) {
   EXPECT_TRUE(keep->Destroy().ok());
   EXPECT_EQ(daemon_->Admin("stats")["container"]["image_mounts"].size(), 0u) << "the last holder gave it back";
   EXPECT_EQ(Remains(keep->id()), "");
+}
+
+// The same across a restart: dsecd comes back with the failed sandbox not
+// re-adopted (failed records are not) and the process still stuck; neither
+// its start (which removes what it does not re-adopt) nor a destroy again
+// takes the files from under it. Once it can die, a destroy removes all.
+TEST_F(ContainerRestart, AContainerThatCouldNotBeStoppedKeepsItsFilesAcrossARestart) {
+  auto sb = NewContainer();
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  ASSERT_EQ(ShIn(*sb, "sleep 1000 > /dev/null 2>&1 &").verdict(), v1::VERDICT_OK);
+  StuckSleep stuck(sb->id());
+  ASSERT_EQ(stuck.error(), "");
+  ASSERT_NO_FATAL_FAILURE(ExpectKeptAfterAFailedDestroy(*sb, sb->Destroy(), daemon_->data_dir()));
+
+  ASSERT_EQ(daemon_->Stop(), 0);
+  ASSERT_TRUE(daemon_->Restart().ok());
+  ASSERT_NO_FATAL_FAILURE(ExpectKeptAfterAFailedDestroy(*sb, sb->Destroy(), daemon_->data_dir()));
+  EXPECT_TRUE(stuck.Alive());
+
+  ASSERT_TRUE(stuck.ThawAndWaitGone()) << "thawed, the sleep takes its pending SIGKILL";
+  EXPECT_TRUE(sb->Destroy().ok());
+  made_.clear();
+  EXPECT_EQ(Remains(sb->id()), "");
 }
 
 TEST_F(ContainerRestart, LeftoversOfACutShortCreationAreRemovedAtStart) {
