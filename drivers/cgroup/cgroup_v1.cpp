@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <sstream>
 
 namespace dsec::cgroup {
@@ -108,29 +109,33 @@ Result<CgroupMounts> DiscoverCgroupMounts() {
   return m;
 }
 
+Status MakeDirsUnder(const std::string& root, const std::string& rel,
+                     const std::function<void(const std::string&)>& before_each) {
+  for (int attempt = 0;; ++attempt) {
+    std::string path = root;
+    std::stringstream ss(rel);
+    std::string part;
+    int err = 0;
+    while (std::getline(ss, part, '/')) {
+      if (part.empty()) continue;
+      if (before_each) before_each(path);
+      path += "/" + part;
+      if (::mkdir(path.c_str(), 0755) < 0 && errno != EEXIST) {
+        err = errno;
+        break;
+      }
+    }
+    if (err == 0) return Status::Ok();
+    if (err != ENOENT || attempt >= 10) return Status::FromErrno(err, "cgroup mkdir " + path);
+  }
+}
+
 Status MakeGroupDirs(const CgroupMounts& m, const std::string& rel) {
   for (const auto& h : m.Hierarchies()) {
     // Usually the parents exist: one mkdir.
     std::string full = h + "/" + rel;
     if (::mkdir(full.c_str(), 0755) == 0 || errno == EEXIST) continue;
-    // Another spawner may rmdir the shared parent (it removes it when it
-    // looks empty) between our mkdirs: start over when a parent vanishes.
-    for (int attempt = 0;; ++attempt) {
-      std::string path = h;
-      std::stringstream ss(rel);
-      std::string part;
-      int err = 0;
-      while (std::getline(ss, part, '/')) {
-        if (part.empty()) continue;
-        path += "/" + part;
-        if (::mkdir(path.c_str(), 0755) < 0 && errno != EEXIST) {
-          err = errno;
-          break;
-        }
-      }
-      if (err == 0) break;
-      if (err != ENOENT || attempt >= 10) return Status::FromErrno(err, "cgroup mkdir " + path);
-    }
+    DSEC_RETURN_IF_ERROR(MakeDirsUnder(h, rel));
   }
   return Status::Ok();
 }

@@ -11,6 +11,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -99,6 +100,13 @@ class CgroupSlot final : public RunSlot {
 // when a freezer is mounted) and removes the directories.
 void KillAndRemoveGroup(const CgroupMounts& m, const std::string& rel);
 
+// mkdir -p of <root>/<rel> (EEXIST is fine), starting over (10 times at
+// most) when a parent vanishes between the mkdirs: another spawner removes
+// the shared parent when it looks empty. `before_each`, when given, is
+// called with each directory before its child is made (v2 enables the
+// controllers there).
+Status MakeDirsUnder(const std::string& root, const std::string& rel,
+                     const std::function<void(const std::string&)>& before_each = nullptr);
 // mkdir -p of <mount>/<rel> in every hierarchy (EEXIST is fine).
 Status MakeGroupDirs(const CgroupMounts& m, const std::string& rel);
 // Kills everything in <mount>/<rel> (frozen first when a freezer is

@@ -57,27 +57,7 @@ class GroupsV2 final : public Groups {
   }
   std::vector<std::string> List(const std::string& rel) const override { return ListSubdirs(Dir(rel)); }
 
-  Status Make(const std::string& rel) override {
-    // Another spawner may rmdir the shared parent (it removes it when it
-    // looks empty) between our mkdirs: start over when a parent vanishes.
-    for (int attempt = 0;; ++attempt) {
-      std::string path = root_;
-      std::stringstream ss(rel);
-      std::string part;
-      int err = 0;
-      while (std::getline(ss, part, '/')) {
-        if (part.empty()) continue;
-        EnableControllers(path);
-        path += "/" + part;
-        if (::mkdir(path.c_str(), 0755) < 0 && errno != EEXIST) {
-          err = errno;
-          break;
-        }
-      }
-      if (err == 0) return Status::Ok();
-      if (err != ENOENT || attempt >= 10) return Status::FromErrno(err, "cgroup mkdir " + path);
-    }
-  }
+  Status Make(const std::string& rel) override { return MakeDirsUnder(root_, rel, EnableControllers); }
 
   std::vector<std::string> ProcsPaths(const std::string& rel) const override { return {Dir(rel) + "/cgroup.procs"}; }
 
