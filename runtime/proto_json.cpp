@@ -1,5 +1,7 @@
 #include "runtime/proto_json.hpp"
 
+#include "dsec/status_proto.hpp"
+
 #include <google/protobuf/descriptor.h>
 
 #include <cctype>
@@ -12,17 +14,6 @@ using google::protobuf::FieldDescriptor;
 using google::protobuf::Message;
 using google::protobuf::Reflection;
 using nlohmann::json;
-
-// "SandboxPhase" -> "SANDBOX_PHASE_".
-std::string EnumPrefix(const std::string& type_name) {
-  std::string out;
-  for (size_t i = 0; i < type_name.size(); ++i) {
-    char c = type_name[i];
-    if (i > 0 && std::isupper(static_cast<unsigned char>(c))) out.push_back('_');
-    out.push_back(static_cast<char>(std::toupper(static_cast<unsigned char>(c))));
-  }
-  return out + "_";
-}
 
 json Scalar(const Message& m, const Reflection* r, const FieldDescriptor* f) {
   switch (f->cpp_type()) {
@@ -58,14 +49,7 @@ json RepeatedAt(const Message& m, const Reflection* r, const FieldDescriptor* f,
 
 }  // namespace
 
-std::string EnumJsonName(const google::protobuf::EnumValueDescriptor* v) {
-  if (!v) return "unknown";
-  std::string name = v->name();
-  std::string prefix = EnumPrefix(v->type()->name());
-  if (name.size() > prefix.size() && name.compare(0, prefix.size(), prefix) == 0) name = name.substr(prefix.size());
-  for (auto& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return name;
-}
+std::string EnumJsonName(const google::protobuf::EnumValueDescriptor* v) { return EnumShortName(v); }
 
 json ProtoJson(const Message& m) {
   json out = json::object();

@@ -254,7 +254,10 @@ std::future<Result<v1::ExecResult>> Client::RunAsync(const v1::SandboxSpec& spec
 }
 
 Result<v1::ExecResult> Client::Run(const v1::SandboxSpec& spec, v1::ExecRequest exec) {
-  return RunAsync(spec, std::move(exec)).get();
+  std::promise<Result<v1::ExecResult>> p;
+  auto f = p.get_future();
+  RunAsync(spec, std::move(exec), [&p](Result<v1::ExecResult> r) { p.set_value(std::move(r)); });
+  return f.get();
 }
 
 Result<Sandbox> Client::Create(const v1::SandboxSpec& spec, const std::string& id) {
@@ -263,28 +266,78 @@ Result<Sandbox> Client::Create(const v1::SandboxSpec& spec, const std::string& i
   return Create(spec, o);
 }
 
+namespace {
+
+// The synchronous form of a callback form: `start(done)`, waited for.
+template <class T, class Start>
+Result<T> Wait(Start&& start) {
+  std::promise<Result<T>> p;
+  auto f = p.get_future();
+  start([&p](Result<T> r) { p.set_value(std::move(r)); });
+  return f.get();
+}
+
+template <class Start>
+Status WaitStatus(Start&& start) {
+  std::promise<Status> p;
+  auto f = p.get_future();
+  start([&p](Status s) { p.set_value(std::move(s)); });
+  return f.get();
+}
+
+// A reply's `pick(reply)` to `done`, or its error.
+template <class Reply, class T, class Pick>
+Done<Reply> Then(Done<T> done, Pick pick) {
+  return [done = std::move(done), pick = std::move(pick)](Result<Reply> r) {
+    if (!r.ok()) return done(r.status());
+    done(pick(*r));
+  };
+}
+
+template <class Reply>
+Done<Reply> StatusOnly(DoneStatus done) {
+  return [done = std::move(done)](Result<Reply> r) { done(r.status()); };
+}
+
+}  // namespace
+
 Result<Sandbox> Client::Create(const v1::SandboxSpec& spec, const CreateOptions& options) {
+  return Wait<Sandbox>([&](Done<Sandbox> d) { CreateAsync(spec, options, std::move(d)); });
+}
+
+void Client::CreateAsync(const v1::SandboxSpec& spec, const CreateOptions& options, Done<Sandbox> done) {
   v1::CreateRequest req;
   *req.mutable_spec() = spec;
   req.set_id(options.id);
   req.set_owner(impl_->client_id);
   req.set_detached(options.detached);
   req.set_lease_s(options.lease_s);
-  auto r = impl_->CallSync<v1::SandboxReply>(std::move(req), impl_->options.rpc_timeout);
-  if (!r.ok()) return r.status();
-  return Sandbox(this, r->sandbox().id(), r->sandbox().spec());
+  impl_->Call<v1::SandboxReply>(std::move(req), impl_->options.rpc_timeout,
+                                Then<v1::SandboxReply>(std::move(done), [this](v1::SandboxReply& r) {
+                                  return Sandbox(this, r.sandbox().id(), r.sandbox().spec());
+                                }));
 }
 
 Result<Sandbox> Client::Attach(const std::string& sandbox_id) {
+  return Wait<Sandbox>([&](Done<Sandbox> d) { AttachAsync(sandbox_id, std::move(d)); });
+}
+
+void Client::AttachAsync(const std::string& sandbox_id, Done<Sandbox> done) {
   v1::GetSandboxRequest req;
   req.set_sandbox_id(sandbox_id);
-  auto r = impl_->CallSync<v1::SandboxReply>(std::move(req), impl_->options.rpc_timeout);
-  if (!r.ok()) return r.status();
-  return Sandbox(this, sandbox_id, r->sandbox().spec());
+  impl_->Call<v1::SandboxReply>(std::move(req), impl_->options.rpc_timeout,
+                                Then<v1::SandboxReply>(std::move(done), [this, sandbox_id](v1::SandboxReply& r) {
+                                  return Sandbox(this, sandbox_id, r.sandbox().spec());
+                                }));
 }
 
 Result<Session> Client::OpenSession(const std::string& name, const v1::SandboxSpec& spec,
                                     const SessionOptions& options) {
+  return Wait<Session>([&](Done<Session> d) { OpenSessionAsync(name, spec, options, std::move(d)); });
+}
+
+void Client::OpenSessionAsync(const std::string& name, const v1::SandboxSpec& spec, const SessionOptions& options,
+                              Done<Session> done) {
   v1::OpenSessionRequest req;
   req.set_name(name);
   *req.mutable_spec() = spec;
@@ -295,92 +348,127 @@ Result<Session> Client::OpenSession(const std::string& name, const v1::SandboxSp
   }
   req.set_lease_s(options.lease_s);
   // Opening creates the session's sandboxes: allow for a busy node.
-  auto r = impl_->CallSync<v1::SessionReply>(std::move(req), impl_->options.rpc_timeout * 2);
-  if (!r.ok()) return r.status();
-  return Session(this, name, std::move(*r->mutable_session()));
+  impl_->Call<v1::SessionReply>(std::move(req), impl_->options.rpc_timeout * 2,
+                                Then<v1::SessionReply>(std::move(done), [this, name](v1::SessionReply& r) {
+                                  return Session(this, name, std::move(*r.mutable_session()));
+                                }));
 }
 
 Result<Session> Client::AttachSession(const std::string& name) {
+  return Wait<Session>([&](Done<Session> d) { AttachSessionAsync(name, std::move(d)); });
+}
+
+void Client::AttachSessionAsync(const std::string& name, Done<Session> done) {
   v1::GetSessionRequest req;
   req.set_name(name);
-  auto r = impl_->CallSync<v1::SessionReply>(std::move(req), impl_->options.rpc_timeout);
-  if (!r.ok()) return r.status();
-  return Session(this, name, std::move(*r->mutable_session()));
+  impl_->Call<v1::SessionReply>(std::move(req), impl_->options.rpc_timeout,
+                                Then<v1::SessionReply>(std::move(done), [this, name](v1::SessionReply& r) {
+                                  return Session(this, name, std::move(*r.mutable_session()));
+                                }));
+}
+
+void Sandbox::ExecAsync(v1::ExecRequest req, Done<v1::ExecResult> done) const {
+  req.set_sandbox_id(id_);
+  auto timeout = client_->impl_->ExecTimeout(spec_, req);
+  client_->impl_->Call<v1::ExecReply>(
+      std::move(req), timeout,
+      Then<v1::ExecReply>(std::move(done), [](v1::ExecReply& r) { return std::move(*r.mutable_result()); }));
 }
 
 std::future<Result<v1::ExecResult>> Sandbox::ExecAsync(v1::ExecRequest req) const {
   auto p = std::make_shared<std::promise<Result<v1::ExecResult>>>();
   auto f = p->get_future();
-  req.set_sandbox_id(id_);
-  auto timeout = client_->impl_->ExecTimeout(spec_, req);
-  client_->impl_->Call<v1::ExecReply>(std::move(req), timeout, [p](Result<v1::ExecReply> r) {
-    if (!r.ok()) return p->set_value(r.status());
-    p->set_value(std::move(*r->mutable_result()));
-  });
+  ExecAsync(std::move(req), [p](Result<v1::ExecResult> r) { p->set_value(std::move(r)); });
   return f;
 }
 
-Result<v1::ExecResult> Sandbox::Exec(v1::ExecRequest req) const { return ExecAsync(std::move(req)).get(); }
-
-Result<v1::SandboxRecord> Sandbox::Get() const {
-  v1::GetSandboxRequest req;
-  req.set_sandbox_id(id_);
-  auto r = client_->impl_->CallSync<v1::SandboxReply>(std::move(req), client_->impl_->options.rpc_timeout);
-  if (!r.ok()) return r.status();
-  return std::move(*r->mutable_sandbox());
+Result<v1::ExecResult> Sandbox::Exec(v1::ExecRequest req) const {
+  return Wait<v1::ExecResult>([&](Done<v1::ExecResult> d) { ExecAsync(std::move(req), std::move(d)); });
 }
 
-template <class Reply, class Request>
-Result<Reply> Sandbox::Call(Request req) const {
-  req.set_sandbox_id(id_);
-  return client_->impl_->CallSync<Reply>(std::move(req), client_->impl_->options.rpc_timeout);
-}
-
-Status Sandbox::Destroy() const { return Call<v1::SandboxReply>(v1::DestroyRequest()).status(); }
-Status Sandbox::Pause() const { return Call<v1::SandboxReply>(v1::PauseRequest()).status(); }
-Status Sandbox::Resume() const { return Call<v1::SandboxReply>(v1::ResumeRequest()).status(); }
-
-Result<std::string> Sandbox::ReadFile(const std::string& path, uint64_t max_bytes) const {
-  v1::ReadFileRequest req;
-  req.set_path(path);
-  req.set_max_bytes(max_bytes);
-  auto r = Call<v1::FileReply>(std::move(req));
-  if (!r.ok()) return r.status();
-  return std::move(*r->mutable_content());
-}
-
-Status Sandbox::WriteFile(const std::string& path, const std::string& content, uint32_t mode,
-                          bool make_parents) const {
-  v1::WriteFileRequest req;
-  req.set_path(path);
-  req.set_content(content);
-  req.set_mode(mode);
-  req.set_make_parents(make_parents);
-  return Call<v1::FileReply>(std::move(req)).status();
-}
-
-Result<v1::FileReply> Sandbox::ListFiles(const std::string& path) const {
-  v1::ListFilesRequest req;
-  req.set_path(path);
-  return Call<v1::FileReply>(std::move(req));
-}
-
-Result<v1::ExecResult> Sandbox::ExecStream(v1::ExecRequest req,
-                                           std::function<void(const v1::ExecOutput&)> on_output) const {
-  std::promise<Result<v1::ExecResult>> p;
-  auto f = p.get_future();
+void Sandbox::ExecStreamAsync(v1::ExecRequest req, OnOutput on_output, Done<v1::ExecResult> done) const {
   req.set_sandbox_id(id_);
   req.set_stream(true);
   req.set_stream_id(client_->impl_->next_stream++);
   auto timeout = client_->impl_->ExecTimeout(spec_, req);
   client_->impl_->Call<v1::ExecReply>(
       std::move(req), timeout,
-      [&p](Result<v1::ExecReply> r) {
-        if (!r.ok()) return p.set_value(r.status());
-        p.set_value(std::move(*r->mutable_result()));
-      },
+      Then<v1::ExecReply>(std::move(done), [](v1::ExecReply& r) { return std::move(*r.mutable_result()); }),
       std::move(on_output));
-  return f.get();
+}
+
+Result<v1::ExecResult> Sandbox::ExecStream(v1::ExecRequest req, OnOutput on_output) const {
+  return Wait<v1::ExecResult>(
+      [&](Done<v1::ExecResult> d) { ExecStreamAsync(std::move(req), std::move(on_output), std::move(d)); });
+}
+
+template <class Reply, class Request>
+void Sandbox::Call(Request req, Done<Reply> done) const {
+  req.set_sandbox_id(id_);
+  client_->impl_->Call<Reply>(std::move(req), client_->impl_->options.rpc_timeout, std::move(done));
+}
+
+void Sandbox::GetAsync(Done<v1::SandboxRecord> done) const {
+  Call<v1::SandboxReply>(v1::GetSandboxRequest(), Then<v1::SandboxReply>(std::move(done), [](v1::SandboxReply& r) {
+                           return std::move(*r.mutable_sandbox());
+                         }));
+}
+void Sandbox::DestroyAsync(DoneStatus done) const {
+  Call<v1::SandboxReply>(v1::DestroyRequest(), StatusOnly<v1::SandboxReply>(std::move(done)));
+}
+void Sandbox::PauseAsync(DoneStatus done) const {
+  Call<v1::SandboxReply>(v1::PauseRequest(), StatusOnly<v1::SandboxReply>(std::move(done)));
+}
+void Sandbox::ResumeAsync(DoneStatus done) const {
+  Call<v1::SandboxReply>(v1::ResumeRequest(), StatusOnly<v1::SandboxReply>(std::move(done)));
+}
+
+void Sandbox::ReadFileAsync(const std::string& path, uint64_t max_bytes, Done<std::string> done) const {
+  v1::ReadFileRequest req;
+  req.set_path(path);
+  req.set_max_bytes(max_bytes);
+  Call<v1::FileReply>(std::move(req), Then<v1::FileReply>(std::move(done), [](v1::FileReply& r) {
+                        return std::move(*r.mutable_content());
+                      }));
+}
+
+void Sandbox::WriteFileAsync(const std::string& path, const std::string& content, uint32_t mode, bool make_parents,
+                             DoneStatus done) const {
+  v1::WriteFileRequest req;
+  req.set_path(path);
+  req.set_content(content);
+  req.set_mode(mode);
+  req.set_make_parents(make_parents);
+  Call<v1::FileReply>(std::move(req), StatusOnly<v1::FileReply>(std::move(done)));
+}
+
+void Sandbox::ListFilesAsync(const std::string& path, Done<v1::FileReply> done) const {
+  v1::ListFilesRequest req;
+  req.set_path(path);
+  Call<v1::FileReply>(std::move(req), std::move(done));
+}
+
+Result<v1::SandboxRecord> Sandbox::Get() const {
+  return Wait<v1::SandboxRecord>([&](Done<v1::SandboxRecord> d) { GetAsync(std::move(d)); });
+}
+Status Sandbox::Destroy() const {
+  return WaitStatus([&](DoneStatus d) { DestroyAsync(std::move(d)); });
+}
+Status Sandbox::Pause() const {
+  return WaitStatus([&](DoneStatus d) { PauseAsync(std::move(d)); });
+}
+Status Sandbox::Resume() const {
+  return WaitStatus([&](DoneStatus d) { ResumeAsync(std::move(d)); });
+}
+Result<std::string> Sandbox::ReadFile(const std::string& path, uint64_t max_bytes) const {
+  return Wait<std::string>([&](Done<std::string> d) { ReadFileAsync(path, max_bytes, std::move(d)); });
+}
+Status Sandbox::WriteFile(const std::string& path, const std::string& content, uint32_t mode,
+                          bool make_parents) const {
+  return WaitStatus([&](DoneStatus d) { WriteFileAsync(path, content, mode, make_parents, std::move(d)); });
+}
+Result<v1::FileReply> Sandbox::ListFiles(const std::string& path) const {
+  return Wait<v1::FileReply>([&](Done<v1::FileReply> d) { ListFilesAsync(path, std::move(d)); });
 }
 
 void Session::StepAsync(uint64_t index, v1::ExecRequest req, const StepOptions& options,
@@ -408,7 +496,8 @@ std::future<Result<v1::StepReply>> Session::StepAsync(uint64_t index, v1::ExecRe
 }
 
 Result<v1::StepReply> Session::Step(uint64_t index, v1::ExecRequest req, const StepOptions& options) const {
-  return StepAsync(index, std::move(req), options).get();
+  return Wait<v1::StepReply>(
+      [&](Done<v1::StepReply> d) { StepAsync(index, std::move(req), options, std::move(d)); });
 }
 
 void Session::AnnotateAsync(uint64_t index, const v1::StepMeta& meta,
@@ -417,10 +506,9 @@ void Session::AnnotateAsync(uint64_t index, const v1::StepMeta& meta,
   req.set_session(name_);
   req.set_index(index);
   *req.mutable_meta() = meta;
-  client_->impl_->Annotate(std::move(req), [done = std::move(done)](Result<v1::StepReply> r) {
-    if (!r.ok()) return done(r.status());
-    done(std::move(*r->mutable_step()->mutable_meta()));
-  });
+  client_->impl_->Annotate(std::move(req), Then<v1::StepReply>(std::move(done), [](v1::StepReply& r) {
+                             return std::move(*r.mutable_step()->mutable_meta());
+                           }));
 }
 
 std::future<Result<v1::StepMeta>> Session::AnnotateAsync(uint64_t index, const v1::StepMeta& meta) const {
@@ -431,70 +519,107 @@ std::future<Result<v1::StepMeta>> Session::AnnotateAsync(uint64_t index, const v
 }
 
 Result<v1::StepMeta> Session::Annotate(uint64_t index, const v1::StepMeta& meta) const {
-  return AnnotateAsync(index, meta).get();
+  return Wait<v1::StepMeta>([&](Done<v1::StepMeta> d) { AnnotateAsync(index, meta, std::move(d)); });
 }
 
-Result<v1::StepsReply> Session::Steps(uint64_t from, uint32_t limit) const {
+void Session::StepsAsync(uint64_t from, uint32_t limit, Done<v1::StepsReply> done) const {
   v1::ListStepsRequest req;
   req.set_session(name_);
   req.set_from(from);
   req.set_limit(limit);
-  return client_->impl_->CallSync<v1::StepsReply>(std::move(req), client_->impl_->options.rpc_timeout);
+  client_->impl_->Call<v1::StepsReply>(std::move(req), client_->impl_->options.rpc_timeout, std::move(done));
 }
 
-Result<Sandbox> Session::sandbox(const std::string& role) const {
+Result<v1::StepsReply> Session::Steps(uint64_t from, uint32_t limit) const {
+  return Wait<v1::StepsReply>([&](Done<v1::StepsReply> d) { StepsAsync(from, limit, std::move(d)); });
+}
+
+void Session::SandboxAsync(const std::string& role, Done<Sandbox> done) const {
   for (const auto& sb : rec_->sandboxes()) {
     if (sb.role() != role) continue;
     if (sb.id().empty())
-      return Status::FailedPrecondition("session " + name_ + ": sandbox '" + role +
-                                        "' is fncall (a fresh run per step); there is no sandbox to attach to");
-    return client_->Attach(sb.id());
+      return done(Status::FailedPrecondition("session " + name_ + ": sandbox '" + role +
+                                             "' is fncall (a fresh run per step); there is no sandbox to attach to"));
+    return client_->AttachAsync(sb.id(), std::move(done));
   }
-  return Status::NotFound("session " + name_ + " has no sandbox '" + role + "'");
+  done(Status::NotFound("session " + name_ + " has no sandbox '" + role + "'"));
+}
+
+Result<Sandbox> Session::sandbox(const std::string& role) const {
+  return Wait<Sandbox>([&](Done<Sandbox> d) { SandboxAsync(role, std::move(d)); });
+}
+
+void Session::GetAsync(Done<v1::SessionRecord> done) const {
+  v1::GetSessionRequest req;
+  req.set_name(name_);
+  client_->impl_->Call<v1::SessionReply>(
+      std::move(req), client_->impl_->options.rpc_timeout,
+      Then<v1::SessionReply>(std::move(done), [](v1::SessionReply& r) { return std::move(*r.mutable_session()); }));
 }
 
 Result<v1::SessionRecord> Session::Get() const {
-  v1::GetSessionRequest req;
+  return Wait<v1::SessionRecord>([&](Done<v1::SessionRecord> d) { GetAsync(std::move(d)); });
+}
+
+void Session::CloseAsync(DoneStatus done) const {
+  v1::CloseSessionRequest req;
   req.set_name(name_);
-  auto r = client_->impl_->CallSync<v1::SessionReply>(std::move(req), client_->impl_->options.rpc_timeout);
-  if (!r.ok()) return r.status();
-  return std::move(*r->mutable_session());
+  client_->impl_->Call<v1::SessionReply>(std::move(req), client_->impl_->options.rpc_timeout,
+                                         StatusOnly<v1::SessionReply>(std::move(done)));
 }
 
 Status Session::Close() const {
-  v1::CloseSessionRequest req;
-  req.set_name(name_);
-  return client_->impl_->CallSync<v1::SessionReply>(std::move(req), client_->impl_->options.rpc_timeout).status();
+  return WaitStatus([&](DoneStatus d) { CloseAsync(std::move(d)); });
 }
 
-Result<v1::ImageManifest> Client::RegisterImage(const v1::ImageManifest& manifest, bool replace) {
+void Client::RegisterImageAsync(const v1::ImageManifest& manifest, bool replace, Done<v1::ImageManifest> done) {
   v1::RegisterImageRequest req;
   *req.mutable_manifest() = manifest;
   req.set_replace(replace);
   // Registering hashes the whole file on the node: allow for big images.
-  auto r = impl_->CallSync<v1::ImageReply>(std::move(req), impl_->options.rpc_timeout * 10);
-  if (!r.ok()) return r.status();
-  return std::move(*r->mutable_image());
+  impl_->Call<v1::ImageReply>(
+      std::move(req), impl_->options.rpc_timeout * 10,
+      Then<v1::ImageReply>(std::move(done), [](v1::ImageReply& r) { return std::move(*r.mutable_image()); }));
+}
+
+Result<v1::ImageManifest> Client::RegisterImage(const v1::ImageManifest& manifest, bool replace) {
+  return Wait<v1::ImageManifest>(
+      [&](Done<v1::ImageManifest> d) { RegisterImageAsync(manifest, replace, std::move(d)); });
+}
+
+void Client::GetImageAsync(const std::string& name, Done<v1::ImageManifest> done) {
+  v1::GetImageRequest req;
+  req.set_name(name);
+  impl_->Call<v1::ImageReply>(
+      std::move(req), impl_->options.rpc_timeout,
+      Then<v1::ImageReply>(std::move(done), [](v1::ImageReply& r) { return std::move(*r.mutable_image()); }));
 }
 
 Result<v1::ImageManifest> Client::GetImage(const std::string& name) {
-  v1::GetImageRequest req;
-  req.set_name(name);
-  auto r = impl_->CallSync<v1::ImageReply>(std::move(req), impl_->options.rpc_timeout);
-  if (!r.ok()) return r.status();
-  return std::move(*r->mutable_image());
+  return Wait<v1::ImageManifest>([&](Done<v1::ImageManifest> d) { GetImageAsync(name, std::move(d)); });
+}
+
+void Client::ListImagesAsync(Done<std::vector<v1::ImageManifest>> done) {
+  impl_->Call<v1::ImagesReply>(v1::ListImagesRequest(), impl_->options.rpc_timeout,
+                               Then<v1::ImagesReply>(std::move(done), [](v1::ImagesReply& r) {
+                                 return std::vector<v1::ImageManifest>(r.images().begin(), r.images().end());
+                               }));
 }
 
 Result<std::vector<v1::ImageManifest>> Client::ListImages() {
-  auto r = impl_->CallSync<v1::ImagesReply>(v1::ListImagesRequest(), impl_->options.rpc_timeout);
-  if (!r.ok()) return r.status();
-  return std::vector<v1::ImageManifest>(r->images().begin(), r->images().end());
+  return Wait<std::vector<v1::ImageManifest>>(
+      [&](Done<std::vector<v1::ImageManifest>> d) { ListImagesAsync(std::move(d)); });
+}
+
+void Client::RemoveImageAsync(const std::string& name, DoneStatus done) {
+  v1::RemoveImageRequest req;
+  req.set_name(name);
+  impl_->Call<v1::ImageReply>(std::move(req), impl_->options.rpc_timeout,
+                              StatusOnly<v1::ImageReply>(std::move(done)));
 }
 
 Status Client::RemoveImage(const std::string& name) {
-  v1::RemoveImageRequest req;
-  req.set_name(name);
-  return impl_->CallSync<v1::ImageReply>(std::move(req), impl_->options.rpc_timeout).status();
+  return WaitStatus([&](DoneStatus d) { RemoveImageAsync(name, std::move(d)); });
 }
 
 v1::ExecRequest Command(std::vector<std::string> argv) {

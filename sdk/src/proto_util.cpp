@@ -1,6 +1,42 @@
 #include "dsec/status_proto.hpp"
 
+#include <google/protobuf/descriptor.h>
+
+#include <cctype>
+
 namespace dsec {
+
+namespace {
+
+// "SandboxPhase" -> "SANDBOX_PHASE_".
+std::string EnumPrefix(const std::string& type_name) {
+  std::string out;
+  for (size_t i = 0; i < type_name.size(); ++i) {
+    char c = type_name[i];
+    if (i > 0 && std::isupper(static_cast<unsigned char>(c))) out.push_back('_');
+    out.push_back(static_cast<char>(std::toupper(static_cast<unsigned char>(c))));
+  }
+  return out + "_";
+}
+
+}  // namespace
+
+std::string EnumShortName(const google::protobuf::EnumValueDescriptor* v) {
+  if (!v) return "unknown";
+  std::string name = v->name();
+  std::string prefix = EnumPrefix(v->type()->name());
+  if (name.size() > prefix.size() && name.compare(0, prefix.size(), prefix) == 0) name = name.substr(prefix.size());
+  for (auto& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return name;
+}
+
+const google::protobuf::EnumValueDescriptor* EnumByName(const google::protobuf::EnumDescriptor* type,
+                                                       const std::string& name) {
+  std::string upper;
+  for (char c : name) upper.push_back(static_cast<char>(std::toupper(static_cast<unsigned char>(c))));
+  const auto* v = type->FindValueByName(upper);
+  return v ? v : type->FindValueByName(EnumPrefix(type->name()) + upper);
+}
 
 Status FromProto(const v1::Status& s) {
   if (s.code() == v1::Status::OK) return Status::Ok();

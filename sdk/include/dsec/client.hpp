@@ -55,6 +55,17 @@ Result<ClientOptions> ResolveClientOptions(ClientOptions options);
 
 class Client;
 
+// Callback forms: every call has one (`...Async(args, done)`), for
+// thousands of concurrent calls without a thread or a future each (the
+// Python SDK's asyncio client completes through them). `done` runs exactly
+// once, on an SDK thread (or, for an error found before anything is sent,
+// on the caller's); keep it short and do not block there. It may issue the
+// next call.
+template <class T>
+using Done = std::function<void(Result<T>)>;
+using DoneStatus = std::function<void(Status)>;
+using OnOutput = std::function<void(const v1::ExecOutput&)>;
+
 // A sandbox created with Client::Create. Cheap to copy; valid while its
 // Client lives.
 class Sandbox {
@@ -83,10 +94,22 @@ class Sandbox {
   // The path's FileInfo in `info`, and a directory's entries.
   Result<v1::FileReply> ListFiles(const std::string& path) const;
 
+  // Callback forms (see Done).
+  void ExecAsync(v1::ExecRequest req, Done<v1::ExecResult> done) const;
+  void ExecStreamAsync(v1::ExecRequest req, OnOutput on_output, Done<v1::ExecResult> done) const;
+  void GetAsync(Done<v1::SandboxRecord> done) const;
+  void DestroyAsync(DoneStatus done) const;
+  void PauseAsync(DoneStatus done) const;
+  void ResumeAsync(DoneStatus done) const;
+  void ReadFileAsync(const std::string& path, uint64_t max_bytes, Done<std::string> done) const;
+  void WriteFileAsync(const std::string& path, const std::string& content, uint32_t mode, bool make_parents,
+                      DoneStatus done) const;
+  void ListFilesAsync(const std::string& path, Done<v1::FileReply> done) const;
+
  private:
   friend class Client;
   template <class Reply, class Request>
-  Result<Reply> Call(Request req) const;
+  void Call(Request req, Done<Reply> done) const;
   Sandbox(Client* c, std::string id, v1::SandboxSpec spec)
       : client_(c), id_(std::move(id)), spec_(std::move(spec)) {}
   Client* client_;
@@ -137,6 +160,12 @@ class Session {
   Result<Sandbox> sandbox(const std::string& role = "agent") const;
   // Closes the session: its sandboxes go; its log is kept for dsec-replay.
   Status Close() const;
+
+  // Callback forms (see Done).
+  void StepsAsync(uint64_t from, uint32_t limit, Done<v1::StepsReply> done) const;
+  void GetAsync(Done<v1::SessionRecord> done) const;
+  void SandboxAsync(const std::string& role, Done<Sandbox> done) const;
+  void CloseAsync(DoneStatus done) const;
 
  private:
   friend class Client;
@@ -201,6 +230,17 @@ class Client {
   Result<v1::ImageManifest> GetImage(const std::string& name);
   Result<std::vector<v1::ImageManifest>> ListImages();
   Status RemoveImage(const std::string& name);
+
+  // Callback forms (see Done).
+  void CreateAsync(const v1::SandboxSpec& spec, const CreateOptions& options, Done<Sandbox> done);
+  void AttachAsync(const std::string& sandbox_id, Done<Sandbox> done);
+  void OpenSessionAsync(const std::string& name, const v1::SandboxSpec& spec, const SessionOptions& options,
+                        Done<Session> done);
+  void AttachSessionAsync(const std::string& name, Done<Session> done);
+  void RegisterImageAsync(const v1::ImageManifest& manifest, bool replace, Done<v1::ImageManifest> done);
+  void GetImageAsync(const std::string& name, Done<v1::ImageManifest> done);
+  void ListImagesAsync(Done<std::vector<v1::ImageManifest>> done);
+  void RemoveImageAsync(const std::string& name, DoneStatus done);
 
   // This client's id: the owner of the sandboxes it makes (SandboxRecord.owner).
   const std::string& client_id() const;

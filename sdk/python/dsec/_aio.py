@@ -1,0 +1,266 @@
+"""The asyncio client: dsec.AsyncClient, dsec.AsyncSandbox, dsec.AsyncSession.
+
+Each call is issued through the C++ SDK's callback form and awaits a future
+of the running event loop. The SDK thread that receives the answer queues
+it on the loop's completer (dsec._core.Completer) and, when that queue was
+empty, wakes the loop with loop.call_soon_threadsafe; the loop then settles
+every queued future at once. One thread keeps thousands of calls in flight;
+no thread per call. Cancelling an await abandons the answer (the
+call itself still completes on the node).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from typing import Any, List, Mapping, Optional, Union
+
+from . import _args, _core
+from ._errors import NotFound
+from ._client import Chunk, _Connection, _chunks, _content, _flag, _mode, _nonneg
+from ._records import (ExecResult, FileList, ImageManifest, SandboxRecord, SessionRecord, StepMeta, StepRecord,
+                       StepReply)
+
+
+def _settle(fut: "asyncio.Future[Any]", failed: bool, value: Any) -> None:
+    if fut.done():  # cancelled by the caller
+        return
+    if failed:
+        fut.set_exception(value)
+    else:
+        fut.set_result(value)
+
+
+_core._set_settle(_settle)
+
+
+_completers: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _core.Completer]" = weakref.WeakKeyDictionary()
+
+
+def _target(loop: asyncio.AbstractEventLoop, fut: "asyncio.Future[Any]") -> tuple:
+    c = _completers.get(loop)
+    if c is None:
+        c = _completers[loop] = _core.Completer(weakref.ref(loop))
+    return (loop, fut, c)
+
+
+async def _call(fn: Any, *args: Any) -> Any:
+    loop = asyncio.get_running_loop()
+    fut = loop.create_future()
+    fn(*args, _target(loop, fut))
+    return await fut
+
+
+_END = object()
+
+
+class AsyncExecStream:
+    """``async for chunk in sandbox.exec_stream(...)``; ``result`` once it has ended."""
+
+    def __init__(self, sb: "_core.Sandbox", req: Any) -> None:
+        loop = asyncio.get_running_loop()
+        self._queue: "asyncio.Queue[Any]" = asyncio.Queue()
+        self._done = loop.create_future()
+        self.result: Optional[ExecResult] = None
+        sb.exec_stream_async(req, self._push, _target(loop, self._done))
+        self._done.add_done_callback(lambda _: self._queue.put_nowait(_END))
+
+    def _push(self, stdout: bytes, stderr: bytes) -> None:
+        for c in _chunks(stdout, stderr):
+            self._queue.put_nowait(c)
+
+    def __aiter__(self) -> "AsyncExecStream":
+        return self
+
+    async def __anext__(self) -> Chunk:
+        item = await self._queue.get()
+        if item is _END:
+            self._queue.put_nowait(_END)  # stays ended
+            self.result = self._done.result()  # raises the call's error
+            raise StopAsyncIteration
+        return item
+
+
+class AsyncSandbox:
+    """A sandbox, for asyncio. ``async with`` destroys it when the block ends."""
+
+    def __init__(self, client: "AsyncClient", core: "_core.Sandbox") -> None:
+        self._client = client
+        self._sb = core
+
+    @property
+    def id(self) -> str:
+        return self._sb.id
+
+    async def exec(self, cmd: _args.Command, *, stdin: Union[bytes, str, None] = None,
+                   env: Optional[Mapping[str, str]] = None, cwd: Optional[_args.PathArg] = None,
+                   timeout: Optional[float] = None, limits: Any = None,
+                   idempotency_key: Optional[str] = None) -> ExecResult:
+        """See dsec.Sandbox.exec."""
+        req = _args.exec_request(cmd, stdin=stdin, env=env, cwd=cwd, timeout=timeout, limits=limits,
+                                 idempotency_key=idempotency_key)
+        return await _call(self._sb.exec, req)
+
+    def exec_stream(self, cmd: _args.Command, *, stdin: Union[bytes, str, None] = None,
+                    env: Optional[Mapping[str, str]] = None, cwd: Optional[_args.PathArg] = None,
+                    timeout: Optional[float] = None, limits: Any = None) -> AsyncExecStream:
+        """Starts the exec now; iterate with ``async for`` (see dsec.Sandbox.exec_stream)."""
+        req = _args.exec_request(cmd, stdin=stdin, env=env, cwd=cwd, timeout=timeout, limits=limits)
+        return AsyncExecStream(self._sb, req)
+
+    async def get(self) -> SandboxRecord:
+        return await _call(self._sb.get)
+
+    async def destroy(self) -> None:
+        await _call(self._sb.destroy)
+
+    async def pause(self) -> None:
+        await _call(self._sb.pause)
+
+    async def resume(self) -> None:
+        await _call(self._sb.resume)
+
+    async def read_file(self, path: _args.PathArg, *, max_bytes: int = 0) -> bytes:
+        return await _call(self._sb.read_file, _args.path(path), _nonneg(max_bytes, "max_bytes"))
+
+    async def write_file(self, path: _args.PathArg, content: Union[bytes, str], *, mode: int = 0o644,
+                         make_parents: bool = False) -> None:
+        await _call(self._sb.write_file, _args.path(path), _content(content), _mode(mode),
+                    _flag(make_parents, "make_parents"))
+
+    async def list_files(self, path: _args.PathArg) -> FileList:
+        return await _call(self._sb.list_files, _args.path(path))
+
+    async def __aenter__(self) -> "AsyncSandbox":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        try:
+            await self.destroy()
+        except NotFound:
+            pass  # destroyed in the block already
+
+    def __repr__(self) -> str:
+        return f"dsec.AsyncSandbox({self.id!r})"
+
+
+class AsyncSession:
+    """A rollout session, for asyncio (see dsec.Session)."""
+
+    def __init__(self, client: "AsyncClient", core: "_core.Session") -> None:
+        self._client = client
+        self._s = core
+
+    @property
+    def name(self) -> str:
+        return self._s.name
+
+    @property
+    def record(self) -> SessionRecord:
+        return self._s.record
+
+    async def step(self, index: int, cmd: _args.Command, *, sandbox: str = "agent",
+                   stdin: Union[bytes, str, None] = None, env: Optional[Mapping[str, str]] = None,
+                   cwd: Optional[_args.PathArg] = None, timeout: Optional[float] = None, limits: Any = None,
+                   reward: Optional[float] = None, prompt_tokens: Optional[int] = None,
+                   completion_tokens: Optional[int] = None, notes: Optional[Mapping[str, str]] = None) -> StepReply:
+        req = _args.exec_request(cmd, stdin=stdin, env=env, cwd=cwd, timeout=timeout, limits=limits)
+        return await _call(self._s.step, _args.index(index), req, _args.name(sandbox, "sandbox role"),
+                           _args.meta(reward, prompt_tokens, completion_tokens, notes))
+
+    async def annotate(self, index: int, *, reward: Optional[float] = None, prompt_tokens: Optional[int] = None,
+                       completion_tokens: Optional[int] = None,
+                       notes: Optional[Mapping[str, str]] = None) -> StepMeta:
+        return await _call(self._s.annotate, _args.index(index),
+                           _args.meta(reward, prompt_tokens, completion_tokens, notes))
+
+    async def steps(self, start: int = 0, limit: int = 0) -> List[StepRecord]:
+        return (await _call(self._s.steps, _args.index(start), _nonneg(limit, "limit", _args.U32))).steps
+
+    async def get(self) -> SessionRecord:
+        return await _call(self._s.get)
+
+    async def sandbox(self, role: str = "agent") -> AsyncSandbox:
+        return AsyncSandbox(self._client, await _call(self._s.sandbox, _args.name(role, "role")))
+
+    async def close(self) -> None:
+        await _call(self._s.close)
+
+    async def __aenter__(self) -> "AsyncSession":
+        return self
+
+    async def __aexit__(self, exc_type: Any, *exc: Any) -> None:
+        if exc_type is None:
+            await self.close()
+
+    def __repr__(self) -> str:
+        return f"dsec.AsyncSession({self.name!r})"
+
+
+class AsyncClient(_Connection):
+    """dsec.Client for asyncio: the same arguments; every call is a coroutine.
+
+    Connecting happens here, blocking (at most connect_timeout seconds);
+    ``async with`` closes the client when the block ends."""
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self.close()
+
+    async def run(self, cmd: _args.Command, *, kind: Optional[str] = None, image: Optional[str] = None,
+                  timeout: Optional[float] = None, stdin: Union[bytes, str, None] = None,
+                  env: Optional[Mapping[str, str]] = None, cwd: Optional[_args.PathArg] = None, limits: Any = None,
+                  memory: Optional[int] = None, network: Any = None, spec: Any = None) -> ExecResult:
+        """See dsec.Client.run."""
+        s = _args.spec(kind, image, default_kind="fncall", spec=spec, memory=memory, network=network)
+        req = _args.exec_request(cmd, stdin=stdin, env=env, cwd=cwd, timeout=timeout, limits=limits)
+        return await _call(self._c.run, s, req)
+
+    async def create(self, *, kind: Optional[str] = None, image: Optional[str] = None, id: Optional[str] = None,
+                     detached: bool = False, lease: Optional[float] = None, spec: Any = None, limits: Any = None,
+                     timeout: Optional[float] = None, memory: Optional[int] = None, network: Any = None,
+                     env: Optional[Mapping[str, str]] = None, workdir: Optional[str] = None,
+                     labels: Optional[Mapping[str, str]] = None, isolation: Optional[str] = None,
+                     ttl: Optional[float] = None, idle_timeout: Optional[float] = None,
+                     on_idle: Optional[str] = None) -> AsyncSandbox:
+        """See dsec.Client.create."""
+        s = _args.spec(kind, image, spec=spec, limits=limits, timeout=timeout, memory=memory, network=network,
+                       env=env, workdir=workdir, labels=labels, isolation=isolation, ttl=ttl,
+                       idle_timeout=idle_timeout, on_idle=on_idle)
+        core = await _call(self._c.create, s, _args.text(id or "", "id"), _flag(detached, "detached"),
+                           _args.whole_seconds(lease, "lease") or 0)
+        return AsyncSandbox(self, core)
+
+    async def attach(self, sandbox_id: str) -> AsyncSandbox:
+        return AsyncSandbox(self, await _call(self._c.attach, _args.name(sandbox_id, "sandbox id")))
+
+    async def open_session(self, name: str, *, kind: Optional[str] = None, image: Optional[str] = None,
+                           sandboxes: Optional[Mapping[str, Any]] = None, lease: Optional[float] = None,
+                           spec: Any = None, limits: Any = None, timeout: Optional[float] = None,
+                           memory: Optional[int] = None, network: Any = None,
+                           env: Optional[Mapping[str, str]] = None, workdir: Optional[str] = None) -> AsyncSession:
+        """See dsec.Client.open_session."""
+        s = _args.spec(kind, image, spec=spec, limits=limits, timeout=timeout, memory=memory, network=network,
+                       env=env, workdir=workdir)
+        core = await _call(self._c.open_session, _args.name(name, "session name"), s,
+                           _args.more_sandboxes(sandboxes), _args.whole_seconds(lease, "lease") or 0)
+        return AsyncSession(self, core)
+
+    async def attach_session(self, name: str) -> AsyncSession:
+        return AsyncSession(self, await _call(self._c.attach_session, _args.name(name, "session name")))
+
+    async def register_image(self, manifest: Union[ImageManifest, Mapping[str, Any]], *,
+                             replace: bool = False) -> ImageManifest:
+        return await _call(self._c.register_image, _args.fields(manifest, "manifest", ImageManifest), _flag(replace, "replace"))
+
+    async def get_image(self, name: str) -> ImageManifest:
+        return await _call(self._c.get_image, _args.name(name, "image name"))
+
+    async def list_images(self) -> List[ImageManifest]:
+        return await _call(self._c.list_images)
+
+    async def remove_image(self, name: str) -> None:
+        await _call(self._c.remove_image, _args.name(name, "image name"))
+

@@ -1,0 +1,378 @@
+"""The blocking client: dsec.Client, dsec.Sandbox, dsec.Session.
+
+Every call blocks its thread (not others: the GIL is released while it
+waits) until dsecd answers or the call's time limit passes. For many
+concurrent calls from one thread use dsec.AsyncClient.
+"""
+
+from __future__ import annotations
+
+import atexit
+import weakref
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Union
+
+from . import _args, _core
+from ._errors import NotFound
+from ._records import (ExecResult, FileList, ImageManifest, SandboxRecord, SessionRecord, StepMeta, StepRecord,
+                       StepReply, StepsPage)
+
+_live: "weakref.WeakSet[_core.Client]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    # Before the interpreter goes: SDK threads must not wait for a GIL that
+    # will never come back.
+    for core in list(_live):
+        core.close()
+
+
+def connect(address: Optional[str] = None, *, token: Optional[str] = None, token_file: Optional[str] = None,
+            data_dir: Optional[str] = None, connect_timeout: Optional[float] = 5.0,
+            rpc_timeout: Optional[float] = 30.0, threads: int = 2) -> "_core.Client":
+    def secs(v: Any, what: str, default: float) -> float:
+        ms = _args.seconds_to_ms(v, what)
+        return ms / 1000.0 if ms is not None else default
+
+    if _args.count(threads, "threads", 256) < 1:
+        raise _args.InvalidArgument(f"threads must be at least 1 (got {threads})")
+    core = _core.Client(address=_args.text(address or "", "address"), token=_args.text(token or "", "token"),
+                        token_file=_args.text(token_file or "", "token_file"),
+                        data_dir=_args.text(data_dir or "", "data_dir"),
+                        connect_timeout_s=secs(connect_timeout, "connect_timeout", 5.0),
+                        rpc_timeout_s=secs(rpc_timeout, "rpc_timeout", 30.0), threads=int(threads))
+    _live.add(core)
+    return core
+
+
+class Chunk:
+    """A piece of a streamed exec's output, in the order it was produced."""
+
+    __slots__ = ("stream", "data")
+
+    def __init__(self, stream: str, data: bytes) -> None:
+        self.stream = stream  # "stdout" or "stderr"
+        self.data = data
+
+    @property
+    def text(self) -> str:
+        return self.data.decode("utf-8", "replace")
+
+    def __repr__(self) -> str:
+        return f"Chunk({self.stream}, {self.data!r})"
+
+
+def _chunks(stdout: bytes, stderr: bytes) -> List[Chunk]:
+    out = []
+    if stdout:
+        out.append(Chunk("stdout", stdout))
+    if stderr:
+        out.append(Chunk("stderr", stderr))
+    return out
+
+
+class ExecStream:
+    """Iterates over a streamed exec's output (Chunk objects); ``result`` is
+    the ExecResult once the iteration has ended (its stdout and stderr are
+    empty: the output came in the chunks). A failure raises from the loop."""
+
+    def __init__(self, stream: "_core.Stream") -> None:
+        self._stream = stream
+        self._pending: List[Chunk] = []
+        self.result: Optional[ExecResult] = None
+
+    def __iter__(self) -> "ExecStream":
+        return self
+
+    def __next__(self) -> Chunk:
+        while not self._pending:
+            if self.result is not None:
+                raise StopIteration
+            got = self._stream.next_chunk()
+            if got is None:
+                self.result = self._stream.result()
+                raise StopIteration
+            self._pending = _chunks(*got)
+        return self._pending.pop(0)
+
+
+class Sandbox:
+    """A sandbox (Client.create or Client.attach). As a context manager it is
+    destroyed when the block ends."""
+
+    def __init__(self, client: "Client", core: "_core.Sandbox") -> None:
+        self._client = client  # keeps the connection alive
+        self._sb = core
+
+    @property
+    def id(self) -> str:
+        return self._sb.id
+
+    def exec(self, cmd: _args.Command, *, stdin: Union[bytes, str, None] = None, env: Optional[Mapping[str, str]] = None,
+             cwd: Optional[_args.PathArg] = None, timeout: Optional[float] = None, limits: Any = None,
+             idempotency_key: Optional[str] = None) -> ExecResult:
+        """Runs `cmd` (a str runs with sh -c; a list is the argv) in the sandbox and waits for it.
+
+        `timeout` (seconds) and `limits` override the sandbox's limits for this exec."""
+        req = _args.exec_request(cmd, stdin=stdin, env=env, cwd=cwd, timeout=timeout, limits=limits,
+                                 idempotency_key=idempotency_key)
+        return self._sb.exec(req, None)
+
+    def exec_stream(self, cmd: _args.Command, *, stdin: Union[bytes, str, None] = None,
+                    env: Optional[Mapping[str, str]] = None, cwd: Optional[_args.PathArg] = None,
+                    timeout: Optional[float] = None, limits: Any = None) -> ExecStream:
+        """Like exec, with the output as it comes: iterate over the returned ExecStream.
+
+        Kinds that cannot stream (fncall) raise dsec.Unimplemented, having run nothing."""
+        req = _args.exec_request(cmd, stdin=stdin, env=env, cwd=cwd, timeout=timeout, limits=limits)
+        return ExecStream(self._sb.exec_stream(req))
+
+    def get(self) -> SandboxRecord:
+        """The sandbox's record: phase, spec, owner, expiry, ..."""
+        return self._sb.get(None)
+
+    def destroy(self) -> None:
+        """Removes the sandbox and everything in it. Raises if it could not be
+        stopped (it is then still there: destroy again)."""
+        self._sb.destroy(None)
+
+    def pause(self) -> None:
+        """Freezes every process (memory kept, no CPU used)."""
+        self._sb.pause(None)
+
+    def resume(self) -> None:
+        self._sb.resume(None)
+
+    def read_file(self, path: _args.PathArg, *, max_bytes: int = 0) -> bytes:
+        """A file's content (absolute path inside the sandbox; max_bytes 0: up to 64 MiB)."""
+        return self._sb.read_file(_args.path(path), _nonneg(max_bytes, "max_bytes"), None)
+
+    def write_file(self, path: _args.PathArg, content: Union[bytes, str], *, mode: int = 0o644,
+                   make_parents: bool = False) -> None:
+        """Writes a file (a str is written as UTF-8)."""
+        self._sb.write_file(_args.path(path), _content(content), _mode(mode), _flag(make_parents, "make_parents"),
+                            None)
+
+    def list_files(self, path: _args.PathArg) -> FileList:
+        """The path's FileInfo (``info``) and, for a directory, its ``entries``."""
+        return self._sb.list_files(_args.path(path), None)
+
+    def __enter__(self) -> "Sandbox":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            self.destroy()
+        except NotFound:
+            pass  # destroyed in the block already
+
+    def __repr__(self) -> str:
+        return f"dsec.Sandbox({self.id!r})"
+
+
+class Session:
+    """A rollout session (Client.open_session or attach_session): numbered
+    steps, logged durably; a step already in the log is answered from it
+    without running again, so a restarted trainer replays from step 0.
+
+    As a context manager it is closed when the block ends without an
+    exception; after an exception it stays open (for the lease), so that a
+    trainer started again can go on."""
+
+    def __init__(self, client: "Client", core: "_core.Session") -> None:
+        self._client = client
+        self._s = core
+
+    @property
+    def name(self) -> str:
+        return self._s.name
+
+    @property
+    def record(self) -> SessionRecord:
+        """The record as of open/attach (roles, sandbox ids, lease)."""
+        return self._s.record
+
+    def step(self, index: int, cmd: _args.Command, *, sandbox: str = "agent", stdin: Union[bytes, str, None] = None,
+             env: Optional[Mapping[str, str]] = None, cwd: Optional[_args.PathArg] = None,
+             timeout: Optional[float] = None, limits: Any = None, reward: Optional[float] = None,
+             prompt_tokens: Optional[int] = None, completion_tokens: Optional[int] = None,
+             notes: Optional[Mapping[str, str]] = None) -> StepReply:
+        """Runs step `index` in the role `sandbox`, or answers it from the log if it ran before
+        (``reply.replayed``). ``reply.result`` is its ExecResult."""
+        req = _args.exec_request(cmd, stdin=stdin, env=env, cwd=cwd, timeout=timeout, limits=limits)
+        return self._s.step(_args.index(index), req, _args.name(sandbox, "sandbox role"),
+                            _args.meta(reward, prompt_tokens, completion_tokens, notes), None)
+
+    def annotate(self, index: int, *, reward: Optional[float] = None, prompt_tokens: Optional[int] = None,
+                 completion_tokens: Optional[int] = None, notes: Optional[Mapping[str, str]] = None) -> StepMeta:
+        """Adds to a logged step's metadata (a reward or token count replaces the old one;
+        notes are merged); the metadata as now logged."""
+        return self._s.annotate(_args.index(index), _args.meta(reward, prompt_tokens, completion_tokens, notes), None)
+
+    def steps(self, start: int = 0, limit: int = 0) -> List[StepRecord]:
+        """Logged steps from `start` (limit 0: up to 1 000 per call)."""
+        return self._s.steps(_args.index(start), _nonneg(limit, "limit", _args.U32), None).steps
+
+    def get(self) -> SessionRecord:
+        return self._s.get(None)
+
+    def sandbox(self, role: str = "agent") -> Sandbox:
+        """The session's sandbox for `role`, to look at it outside the log."""
+        return Sandbox(self._client, self._s.sandbox(_args.name(role, "role"), None))
+
+    def close(self) -> None:
+        """Closes the session: its sandboxes go; its log stays for dsec-replay."""
+        self._s.close(None)
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        if exc_type is None:
+            self.close()
+
+    def __repr__(self) -> str:
+        return f"dsec.Session({self.name!r})"
+
+
+class _Connection:
+    """What dsec.Client and dsec.AsyncClient share: the connection and its state."""
+
+    def __init__(self, address: Optional[str] = None, *, token: Optional[str] = None,
+                 token_file: Optional[str] = None, data_dir: Optional[str] = None,
+                 connect_timeout: Optional[float] = 5.0, rpc_timeout: Optional[float] = 30.0,
+                 threads: int = 2) -> None:
+        self._c = connect(address, token=token, token_file=token_file, data_dir=data_dir,
+                          connect_timeout=connect_timeout, rpc_timeout=rpc_timeout, threads=threads)
+
+    @property
+    def client_id(self) -> str:
+        """This client's id: the owner of the sandboxes it creates."""
+        return self._c.client_id
+
+    @property
+    def address(self) -> str:
+        return self._c.address
+
+    @property
+    def connected(self) -> bool:
+        return self._c.connected
+
+    @property
+    def connections(self) -> int:
+        """Connections made so far (1 after connecting; one more per reconnect)."""
+        return self._c.connections
+
+    def close(self) -> None:
+        """Closes the connection; calls still waiting fail with dsec.Unavailable.
+        Sandboxes it owns go after their lease (unless detached)."""
+        self._c.close()
+
+    def __repr__(self) -> str:
+        return f"dsec.{type(self).__name__}({self.address!r})"
+
+
+class Client(_Connection):
+    """A connection to dsecd (it reconnects by itself after a restart).
+
+    address: "host:port" of dsecd's SDK port; None: $DSEC_ADDR, else the
+    address in <data_dir>/dsecd.json, else 127.0.0.1:7400. The token comes
+    from `token`, $DSEC_SDK_TOKEN, `token_file` or <data_dir>/sdk.token
+    (data_dir: $DSEC_DATA_DIR, else ./dsec-data). connect_timeout and
+    rpc_timeout are in seconds (None: 5 and 30). Thread-safe."""
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def run(self, cmd: _args.Command, *, kind: Optional[str] = None, image: Optional[str] = None,
+            timeout: Optional[float] = None, stdin: Union[bytes, str, None] = None,
+            env: Optional[Mapping[str, str]] = None, cwd: Optional[_args.PathArg] = None, limits: Any = None,
+            memory: Optional[int] = None, network: Any = None, spec: Any = None) -> ExecResult:
+        """Runs `cmd` once in a fresh sandbox (default kind fncall) and returns its result.
+
+        A str runs with sh -c; a list is the argv. `timeout` in seconds."""
+        s = _args.spec(kind, image, default_kind="fncall", spec=spec, memory=memory, network=network)
+        req = _args.exec_request(cmd, stdin=stdin, env=env, cwd=cwd, timeout=timeout, limits=limits)
+        return self._c.run(s, req, None)
+
+    def create(self, *, kind: Optional[str] = None, image: Optional[str] = None, id: Optional[str] = None,
+               detached: bool = False, lease: Optional[float] = None, spec: Any = None, limits: Any = None,
+               timeout: Optional[float] = None, memory: Optional[int] = None, network: Any = None,
+               env: Optional[Mapping[str, str]] = None, workdir: Optional[str] = None,
+               labels: Optional[Mapping[str, str]] = None, isolation: Optional[str] = None,
+               ttl: Optional[float] = None, idle_timeout: Optional[float] = None,
+               on_idle: Optional[str] = None) -> Sandbox:
+        """Creates a sandbox (a context manager: destroyed when the block ends).
+
+        id: [a-z0-9-], at most 64 bytes (None: one is made up). It belongs to
+        this client and goes `lease` seconds after the client is gone, unless
+        detached. `timeout` (seconds) is each exec's default time limit."""
+        s = _args.spec(kind, image, spec=spec, limits=limits, timeout=timeout, memory=memory, network=network,
+                       env=env, workdir=workdir, labels=labels, isolation=isolation, ttl=ttl,
+                       idle_timeout=idle_timeout, on_idle=on_idle)
+        return Sandbox(self, self._c.create(s, _args.text(id or "", "id"), _flag(detached, "detached"),
+                                            _args.whole_seconds(lease, "lease") or 0, None))
+
+    def attach(self, sandbox_id: str) -> Sandbox:
+        """A handle to an existing sandbox (dsec.NotFound if there is none)."""
+        return Sandbox(self, self._c.attach(_args.name(sandbox_id, "sandbox id"), None))
+
+    def open_session(self, name: str, *, kind: Optional[str] = None, image: Optional[str] = None,
+                     sandboxes: Optional[Mapping[str, Any]] = None, lease: Optional[float] = None,
+                     spec: Any = None, limits: Any = None, timeout: Optional[float] = None,
+                     memory: Optional[int] = None, network: Any = None, env: Optional[Mapping[str, str]] = None,
+                     workdir: Optional[str] = None) -> Session:
+        """Opens the session `name` (e.g. "job1/p0/s0"), or opens it again
+        (the same arguments: idempotent). Its "agent" sandbox has the given
+        spec; `sandboxes` adds more by role ({"eval": {"kind": "container",
+        "image": "py311"}}). It outlives this trainer by `lease` seconds."""
+        s = _args.spec(kind, image, spec=spec, limits=limits, timeout=timeout, memory=memory, network=network,
+                       env=env, workdir=workdir)
+        return Session(self, self._c.open_session(_args.name(name, "session name"), s,
+                                                  _args.more_sandboxes(sandboxes),
+                                                  _args.whole_seconds(lease, "lease") or 0, None))
+
+    def attach_session(self, name: str) -> Session:
+        """A handle to an open session (dsec.NotFound if there is none)."""
+        return Session(self, self._c.attach_session(_args.name(name, "session name"), None))
+
+    def register_image(self, manifest: Union[ImageManifest, Mapping[str, Any]], *,
+                       replace: bool = False) -> ImageManifest:
+        """Registers an EROFS image file (dsec-image build makes and registers them)."""
+        return self._c.register_image(_args.fields(manifest, "manifest", ImageManifest), _flag(replace, "replace"), None)
+
+    def get_image(self, name: str) -> ImageManifest:
+        return self._c.get_image(_args.name(name, "image name"), None)
+
+    def list_images(self) -> List[ImageManifest]:
+        return self._c.list_images(None)
+
+    def remove_image(self, name: str) -> None:
+        self._c.remove_image(_args.name(name, "image name"), None)
+
+def _nonneg(v: Any, what: str, most: int = _args.U64) -> int:
+    return _args.count(v, what, most)
+
+
+def _mode(v: Any) -> int:
+    m = _nonneg(v, "mode")
+    if m > 0o7777:
+        raise _args.InvalidArgument(f"mode {oct(m)} has more than permission bits (at most 0o7777)")
+    return m
+
+
+def _flag(v: Any, what: str) -> bool:
+    if not isinstance(v, bool):
+        raise TypeError(f"dsec: {what} is True or False, not {type(v).__name__}")
+    return v
+
+
+def _content(v: Any) -> bytes:
+    if isinstance(v, str):
+        return v.encode("utf-8")
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        return bytes(v)
+    raise TypeError(f"dsec: file content is bytes or str, not {type(v).__name__}")
