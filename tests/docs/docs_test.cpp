@@ -95,12 +95,14 @@ TEST(Docs, TheReadmeAndRunningCommandsRunAsWritten) {
   auto running = ShellLines(src + "/docs/running.md");
   ASSERT_GT(readme.size(), 10u) << "no Try-it block in README.md";
   ASSERT_GT(running.size(), 5u) << "no sh blocks in docs/running.md";
-  // A root like the repository's: build/ (the real one), and a fresh ./dsec-data.
+  // A root like the repository's: build/ and sdk/ (the real ones), and a
+  // fresh ./dsec-data.
   char tmpl[] = "/tmp/dsec-test-docs-XXXXXX";
   ASSERT_NE(::mkdtemp(tmpl), nullptr);
   std::string root = tmpl;
   std::string build = BinDir().substr(0, BinDir().rfind('/'));
   ASSERT_EQ(::symlink(build.c_str(), (root + "/build").c_str()), 0);
+  ASSERT_EQ(::symlink(DSEC_SOURCE_DIR "/sdk", (root + "/sdk").c_str()), 0);  // sdk/python/examples
   auto dsecd = Child::Start({"/bin/sh", "-c",
                              "cd " + root + " && exec build/bin/dsecd --listen 127.0.0.1:0 --admin 127.0.0.1:0 "
                              "--cgroup-parent dsec-test 2>dsecd.log"});
