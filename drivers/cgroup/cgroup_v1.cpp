@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -54,14 +55,15 @@ std::vector<pid_t> ReadProcs(const std::string& dir) {
 }
 
 // Kills everything in dir (and below), then removes the directories bottom-up.
-void KillAndRemoveTree(const std::string& dir) {
-  for (const auto& sub : ListSubdirs(dir)) KillAndRemoveTree(dir + "/" + sub);
-  for (int attempt = 0; attempt < 200; ++attempt) {
-    auto pids = ReadProcs(dir);
-    if (pids.empty()) break;
-    for (pid_t p : pids) ::kill(p, SIGKILL);
-    ::usleep(5000);  // killed processes leave the group asynchronously
-  }
+void KillAndRemoveTree(const std::string& dir, int64_t start_ms) {
+  for (const auto& sub : ListSubdirs(dir)) KillAndRemoveTree(dir + "/" + sub, start_ms);
+  WaitForKilled(
+      [&] {
+        auto pids = ReadProcs(dir);
+        for (pid_t p : pids) ::kill(p, SIGKILL);
+        return pids.empty();
+      },
+      start_ms);
   ::rmdir(dir.c_str());
 }
 
@@ -140,7 +142,22 @@ Status MakeGroupDirs(const CgroupMounts& m, const std::string& rel) {
   return Status::Ok();
 }
 
+int64_t MonotonicMs() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000 + ts.tv_nsec / 1000000;
+}
+
+bool WaitForKilled(const std::function<bool()>& empty, int64_t start_ms) {
+  while (!empty()) {
+    if (MonotonicMs() - start_ms >= kKilledLeaveMs) return false;
+    ::usleep(5000);  // killed processes leave the group asynchronously
+  }
+  return true;
+}
+
 void KillAndRemoveGroup(const CgroupMounts& m, const std::string& rel) {
+  int64_t start = MonotonicMs();
   if (!m.freezer.empty()) {
     std::string state = m.freezer + "/" + rel + "/freezer.state";
     int fd = ::open(state.c_str(), O_RDWR | O_CLOEXEC);
@@ -151,7 +168,7 @@ void KillAndRemoveGroup(const CgroupMounts& m, const std::string& rel) {
       ::close(fd);
     }
   }
-  for (const auto& h : m.Hierarchies()) KillAndRemoveTree(h + "/" + rel);
+  for (const auto& h : m.Hierarchies()) KillAndRemoveTree(h + "/" + rel, start);
 }
 
 bool EmptyGroup(const CgroupMounts& m, const std::string& rel) {
@@ -163,13 +180,13 @@ bool EmptyGroup(const CgroupMounts& m, const std::string& rel) {
   for (const auto& h : m.Hierarchies())
     for (pid_t p : ReadProcs(h + "/" + rel)) ::kill(p, SIGKILL);
   if (freezer) (void)WriteFd(freezer.get(), "THAWED", "freezer.state", rel);
-  for (int attempt = 0; attempt < 200; ++attempt) {
-    bool empty = true;
-    for (const auto& h : m.Hierarchies()) empty = empty && ReadProcs(h + "/" + rel).empty();
-    if (empty) return true;
-    ::usleep(5000);  // killed processes leave the group asynchronously
-  }
-  return false;
+  return WaitForKilled(
+      [&] {
+        for (const auto& h : m.Hierarchies())
+          if (!ReadProcs(h + "/" + rel).empty()) return false;
+        return true;
+      },
+      MonotonicMs());
 }
 
 namespace {
@@ -245,7 +262,7 @@ int SweepStaleSpawnerGroups(const CgroupMounts& m, const std::string& parent) {
       stale.push_back(base + "/" + name);
     }
     for (const auto& dir : stale) {
-      KillAndRemoveTree(dir);
+      KillAndRemoveTree(dir, MonotonicMs());
       ++removed;
     }
   }
@@ -423,7 +440,8 @@ void CgroupSlot::Remove() {
     (void)Freeze(false);
   }
   CloseFiles();
-  for (const auto& d : dirs_) KillAndRemoveTree(d);
+  int64_t start = MonotonicMs();
+  for (const auto& d : dirs_) KillAndRemoveTree(d, start);
   dirs_.clear();
 }
 

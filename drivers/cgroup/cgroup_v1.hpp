@@ -96,8 +96,23 @@ class CgroupSlot final : public RunSlot {
   int64_t cur_pids_ = -2, cur_quota_ = -2;
 };
 
+// How long killed processes get to leave their group before a destroy says
+// some are stuck. A loaded host needs seconds: hundreds of containers
+// killed at once (a trainer closing its rollouts) have their pid and mount
+// namespaces torn down one after another. A process stuck in the kernel
+// never leaves; the destroy then fails ("destroy it again"). A container's
+// destroy waits in up to three such phases (its init, its group, the group
+// removed), 15 s at most: within the SDK's 30 s call timeout.
+constexpr int kKilledLeaveMs = 5000;
+// Calls `empty()` every 5 ms until it says true, for kKilledLeaveMs from
+// `start` at most; its last answer.
+bool WaitForKilled(const std::function<bool()>& empty, int64_t start_ms);
+// Now, in ms of the monotonic clock (for WaitForKilled's start).
+int64_t MonotonicMs();
+
 // Kills everything in <mount>/<rel> of every hierarchy (freezing it first
-// when a freezer is mounted) and removes the directories.
+// when a freezer is mounted) and removes the directories; waits for the
+// killed processes as WaitForKilled does.
 void KillAndRemoveGroup(const CgroupMounts& m, const std::string& rel);
 
 // mkdir -p of <root>/<rel> (EEXIST is fine), starting over (10 times at
@@ -110,7 +125,7 @@ Status MakeDirsUnder(const std::string& root, const std::string& rel,
 // mkdir -p of <mount>/<rel> in every hierarchy (EEXIST is fine).
 Status MakeGroupDirs(const CgroupMounts& m, const std::string& rel);
 // Kills everything in <mount>/<rel> (frozen first when a freezer is
-// mounted) and waits, up to 1 s, until nothing is left in it; leaves it
+// mounted) and waits (WaitForKilled) until nothing is left in it; leaves it
 // thawed. True when it is empty.
 bool EmptyGroup(const CgroupMounts& m, const std::string& rel);
 // The sandbox-wide limits a container's group holds. A recycled group keeps

@@ -129,10 +129,7 @@ class GroupsV2 final : public Groups {
       for (pid_t p : Pids(rel)) ::kill(p, SIGKILL);
       if (froze) (void)Freeze(rel, false);
     }
-    for (int attempt = 0; attempt < 200; ++attempt) {
-      if (Pids(rel).empty()) break;
-      ::usleep(5000);  // killed processes leave the group asynchronously
-    }
+    WaitForKilled([&] { return Pids(rel).empty(); }, MonotonicMs());
     if (Frozen(rel)) (void)Freeze(rel, false);
     return Pids(rel).empty();
   }

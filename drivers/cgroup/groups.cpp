@@ -116,9 +116,10 @@ bool Groups::StopContainer(const std::string& rel, pid_t init_pid, bool frozen) 
   if (pidfd && ::syscall(SYS_pidfd_send_signal, pidfd.get(), SIGKILL, nullptr, 0) == 0) {
     // A frozen init takes the signal only once thawed.
     if (frozen && CanFreeze()) (void)Freeze(rel, false);
-    // The init exits only after every other process of its namespace has.
+    // The init exits only after every other process of its namespace has
+    // (on a loaded host that takes seconds: see kKilledLeaveMs).
     pollfd p{pidfd.get(), POLLIN, 0};
-    stopped = ::poll(&p, 1, 1000) == 1 && Pids(rel).empty();
+    stopped = ::poll(&p, 1, kKilledLeaveMs) == 1 && Pids(rel).empty();
   }
   return stopped || Empty(rel);
 }
