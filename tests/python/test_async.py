@@ -70,6 +70,8 @@ def test_every_async_call(container_daemon: Daemon) -> None:
             assert (meta.reward, meta.completion_tokens) == (2.5, 7)
             assert [st.index for st in await s.steps()] == [0, 1, 2]
             assert (await s.get()).step_count == 3
+            with pytest.raises(dsec.NotFound):
+                await s.sandbox("nope")  # answered before anything is sent
             agent = await s.sandbox()
             assert await agent.read_file("/work/log") == b"0\n1\n2\n"
             assert (await (await c.attach_session("pytest/async/s0")).get()).name == "pytest/async/s0"
@@ -82,6 +84,16 @@ def test_every_async_call(container_daemon: Daemon) -> None:
                 await c.run(["true"], kind="nope")
 
     asyncio.run(main())
+
+
+def test_the_extension_refuses_a_broken_aio_target(client: dsec.Client) -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        with pytest.raises(TypeError, match="completer is None"):
+            client._c.run({"kind": "fncall"}, {"argv": ["true"]}, (loop, loop.create_future(), None))
+
+    asyncio.run(main())
+    assert client.run(["echo", "ok"]).text == "ok\n"
 
 
 def test_a_cancelled_call_leaves_the_client_working(daemon: Daemon) -> None:

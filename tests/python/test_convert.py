@@ -71,3 +71,21 @@ def test_records_go_in_where_dicts_do() -> None:
         rt("SandboxSpec", {"limits": dsec.HostPort(host="x")})
     with pytest.raises(TypeError, match="must be a dict"):
         rt("SandboxSpec", dsec.Limits)
+
+
+def test_hostile_values_to_the_extension_itself_fail_cleanly() -> None:
+    with pytest.raises(dsec.InvalidArgument, match="pids is out of range"):
+        rt("Limits", {"pids": 10**5000})  # its str() is refused: said without it
+    with pytest.raises(TypeError):
+        _core._drain(None)
+
+    fields = {"pids": 1, "timeout_ms": 2}
+
+    class Sneaky:
+        def __index__(self) -> int:
+            fields.clear()  # changes the dict being read
+            return 3
+
+    fields["cpu_millis"] = Sneaky()
+    got = rt("Limits", fields)
+    assert got.cpu_millis == 3

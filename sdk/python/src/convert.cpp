@@ -79,27 +79,38 @@ T IntIn(pb::handle v, const std::string& path) {
   if (PyBool_Check(v.ptr()) || !PyIndex_Check(v.ptr())) TypeError(path, "an int", v);
   auto i = pb::reinterpret_steal<pb::object>(PyNumber_Index(v.ptr()));
   if (!i) throw pb::error_already_set();
-  std::string range = " (" + std::to_string(std::numeric_limits<T>::min()) + " to " +
-                      std::to_string(std::numeric_limits<T>::max()) + "; it is " + std::string(pb::str(i)) + ")";
+  // The message is made only on the error path (str() of a huge int is slow).
+  auto bad = [&](const char* what) {
+    std::string shown;
+    PyObject* str = PyObject_Str(i.ptr());
+    if (str) {
+      const char* u = PyUnicode_AsUTF8(str);
+      shown = u ? u : "";
+      Py_DECREF(str);
+    }
+    PyErr_Clear();  // a huge int's str() is refused: said without it
+    if (shown.empty() || shown.size() > 40) shown = shown.empty() ? "a huge number" : shown.substr(0, 37) + "...";
+    return ArgumentError{path + what + " (" + std::to_string(std::numeric_limits<T>::min()) + " to " +
+                         std::to_string(std::numeric_limits<T>::max()) + "; it is " + shown + ")"};
+  };
   if (std::is_signed<T>::value) {
     int overflow = 0;
     long long x = PyLong_AsLongLongAndOverflow(i.ptr(), &overflow);
     if (overflow == 0 && x == -1 && PyErr_Occurred()) throw pb::error_already_set();
     if (overflow != 0 || x < static_cast<long long>(std::numeric_limits<T>::min()) ||
         x > static_cast<long long>(std::numeric_limits<T>::max()))
-      throw ArgumentError{path + " is out of range" + range};
+      throw bad(" is out of range");
     return static_cast<T>(x);
   }
   int negative = PyObject_RichCompareBool(i.ptr(), pb::int_(0).ptr(), Py_LT);
   if (negative < 0) throw pb::error_already_set();
-  if (negative) throw ArgumentError{path + " must not be negative" + range};
+  if (negative) throw bad(" must not be negative");
   unsigned long long u = PyLong_AsUnsignedLongLong(i.ptr());
   if (PyErr_Occurred()) {
     PyErr_Clear();
-    throw ArgumentError{path + " is out of range" + range};
+    throw bad(" is out of range");
   }
-  if (u > static_cast<unsigned long long>(std::numeric_limits<T>::max()))
-    throw ArgumentError{path + " is out of range" + range};
+  if (u > static_cast<unsigned long long>(std::numeric_limits<T>::max())) throw bad(" is out of range");
   return static_cast<T>(u);
 }
 
@@ -269,9 +280,15 @@ void FromPy(pb::handle obj, Message* m, const std::string& path) {
   } else {
     TypeError(path, ("a dict (the fields of a " + m->GetDescriptor()->name() + ")").c_str(), obj);
   }
+  // A copy: the checks below may run Python that changes the dict.
+  fields = pb::reinterpret_steal<pb::dict>(PyDict_Copy(fields.ptr()));
+  if (!fields) throw pb::error_already_set();
   const Descriptor* d = m->GetDescriptor();
   const Reflection* r = m->GetReflection();
-  for (auto [k, v] : fields) {
+  for (auto item : fields) {
+    // Strong references: the checks below may run Python that changes the dict.
+    pb::object k = pb::reinterpret_borrow<pb::object>(item.first);
+    pb::object v = pb::reinterpret_borrow<pb::object>(item.second);
     if (!PyUnicode_Check(k.ptr())) TypeError(path + " key " + std::string(pb::repr(k)), "a str", k);
     std::string name = Utf8(k, path);
     const FieldDescriptor* f = d->FindFieldByName(name);
@@ -283,7 +300,11 @@ void FromPy(pb::handle obj, Message* m, const std::string& path) {
       if (!PyDict_Check(v.ptr())) TypeError(sub, "a dict", v);
       const FieldDescriptor* kf = f->message_type()->map_key();
       const FieldDescriptor* vf = f->message_type()->map_value();
-      for (auto [mk, mv] : pb::reinterpret_borrow<pb::dict>(v)) {
+      auto map = pb::reinterpret_steal<pb::dict>(PyDict_Copy(v.ptr()));  // stable while Python runs
+      if (!map) throw pb::error_already_set();
+      for (auto kv : map) {
+        pb::object mk = pb::reinterpret_borrow<pb::object>(kv.first);
+        pb::object mv = pb::reinterpret_borrow<pb::object>(kv.second);
         Message* entry = r->AddMessage(m, f);
         std::string where = sub + "[" + std::string(pb::repr(mk)) + "]";
         SetScalar(entry, entry->GetReflection(), kf, mk, where);
@@ -292,7 +313,8 @@ void FromPy(pb::handle obj, Message* m, const std::string& path) {
     } else if (f->is_repeated()) {
       if (!PyList_Check(v.ptr()) && !PyTuple_Check(v.ptr())) TypeError(sub, "a list", v);
       size_t i = 0;
-      for (auto item : v) SetScalar(m, r, f, item, sub + "[" + std::to_string(i++) + "]");
+      pb::list items(pb::reinterpret_borrow<pb::object>(v));  // a copy: stable while Python runs
+      for (auto item : items) SetScalar(m, r, f, item, sub + "[" + std::to_string(i++) + "]");
     } else {
       SetScalar(m, r, f, v, sub);
     }

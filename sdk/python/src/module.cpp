@@ -50,30 +50,35 @@ bool Finalizing() {
 // Once the interpreter is going away, taking the GIL ends the thread in the
 // middle of C++ frames: a thread about to take it back blocks for good
 // instead (as CPython 3.14 itself does).
-void ParkIfFinalizing() {
-  if (!Finalizing()) return;
-  for (;;) ::pause();
-}
-
 // The main thread's id (threading.main_thread().ident, set at import): only
-// there can Ctrl-C interrupt a blocking call.
+// there can Ctrl-C interrupt a blocking call, and only there does the
+// interpreter finalize.
 unsigned long& MainThread() {
   static unsigned long id = 0;
   return id;
 }
 
+void ParkIfFinalizing() {
+  if (!Finalizing() || PyThread_get_thread_ident() == MainThread()) return;
+  for (;;) ::pause();
+}
+
 // Set while an SDK thread runs Python code (which may drop the last
 // reference to a client: see Core::Close).
+// (A thread that already holds the GIL is a Python thread: not marked.)
 thread_local int tls_python_on_sdk_thread = 0;
 struct OnSdkThread {
-  OnSdkThread() { ++tls_python_on_sdk_thread; }
-  ~OnSdkThread() { --tls_python_on_sdk_thread; }
+  OnSdkThread() : marked(!PyGILState_Check()) { tls_python_on_sdk_thread += marked; }
+  ~OnSdkThread() { tls_python_on_sdk_thread -= marked; }
+  int marked;
 };
 
 // Python objects held by C++ callbacks, which may be destroyed on an SDK
 // thread without the GIL.
 struct Held {
   explicit Held(pb::object o) : obj(std::move(o)) {}
+  Held(const Held&) = delete;
+  Held& operator=(const Held&) = delete;
   ~Held() {
     if (!Py_IsInitialized() || Finalizing()) {  // leak rather than crash
       obj.release();
@@ -97,6 +102,13 @@ struct AioTarget {
 // Answers waiting for their event loop (one Completer per loop: see
 // dsec/_aio.py). It holds its loop weakly, so a loop that is gone takes
 // nothing with it.
+class Completer;
+// Set while a thread holds Core::mu (WithClient): an answer given inline
+// there (an error found before anything is sent) is queued, and its
+// wake-up, which needs the GIL, waits until the lock is released.
+thread_local bool tls_holding_core = false;
+thread_local std::vector<std::shared_ptr<Completer>>* tls_deferred_wakes = nullptr;
+
 class Completer : public std::enable_shared_from_this<Completer> {
  public:
   explicit Completer(pb::object loop_ref) : loop_ref_(std::move(loop_ref)) {}
@@ -104,31 +116,52 @@ class Completer : public std::enable_shared_from_this<Completer> {
   // Any thread, without the GIL. `item` runs on the loop's thread with the
   // GIL; the loop is woken when the queue was empty.
   void Push(std::function<void()> item) {
-    bool schedule;
+    bool schedule, dead, check;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      items_.push_back(std::move(item));
-      schedule = !scheduled_;
-      scheduled_ = true;
+      dead = dead_;
+      if (!dead) items_.push_back(std::move(item));
+      schedule = !dead && !scheduled_;
+      scheduled_ = scheduled_ || schedule;
+      // A loop closed while its drain was queued never drains: look at it
+      // now and then while answers pile up.
+      check = !dead && !schedule && items_.size() >= 1024 && (items_.size() & (items_.size() - 1)) == 0;
     }
-    if (!schedule || Finalizing()) return;
+    if (dead) return Drop(std::move(item));
+    if (!schedule && !check) return;
+    if (tls_holding_core && tls_deferred_wakes) return tls_deferred_wakes->push_back(shared_from_this());
+    Wake(schedule);
+  }
+
+  // Wakes the loop (`schedule`), or only checks that it is alive; marks the
+  // completer dead and drops what waits when the loop is closed or gone.
+  void Wake(bool schedule = true) {
+    if (!Py_IsInitialized() || Finalizing()) return;
     OnSdkThread mark;
     pb::gil_scoped_acquire gil;
-    bool woken = false;
+    bool alive = false, woken = false;
     try {
       pb::object loop = loop_ref_.obj();
-      if (!loop.is_none() && !loop.attr("is_closed")().cast<bool>()) {
+      alive = !loop.is_none() && !loop.attr("is_closed")().cast<bool>();
+      if (alive && schedule) {
         loop.attr("call_soon_threadsafe")(DrainFn(), pb::cast(shared_from_this()));
         woken = true;
       }
     } catch (pb::error_already_set& e) {
-      // Closed between the check and the call.
+      e.discard_as_unraisable("dsec: waking an event loop for answers");
     }
-    if (woken) return;
+    if (alive && (woken || !schedule)) return;
+    if (alive) {  // the wake-up failed (e.g. MemoryError): the next answer tries again
+      std::lock_guard<std::mutex> lock(mu_);
+      scheduled_ = false;
+      return;
+    }
     // The loop is closed or gone, and its callers with it: drop what waits
-    // for it (here, with the GIL), and every answer that comes later.
+    // (here, with the GIL) and every answer that comes later.
     std::vector<std::function<void()>> dropped;
     std::lock_guard<std::mutex> lock(mu_);
+    dead_ = true;
+    scheduled_ = false;
     dropped.swap(items_);
   }
 
@@ -146,7 +179,8 @@ class Completer : public std::enable_shared_from_this<Completer> {
       } catch (pb::error_already_set& e) {
         e.discard_as_unraisable("dsec: settling an async call");
       } catch (const std::exception& e) {
-        PyErr_WarnFormat(PyExc_RuntimeWarning, 1, "dsec: settling an async call: %s", e.what());
+        PyErr_SetString(PyExc_RuntimeError, e.what());
+        PyErr_WriteUnraisable(nullptr);
       }
     }
   }
@@ -157,10 +191,19 @@ class Completer : public std::enable_shared_from_this<Completer> {
   }
 
  private:
+  // An answer for a loop that is gone: its Python objects go with the GIL.
+  static void Drop(std::function<void()> item) {
+    if (!Py_IsInitialized() || Finalizing()) return (void)new std::function<void()>(std::move(item));  // leaked
+    OnSdkThread mark;
+    pb::gil_scoped_acquire gil;
+    item = nullptr;
+  }
+
   Held loop_ref_;  // a weakref.ref to the loop
   std::mutex mu_;
   std::vector<std::function<void()>> items_;
   bool scheduled_ = false;
+  bool dead_ = false;
 };
 using CompleterRef = std::shared_ptr<Completer>;
 
@@ -174,7 +217,10 @@ Aio Target(const pb::object& aio) {
   if (aio.is_none()) return {};
   auto t = aio.cast<pb::tuple>();
   if (t.size() != 3) throw pb::type_error("dsec: aio must be (loop, future, completer)");
-  return {std::make_shared<AioTarget>(t[1]), t[2].cast<CompleterRef>()};
+  auto completer = t[2].cast<CompleterRef>();
+  if (!completer) throw pb::type_error("dsec: aio's completer is None");
+  if (!py::Settle()) throw pb::type_error("dsec: dsec._aio is not imported (it sets how futures are settled)");
+  return {std::make_shared<AioTarget>(t[1]), completer};
 }
 
 // Settles `target` with `make()`'s value; an exception from make() fails it.
@@ -190,6 +236,9 @@ void SettleWith(AioTarget& target, Make&& make) {
     } catch (pb::error_already_set& again) {
       again.discard_as_unraisable("dsec: settling a call's future");
     }
+  } catch (const std::exception& e) {
+    // e.g. a failed cast while making the value: the call fails with it.
+    target.Settle(true, pb::reinterpret_borrow<pb::object>(PyExc_RuntimeError)(e.what()));
   }
 }
 
@@ -250,12 +299,20 @@ struct Core {
 template <class F>
 bool WithClient(Core& core, F&& f) {
   bool open = false;
+  std::vector<std::shared_ptr<Completer>> wakes;
   pb::gil_scoped_release nogil;
-  std::shared_lock<std::shared_mutex> lock(core.mu);
-  if (core.client) {
-    open = true;
-    f(*core.client);
+  {
+    std::shared_lock<std::shared_mutex> lock(core.mu);
+    tls_holding_core = true;
+    tls_deferred_wakes = &wakes;
+    if (core.client) {
+      open = true;
+      f(*core.client);
+    }
+    tls_holding_core = false;
+    tls_deferred_wakes = nullptr;
   }
+  for (auto& c : wakes) c->Wake();
   return open;
 }
 
@@ -394,11 +451,13 @@ pb::object NextChunk(const StreamRef& q) {
 
 pb::object StreamResult(const StreamRef& q) {
   Result<v1::ExecResult> r = Status::Unavailable("x");
+  bool done;
   {
     std::lock_guard<std::mutex> lock(q->mu);
-    if (!q->done) Raise(Status::FailedPrecondition("the exec is still running: read its output to the end first"));
-    r = q->result;
+    done = q->done;
+    if (done) r = q->result;
   }
+  if (!done) Raise(Status::FailedPrecondition("the exec is still running: read its output to the end first"));
   if (!r.ok()) Raise(r.status());
   return ToPy(*r);
 }
@@ -462,7 +521,7 @@ PYBIND11_MODULE(_core, m) {
                                      "Answers of async calls waiting for one event loop (dsec._aio keeps one per loop)")
       .def(pb::init<pb::object>(), pb::arg("loop_ref"));
   m.def("_set_main_thread", [](unsigned long id) { MainThread() = id; });
-  m.def("_drain", [](const CompleterRef& c) { c->Drain(); });
+  m.def("_drain", [](const CompleterRef& c) { c->Drain(); }, pb::arg("completer").none(false));
   Completer::DrainFn() = m.attr("_drain");
 
   pb::class_<StreamQueue, StreamRef>(m, "Stream")
