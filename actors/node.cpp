@@ -440,6 +440,7 @@ node_actor::behavior_type NodeActor(NodeSelf self, std::shared_ptr<NodeContext> 
         *rec.mutable_spec() = req.spec();
         if (rec.spec().kind() == v1::KIND_UNSPECIFIED || rec.spec().kind() == v1::KIND_AUTO)
           rec.mutable_spec()->set_kind((*d)->kind());
+        rec.set_accelerator((*d)->accelerator());
         rec.set_phase(v1::SANDBOX_PHASE_PENDING);
         rec.set_node_id(st.ctx->options.node_id);
         rec.set_created_ms(NowMs());
@@ -522,6 +523,9 @@ node_actor::behavior_type NodeActor(NodeSelf self, std::shared_ptr<NodeContext> 
       },
       [self](admin_atom, const std::string& cmd, const std::vector<std::string>& args)
           -> caf::result<std::string> { return HandleAdmin(self, cmd, args); },
+      [self](lost_atom, const std::string& id, const std::string& why) {
+        if (auto sb = self->state.dir.FindSandbox(id)) self->send(sb, lost_atom::value, why);
+      },
       [self](Continuation& c) { c.fn(); },
   };
 }

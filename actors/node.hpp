@@ -23,9 +23,13 @@ using admin_atom = caf::atom_constant<caf::atom("admin")>;
 // Beyond the entry interface:
 //   (admin_atom, command, args) -> one JSON object (as text) for the console:
 //       status, ls, inspect ID, kill ID, stats
+//   (lost_atom, id, why)         a driver saw sandbox `id` end by itself
+//                                (drivers::DriverEnv::lost): to its actor
 //   Continuation                 from the node's own callbacks only
+using lost_atom = caf::atom_constant<caf::atom("lost")>;
 using node_actor = entry_actor::extend<
     caf::replies_to<admin_atom, std::string, std::vector<std::string>>::with<std::string>,
+    caf::reacts_to<lost_atom, std::string, std::string>,
     caf::reacts_to<Continuation>>;
 
 // Spawns the node; it restores sandboxes and sessions from the store before

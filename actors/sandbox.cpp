@@ -554,6 +554,25 @@ sandbox_actor::behavior_type Behavior(Self self) {
         StartDestroy(self, why, [self, rp](const Status& s) mutable { rp.deliver(Reply(s, self->state)); });
         return rp;
       },
+      [self](lost_atom, const std::string& why) {
+        // The sandbox ended by itself: failed, saying why (the record
+        // stays for its owner to see), and what is left of it is removed.
+        auto& st = self->state;
+        bool up = st.rec.phase() == v1::SANDBOX_PHASE_RUNNING || st.rec.phase() == v1::SANDBOX_PHASE_PAUSED;
+        if (!st.driver || st.destroying || st.readopting || !up) return;
+        st.rec.set_phase(v1::SANDBOX_PHASE_FAILED);
+        st.rec.set_error(why.substr(0, 4096));
+        st.ctx->log->warn("sandbox {}: {}", st.rec.id(), st.rec.error());
+        for (const auto& id : st.running) (void)st.driver->Kill(id, "sandbox " + st.rec.id() + " failed (" + why + ")");
+        Checkpoint(self, [self](const Status& w) {
+          if (!w.ok()) self->state.ctx->log->error("sandbox {}: checkpoint: {}", self->state.rec.id(), w.message());
+        });
+        auto log = st.ctx->log;
+        std::string id = st.rec.id();
+        st.driver->Destroy(st.rec, [log, id](const Status& s) {
+          if (!s.ok()) log->warn("sandbox {}: removing what is left after it failed: {}", id, s.message());
+        });
+      },
       [self](owner_atom, bool present) {
         auto& st = self->state;
         st.rec.set_owner_gone_ms(present ? 0 : NowMs());

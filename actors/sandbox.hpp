@@ -19,6 +19,7 @@ struct NodeContext;
 
 using crash_atom = caf::atom_constant<caf::atom("crash")>;
 using owner_atom = caf::atom_constant<caf::atom("owner")>;
+using lost_atom = caf::atom_constant<caf::atom("lost")>;
 
 // Messages, and when they are legal:
 //   CreateRequest      first message after spawn by the node (new sandbox)
@@ -30,6 +31,9 @@ using owner_atom = caf::atom_constant<caf::atom("owner")>;
 //   GetSandboxRequest  any time
 //   owner_atom, bool   from the node: the owner (record.owner) has a
 //                      connection again (true) or has lost its last (false)
+//   lost_atom, why     from the node: the sandbox ended by itself (its VM's
+//                      QEMU exited, its guest kernel panicked): failed,
+//                      saying why, and what is left is destroyed
 //   Continuation       from the actor's own callbacks only
 //   crash_atom         test hook: throws (node started with test hooks)
 using sandbox_actor = caf::typed_actor<
@@ -43,6 +47,7 @@ using sandbox_actor = caf::typed_actor<
     caf::replies_to<v1::WriteFileRequest>::with<v1::FileReply>,
     caf::replies_to<v1::ListFilesRequest>::with<v1::FileReply>,
     caf::reacts_to<owner_atom, bool>,
+    caf::reacts_to<lost_atom, std::string>,
     caf::reacts_to<Continuation>,
     caf::reacts_to<crash_atom>>;
 

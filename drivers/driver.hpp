@@ -98,6 +98,10 @@ class Driver {
   // meanwhile: only what the last run left may be taken for a leftover.
   virtual void Restored() {}
 
+  // What runs its sandboxes' guests: "kvm" or "tcg" for the VM kinds, ""
+  // for kinds on the host's kernel. Written in each new sandbox's record.
+  virtual std::string accelerator() const { return ""; }
+
   // One-line JSON object of driver statistics for the admin console.
   virtual std::string StatsJson() const = 0;
   // dsecd is stopping: end what must not outlive it (runs in flight).

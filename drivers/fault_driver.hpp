@@ -68,6 +68,7 @@ class FaultDriver final : public Driver {
   void Readopt(const v1::SandboxRecord& sb, StatusCallback done) override;
   void Restored() override { base_->Restored(); }
   std::string StatsJson() const override { return base_->StatsJson(); }
+  std::string accelerator() const override { return base_->accelerator(); }
   void Stop() override;
 
  private:

@@ -9,11 +9,13 @@ namespace dsec::drivers {
 // One entry per kind: its factory, defined in drivers/<kind>/.
 std::unique_ptr<Kind> FncallKind();
 std::unique_ptr<Kind> ContainerKind();
+std::unique_ptr<Kind> MicrovmKind();
 
 std::vector<std::unique_ptr<Kind>> AllKinds() {
   std::vector<std::unique_ptr<Kind>> kinds;
   kinds.push_back(FncallKind());
   kinds.push_back(ContainerKind());
+  kinds.push_back(MicrovmKind());
   return kinds;
 }
 

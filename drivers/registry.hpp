@@ -27,6 +27,10 @@ struct DriverEnv {
   uint32_t sandbox_gid = 65534;        // ... and group
   // The image registry (the node's images table).
   std::function<Result<v1::ImageManifest>(const std::string& name)> find_image;
+  // A sandbox ended by itself (a VM's QEMU exited, its guest kernel
+  // panicked): the node marks it failed with `why` and destroys what is
+  // left. Called from a driver thread; may be empty.
+  std::function<void(const std::string& sandbox_id, const std::string& why)> lost;
   // A log callback (level 0 debug .. 3 error) for the driver named `name`.
   std::function<std::function<void(int, const std::string&)>(const std::string& name)> log;
 };

@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/file.h>
 #include <sys/prctl.h>
 #include <sys/mount.h>
 #include <sys/wait.h>
@@ -19,6 +20,7 @@
 #include <thread>
 
 #include "runtime/files.hpp"
+#include "runtime/unique_fd.hpp"
 
 extern char** environ;
 
@@ -63,6 +65,30 @@ std::string BinDir() {
   ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
   std::string self(buf, n > 0 ? static_cast<size_t>(n) : 0);
   return self.substr(0, self.rfind('/'));
+}
+
+std::string TestGuestDir() {
+  if (const char* d = std::getenv("DSEC_GUEST_DIR"); d && *d) return d;
+  std::string bin = BinDir();
+  return bin.substr(0, bin.rfind('/')) + "/guest";
+}
+
+std::string EnsureTestGuest() {
+  std::string dir = TestGuestDir();
+  auto ready = [&] { return ::access((dir + "/vmlinux").c_str(), R_OK) == 0 && ::access((dir + "/base.cpio").c_str(), R_OK) == 0; };
+  if (ready()) return "";
+  if (Status st = MakeDirs(dir, 0755); !st.ok()) return st.message();
+  UniqueFd lock(::open((dir + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+  if (!lock || ::flock(lock.get(), LOCK_EX) < 0) return "cannot lock " + dir + ".lock";
+  if (ready()) return "";
+  std::string log = dir + ".log";
+  int rc = RunToFile({BinDir() + "/dsec-image", "guest", "--dir", dir}, log);
+  if (rc != 0 || !ready()) {
+    auto text = ReadFileToString(log);
+    return "the VM guest could not be prepared in " + dir + " (dsec-image guest, exit " + std::to_string(rc) +
+           "): " + (text.ok() ? *text : std::string("no output"));
+  }
+  return "";
 }
 
 Result<std::unique_ptr<Child>> Child::Start(const std::vector<std::string>& argv) {
@@ -210,6 +236,8 @@ Status TestDaemon::Launch(const std::string& listen, const std::string& admin,
                                    admin, "--cgroup-parent", options_.cgroup_parent, "--fncall-pool", "8", "--log-file",
                                    log_path_};
   if (options_.test_hooks) args.push_back("--test-hooks");
+  args.push_back("--guest-dir");
+  args.push_back(TestGuestDir());
   for (const auto& a : options_.extra_args) args.push_back(a);
   for (const auto& a : more_args) args.push_back(a);
   args.insert(args.begin(), options_.wrapper.begin(), options_.wrapper.end());
@@ -302,6 +330,24 @@ TestDaemon::~TestDaemon() {
   while (::waitpid(-1, nullptr, WNOHANG) > 0) {
   }
   if (!data_dir_.empty() && std::getenv("DSEC_KEEP_TEST_DATA") == nullptr) {
+    // VMs outlive dsecd too: a test that left some (it failed midway) has
+    // their QEMU killed here, and their groups removed, saying so.
+    auto vms = ProcessesMatching(data_dir_ + "/vms/");
+    for (pid_t p : vms) {
+      std::fprintf(stderr, "TestDaemon: killed QEMU %d, left running after dsecd stopped\n", p);
+      ::kill(p, SIGKILL);
+    }
+    for (int i = 0; i < 500 && !ProcessesMatching(data_dir_ + "/vms/").empty(); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));  // killed processes take a moment to exit
+    if (!vms.empty())
+      for (const std::string root : {"/sys/fs/cgroup", "/sys/fs/cgroup/memory", "/sys/fs/cgroup/cpu,cpuacct",
+                                     "/sys/fs/cgroup/pids", "/sys/fs/cgroup/freezer", "/sys/fs/cgroup/cpu",
+                                     "/sys/fs/cgroup/cpuacct"}) {
+        std::string base = root + "/" + options_.cgroup_parent + "/vm";
+        for (const auto& g : ListSubdirs(base)) ::rmdir((base + "/" + g).c_str());
+        ::rmdir(base.c_str());
+        ::rmdir((root + "/" + options_.cgroup_parent).c_str());
+      }
     // The sandboxes' filesystem and the images of running containers stay
     // mounted while sandboxes outlive a dsecd (a test that killed it and
     // did not restart it): those mounts, and with them the loop device, go

@@ -19,6 +19,14 @@ namespace dsec::testing {
 // Where the built binaries are (DSEC_BIN_DIR, set by ctest; else next to the test).
 std::string BinDir();
 
+// The VM guest (kernel and initramfs) every test dsecd boots microVMs and
+// VMs with (--guest-dir): $DSEC_GUEST_DIR, else <bin>/../guest.
+std::string TestGuestDir();
+// Prepares TestGuestDir() once (dsec-image guest; apt-get download of
+// Debian's kernel package), under a lock, for every test process. "" when
+// it is ready; else why it cannot be (for a skip message).
+std::string EnsureTestGuest();
+
 struct ProcResult {
   int exit_code = -1;  // 128+N when killed by signal N
   std::string out, err;

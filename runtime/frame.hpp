@@ -26,6 +26,17 @@ class FrameDecoder {
   // length above the maximum (the stream is unusable).
   int Next(std::string* frame);
   size_t buffered() const { return buf_.size() - pos_; }
+  // True when the bytes not yet taken start with `prefix`.
+  bool StartsWith(std::string_view prefix) const {
+    return buffered() >= prefix.size() && std::string_view(buf_).substr(pos_, prefix.size()) == prefix;
+  }
+  // The bytes not yet taken; the decoder is empty after.
+  std::string TakeRest() {
+    std::string rest = buf_.substr(pos_);
+    buf_.clear();
+    pos_ = 0;
+    return rest;
+  }
 
  private:
   std::string buf_;

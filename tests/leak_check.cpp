@@ -1,6 +1,8 @@
 // Runs after every test that creates sandboxes or daemons (ctest fixture
 // cleanup) and fails if anything they created is left: processes, cgroups,
-// mounts, data dirs. Test daemons and drivers use the cgroup parent
+// mounts, data dirs. A microVM's QEMU is such a process (its command line
+// names its dir in the test data dir; it sits in <parent>/vm/<id>), so a VM
+// that outlives its test is reported, and swept. Test daemons and drivers use the cgroup parent
 // "dsec-test" and data dirs /tmp/dsec-test-*, so this never mistakes a
 // developer's own dsecd for a leak.
 //

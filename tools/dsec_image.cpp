@@ -8,6 +8,9 @@
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
+
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -144,6 +147,13 @@ int main(int argc, char** argv) {
   auto* inspect = app.add_subcommand("inspect", "show an image's manifest");
   inspect->add_option("name", one, "an image name (dsec-image ls lists them)")->required();
 
+  std::string guest_dir;
+  auto* guest = app.add_subcommand(
+      "guest",
+      "prepare the guest of the microvm and vm kinds: a kernel from Debian's linux-image-cloud-amd64 package "
+      "(apt-get download) and an initramfs (busybox, the modules it needs, /init), in <data-dir>/guest");
+  guest->add_option("--dir", guest_dir, "prepare it here instead (dsecd --guest-dir DIR)");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -162,6 +172,14 @@ int main(int argc, char** argv) {
     }
   }
   data = dsec::AbsolutePath(data);
+  if (*guest) {
+    // tools/guest/dsec-guest-build, installed next to this binary.
+    std::string script = dsec::SiblingExecutable("DSEC_GUEST_BUILD", "dsec-guest-build");
+    std::string dir = dsec::AbsolutePath(guest_dir.empty() ? data + "/guest" : guest_dir);
+    if (::access(script.c_str(), X_OK) != 0) return Fail("the guest builder is missing: " + script);
+    ::execl(script.c_str(), script.c_str(), dir.c_str(), static_cast<char*>(nullptr));
+    return Fail("run " + script + ": " + std::strerror(errno));
+  }
   if (auto st = dsec::MakeDirs(data, 0700); !st.ok()) return Fail(st.message());
   auto reg = OpenRegistry(data, addr);
   if (!reg.ok()) return Fail(reg.status().message());

@@ -18,6 +18,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 
 #include "actors/console.hpp"
@@ -186,6 +188,16 @@ int Run(const Flags& f, dsec::drivers::Registry& kinds) {
   env.sandbox_gid = f.sandbox_gid;
   env.find_image = [&image_store](const std::string& name) { return image_store.Get(name); };
   env.log = DriverLog;
+  // A sandbox that ended by itself goes to the node, once there is one.
+  struct LostSink {
+    std::mutex mu;
+    std::optional<dsec::node_actor> node;
+  };
+  auto lost_sink = std::make_shared<LostSink>();
+  env.lost = [lost_sink](const std::string& id, const std::string& why) {
+    std::lock_guard<std::mutex> lk(lost_sink->mu);
+    if (lost_sink->node) caf::anon_send(*lost_sink->node, dsec::lost_atom::value, id, why);
+  };
   kinds.StartAll(env, [&log](const std::string& why) { log->warn("{}", why); });
   ctx->kinds = &kinds;
   if (f.test_hooks) {
@@ -224,6 +236,10 @@ int Run(const Flags& f, dsec::drivers::Registry& kinds) {
     dsec::ConfigureCaf(cfg, co);
     caf::actor_system sys{cfg};
     auto node = dsec::SpawnNode(sys, ctx);
+    {
+      std::lock_guard<std::mutex> lk(lost_sink->mu);
+      lost_sink->node = node;
+    }
     {
       // The node restores sandboxes and sessions (and drivers sweep what no
       // record claims) before its first message: "ready" means all of that.
@@ -288,6 +304,10 @@ int Run(const Flags& f, dsec::drivers::Registry& kinds) {
     // No new connection from here; the door's protocols (which use the
     // actor system) are done once Stop returns.
     if (door) door->Stop();
+    {
+      std::lock_guard<std::mutex> lk(lost_sink->mu);
+      lost_sink->node.reset();  // the actor system goes with this block
+    }
     caf::anon_send_exit(console.broker, caf::exit_reason::user_shutdown);
     caf::anon_send_exit(node, caf::exit_reason::user_shutdown);
     // The spawner kills its runners and removes its cgroups; runs still in

@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <poll.h>
 #include <sys/epoll.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
@@ -20,6 +21,8 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+
+#include "drivers/agent/channel_sync.hpp"
 
 #ifndef DSEC_VERSION
 #define DSEC_VERSION "unknown"
@@ -119,7 +122,12 @@ std::string Agent::Init() {
     ev.data.u64 = kListen;
     ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, listen_.get(), &ev);
   }
-  if (opts_.fd >= 0) {
+  if (opts_.fd >= 0 && opts_.vport) {
+    ::fcntl(opts_.fd, F_SETFD, FD_CLOEXEC);
+    SetNonBlocking(opts_.fd);
+    vport_.Reset(opts_.fd);
+    VportWatch(kVport);
+  } else if (opts_.fd >= 0) {
     ::fcntl(opts_.fd, F_SETFD, FD_CLOEXEC);
     SetNonBlocking(opts_.fd);
     Conn* c = AddConn(opts_.fd);
@@ -169,6 +177,7 @@ void Agent::Loop() {
       switch (kind) {
         case kListen: OnListen(); break;
         case kSignal: OnSignalFd(); break;
+        case kVport: OnVportEvent(events[i].events); break;
         case kConn:
           if (Conn* c = FindConn(key)) OnConnEvent(*c, events[i].events);
           break;
@@ -184,6 +193,7 @@ int Agent::NextTimeoutMs() const {
   if (!dirty_.empty()) return 0;
   int64_t next = timers_.empty() ? 0 : timers_.begin()->first;
   if (listen_resume_ns_ && (!next || listen_resume_ns_ < next)) next = listen_resume_ns_;
+  if (vport_poll_ns_ && (!next || vport_poll_ns_ < next)) next = vport_poll_ns_;
   if (!next) return -1;
   int64_t dt = next - NowNs();
   return dt <= 0 ? 0 : static_cast<int>(dt / 1000000 + 1);
@@ -197,6 +207,16 @@ void Agent::RunTimers() {
     ev.events = EPOLLIN;
     ev.data.u64 = kListen;
     ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, listen_.get(), &ev);
+  }
+  if (vport_poll_ns_ && vport_poll_ns_ <= now) {
+    // Hung up: a host is back when the port no longer says so.
+    pollfd p{vport_.get(), POLLIN, 0};
+    if (::poll(&p, 1, 0) >= 0 && !(p.revents & POLLHUP)) {
+      vport_poll_ns_ = 0;
+      VportWatch(kVport);
+    } else {
+      vport_poll_ns_ = now + 50'000'000;
+    }
   }
   while (!timers_.empty() && timers_.begin()->first <= now) {
     auto [when, key] = *timers_.begin();
@@ -261,7 +281,71 @@ void Agent::OnConnEvent(Conn& c, uint32_t events) {
   if (events & EPOLLOUT) Flush(c);
   if (c.closing) return;
   if (events & EPOLLIN) OnConnReadable(c);
+  else if ((events & (EPOLLHUP | EPOLLERR)) && c.vport) VportHangup();
   else if (events & (EPOLLHUP | EPOLLERR)) CloseConn(c);
+}
+
+void Agent::VportWatch(uint64_t tag) {
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = tag;
+  if (::epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, vport_.get(), &ev) < 0)
+    ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, vport_.get(), &ev);
+}
+
+void Agent::OnVportEvent(uint32_t events) {
+  char buf[kReadChunk];
+  for (int i = 0; i < 16; ++i) {
+    ssize_t n = ::read(vport_.get(), buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EAGAIN) break;
+    if (n <= 0) {
+      VportHangup();
+      return;
+    }
+    VportScan(std::string(buf, static_cast<size_t>(n)));
+    if (fd_conn_) return;  // a host synced; the conversation reads on
+  }
+  if ((events & (EPOLLHUP | EPOLLERR)) && !(events & EPOLLIN)) VportHangup();
+}
+
+void Agent::VportScan(std::string bytes) {
+  vport_scan_ += bytes;
+  size_t at = FindSync(vport_scan_, kSyncAsk);
+  if (at == std::string::npos) {
+    // Skipped, but a marker cut in two must still be found.
+    if (vport_scan_.size() > kSyncBytes) vport_scan_.erase(0, vport_scan_.size() - (kSyncBytes - 1));
+    return;
+  }
+  std::string answer(kSyncAnswer, sizeof kSyncAnswer);
+  answer.append(vport_scan_, at + 8, 8);
+  std::string rest = vport_scan_.substr(at + kSyncBytes);
+  vport_scan_.clear();
+  auto c = std::make_unique<Conn>();
+  c->key = next_key_++;
+  c->vport = true;
+  c->interest = EPOLLIN;
+  c->fd.Reset(vport_.get());
+  c->out = std::move(answer);
+  Conn* p = c.get();
+  conns_[p->key] = std::move(c);
+  fd_conn_ = p->key;
+  VportWatch((p->key << 3) | kConn);
+  dirty_.insert(p->key);
+  if (!rest.empty()) {
+    p->dec.Feed(rest.data(), rest.size());
+    ProcessFrames(*p);
+  }
+}
+
+void Agent::VportHangup() {
+  if (Conn* c = FindConn(fd_conn_)) CloseConn(*c);
+  fd_conn_ = 0;
+  vport_scan_.clear();
+  // A hung-up port reports EPOLLHUP whatever we ask for: leave the set and
+  // look every 50 ms.
+  ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, vport_.get(), nullptr);
+  vport_poll_ns_ = NowNs() + 50'000'000;
 }
 
 void Agent::OnConnReadable(Conn& c) {
@@ -281,6 +365,11 @@ void Agent::OnConnReadable(Conn& c) {
   ProcessFrames(c);
   // Requests that arrived before the close still take effect (their events
   // are dropped); execs go on running.
+  if (eof && c.vport && !c.closing) {
+    // The host went away; what it sent last is its own business.
+    VportHangup();
+    return;
+  }
   if (eof && !c.closing) {
     while (!c.closing && c.dec.buffered() > 0) {
       std::string frame;
@@ -294,8 +383,23 @@ void Agent::OnConnReadable(Conn& c) {
 void Agent::ProcessFrames(Conn& c) {
   std::string frame;
   while (!c.closing && c.pending() < kHighWater) {
+    if (c.vport && c.dec.StartsWith(std::string_view(kSyncAsk, sizeof kSyncAsk))) {
+      // A new host: this conversation ends here.
+      std::string rest = c.dec.TakeRest();
+      CloseConn(c);
+      VportScan(std::move(rest));
+      return;
+    }
     int rc = c.dec.Next(&frame);
     if (rc == 0) return;
+    if (rc < 0 && c.vport) {
+      // Not a frame and not a sync: a conversation cut short. Wait for the
+      // host to sync again.
+      std::string rest = c.dec.TakeRest();
+      CloseConn(c);
+      VportScan(std::move(rest));
+      return;
+    }
     if (rc < 0) {
       SendError(c, 0, EMSGSIZE,
                 "frame length above the protocol's limit of " + std::to_string(kMaxFrameBytes) +
@@ -404,7 +508,13 @@ void Agent::UpdateInterest(Conn& c) {
 void Agent::CloseConn(Conn& c) {
   if (c.closing) return;
   c.closing = true;
-  c.fd.Reset();  // also leaves the epoll set
+  if (c.vport) {
+    (void)c.fd.Release();  // the port is vport_'s; the next host syncs on it
+    if (fd_conn_ == c.key) fd_conn_ = 0;
+    if (!vport_poll_ns_) VportWatch(kVport);
+  } else {
+    c.fd.Reset();  // also leaves the epoll set
+  }
   std::string().swap(c.out);
   c.out_off = 0;
   // Its execs run on; what they print is read and dropped.
@@ -450,6 +560,8 @@ void Agent::Shutdown() {
   for (pid_t p : leaders) ::waitpid(p, nullptr, 0);
   while (::waitpid(-1, nullptr, WNOHANG) > 0) {
   }
+  for (auto& [key, c] : conns_)
+    if (c->vport) (void)c->fd.Release();
   conns_.clear();
   if (listen_) {
     struct stat st;

@@ -22,6 +22,15 @@ struct AgentOptions {
   // An already-connected stream fd to serve (socketpair end, virtio-serial
   // port). -1: none. At least one of listen_path / listen_fd / fd is required.
   int fd = -1;
+  // `fd` is the guest end of a virtio-serial port (a microVM's or VM's
+  // agent channel): it outlives its host side. A host going away (EOF,
+  // hang-up) ends the conversation, not the agent, and each conversation
+  // starts with the sync of channel_sync.hpp.
+  bool vport = false;
+  // memory.events of the cgroup the agent and its programs are in (a VM's
+  // guest): an exec killed by a signal while its oom_kill count grew is
+  // reported OOM-killed. Empty: not reported (the host's cgroup tells).
+  std::string oom_events;
   // Written "ready\n" and closed once the agent serves requests (the socket
   // is listening). -1: none.
   int ready_fd = -1;

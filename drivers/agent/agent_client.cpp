@@ -1,6 +1,9 @@
 #include "drivers/agent/agent_client.hpp"
 
+#include "drivers/agent/channel_sync.hpp"
+
 #include <errno.h>
+#include <poll.h>
 #include <fcntl.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -8,6 +11,8 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <future>
 
@@ -126,6 +131,85 @@ Result<std::unique_ptr<AgentClient>> AgentClient::Connect(const std::string& soc
                       " (is dsec-agent running there?)");
   }
   if (options.name.empty()) options.name = "agent at " + socket_path;
+  return FromFd(std::move(fd), std::move(options));
+}
+
+Result<std::unique_ptr<AgentClient>> AgentClient::ConnectChannel(const std::string& socket_path, int timeout_ms,
+                                                                 AgentClientOptions options) {
+  using Clock = std::chrono::steady_clock;
+  auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  auto left_ms = [&] {
+    return static_cast<int>(
+        std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count()));
+  };
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (socket_path.size() >= sizeof addr.sun_path)
+    return Status::InvalidArgument("agent channel path '" + socket_path + "' is longer than " +
+                                   std::to_string(sizeof addr.sun_path - 1) + " bytes");
+  std::memcpy(addr.sun_path, socket_path.c_str(), socket_path.size() + 1);
+  UniqueFd fd;
+  for (;;) {
+    fd.Reset(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    if (!fd) return Status::FromErrno(errno, "agent client: socket");
+    int rc;
+    do {
+      rc = ::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+    } while (rc < 0 && errno == EINTR);
+    if (rc == 0) break;
+    int err = errno;
+    // QEMU serves one client at a time and makes its socket as it starts.
+    if ((err == ENOENT || err == ECONNREFUSED || err == EAGAIN) && left_ms() > 0) {
+      ::usleep(20'000);
+      continue;
+    }
+    return Status(err == ENOENT || err == ECONNREFUSED ? Status::Code::kUnavailable : CodeForErrno(err),
+                  "connect to the agent channel at " + socket_path + ": " + std::strerror(err));
+  }
+  ::fcntl(fd.get(), F_SETFL, ::fcntl(fd.get(), F_GETFL) | O_NONBLOCK);
+  std::string got;
+  char nonce[8];
+  auto ask = [&]() -> bool {
+    uint64_t n = (static_cast<uint64_t>(Clock::now().time_since_epoch().count()) * 0x9E3779B97F4A7C15ull) ^
+                 reinterpret_cast<uintptr_t>(&got);
+    std::memcpy(nonce, &n, 8);
+    std::string msg(agent::kSyncAsk, 8);
+    msg.append(nonce, 8);
+    return WriteFull(fd.get(), msg.data(), msg.size()) == 0;
+  };
+  if (!ask()) return Status::Unavailable("agent channel at " + socket_path + ": write: " + std::strerror(errno));
+  auto next_ask = Clock::now() + std::chrono::milliseconds(250);
+  for (;;) {
+    int wait = std::min<int>(left_ms(), static_cast<int>(std::max<int64_t>(
+                                            0, std::chrono::duration_cast<std::chrono::milliseconds>(next_ask - Clock::now()).count())));
+    pollfd p{fd.get(), POLLIN, 0};
+    int rc = ::poll(&p, 1, wait);
+    if (rc < 0 && errno != EINTR) return Status::FromErrno(errno, "agent channel: poll");
+    if (rc > 0) {
+      char buf[4096];
+      ssize_t n = ::read(fd.get(), buf, sizeof buf);
+      if (n == 0) return Status::Unavailable("agent channel at " + socket_path + ": closed by the VM's end");
+      if (n > 0) {
+        got.append(buf, static_cast<size_t>(n));
+        size_t at = agent::FindSync(got, agent::kSyncAnswer, nonce);
+        if (at != std::string::npos) {
+          // Nothing follows the answer before our first request.
+          if (got.size() > at + agent::kSyncBytes)
+            return Status::Internal("agent channel at " + socket_path + ": bytes after the sync answer");
+          break;
+        }
+        if (got.size() > agent::kSyncBytes) got.erase(0, got.size() - (agent::kSyncBytes - 1));
+      }
+    }
+    if (left_ms() == 0)
+      return Status::DeadlineExceeded("the agent did not answer on its channel " + socket_path + " within " +
+                                      std::to_string(timeout_ms) + " ms");
+    if (Clock::now() >= next_ask) {
+      if (!ask()) return Status::Unavailable("agent channel at " + socket_path + ": write: " + std::strerror(errno));
+      next_ask = Clock::now() + std::chrono::milliseconds(250);
+    }
+  }
+  if (options.name.empty()) options.name = "agent on channel " + socket_path;
   return FromFd(std::move(fd), std::move(options));
 }
 

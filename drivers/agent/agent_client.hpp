@@ -50,6 +50,11 @@ class AgentClient {
   // Connects to the agent's unix socket.
   static Result<std::unique_ptr<AgentClient>> Connect(const std::string& socket_path,
                                                       AgentClientOptions options = {});
+  // Connects to a channel that outlives its host side (the unix socket of a
+  // VM's virtio-serial port: QEMU's end) and syncs with the agent on it
+  // (channel_sync.hpp), asking again every 250 ms, for up to timeout_ms.
+  static Result<std::unique_ptr<AgentClient>> ConnectChannel(const std::string& socket_path, int timeout_ms,
+                                                             AgentClientOptions options = {});
   // Serves an already-connected stream fd (socketpair end, virtio-serial socket).
   static Result<std::unique_ptr<AgentClient>> FromFd(UniqueFd fd, AgentClientOptions options = {});
   ~AgentClient();  // Close()

@@ -49,11 +49,11 @@ v1::FileInfo ToInfo(const agent::FileInfo& a) {
 }  // namespace
 
 Status AgentDriver::ConnectAgent(AgentBox& box, const std::string& socket, int timeout_ms,
-                                 std::function<void(const std::string&)> log) const {
+                                 std::function<void(const std::string&)> log, bool vm_channel) const {
   AgentClientOptions ao;
   ao.name = std::string(name()) + " " + box.id;
   ao.log = std::move(log);
-  auto c = AgentClient::Connect(socket, ao);
+  auto c = vm_channel ? AgentClient::ConnectChannel(socket, timeout_ms, ao) : AgentClient::Connect(socket, ao);
   if (!c.ok()) return c.status();
   auto pong = (*c)->PingSync(std::chrono::milliseconds(timeout_ms));
   if (!pong.ok()) return pong.status().Annotate(ao.name + ": the agent does not answer");
@@ -143,7 +143,7 @@ void AgentDriver::StartExec(const v1::SandboxRecord& sb, const std::string& run_
           done(r.status().Annotate(std::string(name()) + " " + box->id));
           return;
         }
-        bool oom = box->OomKills() > oom0;
+        bool oom = box->OomKills() > oom0 || (box->TrustsAgentOom() && r.ok() && r->oom_killed());
         auto res = ToExecResult(Completed(std::move(*r), merged, oom, kill_reason), merged, argv0);
         res.set_run_id(run_id);
         done(std::move(res));

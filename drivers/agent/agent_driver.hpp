@@ -26,6 +26,10 @@ struct AgentBox {
   // Memory-limit kills in the box so far (0: the kind cannot tell); read
   // before and after an exec to tell an OOM kill from another SIGKILL.
   virtual uint64_t OomKills() const { return 0; }
+  // The agent's own word that an exec was OOM-killed is taken (a VM: the
+  // guest's cgroup counts, and the guest is the agent's anyway). Otherwise
+  // only OomKills counts: a container's processes could fake it.
+  virtual bool TrustsAgentOom() const { return false; }
 
   std::string id;
   v1::Limits limits;  // sandbox-wide, fixed at creation
@@ -60,8 +64,10 @@ class AgentDriver : public Driver {
 
   // Connects `box` to the agent listening at `socket` and waits up to
   // `timeout_ms` for its first answer. `log` gets the connection's warnings.
+  // `vm_channel`: the socket is QEMU's end of a virtio-serial port, synced
+  // first (AgentClient::ConnectChannel).
   Status ConnectAgent(AgentBox& box, const std::string& socket, int timeout_ms,
-                      std::function<void(const std::string&)> log) const;
+                      std::function<void(const std::string&)> log, bool vm_channel = false) const;
   size_t RunsInFlight() const;
 
  private:

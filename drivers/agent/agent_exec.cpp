@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -346,6 +347,7 @@ void Agent::StartExec(Conn& c, uint64_t id, Exec& req) {
   x->err.fd.Reset(err[0]);
   x->status.Reset(st[0]);
   x->start_ns = start;
+  x->oom_kills_at_start = OomKills();
   x->cwd = cwd;
   x->idem_key = req.key();
   x->fingerprint = fingerprint;
@@ -561,6 +563,19 @@ void Agent::OnExecTimer(uint64_t key, int64_t when) {
   Finish(x, {});
 }
 
+uint64_t Agent::OomKills() const {
+  if (opts_.oom_events.empty()) return 0;
+  int fd = ::open(opts_.oom_events.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  char buf[512];
+  ssize_t n = ::read(fd, buf, sizeof buf - 1);
+  ::close(fd);
+  if (n <= 0) return 0;
+  buf[n] = 0;
+  const char* p = std::strstr(buf, "oom_kill ");
+  return p ? std::strtoull(p + 9, nullptr, 10) : 0;
+}
+
 void Agent::Finish(ExecRun& x, const std::string& forced_error) {
   Event ev;
   ev.set_id(x.req_id);
@@ -571,6 +586,8 @@ void Agent::Finish(ExecRun& x, const std::string& forced_error) {
     d->set_exit_code(WEXITSTATUS(st));
   } else if (WIFSIGNALED(st)) {
     d->set_signal(WTERMSIG(st));
+    if (WTERMSIG(st) == SIGKILL && !opts_.oom_events.empty() && OomKills() > x.oom_kills_at_start)
+      d->set_oom_killed(true);
   }
   std::string why = x.setup_errno ? std::strerror(x.setup_errno) : "";
   switch (x.setup_stage) {

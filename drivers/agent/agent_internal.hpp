@@ -47,7 +47,8 @@ constexpr size_t kKeptBytes = 8 << 20;  // beyond this, older kept results go
 
 // epoll tags: (key << 3) | kind. Keys are unique for the agent's lifetime.
 enum Kind : uint64_t {
-  kListen = 0, kSignal = 1, kConn = 2, kExecOut = 3, kExecErr = 4, kExecIn = 5
+  kListen = 0, kSignal = 1, kConn = 2, kExecOut = 3, kExecErr = 4, kExecIn = 5,
+  kVport = 6  // the virtio-serial port while no host has synced
 };
 
 struct Conn {
@@ -59,6 +60,7 @@ struct Conn {
   uint32_t interest = 0;  // current epoll events
   bool closing = false;
   bool in_paused = false;  // requests not read while our output backs up
+  bool vport = false;      // fd is the agent's virtio-serial port: not ours to close
   std::unordered_map<uint64_t, uint64_t> execs;  // request id -> exec key
   std::set<uint64_t> paused;                     // exec keys waiting for us to drain
   size_t pending() const { return out.size() - out_off; }
@@ -96,6 +98,7 @@ struct ExecRun {
   std::string cwd;
   uint32_t uid = 0, gid = 0;
   int64_t start_ns = 0, deadline_ns = 0, grace_ns = 0;
+  uint64_t oom_kills_at_start = 0;  // AgentOptions::oom_events' count
 };
 
 class Agent {
@@ -125,6 +128,12 @@ class Agent {
   void OnPing(Conn& c, uint64_t id);
   int NextTimeoutMs() const;
   void RunTimers();
+  // The virtio-serial port (AgentOptions::vport): waiting for a host's sync,
+  // the host gone (EOF or hang-up: wait for the next), a new sync.
+  void OnVportEvent(uint32_t events);
+  void VportScan(std::string bytes);
+  void VportHangup();
+  void VportWatch(uint64_t tag);
 
   // agent_exec.cpp: execs.
   void StartExec(Conn& c, uint64_t id, Exec& req);
@@ -143,6 +152,8 @@ class Agent {
   void Finish(ExecRun& x, const std::string& forced_error);
   void OnExecTimer(uint64_t key, int64_t when);
   void WatchFd(int fd, uint64_t key, Kind kind, uint32_t events);
+  // oom_kill in AgentOptions::oom_events (0 when there is none).
+  uint64_t OomKills() const;
 
   // agent_files.cpp: file requests (blocking, on local files).
   void OnReadFile(Conn& c, uint64_t id, const ReadFile& req);
@@ -157,6 +168,11 @@ class Agent {
   rlimit nofile_{0, 0};  // RLIMIT_NOFILE we started with; commands get it back
   UniqueFd epoll_, sigfd_, listen_;
   uint64_t fd_conn_ = 0;  // the --fd connection, if any
+  // --vport: the port (conversations borrow it), bytes scanned for a sync,
+  // and while no host is there, when to look again (0: a host is there).
+  UniqueFd vport_;
+  std::string vport_scan_;
+  int64_t vport_poll_ns_ = 0;
   uint64_t next_key_ = 1;
   std::unordered_map<uint64_t, std::unique_ptr<Conn>> conns_;
   std::unordered_map<uint64_t, std::unique_ptr<ExecRun>> execs_;

@@ -13,7 +13,7 @@ namespace {
 
 void Usage(FILE* out) {
   std::fprintf(out,
-               "usage: dsec-agent (--listen PATH | --listen-fd N | --fd N) [--ready-fd N]\n"
+               "usage: dsec-agent (--listen PATH | --listen-fd N | --fd N [--vport]) [--oom-events F] [--ready-fd N]\n"
                "\n"
                "The in-sandbox agent of dsec: PID 1 of a container, serving the agent\n"
                "protocol (drivers/agent/agent.proto) to dsecd. It runs commands, streams\n"
@@ -24,6 +24,10 @@ void Usage(FILE* out) {
                "  --listen-fd N   accept on an already-listening unix socket\n"
                "  --fd N          serve one already-connected stream fd (socketpair end,\n"
                "                  virtio-serial port)\n"
+               "  --vport         the --fd is a virtio-serial port: the host may go away and\n"
+               "                  come back; each host starts with a sync (channel_sync.hpp)\n"
+               "  --oom-events F  memory.events of our cgroup (in a VM): an exec killed while\n"
+               "                  its oom_kill count grew is reported OOM-killed\n"
                "  --ready-fd N    write \"ready\\n\" to fd N and close it once serving\n"
                "\n"
                "As PID 1 it ignores SIGTERM and SIGINT (the host kills the sandbox to stop\n"
@@ -68,6 +72,10 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "dsec-agent: --fd needs a descriptor number\n");
         return 2;
       }
+    } else if (a == "--oom-events" && has_value) {
+      o.oom_events = argv[++i];
+    } else if (a == "--vport") {
+      o.vport = true;
     } else if (a == "--ready-fd" && has_value) {
       if (!ParseFd(argv[++i], &o.ready_fd)) {
         std::fprintf(stderr, "dsec-agent: --ready-fd needs a descriptor number\n");
@@ -78,6 +86,10 @@ int main(int argc, char** argv) {
       Usage(stderr);
       return 2;
     }
+  }
+  if (o.vport && o.fd < 0) {
+    std::fprintf(stderr, "dsec-agent: --vport needs --fd\n");
+    return 2;
   }
   if (o.listen_path.empty() && o.listen_fd < 0 && o.fd < 0) {
     Usage(stderr);

@@ -320,7 +320,8 @@ TEST_P(SandboxHostView, DeviceNodesCannotBeMadeButFifosCan) {
   EXPECT_EQ(res["pipe_is_a_fifo"], "True");
 }
 
-INSTANTIATE_TEST_SUITE_P(Kinds, SandboxHostView, ::testing::ValuesIn(RegisteredKinds()), KindParamName);
+INSTANTIATE_TEST_SUITE_P(Kinds, SandboxHostView, ::testing::ValuesIn(RegisteredKinds(OnTheHostKernel)),
+                         KindParamName);
 
 }  // namespace
 }  // namespace dsec::testing

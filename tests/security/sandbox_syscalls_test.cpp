@@ -28,9 +28,6 @@
 namespace dsec::testing {
 namespace {
 
-// The kinds whose programs run on the host's kernel.
-bool OnTheHostKernel(const drivers::KindTraits& t) { return t.isolation < v1::ISOLATION_KERNEL; }
-
 // `setup` runs before the probes (it may start a `child`), `teardown` after.
 v1::ExecRequest Probe(const Probes& probes, const std::string& setup = "", const std::string& teardown = "") {
   std::string script = std::string(kPrelude) + setup;

@@ -18,6 +18,7 @@ class KindSandboxTest : public ContainerTest, public ::testing::WithParamInterfa
   void SetUp() override {
     ContainerTest::SetUp();
     if (IsSkipped() || HasFatalFailure()) return;
+    if (auto gap = KindHostGap(GetParam()); !gap.empty()) GTEST_SKIP() << gap;
     auto sb = NewSandbox();
     ASSERT_TRUE(sb.ok()) << sb.status().ToString();
     sb_.emplace(*sb);

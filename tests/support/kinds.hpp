@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "drivers/registry.hpp"
+#include "harness/daemon.hpp"
 
 namespace dsec::testing {
 
@@ -26,6 +27,23 @@ inline std::vector<KindParam> RegisteredKinds(std::function<bool(const drivers::
   for (const auto& k : drivers::AllKinds())
     if (!want || want(k->traits())) out.push_back({k->name(), k->kind(), k->traits()});
   return out;
+}
+
+// The kinds whose programs run on the host's kernel (fncall, containers):
+// suites that check what the host's kernel forbids a sandbox, or that watch
+// a sandbox's processes from the host, are theirs. A VM's guest is its own
+// machine; tests/security/vm_isolation_test.cpp checks what a guest cannot
+// do to the host.
+inline bool OnTheHostKernel(const drivers::KindTraits& t) { return t.isolation < v1::ISOLATION_KERNEL; }
+
+// Why this host cannot run `k`'s sandboxes in tests ("" when it can): VM
+// kinds need QEMU and the guest (prepared once here, EnsureTestGuest).
+inline std::string KindHostGap(const KindParam& k) {
+  if (k.traits.isolation < v1::ISOLATION_KERNEL) return "";
+  if (::system("command -v qemu-system-x86_64 >/dev/null 2>&1") != 0)
+    return k.name + " sandboxes need QEMU: apt-get install qemu-system-x86";
+  std::string gap = EnsureTestGuest();
+  return gap.empty() ? "" : k.name + " sandboxes need the VM guest: " + gap;
 }
 
 // The test's name suffix: the kind's.

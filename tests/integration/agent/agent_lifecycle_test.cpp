@@ -2,6 +2,8 @@
 // away or read slowly, serving one connected fd, and PID 1 duty.
 #include "tests/integration/agent/agent_fixture.hpp"
 
+#include "drivers/agent/channel_sync.hpp"
+
 namespace dsec::testing {
 namespace {
 
@@ -213,6 +215,111 @@ TEST(AgentPid1Test, IgnoresTermAndReapsAsInit) {
   ::waitpid(unshare, nullptr, 0);
   EXPECT_TRUE(WaitExited(agent));
   RunProcess({"/bin/rm", "-rf", dir});
+}
+
+}  // namespace
+}  // namespace dsec::testing
+
+namespace dsec::testing {
+namespace {
+
+// --vport: the fd is a VM's virtio-serial port, which outlives its host
+// side. Each host starts with a sync (drivers/agent/channel_sync.hpp); what
+// came before it is skipped, and a sync where a frame would start, or a
+// length no frame can have, starts over.
+std::string SyncMsg(const char (&marker)[8], const std::string& nonce) { return std::string(marker, 8) + nonce; }
+
+// Reads from `fd` until `want` has been seen; false after 20 s or EOF.
+bool ReadUntil(int fd, const std::string& want) {
+  std::string got;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (got.find(want) == std::string::npos && std::chrono::steady_clock::now() < deadline) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 1000) <= 0) continue;
+    char buf[4096];
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n <= 0) return false;
+    got.append(buf, static_cast<size_t>(n));
+  }
+  return got.find(want) != std::string::npos;
+}
+
+void PingRaw(int fd, uint64_t id) {
+  agent::Request req;
+  req.set_id(id);
+  req.mutable_ping();
+  ASSERT_EQ(WriteFrame(fd, req.SerializeAsString()), 0);
+  pollfd p{fd, POLLIN, 0};
+  ASSERT_EQ(::poll(&p, 1, 20000), 1) << "no answer to ping " << id;
+  std::string frame;
+  ASSERT_EQ(ReadFrame(fd, &frame), 0) << "no answer to ping " << id;
+  agent::Event ev;
+  ASSERT_TRUE(ev.ParseFromString(frame));
+  EXPECT_EQ(ev.id(), id);
+  EXPECT_TRUE(ev.has_pong());
+}
+
+TEST(AgentVportTest, EachHostStartsWithASyncAndWhatCameBeforeIsSkipped) {
+  int sv[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  pid_t pid = SpawnAgent({BinDir() + "/dsec-agent", "--fd", "3", "--vport"}, false, sv[1]);
+  ::close(sv[1]);
+  ASSERT_GT(pid, 0);
+  UniqueFd host(sv[0]);
+  // The tail of a dead host's frame, then a new host's sync.
+  std::string stale("\x10\x00\x00\x00half a frame", 16);
+  ASSERT_EQ(WriteFull(host.get(), stale.data(), stale.size()), 0);
+  ASSERT_EQ(WriteFull(host.get(), SyncMsg(agent::kSyncAsk, "nonce001").data(), 16), 0);
+  ASSERT_TRUE(ReadUntil(host.get(), SyncMsg(agent::kSyncAnswer, "nonce001")));
+  PingRaw(host.get(), 1);
+  // A sync where a frame would start: a new conversation.
+  ASSERT_EQ(WriteFull(host.get(), SyncMsg(agent::kSyncAsk, "nonce002").data(), 16), 0);
+  ASSERT_TRUE(ReadUntil(host.get(), SyncMsg(agent::kSyncAnswer, "nonce002")));
+  PingRaw(host.get(), 2);
+  // A length no frame can have: skipped up to the next sync.
+  std::string bad("\xff\xff\xff\x7fgarbage", 11);
+  ASSERT_EQ(WriteFull(host.get(), bad.data(), bad.size()), 0);
+  ASSERT_EQ(WriteFull(host.get(), SyncMsg(agent::kSyncAsk, "nonce003").data(), 16), 0);
+  ASSERT_TRUE(ReadUntil(host.get(), SyncMsg(agent::kSyncAnswer, "nonce003")));
+  PingRaw(host.get(), 3);
+  ::kill(pid, SIGTERM);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+}
+
+// The host side: ConnectChannel skips what the channel holds from before
+// (a frame the agent was sending to a dsecd that died) up to the answer to
+// its own sync.
+TEST(AgentVportTest, ConnectChannelSkipsStaleBytesUpToItsAnswer) {
+  char tmpl[] = "/tmp/dsec-test-vport-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  std::string path = std::string(tmpl) + "/ch";
+  UniqueFd listener(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strcpy(addr.sun_path, path.c_str());
+  ASSERT_EQ(::bind(listener.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::listen(listener.get(), 1), 0);
+  auto client = std::async(std::launch::async, [&] { return AgentClient::ConnectChannel(path, 20000); });
+  UniqueFd vm(::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
+  ASSERT_TRUE(vm);
+  std::string stale("\x20\x00\x00\x00stale output of an exec", 27);
+  ASSERT_EQ(WriteFull(vm.get(), stale.data(), stale.size()), 0);
+  pid_t pid = SpawnAgent({BinDir() + "/dsec-agent", "--fd", "3", "--vport"}, false, vm.get());
+  vm.Reset();
+  ASSERT_GT(pid, 0);
+  auto c = client.get();
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  auto r = (*c)->ExecSync(Cmd({"echo", "synced"}), kWait);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->stdout(), "synced\n");
+  c->reset();
+  ::kill(pid, SIGTERM);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ::unlink(path.c_str());
+  ::rmdir(tmpl);
 }
 
 }  // namespace

@@ -38,10 +38,11 @@ TEST(ChooseKind, TheLightestKindThatMeetsTheIsolationAndTheImage) {
   EXPECT_EQ(*ChooseKind(Spec("", v1::ISOLATION_PROCESS, v1::KIND_UNSPECIFIED), all), v1::KIND_FNCALL);
   // A spec that names its kind gets it, whatever the traits.
   EXPECT_EQ(*ChooseKind(Spec("tools", v1::ISOLATION_UNSPECIFIED, v1::KIND_FNCALL), all), v1::KIND_FNCALL);
-  auto kernel = ChooseKind(Spec("", v1::ISOLATION_KERNEL), all);
-  EXPECT_EQ(kernel.status().code(), Status::Code::kUnavailable);
-  EXPECT_THAT(kernel.status().message(), HasSubstr("kernel isolation"));
-  EXPECT_THAT(kernel.status().message(), HasSubstr("microvm, vm: not implemented yet"));
+  EXPECT_EQ(*ChooseKind(Spec("tools", v1::ISOLATION_KERNEL), all), v1::KIND_MICROVM);
+  auto hardware = ChooseKind(Spec("tools", v1::ISOLATION_HARDWARE), all);
+  EXPECT_EQ(hardware.status().code(), Status::Code::kUnavailable);
+  EXPECT_THAT(hardware.status().message(), HasSubstr("hardware isolation"));
+  EXPECT_THAT(hardware.status().message(), HasSubstr("vm: not implemented yet"));
 }
 
 // A kind this build lacks, as a registry entry would describe it.
@@ -64,14 +65,33 @@ class KernelKind : public Kind {
   }
 };
 
+// A kind this build lacks yet, as its registry entry would describe it.
+class HardwareKind : public Kind {
+ public:
+  v1::Kind kind() const override { return v1::KIND_VM; }
+  const char* name() const override { return "vm"; }
+  const KindTraits& traits() const override {
+    static const KindTraits t = [] {
+      KindTraits t;
+      t.isolation = v1::ISOLATION_HARDWARE;
+      t.stateful = true;
+      return t;
+    }();
+    return t;
+  }
+  void AddFlags(CLI::App&) override {}
+  Result<std::unique_ptr<Driver>> Start(const DriverEnv&) override {
+    return Status::FailedPrecondition("vm: libvirtd is not running");
+  }
+};
+
 TEST(ChooseKind, ANewKindIsChosenByItsTraitsAlone) {
   auto kinds = AllKinds();
-  kinds.push_back(std::make_unique<KernelKind>());
+  kinds.push_back(std::make_unique<HardwareKind>());
   auto all = Ptrs(kinds);
-  EXPECT_EQ(*ChooseKind(Spec("tools", v1::ISOLATION_KERNEL), all), v1::KIND_MICROVM);
+  EXPECT_EQ(*ChooseKind(Spec("tools", v1::ISOLATION_HARDWARE), all), v1::KIND_VM);
+  EXPECT_EQ(*ChooseKind(Spec("tools", v1::ISOLATION_KERNEL), all), v1::KIND_MICROVM) << "still the lightest that fits";
   EXPECT_EQ(*ChooseKind(Spec("tools"), all), v1::KIND_CONTAINER) << "still the lightest that fits";
-  auto hardware = ChooseKind(Spec("tools", v1::ISOLATION_HARDWARE), all);
-  EXPECT_THAT(hardware.status().message(), HasSubstr("(vm: not implemented yet)"));
 }
 
 TEST(Registry, AKindThatCannotStartSaysWhyAndTheOthersStillServe) {
