@@ -30,6 +30,8 @@ class FrameDecoder {
   bool StartsWith(std::string_view prefix) const {
     return buffered() >= prefix.size() && std::string_view(buf_).substr(pos_, prefix.size()) == prefix;
   }
+  // The bytes not yet taken, left in place.
+  std::string_view Pending() const { return std::string_view(buf_).substr(pos_); }
   // The bytes not yet taken; the decoder is empty after.
   std::string TakeRest() {
     std::string rest = buf_.substr(pos_);

@@ -73,6 +73,11 @@ std::string ListenUnix(const std::string& path, UniqueFd* out, ino_t* ino) {
 
 std::string Agent::Init() {
   pid1_ = ::getpid() == 1;
+  if (!opts_.cgroup.empty()) {
+    cgroup_procs_ = opts_.cgroup + "/cgroup.procs";
+    if (opts_.oom_events.empty()) opts_.oom_events = opts_.cgroup + "/memory.events";
+    if (::access(cgroup_procs_.c_str(), W_OK) != 0) return Errno("--cgroup: " + cgroup_procs_);
+  }
   ::umask(022);
   // Whatever our parent ignored or blocked must not reach the commands we run
   // (an ignored SIGCHLD would even auto-reap them).
@@ -391,6 +396,21 @@ void Agent::ProcessFrames(Conn& c) {
       return;
     }
     int rc = c.dec.Next(&frame);
+    if (rc == 0 && c.vport) {
+      // A frame cut short by a host that went away unseen (no hang-up), and
+      // a new host asking to sync, again and again (every 250 ms), in what
+      // would be that frame's body: two asks in a row at the end is that.
+      std::string_view pend = c.dec.Pending();
+      std::string_view ask(kSyncAsk, sizeof kSyncAsk);
+      if (pend.size() >= 2 * kSyncBytes && pend.substr(pend.size() - kSyncBytes, 8) == ask &&
+          pend.substr(pend.size() - 2 * kSyncBytes, 8) == ask) {
+        std::string last(pend.substr(pend.size() - kSyncBytes));
+        (void)c.dec.TakeRest();
+        CloseConn(c);
+        VportScan(std::move(last));
+      }
+      return;
+    }
     if (rc == 0) return;
     if (rc < 0 && c.vport) {
       // Not a frame and not a sync: a conversation cut short. Wait for the

@@ -31,6 +31,11 @@ struct AgentOptions {
   // guest): an exec killed by a signal while its oom_kill count grew is
   // reported OOM-killed. Empty: not reported (the host's cgroup tells).
   std::string oom_events;
+  // A cgroup v2 group (a VM's guest: /sys/fs/cgroup/sandbox) every program
+  // joins before it runs, while the agent stays outside it: a sandbox that
+  // fills its memory limit cannot starve the agent. Implies oom_events =
+  // <cgroup>/memory.events. Empty: programs stay in the agent's group.
+  std::string cgroup;
   // Written "ready\n" and closed once the agent serves requests (the socket
   // is listening). -1: none.
   int ready_fd = -1;

@@ -33,7 +33,7 @@ namespace {
 
 // Where the child failed, reported on its status pipe as {stage, errno}.
 enum Stage : int {
-  kStageNone = 0, kStageStdio, kStageRlimit, kStageCredentials, kStageChdir, kStageExec
+  kStageNone = 0, kStageStdio, kStageRlimit, kStageCredentials, kStageChdir, kStageExec, kStageCgroup
 };
 
 constexpr const char* kDefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -49,6 +49,7 @@ struct ChildPlan {
   bool set_gid = false, set_uid = false;
   uid_t uid = 0;
   gid_t gid = 0;
+  const char* cgroup_procs = nullptr;  // joined first (AgentOptions::cgroup)
 };
 
 // Runs in the child, which shares our memory (CLONE_VM) while we wait
@@ -84,6 +85,11 @@ struct ChildPlan {
   status = 3;
   ::fcntl(3, F_SETFD, FD_CLOEXEC);
   ::syscall(SYS_close_range, 4u, ~0u, 0u);  // our fds are CLOEXEC anyway; inherited ones may not be
+  if (p.cgroup_procs) {
+    int g = ::open(p.cgroup_procs, O_WRONLY | O_CLOEXEC);
+    if (g < 0 || ::write(g, "0", 1) != 1) fail(kStageCgroup, errno);
+    ::close(g);
+  }
   if ((p.set_cpu && ::setrlimit(RLIMIT_CPU, &p.cpu) < 0) ||
       (p.set_fsize && ::setrlimit(RLIMIT_FSIZE, &p.fsize) < 0) ||
       (p.set_nofile && ::setrlimit(RLIMIT_NOFILE, &p.nofile) < 0))
@@ -269,6 +275,7 @@ void Agent::StartExec(Conn& c, uint64_t id, Exec& req) {
   plan.sh_argv.push_back(nullptr);
   plan.candidates = Candidates(req.argv(0), req);
   plan.cwd = cwd.c_str();
+  if (!cgroup_procs_.empty()) plan.cgroup_procs = cgroup_procs_.c_str();
   if (lim.cpu_time_ms()) {
     rlim_t s = static_cast<rlim_t>((lim.cpu_time_ms() + 999) / 1000);
     plan.cpu = {s, s + 1};  // SIGXCPU at the limit, SIGKILL a second later
@@ -599,6 +606,7 @@ void Agent::Finish(ExecRun& x, const std::string& forced_error) {
       d->set_user_error("exec: switch to uid " + std::to_string(x.uid) + " gid " + std::to_string(x.gid) + ": " + why);
       break;
     case kStageChdir: d->set_user_error("exec: cannot enter the working directory '" + x.cwd + "': " + why); break;
+    case kStageCgroup: d->set_user_error("exec: join the sandbox's cgroup: " + why); break;
     default: d->set_user_error("exec: setup failed: " + why); break;
   }
   if (!forced_error.empty()) d->set_user_error(forced_error);

@@ -162,6 +162,7 @@ class Agent {
   void OnListDir(Conn& c, uint64_t id, const ListDir& req);
 
   AgentOptions opts_;
+  std::string cgroup_procs_;  // <AgentOptions::cgroup>/cgroup.procs, or ""
   bool pid1_ = false;
   bool stop_ = false;
   int64_t start_ns_ = 0;

@@ -13,7 +13,7 @@ namespace {
 
 void Usage(FILE* out) {
   std::fprintf(out,
-               "usage: dsec-agent (--listen PATH | --listen-fd N | --fd N [--vport]) [--oom-events F] [--ready-fd N]\n"
+               "usage: dsec-agent (--listen PATH | --listen-fd N | --fd N [--vport]) [--cgroup DIR] [--oom-events F] [--ready-fd N]\n"
                "\n"
                "The in-sandbox agent of dsec: PID 1 of a container, serving the agent\n"
                "protocol (drivers/agent/agent.proto) to dsecd. It runs commands, streams\n"
@@ -28,6 +28,8 @@ void Usage(FILE* out) {
                "                  come back; each host starts with a sync (channel_sync.hpp)\n"
                "  --oom-events F  memory.events of our cgroup (in a VM): an exec killed while\n"
                "                  its oom_kill count grew is reported OOM-killed\n"
+               "  --cgroup DIR    a cgroup v2 group every program joins before it runs (the\n"
+               "                  agent stays out of it); its memory.events as --oom-events\n"
                "  --ready-fd N    write \"ready\\n\" to fd N and close it once serving\n"
                "\n"
                "As PID 1 it ignores SIGTERM and SIGINT (the host kills the sandbox to stop\n"
@@ -72,6 +74,8 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "dsec-agent: --fd needs a descriptor number\n");
         return 2;
       }
+    } else if (a == "--cgroup" && has_value) {
+      o.cgroup = argv[++i];
     } else if (a == "--oom-events" && has_value) {
       o.oom_events = argv[++i];
     } else if (a == "--vport") {

@@ -146,14 +146,10 @@ Result<std::unique_ptr<MicrovmDriver>> MicrovmDriver::Start(MicrovmOptions o) {
   return d;
 }
 
-MicrovmDriver::~MicrovmDriver() { Stop(); }
-
-void MicrovmDriver::Stop() {
-  // VMs outlive dsecd: nothing is reported about them from here on.
-  watcher_.reset();
+MicrovmDriver::~MicrovmDriver() {
+  Stop();
   {
     std::lock_guard<std::mutex> lk(work_mu_);
-    if (stopping_ && workers_.empty()) return;
     stopping_ = true;
   }
   work_cv_.notify_all();
@@ -164,6 +160,16 @@ void MicrovmDriver::Stop() {
   if (groups_) {
     groups_->RemoveDirs(opts_.cgroup_parent + "/vm");
     groups_->RemoveDirs(opts_.cgroup_parent);
+  }
+}
+
+void MicrovmDriver::Stop() {
+  // VMs outlive dsecd: nothing is reported about them from here on. The
+  // workers stay until the destructor, so calls still made answer.
+  std::unique_ptr<vm::VmWatcher> w;
+  {
+    std::lock_guard<std::mutex> lk(watcher_mu_);
+    w = std::move(watcher_);
   }
 }
 
@@ -283,6 +289,7 @@ void MicrovmDriver::Create(const v1::SandboxRecord& sb, CreateCallback done) {
       std::lock_guard<std::mutex> lk(mu_);
       busy_.erase(sb.id());
     }
+    busy_cv_.notify_all();
     done(std::move(r));
   });
 }
@@ -333,7 +340,7 @@ Result<std::string> MicrovmDriver::CreateNow(const v1::SandboxRecord& sb) {
   if (tsc_khz_) append += " tsc_early_khz=" + std::to_string(tsc_khz_) + " tsc=reliable";
   append += " dsec.root=/dev/vda dsec.host=" + id.substr(0, 63);
   append += " dsec.mem=" + std::to_string(memory);
-  append += " dsec.pids=" + (lim.pids() ? std::to_string(lim.pids() + 1) : std::string("max"));
+  append += " dsec.pids=" + (lim.pids() ? std::to_string(lim.pids()) : std::string("max"));
   append += " dsec.rw=" + std::to_string(lim.disk_bytes() ? lim.disk_bytes() : memory);
   std::vector<std::string> args = {
       qemu_, "-name", "dsec-" + id,
@@ -370,10 +377,11 @@ Result<std::string> MicrovmDriver::CreateNow(const v1::SandboxRecord& sb) {
       ::close(fd);
     }
     ::setsid();
-    int devnull = ::open("/dev/null", O_RDONLY);
+    int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
     ::dup2(devnull, 0);
     ::dup2(log.get(), 1);
     ::dup2(log.get(), 2);
+    ::syscall(SYS_close_range, 3u, ~0u, 0u);  // QEMU outlives us: nothing of dsecd's goes with it
     sigset_t none;
     sigemptyset(&none);
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
@@ -413,10 +421,13 @@ Result<std::string> MicrovmDriver::CreateNow(const v1::SandboxRecord& sb) {
       auto j = nlohmann::json::parse(*status, nullptr, false);
       if (j.is_object()) run_state = j.value("status", "");
     }
-    bool stopped = !status.ok() || (run_state != "running" && run_state != "prelaunch");
+    // Gone, or a run state that is not running; a monitor that is slow to
+    // answer (a loaded host) is waited for until the deadline.
+    bool gone = !vm::ProcessHas(box->pid, box->dir + "/");
+    bool stopped = gone || (status.ok() && run_state != "running" && run_state != "prelaunch");
     if (stopped || std::chrono::steady_clock::now() >= boot_deadline) {
       std::string console = ConsoleTail(box->dir);
-      if (!vm::ProcessHas(box->pid, box->dir + "/")) connected = Status::Unavailable("its QEMU exited during boot");
+      if (gone) connected = Status::Unavailable("its QEMU exited during boot");
       else if (stopped) connected = Status::Unavailable("the guest stopped during boot (" + run_state + ")");
       Status why = connected.Annotate("microvm boot (" + accel_ + ")");
       if (!console.empty()) why = Status(why.code(), why.message() + "; the guest's console ends: " + console);
@@ -449,7 +460,10 @@ Result<std::string> MicrovmDriver::CreateNow(const v1::SandboxRecord& sb) {
 Status MicrovmDriver::DestroyNow(const std::string& id, pid_t pid) {
   std::string dir = VmDir(id);
   std::string marker = dir + "/";
-  std::vector<pid_t> pids = vm::ProcessesWith(marker);
+  // Its processes: what is in its group (QEMU joined it before it ran), and
+  // its recorded QEMU if that pid still names the VM's dir. Never a process
+  // found by its command line alone: anyone can name a path.
+  std::vector<pid_t> pids = groups_->Exists(CgroupRel(id)) ? groups_->Pids(CgroupRel(id)) : std::vector<pid_t>{};
   if (pid > 0 && vm::ProcessHas(pid, marker) && std::find(pids.begin(), pids.end(), pid) == pids.end())
     pids.push_back(pid);
   for (pid_t p : pids) {
@@ -474,10 +488,26 @@ void MicrovmDriver::Destroy(const v1::SandboxRecord& sb, StatusCallback done) {
     dsec::vm::VmState state;
     if (state.ParseFromString(sb.driver_state())) pid = state.pid();
   }
-  if (watcher_) watcher_->Unwatch(sb.id());
+  {
+    std::lock_guard<std::mutex> lk(watcher_mu_);
+    if (watcher_) watcher_->Unwatch(sb.id());
+  }
   Work([this, id = sb.id(), box, pid, done = std::move(done)] {
+    // A creation of this id still running finishes first (its VM is then
+    // the one destroyed, not left behind without a record).
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      busy_cv_.wait(lk, [&] { return !busy_.count(id); });
+    }
+    {
+      std::lock_guard<std::mutex> lk(watcher_mu_);
+      if (watcher_) watcher_->Unwatch(id);
+    }
+    auto now = Find(id);
+    if (now && now->agent) now->agent->Close();
+    pid_t p = now ? now->pid : pid;
     if (box && box->agent) box->agent->Close();
-    Status s = DestroyNow(id, pid);
+    Status s = DestroyNow(id, p);
     if (s.ok()) ++destroyed_;
     done(s);
   });
@@ -507,6 +537,7 @@ void MicrovmDriver::Readopt(const v1::SandboxRecord& sb, StatusCallback done) {
       std::lock_guard<std::mutex> lk(mu_);
       busy_.erase(sb.id());
     }
+    busy_cv_.notify_all();
     if (s.ok()) ++readopted_;
     done(s);
   });
@@ -531,7 +562,9 @@ Status MicrovmDriver::ReadoptNow(const v1::SandboxRecord& sb) {
     return why;
   };
   if (box->dir != VmDir(sb.id())) return fail(Status::FailedPrecondition("microvm " + sb.id() + ": its dir moved"));
-  if (!vm::ProcessHas(box->pid, box->dir + "/"))
+  auto in_group = groups_->Pids(box->cgroup_rel);
+  if (!vm::ProcessHas(box->pid, box->dir + "/") ||
+      std::find(in_group.begin(), in_group.end(), box->pid) == in_group.end())
     return fail(Status::Unavailable("microvm " + sb.id() + ": its QEMU (pid " + std::to_string(box->pid) + ") is gone"));
   // A paused guest cannot answer: resumed for the handshake, paused again.
   bool paused = sb.phase() == v1::SANDBOX_PHASE_PAUSED;
@@ -540,8 +573,10 @@ Status MicrovmDriver::ReadoptNow(const v1::SandboxRecord& sb) {
                                   [this, id = sb.id()](const std::string& t) { Log(2, "microvm " + id + ": " + t); },
                                   /*vm_channel=*/true);
   if (connected.ok() && paused) {
-    auto r = vm::QmpExecute(box->dir + "/q", "stop", "", 5000);
-    if (!r.ok()) connected = r.status();
+    Result<std::string> r = Status::Unavailable("not tried");
+    for (int i = 0; i < 3 && !r.ok(); ++i) r = vm::QmpExecute(box->dir + "/q", "stop", "", 5000);
+    if (!r.ok())  // the VM is fine, only not paused: kept for a destroy to remove
+      return r.status().Annotate("microvm " + sb.id() + ": re-adopted but could not be paused again");
   }
   if (!connected.ok()) return fail(connected.Annotate("microvm " + sb.id() + ": re-adopt"));
   box->paused = paused;
@@ -555,6 +590,7 @@ Status MicrovmDriver::ReadoptNow(const v1::SandboxRecord& sb) {
 }
 
 void MicrovmDriver::Watch(const Box& box) {
+  std::lock_guard<std::mutex> lk(watcher_mu_);
   if (!watcher_) return;
   if (Status s = watcher_->Watch(box.id, box.pid, box.dir + "/e"); !s.ok())
     Log(2, "microvm " + box.id + ": not watched (its end will be noticed at its next call): " + s.message());
@@ -604,6 +640,11 @@ void MicrovmDriver::RestoredNow() {
 }
 
 std::string MicrovmDriver::StatsJson() const {
+  size_t watched = 0;
+  {
+    std::lock_guard<std::mutex> lk(watcher_mu_);
+    if (watcher_) watched = watcher_->size();
+  }
   size_t n;
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -615,7 +656,7 @@ std::string MicrovmDriver::StatsJson() const {
                       {"readopted", readopted_.load()},
                       {"swept", swept_.load()},
                       {"lost", lost_.load()},
-                      {"watched", watcher_ ? watcher_->size() : 0},
+                      {"watched", watched},
                       {"accelerator", accel_},
                       {"accelerator_why", accel_why_},
                       {"qemu", qemu_},

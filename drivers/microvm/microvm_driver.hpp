@@ -105,6 +105,7 @@ class MicrovmDriver : public AgentDriver {
   std::string accel_, accel_why_;
   uint64_t tsc_khz_ = 0;
   std::unique_ptr<cgroup::Groups> groups_;
+  mutable std::mutex watcher_mu_;  // watcher_ goes at Stop
   std::unique_ptr<vm::VmWatcher> watcher_;
 
   std::mutex guest_mu_;
@@ -114,6 +115,7 @@ class MicrovmDriver : public AgentDriver {
   mutable std::mutex mu_;
   std::unordered_map<std::string, std::shared_ptr<Box>> boxes_;
   std::set<std::string> busy_;  // ids being created or readopted: never swept
+  std::condition_variable busy_cv_;  // one left busy_ (under mu_)
 
   std::mutex work_mu_;
   std::condition_variable work_cv_;

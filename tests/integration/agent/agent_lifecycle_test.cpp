@@ -324,3 +324,33 @@ TEST(AgentVportTest, ConnectChannelSkipsStaleBytesUpToItsAnswer) {
 
 }  // namespace
 }  // namespace dsec::testing
+
+namespace dsec::testing {
+namespace {
+
+// A host that went away mid-frame without the agent seeing a hang-up: the
+// new host's repeated asks land in that frame's body, and two in a row at
+// its end start a new conversation.
+TEST(AgentVportTest, AsksRepeatedInsideAFrameCutShortStartANewConversation) {
+  int sv[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  pid_t pid = SpawnAgent({BinDir() + "/dsec-agent", "--fd", "3", "--vport"}, false, sv[1]);
+  ::close(sv[1]);
+  ASSERT_GT(pid, 0);
+  UniqueFd host(sv[0]);
+  ASSERT_EQ(WriteFull(host.get(), SyncMsg(agent::kSyncAsk, "nonce001").data(), 16), 0);
+  ASSERT_TRUE(ReadUntil(host.get(), SyncMsg(agent::kSyncAnswer, "nonce001")));
+  // The old host's last frame: a length of 1 MiB, then only 10 bytes.
+  std::string cut("\x00\x00\x10\x00" "0123456789", 14);
+  ASSERT_EQ(WriteFull(host.get(), cut.data(), cut.size()), 0);
+  ASSERT_EQ(WriteFull(host.get(), SyncMsg(agent::kSyncAsk, "nonce002").data(), 16), 0);
+  ASSERT_EQ(WriteFull(host.get(), SyncMsg(agent::kSyncAsk, "nonce003").data(), 16), 0);
+  ASSERT_TRUE(ReadUntil(host.get(), SyncMsg(agent::kSyncAnswer, "nonce003")));
+  PingRaw(host.get(), 7);
+  ::kill(pid, SIGTERM);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+}
+
+}  // namespace
+}  // namespace dsec::testing
