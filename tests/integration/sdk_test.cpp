@@ -96,11 +96,11 @@ TEST_F(Sdk, SandboxSpecLimitsApplyToItsExecs) {
 
 TEST_F(Sdk, UnavailableKindIsAnErrorValue) {
   v1::SandboxSpec spec;
-  spec.set_kind(v1::KIND_MICROVM);
+  spec.set_kind(v1::KIND_VM);
   auto r = client_->Run(spec, Command({"true"}));
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), Status::Code::kUnavailable);
-  EXPECT_THAT(r.status().message(), HasSubstr("microvm"));
+  EXPECT_THAT(r.status().message(), HasSubstr("vm"));
 }
 
 TEST_F(Sdk, AttachToUnknownSandboxIsNotFound) {
