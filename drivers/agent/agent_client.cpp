@@ -110,26 +110,37 @@ Status WaitStatus(const std::string& name, const char* what, std::chrono::millis
 
 // --- connection -----------------------------------------------------------------
 
-Result<std::unique_ptr<AgentClient>> AgentClient::Connect(const std::string& socket_path,
-                                                          AgentClientOptions options) {
+namespace {
+
+// A connected unix stream socket to `path`, or the errno of the connect
+// (0 and *fd set on success); InvalidArgument for a path too long.
+Result<int> ConnectUnix(const std::string& path, UniqueFd* fd) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
-  if (socket_path.size() >= sizeof addr.sun_path)
-    return Status::InvalidArgument("agent socket path '" + socket_path + "' is longer than " +
+  if (path.size() >= sizeof addr.sun_path)
+    return Status::InvalidArgument("agent socket path '" + path + "' is longer than " +
                                    std::to_string(sizeof addr.sun_path - 1) + " bytes");
-  std::memcpy(addr.sun_path, socket_path.c_str(), socket_path.size() + 1);
-  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (!fd) return Status::FromErrno(errno, "agent client: socket");
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  fd->Reset(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!*fd) return Status::FromErrno(errno, "agent client: socket");
   int rc;
   do {
-    rc = ::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+    rc = ::connect(fd->get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr);
   } while (rc < 0 && errno == EINTR);
-  if (rc < 0) {
-    int err = errno;
-    return Status(err == ENOENT || err == ECONNREFUSED ? Status::Code::kUnavailable : CodeForErrno(err),
-                  "connect to the agent at " + socket_path + ": " + std::strerror(err) +
+  return rc < 0 ? errno : 0;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<AgentClient>> AgentClient::Connect(const std::string& socket_path,
+                                                          AgentClientOptions options) {
+  UniqueFd fd;
+  auto err = ConnectUnix(socket_path, &fd);
+  if (!err.ok()) return err.status();
+  if (*err != 0)
+    return Status(*err == ENOENT || *err == ECONNREFUSED ? Status::Code::kUnavailable : CodeForErrno(*err),
+                  "connect to the agent at " + socket_path + ": " + std::strerror(*err) +
                       " (is dsec-agent running there?)");
-  }
   if (options.name.empty()) options.name = "agent at " + socket_path;
   return FromFd(std::move(fd), std::move(options));
 }
@@ -142,29 +153,18 @@ Result<std::unique_ptr<AgentClient>> AgentClient::ConnectChannel(const std::stri
     return static_cast<int>(
         std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count()));
   };
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (socket_path.size() >= sizeof addr.sun_path)
-    return Status::InvalidArgument("agent channel path '" + socket_path + "' is longer than " +
-                                   std::to_string(sizeof addr.sun_path - 1) + " bytes");
-  std::memcpy(addr.sun_path, socket_path.c_str(), socket_path.size() + 1);
   UniqueFd fd;
   for (;;) {
-    fd.Reset(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-    if (!fd) return Status::FromErrno(errno, "agent client: socket");
-    int rc;
-    do {
-      rc = ::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-    } while (rc < 0 && errno == EINTR);
-    if (rc == 0) break;
-    int err = errno;
+    auto err = ConnectUnix(socket_path, &fd);
+    if (!err.ok()) return err.status();
+    if (*err == 0) break;
     // QEMU serves one client at a time and makes its socket as it starts.
-    if ((err == ENOENT || err == ECONNREFUSED || err == EAGAIN) && left_ms() > 0) {
+    if ((*err == ENOENT || *err == ECONNREFUSED || *err == EAGAIN) && left_ms() > 0) {
       ::usleep(20'000);
       continue;
     }
-    return Status(err == ENOENT || err == ECONNREFUSED ? Status::Code::kUnavailable : CodeForErrno(err),
-                  "connect to the agent channel at " + socket_path + ": " + std::strerror(err));
+    return Status(*err == ENOENT || *err == ECONNREFUSED ? Status::Code::kUnavailable : CodeForErrno(*err),
+                  "connect to the agent channel at " + socket_path + ": " + std::strerror(*err));
   }
   ::fcntl(fd.get(), F_SETFL, ::fcntl(fd.get(), F_GETFL) | O_NONBLOCK);
   std::string got;

@@ -278,20 +278,23 @@ std::string MicrovmDriver::ConsoleTail(const std::string& dir, size_t max_bytes)
   return s;
 }
 
-void MicrovmDriver::Create(const v1::SandboxRecord& sb, CreateCallback done) {
+void MicrovmDriver::WorkOn(const std::string& id, std::function<void()> job) {
   {
     std::lock_guard<std::mutex> lk(mu_);
-    busy_.insert(sb.id());
+    busy_.insert(id);
   }
-  Work([this, sb, done = std::move(done)] {
-    auto r = CreateNow(sb);
+  Work([this, id, job = std::move(job)] {
+    job();
     {
       std::lock_guard<std::mutex> lk(mu_);
-      busy_.erase(sb.id());
+      busy_.erase(id);
     }
     busy_cv_.notify_all();
-    done(std::move(r));
   });
+}
+
+void MicrovmDriver::Create(const v1::SandboxRecord& sb, CreateCallback done) {
+  WorkOn(sb.id(), [this, sb, done = std::move(done)] { done(CreateNow(sb)); });
 }
 
 Result<std::string> MicrovmDriver::CreateNow(const v1::SandboxRecord& sb) {
@@ -527,17 +530,8 @@ void MicrovmDriver::Pause(const v1::SandboxRecord& sb, bool paused, StatusCallba
 }
 
 void MicrovmDriver::Readopt(const v1::SandboxRecord& sb, StatusCallback done) {
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    busy_.insert(sb.id());
-  }
-  Work([this, sb, done = std::move(done)] {
+  WorkOn(sb.id(), [this, sb, done = std::move(done)] {
     Status s = ReadoptNow(sb);
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      busy_.erase(sb.id());
-    }
-    busy_cv_.notify_all();
     if (s.ok()) ++readopted_;
     done(s);
   });

@@ -79,6 +79,9 @@ class MicrovmDriver : public AgentDriver {
   explicit MicrovmDriver(MicrovmOptions options);
   struct Box;
   void Work(std::function<void()> job);
+  // Work on sandbox `id` (a creation or re-adoption): the id is busy_ until
+  // `job` has returned, so the sweep leaves it and a destroy waits.
+  void WorkOn(const std::string& id, std::function<void()> job);
   void WorkerLoop();
   Result<std::string> CreateNow(const v1::SandboxRecord& sb);
   Status ReadoptNow(const v1::SandboxRecord& sb);
