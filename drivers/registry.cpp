@@ -10,12 +10,14 @@ namespace dsec::drivers {
 std::unique_ptr<Kind> FncallKind();
 std::unique_ptr<Kind> ContainerKind();
 std::unique_ptr<Kind> MicrovmKind();
+std::unique_ptr<Kind> VmKind();
 
 std::vector<std::unique_ptr<Kind>> AllKinds() {
   std::vector<std::unique_ptr<Kind>> kinds;
   kinds.push_back(FncallKind());
   kinds.push_back(ContainerKind());
   kinds.push_back(MicrovmKind());
+  kinds.push_back(VmKind());
   return kinds;
 }
 

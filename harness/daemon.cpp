@@ -332,12 +332,18 @@ TestDaemon::~TestDaemon() {
   if (!data_dir_.empty() && std::getenv("DSEC_KEEP_TEST_DATA") == nullptr) {
     // VMs outlive dsecd too: a test that left some (it failed midway) has
     // their QEMU killed here, and their groups removed, saying so.
+    // (A vm sandbox's QEMU is libvirtd's child; its command line names its
+    // initramfs in <data>/domains, and libvirtd drops the domain once it is
+    // killed.)
     auto vms = ProcessesMatching(data_dir_ + "/vms/");
+    for (pid_t p : ProcessesMatching(data_dir_ + "/domains/")) vms.push_back(p);
     for (pid_t p : vms) {
       std::fprintf(stderr, "TestDaemon: killed QEMU %d, left running after dsecd stopped\n", p);
       ::kill(p, SIGKILL);
     }
-    for (int i = 0; i < 500 && !ProcessesMatching(data_dir_ + "/vms/").empty(); ++i)
+    for (int i = 0; i < 500 && !(ProcessesMatching(data_dir_ + "/vms/").empty() &&
+                                 ProcessesMatching(data_dir_ + "/domains/").empty());
+         ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(10));  // killed processes take a moment to exit
     if (!vms.empty())
       for (const std::string root : {"/sys/fs/cgroup", "/sys/fs/cgroup/memory", "/sys/fs/cgroup/cpu,cpuacct",

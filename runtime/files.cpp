@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <limits.h>
 #include <sys/random.h>
 #include <sys/stat.h>
@@ -140,6 +141,19 @@ int RunToFile(const std::vector<std::string>& argv, const std::string& output) {
     if (errno != EINTR) return -1;  // not ours to wait for (SIGCHLD ignored?): unknown, so not success
   }
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+namespace {
+int RemoveOne(const char* path, const struct stat*, int, struct FTW*) { return ::remove(path) < 0 && errno != ENOENT ? -1 : 0; }
+}  // namespace
+
+Status RemoveTree(const std::string& path) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) < 0) return errno == ENOENT ? Status::Ok() : Status::FromErrno(errno, "stat " + path);
+  errno = 0;
+  if (::nftw(path.c_str(), RemoveOne, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT) != 0)
+    return Status::FromErrno(errno ? errno : EIO, "remove " + path);
+  return Status::Ok();
 }
 
 }  // namespace dsec

@@ -27,6 +27,9 @@ std::vector<std::string> ListSubdirs(const std::string& dir);
 std::vector<std::string> ListEntries(const std::string& dir);
 // A helper binary: $env_var when set, else `name` next to this executable.
 std::string SiblingExecutable(const char* env_var, const std::string& name);
+// rm -rf `path`: never follows a symlink, never crosses into another
+// filesystem. Ok when nothing is left (or nothing was there).
+Status RemoveTree(const std::string& path);
 // Absolute form of `path` (need not exist).
 std::string AbsolutePath(const std::string& path);
 // Runs argv (argv[0] a path; no shell) with stdout and stderr to `output`

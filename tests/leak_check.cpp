@@ -2,7 +2,8 @@
 // cleanup) and fails if anything they created is left: processes, cgroups,
 // mounts, data dirs. A microVM's QEMU is such a process (its command line
 // names its dir in the test data dir; it sits in <parent>/vm/<id>), so a VM
-// that outlives its test is reported, and swept. Test daemons and drivers use the cgroup parent
+// that outlives its test is reported, and swept; so is a vm sandbox's
+// libvirt domain (its metadata names its dir in the test data dir). Test daemons and drivers use the cgroup parent
 // "dsec-test" and data dirs /tmp/dsec-test-*, so this never mistakes a
 // developer's own dsecd for a leak.
 //
@@ -68,6 +69,37 @@ void PrintTail(const std::string& path, size_t lines) {
 
 constexpr const char* kControllers[] = {"memory", "pids", "cpu", "cpuacct", "freezer"};
 
+// The output of a command (a shell line), "" when it cannot run.
+std::string Output(const std::string& command) {
+  std::string out;
+  if (FILE* f = ::popen(command.c_str(), "r")) {
+    char buf[4096];
+    for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) out.append(buf, n);
+    ::pclose(f);
+  }
+  return out;
+}
+
+// libvirt domains of test daemons (vm sandboxes): dsec-* whose metadata
+// names a dir in a test data dir. None when libvirt is not there.
+std::vector<std::string> TestDomains() {
+  std::vector<std::string> out;
+  if (::access("/usr/bin/virsh", X_OK) != 0) return out;
+  std::string names = Output("virsh -q -c qemu:///system list --all --name 2>/dev/null");
+  size_t start = 0;
+  while (start < names.size()) {
+    size_t end = names.find('\n', start);
+    if (end == std::string::npos) end = names.size();
+    std::string name = names.substr(start, end - start);
+    start = end + 1;
+    if (name.rfind("dsec-", 0) != 0 || name.find_first_of("'\\ ") != std::string::npos) continue;
+    if (Output("virsh -c qemu:///system dumpxml '" + name + "' 2>/dev/null").find("dir='/tmp/dsec-test-") !=
+        std::string::npos)
+      out.push_back(name);
+  }
+  return out;
+}
+
 bool Alive(pid_t pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
 
 // The test dsecds alive on this machine (their command line names a test data dir).
@@ -127,6 +159,12 @@ int Sweep() {
     std::printf("leak_check --sweep: %zu test dsecd(s) of another run alive: cgroups left as they are\n",
                 daemons.size());
   }
+  if (daemons.empty())
+    for (const auto& name : TestDomains()) {
+      Output("virsh -c qemu:///system destroy '" + name + "' >/dev/null 2>&1; virsh -c qemu:///system undefine '" +
+             name + "' >/dev/null 2>&1");
+      said("libvirt domain " + name);
+    }
   for (const auto& e : dsec::ListEntries("/tmp")) {
     if (e.rfind("dsec-test-", 0) != 0) continue;
     std::string path = "/tmp/" + e;
@@ -173,6 +211,7 @@ int main(int argc, char** argv) {
       ::closedir(d);
     }
   }
+  for (const auto& name : TestDomains()) report("libvirt domain " + name);
   std::ifstream mi("/proc/self/mountinfo");
   for (std::string line; std::getline(mi, line);)
     if (line.find("dsec") != std::string::npos) report("mount: " + line);

@@ -43,6 +43,20 @@ struct AgentBox {
 
 class AgentDriver : public Driver {
  public:
+  // What a kind whose sandboxes are agent-served machines offers
+  // (containers, VMs): state, files, pause, streaming, re-adoption, a
+  // loopback of its own, at `isolation`.
+  static KindTraits StatefulTraits(v1::Isolation isolation) {
+    KindTraits t;
+    t.isolation = isolation;
+    t.stateful = true;
+    t.files = true;
+    t.pause = true;
+    t.streaming = true;
+    t.readoptable = true;
+    t.own_loopback = true;
+    return t;
+  }
   void Exec(const v1::SandboxRecord& sandbox, const std::string& run_id, const v1::ExecRequest& req,
             ExecCallback done) override;
   void ExecStreaming(const v1::SandboxRecord& sandbox, const std::string& run_id, const v1::ExecRequest& req,

@@ -5,6 +5,8 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "drivers/agent/agent.hpp"
@@ -14,6 +16,7 @@ namespace {
 void Usage(FILE* out) {
   std::fprintf(out,
                "usage: dsec-agent (--listen PATH | --listen-fd N | --fd N [--vport]) [--cgroup DIR] [--oom-events F] [--ready-fd N]\n"
+               "       dsec-agent --reclaim\n"
                "\n"
                "The in-sandbox agent of dsec: PID 1 of a container, serving the agent\n"
                "protocol (drivers/agent/agent.proto) to dsecd. It runs commands, streams\n"
@@ -31,6 +34,10 @@ void Usage(FILE* out) {
                "  --cgroup DIR    a cgroup v2 group every program joins before it runs (the\n"
                "                  agent stays out of it); its memory.events as --oom-events\n"
                "  --ready-fd N    write \"ready\\n\" to fd N and close it once serving\n"
+               "  --reclaim       (in a VM's guest, run by dsecd when the sandbox is idle)\n"
+               "                  drop the guest kernel's clean caches and compact its free\n"
+               "                  memory, so that free-page reporting hands it back to the\n"
+               "                  host; prints what was freed, in KiB\n"
                "\n"
                "As PID 1 it ignores SIGTERM and SIGINT (the host kills the sandbox to stop\n"
                "it). Otherwise it makes itself a child subreaper and, on SIGTERM or SIGINT,\n"
@@ -46,6 +53,42 @@ bool ParseFd(const char* s, int* out) {
   return true;
 }
 
+// MemFree of /proc/meminfo, KiB (0 when unreadable).
+long MemFreeKiB() {
+  FILE* f = std::fopen("/proc/meminfo", "r");
+  if (!f) return 0;
+  char line[256];
+  long kib = 0;
+  while (std::fgets(line, sizeof line, f))
+    if (std::sscanf(line, "MemFree: %ld kB", &kib) == 1) break;
+  std::fclose(f);
+  return kib;
+}
+
+bool WriteProc(const char* path, const char* value) {
+  int fd = ::open(path, O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  bool ok = ::write(fd, value, std::strlen(value)) == static_cast<ssize_t>(std::strlen(value));
+  ::close(fd);
+  return ok;
+}
+
+// The guest's side of dsecd's idle reclaim (drivers/vm/guest_driver.cpp):
+// clean page cache and slab go, free memory is compacted into the large
+// blocks free-page reporting hands back to the host (virtio-balloon).
+int Reclaim() {
+  long before = MemFreeKiB();
+  ::sync();
+  bool dropped = WriteProc("/proc/sys/vm/drop_caches", "3");
+  bool compacted = WriteProc("/proc/sys/vm/compact_memory", "1");
+  if (!dropped) {
+    std::fprintf(stderr, "dsec-agent --reclaim: cannot write /proc/sys/vm/drop_caches: %s\n", std::strerror(errno));
+    return 1;
+  }
+  std::printf("freed %ld KiB%s\n", MemFreeKiB() - before, compacted ? ", compacted" : "");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -54,6 +97,7 @@ int main(int argc, char** argv) {
   // about its programs (their exit codes are rewards). Programs we start
   // are dumpable again from their execve on.
   ::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+  if (argc == 2 && std::string(argv[1]) == "--reclaim") return Reclaim();
   dsec::agent::AgentOptions o;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];

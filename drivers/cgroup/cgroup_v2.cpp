@@ -118,6 +118,19 @@ class GroupsV2 final : public Groups {
 
   uint64_t CpuUsageNs(const std::string& rel) const override { return Keyed(Dir(rel) + "/cpu.stat", "usage_usec") * 1000; }
   uint64_t OomKills(const std::string& rel) const override { return Keyed(Dir(rel) + "/memory.events", "oom_kill"); }
+  Status ReclaimMemory(const std::string& rel) override {
+    // memory.reclaim (kernel 5.19+) takes an amount: all the group holds.
+    auto current = ReadFileToString(Dir(rel) + "/memory.current");
+    if (!current.ok()) return current.status().Annotate("cgroup " + rel);
+    std::string file = Dir(rel) + "/memory.reclaim";
+    UniqueFd fd(::open(file.c_str(), O_WRONLY | O_CLOEXEC));
+    if (!fd) return Status::FromErrno(errno, "cgroup " + rel + ": open memory.reclaim (kernel 5.19+)");
+    std::string amount = std::to_string(std::strtoull(current->c_str(), nullptr, 10));
+    // EAGAIN: less than asked could be reclaimed, which is expected.
+    if (::write(fd.get(), amount.data(), amount.size()) < 0 && errno != EAGAIN)
+      return Status::FromErrno(errno, "cgroup " + rel + ": write memory.reclaim");
+    return Status::Ok();
+  }
 
   bool Empty(const std::string& rel) override {
     if (Pids(rel).empty()) return true;

@@ -40,6 +40,13 @@ class GroupsV1 final : public Groups {
   bool CanFreeze() const override { return !m_.freezer.empty(); }
   Status Freeze(const std::string& rel, bool frozen) override { return CgroupSlot::Paths(m_, rel).Freeze(frozen); }
   bool Frozen(const std::string& rel) const override { return CgroupSlot::Paths(m_, rel).Frozen(); }
+  Status ReclaimMemory(const std::string& rel) override {
+    std::string file = m_.memory + "/" + rel + "/memory.force_empty";
+    UniqueFd fd(::open(file.c_str(), O_WRONLY | O_CLOEXEC));
+    if (!fd) return Status::FromErrno(errno, "cgroup " + rel + ": open memory.force_empty");
+    if (::write(fd.get(), "0", 1) < 0) return Status::FromErrno(errno, "cgroup " + rel + ": write memory.force_empty");
+    return Status::Ok();
+  }
   uint64_t CpuUsageNs(const std::string& rel) const override { return CgroupSlot::Paths(m_, rel).CpuUsageNsByPath(); }
   uint64_t OomKills(const std::string& rel) const override { return CgroupSlot::Paths(m_, rel).OomKills(); }
   bool Empty(const std::string& rel) override { return EmptyGroup(m_, rel); }

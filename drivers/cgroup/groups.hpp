@@ -50,6 +50,10 @@ class Groups {
   // or thaws everything inside.
   virtual Status Freeze(const std::string& rel, bool frozen) = 0;
   virtual bool Frozen(const std::string& rel) const = 0;  // frozen or freezing
+  // Asks the kernel to reclaim what it can of the group's memory now (its
+  // page cache; anonymous memory only where there is swap): v1's
+  // memory.force_empty, v2's memory.reclaim. For idle or frozen groups.
+  virtual Status ReclaimMemory(const std::string& rel) = 0;
   virtual uint64_t CpuUsageNs(const std::string& rel) const = 0;
   virtual uint64_t OomKills(const std::string& rel) const = 0;
   // Kills everything inside and waits, up to 1 s, until nothing is left;

@@ -21,17 +21,7 @@
 namespace dsec::drivers {
 
 const KindTraits& ContainerDriver::Traits() {
-  static const KindTraits t = [] {
-    KindTraits t;
-    t.isolation = v1::ISOLATION_CONTAINER;
-    t.stateful = true;
-    t.files = true;
-    t.pause = true;
-    t.streaming = true;
-    t.readoptable = true;
-    t.own_loopback = true;
-    return t;
-  }();
+  static const KindTraits t = StatefulTraits(v1::ISOLATION_CONTAINER);
   return t;
 }
 
@@ -180,7 +170,7 @@ Result<std::unique_ptr<ContainerDriver>> ContainerDriver::Start(ContainerOptions
   d->link_ = std::move(*link);
   // Creations wait on the spawner and the agent's handshake, removals on the
   // container's exit: with only 4, churn queued behind those waits.
-  for (int i = 0; i < 16; ++i) d->workers_.emplace_back([p] { p->WorkerLoop(); });
+  d->workers_.Start(16);
   if (d->opts_.idle_freeze_ms > 0 && d->groups_->CanFreeze()) d->idle_thread_ = std::thread([p] { p->IdleLoop(); });
   return d;
 }
@@ -191,10 +181,8 @@ void ContainerDriver::Stop() {
     if (stopping_) return;
     stopping_ = true;
   }
-  work_cv_.notify_all();
   idle_cv_.notify_all();
-  for (auto& t : workers_) t.join();
-  workers_.clear();
+  workers_.Stop();
   if (idle_thread_.joinable()) idle_thread_.join();
   // Containers keep running (that is the point); only our ends close, with
   // mu_ released (closing waits for the agent I/O thread, whose callbacks
@@ -229,27 +217,7 @@ void ContainerDriver::Stop() {
   }
 }
 
-void ContainerDriver::Work(std::function<void()> job) {
-  {
-    std::lock_guard<std::mutex> lk(work_mu_);
-    work_.push_back(std::move(job));
-  }
-  work_cv_.notify_one();
-}
-
-void ContainerDriver::WorkerLoop() {
-  for (;;) {
-    std::function<void()> job;
-    {
-      std::unique_lock<std::mutex> lk(work_mu_);
-      work_cv_.wait(lk, [this] { return stopping_ || !work_.empty(); });
-      if (work_.empty()) return;  // stopping, nothing left
-      job = std::move(work_.front());
-      work_.pop_front();
-    }
-    job();
-  }
-}
+void ContainerDriver::Work(std::function<void()> job) { workers_.Post(std::move(job)); }
 
 void ContainerDriver::OnEvent(spawner::Event& ev) {
   if (!ev.has_container_created()) return;
@@ -451,6 +419,9 @@ void ContainerDriver::IdleLoop() {
       if (groups_->Freeze(b->cgroup_rel, true).ok()) {
         b->idle_frozen = true;
         ++idle_freezes_;
+        // Frozen, its page cache can go: the next call thaws it and reads
+        // back what it needs.
+        if (groups_->ReclaimMemory(b->cgroup_rel).ok()) ++idle_reclaims_;
       }
     }
   }
@@ -713,6 +684,7 @@ std::string ContainerDriver::StatsJson() const {
               {"destroyed", destroyed_.load()},
               {"pauses", paused_.load()},
               {"idle_freezes", idle_freezes_.load()},
+              {"idle_reclaims", idle_reclaims_.load()},
               {"free_cgroups", free_groups_.size()},
               {"free_dirs", free_dirs_.size()},
               {"disk", disk_ ? json{{"filesystem", "btrfs"}, {"size_bytes", disk_->size_bytes()}}

@@ -25,6 +25,7 @@
 #include "drivers/cgroup/groups.hpp"
 #include "drivers/images/mounts.hpp"
 #include "drivers/spawner/spawner_link.hpp"
+#include "runtime/worker_pool.hpp"
 
 namespace dsec::drivers {
 
@@ -82,7 +83,6 @@ class ContainerDriver : public AgentDriver {
   explicit ContainerDriver(ContainerOptions options);
   struct Box;
   void Work(std::function<void()> job);  // on the worker thread
-  void WorkerLoop();
   void OnEvent(spawner::Event& ev);
   Result<std::string> CreateNow(const v1::SandboxRecord& sb);
   Status ReadoptNow(const v1::SandboxRecord& sb);
@@ -157,14 +157,12 @@ class ContainerDriver : public AgentDriver {
   std::vector<std::string> free_dirs_;
   uint64_t next_free_dir_ = 0;
 
-  std::mutex work_mu_;
-  std::condition_variable work_cv_;
-  std::condition_variable idle_cv_;  // IdleLoop's (never woken by Work)
-  std::deque<std::function<void()>> work_;
+  std::mutex work_mu_;               // stopping_, for IdleLoop
+  std::condition_variable idle_cv_;  // IdleLoop's
   bool stopping_ = false;
-  std::vector<std::thread> workers_;
+  WorkerPool workers_;
   std::thread idle_thread_;
-  std::atomic<uint64_t> created_{0}, destroyed_{0}, paused_{0}, idle_freezes_{0};
+  std::atomic<uint64_t> created_{0}, destroyed_{0}, paused_{0}, idle_freezes_{0}, idle_reclaims_{0};
 };
 
 // Where a sandbox's files live: <data>/sandboxes/<id>.

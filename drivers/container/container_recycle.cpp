@@ -16,24 +16,19 @@ namespace dsec::drivers {
 
 namespace {
 
-int RemoveOne(const char* path, const struct stat*, int, struct FTW*) { return ::remove(path) < 0 ? -1 : 0; }
-
 // rm -rf: never follows symlinks, never leaves the filesystem (a container's
 // upper dir holds whatever it wrote, links to host paths included). The
 // overlay of a container whose last process just died may still be mounted
 // for a moment (its mount namespace goes away asynchronously): retried for
 // up to 2 s. Ok, or what stopped it (the start-up sweep retries).
-Status RemoveTree(const std::string& path) {
-  int err = 0;
+Status RemoveTreeRetrying(const std::string& path) {
+  Status s;
   for (int attempt = 0; attempt < 100; ++attempt) {
-    struct stat st;
-    if (::lstat(path.c_str(), &st) < 0 && errno == ENOENT) return Status::Ok();
-    errno = 0;
-    if (::nftw(path.c_str(), RemoveOne, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT) == 0) return Status::Ok();
-    err = errno;
+    s = dsec::RemoveTree(path);
+    if (s.ok()) return s;
     ::usleep(20000);  // waiting for the kernel to drop the dead container's mounts
   }
-  return Status::FromErrno(err, "remove " + path);
+  return s;
 }
 
 }  // namespace
@@ -65,12 +60,12 @@ namespace {
 bool EmptySandboxDir(const std::string& base) {
   if (ListEntries(base) != std::vector<std::string>{"run", "upper", "work"}) return false;
   std::string upper = base + "/upper", work = base + "/work";
-  if (!RemoveTree(upper).ok() || ::mkdir(upper.c_str(), 0755) < 0 || ::chmod(upper.c_str(), 0755) < 0) return false;
-  if (!RemoveTree(work).ok() || ::mkdir(work.c_str(), 0700) < 0) return false;
+  if (!RemoveTreeRetrying(upper).ok() || ::mkdir(upper.c_str(), 0755) < 0 || ::chmod(upper.c_str(), 0755) < 0) return false;
+  if (!RemoveTreeRetrying(work).ok() || ::mkdir(work.c_str(), 0700) < 0) return false;
   if (::unlink((base + "/run/agent.sock").c_str()) < 0 && errno != ENOENT) return false;
   // The container's /etc files are written anew by the next creation; the
   // container may have replaced them with anything (a directory, a link).
-  if (!RemoveTree(base + "/run/etc").ok()) return false;
+  if (!RemoveTreeRetrying(base + "/run/etc").ok()) return false;
   struct stat st;
   return ListEntries(base + "/run") == std::vector<std::string>{"agent"} &&
          ::lstat((base + "/run/agent").c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_size == 0;
@@ -90,7 +85,7 @@ Status ContainerDriver::TakeDir(const std::string& id) {
   if (!free.empty()) {
     if (::rename(free.c_str(), base.c_str()) == 0) return Status::Ok();
     Log(2, "rename " + free + " to " + base + ": " + std::strerror(errno) + "; making a new dir instead");
-    (void)RemoveTree(free);
+    (void)RemoveTreeRetrying(free);
   }
   if (disk_) DSEC_RETURN_IF_ERROR(disk_->MakeDir(id));
   for (const char* sub : {"", "/upper", "/work", "/run"}) DSEC_RETURN_IF_ERROR(MakeDirs(base + sub, 0700));
@@ -124,7 +119,7 @@ Status ContainerDriver::RemoveSandboxDir(const std::string& name) {
   // A subvolume goes whole, in one call, however much it holds; a dir
   // that is not one (made before the disk was) the slow way.
   if (disk_ && disk_->RemoveDir(name).ok()) return Status::Ok();
-  return RemoveTree(path);
+  return RemoveTreeRetrying(path);
 }
 
 }  // namespace dsec::drivers

@@ -3,8 +3,10 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -13,6 +15,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -203,5 +206,37 @@ Result<std::string> QmpExecute(const std::string& socket, const std::string& com
   }
   return msg.contains("return") ? msg["return"].dump() : std::string("{}");
 }
+
+std::string FindInPath(const std::string& name) {
+  if (name.find('/') != std::string::npos) return ::access(name.c_str(), X_OK) == 0 ? name : "";
+  const char* path = std::getenv("PATH");
+  std::string p = path && *path ? path : "/usr/local/bin:/usr/bin:/bin";
+  size_t start = 0;
+  while (start <= p.size()) {
+    size_t end = p.find(':', start);
+    if (end == std::string::npos) end = p.size();
+    std::string cand = p.substr(start, end - start) + "/" + name;
+    if (::access(cand.c_str(), X_OK) == 0) return cand;
+    start = end + 1;
+  }
+  return "";
+}
+
+namespace {
+bool SignalAndWait(pid_t pid, int sig, int timeout_ms) {
+  UniqueFd pfd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
+  if (!pfd) return errno == ESRCH;
+  if (sig) ::syscall(SYS_pidfd_send_signal, pfd.get(), sig, nullptr, 0);
+  pollfd p{pfd.get(), POLLIN, 0};
+  int rc;
+  do {
+    rc = ::poll(&p, 1, timeout_ms);
+  } while (rc < 0 && errno == EINTR);
+  return rc > 0;
+}
+}  // namespace
+
+bool KillAndWait(pid_t pid, int timeout_ms) { return SignalAndWait(pid, SIGKILL, timeout_ms); }
+bool WaitGone(pid_t pid, int timeout_ms) { return SignalAndWait(pid, 0, timeout_ms); }
 
 }  // namespace dsec::drivers::vm

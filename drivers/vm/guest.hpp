@@ -46,6 +46,15 @@ Result<std::string> ChooseAccelerator(const std::string& want, std::string* why)
 // fail and hang).
 uint64_t HostTscKhz();
 
+// `name` when it is a path to an executable, else its first executable
+// match in $PATH; "" when there is none.
+std::string FindInPath(const std::string& name);
+// SIGKILL to `pid` (not necessarily our child), then up to timeout_ms for it
+// to be gone. True when it is gone.
+bool KillAndWait(pid_t pid, int timeout_ms);
+// Up to timeout_ms for `pid` to be gone. True when it is gone.
+bool WaitGone(pid_t pid, int timeout_ms);
+
 // Processes whose command line contains `marker` (e.g. a VM's own dir).
 std::vector<pid_t> ProcessesWith(const std::string& marker);
 // True when `pid` runs and its command line contains `marker`.

@@ -89,14 +89,17 @@ Status VmWatcher::Watch(const std::string& id, pid_t pid, const std::string& eve
   e.id = id;
   e.pidfd.Reset(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
   if (!e.pidfd) return Status::FromErrno(errno, "watch VM " + id + ": pidfd_open(" + std::to_string(pid) + ")");
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (event_socket.size() >= sizeof addr.sun_path) return Status::InvalidArgument("event socket path too long");
-  std::memcpy(addr.sun_path, event_socket.c_str(), event_socket.size() + 1);
-  e.qmp.Reset(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (::connect(e.qmp.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) < 0)
-    return Status::FromErrno(errno, "watch VM " + id + ": connect " + event_socket);
-  if (!Handshake(e.qmp.get(), 10'000)) return Status::Unavailable("watch VM " + id + ": QMP handshake on " + event_socket);
+  if (!event_socket.empty()) {
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    if (event_socket.size() >= sizeof addr.sun_path) return Status::InvalidArgument("event socket path too long");
+    std::memcpy(addr.sun_path, event_socket.c_str(), event_socket.size() + 1);
+    e.qmp.Reset(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    if (::connect(e.qmp.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) < 0)
+      return Status::FromErrno(errno, "watch VM " + id + ": connect " + event_socket);
+    if (!Handshake(e.qmp.get(), 10'000))
+      return Status::Unavailable("watch VM " + id + ": QMP handshake on " + event_socket);
+  }
   std::lock_guard<std::mutex> lk(mu_);
   e.key = next_key_++;
   epoll_event ev{};
@@ -104,7 +107,7 @@ Status VmWatcher::Watch(const std::string& id, pid_t pid, const std::string& eve
   ev.data.u64 = e.key << 1;
   ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, e.pidfd.get(), &ev);
   ev.data.u64 = (e.key << 1) | 1;
-  ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, e.qmp.get(), &ev);
+  if (e.qmp) ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, e.qmp.get(), &ev);
   by_id_[id] = e.key;
   uint64_t key = e.key;
   entries_.emplace(key, std::move(e));
@@ -115,7 +118,7 @@ void VmWatcher::Drop(uint64_t key) {
   auto it = entries_.find(key);
   if (it == entries_.end()) return;
   ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, it->second.pidfd.get(), nullptr);
-  ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, it->second.qmp.get(), nullptr);
+  if (it->second.qmp) ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, it->second.qmp.get(), nullptr);
   by_id_.erase(it->second.id);
   entries_.erase(it);
 }

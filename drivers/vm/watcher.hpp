@@ -30,7 +30,8 @@ class VmWatcher {
   VmWatcher& operator=(const VmWatcher&) = delete;
 
   // Watches VM `id`: QEMU `pid`, its event monitor at `event_socket`
-  // (QMP, one client at a time: this one's). Replaces an earlier watch.
+  // (QMP, one client at a time: this one's; "" for none: its pid alone,
+  // for a QEMU whose monitor is libvirtd's). Replaces an earlier watch.
   Status Watch(const std::string& id, pid_t pid, const std::string& event_socket);
   // Stops watching (before the driver stops the VM itself).
   void Unwatch(const std::string& id);

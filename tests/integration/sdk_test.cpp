@@ -94,13 +94,20 @@ TEST_F(Sdk, SandboxSpecLimitsApplyToItsExecs) {
   EXPECT_TRUE(sb->Destroy().ok());
 }
 
-TEST_F(Sdk, UnavailableKindIsAnErrorValue) {
+// A kind whose driver could not start here (a dsecd of its own, told of a
+// QEMU that does not exist): its calls get an Unavailable error value.
+TEST(SdkOwnDaemon, UnavailableKindIsAnErrorValue) {
+  std::unique_ptr<TestDaemon> d;
+  std::unique_ptr<Client> c;
+  TestDaemonOptions o;
+  o.extra_args = {"--microvm-qemu", "/nonexistent/qemu-system-x86_64"};
+  if (auto why = StartOwnDaemon(o, &d, &c); !why.empty()) GTEST_SKIP() << why;
   v1::SandboxSpec spec;
-  spec.set_kind(v1::KIND_VM);
-  auto r = client_->Run(spec, Command({"true"}));
+  spec.set_kind(v1::KIND_MICROVM);
+  auto r = c->Run(spec, Command({"true"}));
   ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.status().code(), Status::Code::kUnavailable);
-  EXPECT_THAT(r.status().message(), HasSubstr("vm"));
+  EXPECT_EQ(r.status().code(), Status::Code::kUnavailable) << r.status().ToString();
+  EXPECT_THAT(r.status().message(), HasSubstr("microvm"));
 }
 
 TEST_F(Sdk, AttachToUnknownSandboxIsNotFound) {

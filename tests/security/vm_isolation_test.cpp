@@ -20,6 +20,7 @@
 #include "runtime/files.hpp"
 #include "tests/support/host_probes.hpp"
 #include "tests/support/kind_sandbox_fixture.hpp"
+#include "tests/support/vm_probes.hpp"
 
 namespace dsec::testing {
 namespace {
@@ -28,17 +29,21 @@ bool OwnKernel(const drivers::KindTraits& t) { return !OnTheHostKernel(t); }
 
 class VmIsolation : public KindSandboxTest {
  protected:
-  std::string VmDir(const std::string& id) const { return daemon_->data_dir() + "/vms/" + id; }
-  // What the host holds of VM `id`: its QEMU, its dir, its cgroups.
+  std::string VmDir(const std::string& id) const { return VmRoot(*daemon_, GetParam().kind) + "/" + id; }
+  // What the host holds of VM `id`: its QEMU, its dir, its cgroups, its
+  // libvirt domain.
   std::vector<std::string> HostLeftovers(const std::string& id) const {
     std::vector<std::string> out;
-    for (pid_t p : ProcessesMatching(VmDir(id) + "/")) out.push_back("process " + std::to_string(p));
+    for (pid_t p : VmProcessesOf(*daemon_, GetParam().kind, id)) out.push_back("process " + std::to_string(p));
     if (::access(VmDir(id).c_str(), F_OK) == 0) out.push_back("dir " + VmDir(id));
     for (const std::string root : {"/sys/fs/cgroup", "/sys/fs/cgroup/memory", "/sys/fs/cgroup/cpu,cpuacct",
                                    "/sys/fs/cgroup/pids", "/sys/fs/cgroup/freezer"}) {
       std::string g = root + "/dsec-test/vm/" + id;
       if (::access(g.c_str(), F_OK) == 0) out.push_back("cgroup " + g);
     }
+    if (GetParam().kind == v1::KIND_VM)
+      for (const auto& d : VmDomains(*daemon_))
+        if (d.size() > id.size() && d.compare(d.size() - id.size(), id.size(), id) == 0) out.push_back("domain " + d);
     return out;
   }
   // Waits (bounded) until the sandbox's record is failed; the record.
@@ -116,11 +121,16 @@ TEST_P(VmIsolation, RootInTheGuestSeesOnlyItsImageAndChangesOnlyItsOwnLayer) {
   for (const char* shared : {"9p", "virtiofs", "nfs", "nfs4", "fuse", "cifs"})
     EXPECT_EQ((" " + types + " ").find(std::string(" ") + shared + " "), std::string::npos) << types;
   EXPECT_NE(types.find("overlay"), std::string::npos) << types;
-  EXPECT_EQ(ShIn(*sb_, "ls /sys/block | tr '\\n' ' '").stdout(), "vda ");
-  // The disk (the image) refuses writes.
-  auto dd = ShIn(*sb_, "dd if=/dev/zero of=/dev/vda bs=4096 count=16 oflag=direct conv=notrunc 2>/dev/null; "
+  // The image: a virtio-blk disk (microvm), or virtio-pmem mapped from the
+  // host's page cache (vm).
+  const std::string disk = GetParam().kind == v1::KIND_VM ? "pmem0" : "vda";
+  EXPECT_EQ(ShIn(*sb_, "ls /sys/block | tr '\\n' ' '").stdout(), disk + " ");
+  // Writes to it do not reach the host: the disk refuses them; the pmem
+  // device's memory is mapped read-only by QEMU (what the guest writes there
+  // is dropped). The image files are compared below.
+  auto dd = ShIn(*sb_, "dd if=/dev/zero of=/dev/" + disk + " bs=4096 count=16 oflag=direct conv=notrunc 2>/dev/null; "
                        "echo rc=$?");
-  EXPECT_NE(dd.stdout(), "rc=0\n") << "a write to the image's disk succeeded";
+  if (disk == "vda") EXPECT_NE(dd.stdout(), "rc=0\n") << "a write to the image's disk succeeded";
   // Root changes its own layer only.
   ASSERT_EQ(ShIn(*sb_, "echo 'intruder:x:0:0::/:/bin/sh' >> /etc/passwd && rm -f /bin/env && echo done").stdout(),
             "done\n");
@@ -158,7 +168,7 @@ TEST_P(VmIsolation, FloodingTheConsoleAndTheAgentChannelDoesNotStallDsecd) {
 
 TEST_P(VmIsolation, Kill9OfItsQemuFailsTheSandboxSayingWhyAndFreesIt) {
   std::string id = sb_->id();
-  auto qemu = ProcessesMatching(VmDir(id) + "/");
+  auto qemu = VmProcessesOf(*daemon_, GetParam().kind, id);
   ASSERT_EQ(qemu.size(), 1u);
   ASSERT_EQ(::kill(qemu[0], SIGKILL), 0);
   auto rec = AwaitFailed(*sb_);

@@ -42,9 +42,15 @@ inline std::string KindHostGap(const KindParam& k) {
   if (k.traits.isolation < v1::ISOLATION_KERNEL) return "";
   if (::system("command -v qemu-system-x86_64 >/dev/null 2>&1") != 0)
     return k.name + " sandboxes need QEMU: apt-get install qemu-system-x86";
+  if (k.kind == v1::KIND_VM && ::system("virsh -q -c qemu:///system uri >/dev/null 2>&1") != 0)
+    return k.name + " sandboxes need libvirtd at qemu:///system: apt-get install libvirt-daemon-system, then "
+                    "`virtlogd -d; libvirtd -d` (scripts/dev test does both)";
   std::string gap = EnsureTestGuest();
   return gap.empty() ? "" : k.name + " sandboxes need the VM guest: " + gap;
 }
+
+// The kinds whose sandboxes are VMs (microvm, vm).
+inline bool IsVm(const drivers::KindTraits& t) { return t.isolation >= v1::ISOLATION_KERNEL; }
 
 // The test's name suffix: the kind's.
 inline std::string KindParamName(const ::testing::TestParamInfo<KindParam>& info) { return info.param.name; }

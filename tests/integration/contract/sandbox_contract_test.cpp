@@ -17,11 +17,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "drivers/vm/guest.hpp"
 #include "tests/support/container_fixture.hpp"
 #include "tests/support/host_probes.hpp"
 #include "tests/support/kinds.hpp"
 #include "tests/support/probes.hpp"
+#include "tests/support/vm_probes.hpp"
 
 namespace dsec::testing {
 namespace {
@@ -49,13 +49,10 @@ class Contract : public ContainerTest, public ::testing::WithParamInterface<Kind
   static bool OwnKernel() { return GetParam().traits.isolation >= v1::ISOLATION_KERNEL; }
   // How the host keeps the sandbox stopped: the cgroup freezer's state
   // (FROZEN, THAWED) of a container; QEMU's run state (paused, running) of a
-  // VM, from its monitor.
+  // VM, from its monitor or libvirt.
   std::string HostPauseState(const std::string& id) {
     if (!OwnKernel()) return FreezerState(id);
-    auto r = drivers::vm::QmpExecute(daemon_->data_dir() + "/vms/" + id + "/q", "query-status", "", 5000);
-    if (!r.ok()) return r.status().ToString();
-    auto j = nlohmann::json::parse(*r, nullptr, false);
-    std::string st = j.is_object() ? j.value("status", "") : "";
+    std::string st = VmRunState(*daemon_, GetParam().kind, id);
     return st == "paused" ? "FROZEN" : st == "running" ? "THAWED" : st;
   }
   // Processes in the sandbox whose command line holds `arg`: seen from the
@@ -333,8 +330,7 @@ TEST_P(Contract, DestroyWithAnExecInFlightAnswersTheExec) {
   EXPECT_NE(r->error().find("sandbox " + sb->id() + " was destroyed"), std::string::npos) << r->error();
   EXPECT_TRUE(HostProcessesWithArg(secs).empty()) << "the exec outlived its sandbox";
   if (OwnKernel())
-    EXPECT_TRUE(ProcessesMatching(daemon_->data_dir() + "/vms/" + sb->id() + "/").empty())
-        << "the VM outlived its sandbox";
+    EXPECT_TRUE(VmProcessesOf(*daemon_, GetParam().kind, sb->id()).empty()) << "the VM outlived its sandbox";
 }
 
 // Restarts the shared daemon (gtest runs a suite in the order written: last).

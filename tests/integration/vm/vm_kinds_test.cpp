@@ -1,0 +1,284 @@
+// The VM kinds (microvm, vm) against a real dsecd: what a bad request or a
+// missing piece of the host gets (a clear error naming the object and the
+// fix, and nothing left behind), and kill -9 of dsecd with VMs running.
+#include <gmock/gmock.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <future>
+#include <thread>
+
+#include "runtime/files.hpp"
+#include "tests/support/container_fixture.hpp"
+#include "tests/support/kinds.hpp"
+#include "tests/support/vm_probes.hpp"
+
+namespace dsec::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Nothing of `kind`'s VMs on the host for `daemon`: no QEMU, no VM dir, no
+// group, no libvirt domain.
+void ExpectNoVm(const TestDaemon& daemon, v1::Kind kind) {
+  EXPECT_TRUE(VmProcesses(daemon, kind).empty()) << "a QEMU is left";
+  EXPECT_TRUE(ListSubdirs(VmRoot(daemon, kind)).empty()) << "a VM dir is left";
+  for (const std::string root : {"/sys/fs/cgroup/memory", "/sys/fs/cgroup"})
+    EXPECT_TRUE(ListSubdirs(root + "/dsec-test/vm").empty()) << "a VM group is left in " << root;
+  if (kind == v1::KIND_VM) EXPECT_TRUE(VmDomains(daemon).empty()) << "a libvirt domain is left";
+}
+
+class VmKinds : public ContainerTest, public ::testing::WithParamInterface<KindParam> {
+ protected:
+  void SetUp() override {
+    ContainerTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    if (auto gap = KindHostGap(GetParam()); !gap.empty()) GTEST_SKIP() << gap;
+  }
+  static v1::SandboxSpec Spec(const std::string& image = kImage) {
+    auto spec = ContainerSpec(image);
+    spec.set_kind(GetParam().kind);
+    return spec;
+  }
+  void ExpectNoVm(const TestDaemon& daemon) const { dsec::testing::ExpectNoVm(daemon, GetParam().kind); }
+};
+
+TEST_P(VmKinds, BadRequestsAreRefusedNamingWhatIsWrongAndLeaveNothing) {
+  auto unknown = client_->Create(Spec("no-such-image"));
+  EXPECT_EQ(unknown.status().code(), Status::Code::kNotFound) << unknown.status().ToString();
+  EXPECT_THAT(unknown.status().message(), HasSubstr("no-such-image"));
+  auto spec = Spec();
+  spec.mutable_limits()->set_memory_bytes(1ull << 40);
+  auto big = client_->Create(spec);
+  EXPECT_EQ(big.status().code(), Status::Code::kInvalidArgument) << big.status().ToString();
+  EXPECT_THAT(big.status().message(), HasSubstr("--vm-max-memory"));
+  spec = Spec();
+  spec.mutable_limits()->set_cpu_millis(64000);
+  auto cpus = client_->Create(spec);
+  EXPECT_EQ(cpus.status().code(), Status::Code::kInvalidArgument) << cpus.status().ToString();
+  EXPECT_THAT(cpus.status().message(), HasSubstr("--vm-max-vcpus"));
+  ExpectNoVm(*daemon_);
+}
+
+// kind auto: isolation kernel gives microvm, hardware gives vm.
+TEST_P(VmKinds, TheRecordSaysWhichKindAndAcceleratorAutoGave) {
+  auto spec = ContainerSpec(kImage);
+  spec.set_kind(v1::KIND_AUTO);
+  spec.set_isolation(GetParam().traits.isolation);
+  auto sb = client_->Create(spec);
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  made_.push_back(*sb);
+  auto rec = sb->Get();
+  ASSERT_TRUE(rec.ok());
+  EXPECT_EQ(rec->spec().kind(), GetParam().kind);
+  bool hw = ::access("/sys/module/kvm_intel", F_OK) == 0 || ::access("/sys/module/kvm_amd", F_OK) == 0;
+  EXPECT_EQ(rec->accelerator(), hw && ::access("/dev/kvm", R_OK | W_OK) == 0 ? "kvm" : "tcg");
+  EXPECT_THAT(ShIn(*sb, "cat /proc/sys/kernel/osrelease").stdout(), HasSubstr("cloud-amd64"));
+  EXPECT_TRUE(sb->Destroy().ok());
+  ExpectNoVm(*daemon_);
+}
+
+// kill -9 of dsecd with 8 VMs up: the next dsecd re-adopts every one, with
+// what it held, and after they are destroyed nothing of them is left.
+TEST_P(VmKinds, Kill9OfDsecdWithEightVmsReadoptsThemAllWithTheirState) {
+  // One after the other: under TCG a boot takes a core, and 8 at once on a
+  // small host outlast the SDK's 30 s call timeout (the concurrency of
+  // creations is vm_bench's).
+  std::vector<Sandbox> vms;
+  for (int i = 0; i < 8; ++i) {
+    auto sb = client_->Create(Spec());
+    ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+    vms.push_back(*sb);
+    made_.push_back(*sb);
+  }
+  for (size_t i = 0; i < vms.size(); ++i)
+    ASSERT_EQ(ShIn(vms[i], "echo state-" + std::to_string(i) + " > /work/f && echo ok").stdout(), "ok\n");
+  daemon_->Kill9();
+  ASSERT_EQ(VmProcesses(*daemon_, GetParam().kind).size(), 8u) << "the VMs did not outlive dsecd";
+  ASSERT_TRUE(daemon_->Restart().ok());
+  for (size_t i = 0; i < vms.size(); ++i) {
+    auto rec = vms[i].Get();
+    ASSERT_TRUE(rec.ok()) << rec.status().ToString();
+    EXPECT_EQ(rec->phase(), v1::SANDBOX_PHASE_RUNNING) << rec->error();
+    EXPECT_EQ(ShIn(vms[i], "cat /work/f").stdout(), "state-" + std::to_string(i) + "\n");
+  }
+  for (auto& sb : vms) EXPECT_TRUE(sb.Destroy().ok());
+  made_.clear();
+  ExpectNoVm(*daemon_);
+}
+
+// Each test starts a dsecd of its own (no shared one).
+class VmHostGap : public ContainerTest, public ::testing::WithParamInterface<KindParam> {
+ protected:
+  static void SetUpTestSuite() {}
+  static void TearDownTestSuite() {}
+  void SetUp() override {
+    if (auto gap = KindHostGap(GetParam()); !gap.empty()) GTEST_SKIP() << gap;
+  }
+  void TearDown() override {}
+};
+
+// A dsecd whose VM kind lacks a piece says so: in its kinds, and in the
+// error of a creation, naming the fix. The piece: QEMU for microvm,
+// libvirtd for vm (here: a socket where none listens); the guest for both.
+TEST_P(VmHostGap, MissingVmmOrGuestMakesTheKindUnavailableSayingWhy) {
+  const bool vm = GetParam().kind == v1::KIND_VM;
+  {
+    std::unique_ptr<TestDaemon> d;
+    std::unique_ptr<Client> c;
+    TestDaemonOptions o;
+    if (vm) o.extra_args = {"--vm-libvirt", "qemu+unix:///system?socket=/nonexistent/libvirt-sock"};
+    else o.extra_args = {"--microvm-qemu", "/nonexistent/qemu-system-x86_64"};
+    std::string why = StartContainerDaemon(o, &d, &c);
+    if (!why.empty()) GTEST_SKIP() << why;
+    const std::string fix = vm ? "libvirtd -d" : "apt-get install qemu-system-x86";
+    // libvirtd is tried in the background: its answer shows within seconds.
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    std::string status;
+    while ((status = d->Admin("status").dump()).find(fix) == std::string::npos &&
+           std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));  // polling the kind's state, bounded
+    EXPECT_THAT(status, HasSubstr(fix));
+    auto spec = ContainerSpec(ContainerTest::kImage);
+    spec.set_kind(GetParam().kind);
+    auto sb = c->Create(spec);
+    EXPECT_FALSE(sb.ok());
+    EXPECT_THAT(sb.status().message(), HasSubstr(vm ? "libvirtd" : "qemu-system-x86"));
+    ExpectNoVm(*d, GetParam().kind);
+  }
+  {
+    char tmpl[] = "/tmp/dsec-test-noguest-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    std::unique_ptr<TestDaemon> d;
+    std::unique_ptr<Client> c;
+    TestDaemonOptions o;
+    o.extra_args = {"--guest-dir", tmpl};  // the later flag wins
+    std::string why = StartContainerDaemon(o, &d, &c);
+    if (!why.empty()) GTEST_SKIP() << why;
+    auto spec = ContainerSpec(ContainerTest::kImage);
+    spec.set_kind(GetParam().kind);
+    auto sb = c->Create(spec);
+    EXPECT_EQ(sb.status().code(), Status::Code::kFailedPrecondition) << sb.status().ToString();
+    EXPECT_THAT(sb.status().message(), HasSubstr(std::string("dsec-image guest --dir ") + tmpl));
+    ::rmdir(tmpl);
+  }
+}
+
+// With --vm-pool 1, the first creation of a size boots and starts the
+// refill; the next one gets the ready guest (no boot of its own), a fresh
+// machine that shares nothing with the first; dsecd's stop removes what is
+// left in the pool.
+TEST_P(VmHostGap, APooledGuestServesTheNextCreationAndNothingIsLeft) {
+  std::unique_ptr<TestDaemon> d;
+  std::unique_ptr<Client> c;
+  TestDaemonOptions o;
+  o.extra_args = {"--vm-pool", "1"};
+  std::string why = StartContainerDaemon(o, &d, &c);
+  if (!why.empty()) GTEST_SKIP() << why;
+  auto spec = ContainerSpec(ContainerTest::kImage);
+  spec.set_kind(GetParam().kind);
+  auto pool = [&](const char* what) {
+    return d->Admin("stats").value(GetParam().name, nlohmann::json::object()).value(what, -1);
+  };
+  auto a = c->Create(spec);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  ASSERT_EQ(ShIn(*a, "echo mine > /work/f && echo ok").stdout(), "ok\n");
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+  while (pool("pool_ready") < 1 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the refill boots a guest, bounded
+  ASSERT_EQ(pool("pool_ready"), 1) << d->Admin("stats").dump();
+  auto t0 = std::chrono::steady_clock::now();
+  auto b = c->Create(spec);
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  auto r = ShIn(*b, "cat /work/f 2>/dev/null || echo fresh");
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(r.stdout(), "fresh\n");
+  EXPECT_EQ(pool("pool_hits"), 1);
+  std::printf("create-to-first-exec from the pool: %lld ms\n", static_cast<long long>(ms));
+  EXPECT_TRUE(a->Destroy().ok());
+  EXPECT_TRUE(b->Destroy().ok());
+  // The refill after b: one more ready guest, removed when dsecd stops.
+  deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+  while (pool("pool_ready") < 1 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the refill boots a guest, bounded
+  EXPECT_EQ(pool("pool_ready"), 1);
+  c.reset();
+  EXPECT_EQ(d->Stop(), 0);
+  ExpectNoVm(*d, GetParam().kind);
+}
+
+// A guest idle past --vm-reclaim-idle drops what it cached (here: the
+// image's files it read) without anyone asking, and the sandbox lives on.
+TEST_P(VmHostGap, AnIdleGuestGivesBackItsPageCache) {
+  std::unique_ptr<TestDaemon> d;
+  std::unique_ptr<Client> c;
+  TestDaemonOptions o;
+  o.extra_args = {"--vm-reclaim-idle", "2"};
+  std::string why = StartContainerDaemon(o, &d, &c);
+  if (!why.empty()) GTEST_SKIP() << why;
+  auto spec = ContainerSpec(ContainerTest::kImage);
+  spec.set_kind(GetParam().kind);
+  auto sb = c->Create(spec);
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  auto cached_kib = [&] {
+    return std::atol(ShIn(*sb, "python3 -c \"print([l.split()[1] for l in open('/proc/meminfo') if "
+                               "l.startswith('Cached:')][0])\"")
+                         .stdout()
+                         .c_str());
+  };
+  auto stat = [&](const char* what) {
+    return d->Admin("stats").value(GetParam().name, nlohmann::json::object()).value(what, -1);
+  };
+  // Every file of the image, read once: the guest's page cache holds them
+  // (on vm's DAX mount the host's cache does, and only metadata is cached).
+  ASSERT_EQ(ShIn(*sb, "find / -xdev -type f -exec cat {} + > /dev/null 2>&1; echo read").stdout(), "read\n");
+  long full = cached_kib();
+  int before = stat("reclaims");
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (stat("reclaims") <= before && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // idle for 2 s, then reclaimed; bounded
+  ASSERT_GT(stat("reclaims"), before) << d->Admin("stats").dump();
+  long after = cached_kib();
+  EXPECT_LT(after, full) << "the guest's page cache did not shrink; " << d->Admin("stats").dump();
+  EXPECT_EQ(ShIn(*sb, "echo alive").stdout(), "alive\n");
+  EXPECT_TRUE(sb->Destroy().ok());
+  ExpectNoVm(*d, GetParam().kind);
+}
+
+// A guest whose agent never answers: the creation fails at its deadline,
+// saying so, and nothing of the VM is left.
+TEST_P(VmHostGap, AGuestWhoseAgentNeverAnswersFailsAtItsDeadlineAndLeavesNothing) {
+  char tmpl[] = "/tmp/dsec-test-mute-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  std::string mute = std::string(tmpl) + "/agent";
+  ASSERT_TRUE(WriteFileAtomic(mute, "#!/bin/sh\nexec sleep 100000\n", 0755).ok());
+  ::setenv("DSEC_AGENT", mute.c_str(), 1);  // dsecd's guests get this "agent"
+  std::unique_ptr<TestDaemon> d;
+  std::unique_ptr<Client> c;
+  TestDaemonOptions o;
+  o.extra_args = {"--vm-boot-timeout", "15"};
+  std::string why = StartContainerDaemon(o, &d, &c);
+  ::unsetenv("DSEC_AGENT");
+  if (!why.empty()) GTEST_SKIP() << why;
+  auto spec = ContainerSpec(ContainerTest::kImage);
+  spec.set_kind(GetParam().kind);
+  auto t0 = std::chrono::steady_clock::now();
+  auto sb = c->Create(spec);
+  auto s = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_FALSE(sb.ok());
+  EXPECT_EQ(sb.status().code(), Status::Code::kDeadlineExceeded) << sb.status().ToString();
+  EXPECT_THAT(sb.status().message(), HasSubstr("did not answer"));
+  EXPECT_GE(s, 14);
+  ExpectNoVm(*d, GetParam().kind);
+  c.reset();
+  d.reset();
+  ::unlink(mute.c_str());
+  ::rmdir(tmpl);
+}
+
+INSTANTIATE_TEST_SUITE_P(Kinds, VmKinds, ::testing::ValuesIn(RegisteredKinds(IsVm)), KindParamName);
+INSTANTIATE_TEST_SUITE_P(Kinds, VmHostGap, ::testing::ValuesIn(RegisteredKinds(IsVm)), KindParamName);
+
+}  // namespace
+}  // namespace dsec::testing
