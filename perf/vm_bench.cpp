@@ -247,7 +247,7 @@ int main(int argc, char** argv) {
     peak = std::max(peak, pss1);
     std::string device = "?";
     if (!held.empty()) {
-      auto r = held[0].Exec(dsec::Command({"sh", "-c", "ls /sys/block"}));
+      auto r = held[0].Exec(dsec::Command({"sh", "-c", "cd /sys/block && echo *"}));
       if (r.ok()) device = r->stdout().substr(0, r->stdout().find('\n'));
     }
     if (window_s > 0) {

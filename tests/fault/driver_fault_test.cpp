@@ -131,9 +131,9 @@ TEST_F(DriverFault, TheConsoleSaysHowToUseFaultAndRefusesWhatItDoesNotKnow) {
   auto bare = daemon_->Admin("fault");
   EXPECT_FALSE(bare.value("ok", true));
   EXPECT_THAT(bare.value("error", ""), HasSubstr("usage: fault KIND OP"));
-  auto kind = daemon_->Admin("fault vm create fail 1");
+  auto kind = daemon_->Admin("fault nosuchkind create fail 1");
   EXPECT_FALSE(kind.value("ok", true));
-  EXPECT_THAT(kind.value("error", ""), HasSubstr("vm"));
+  EXPECT_THAT(kind.value("error", ""), HasSubstr("nosuchkind"));
   auto op = daemon_->Admin("fault container reboot fail 1");
   EXPECT_FALSE(op.value("ok", true));
   EXPECT_THAT(op.value("error", ""), HasSubstr("unknown driver call 'reboot'"));

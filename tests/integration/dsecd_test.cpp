@@ -92,10 +92,17 @@ TEST_F(DsecctlRun, JsonPrintsTheWholeResultInTheOneShape) {
   EXPECT_EQ(daemon_->Ctl({"rm", id}).exit_code, 0);
 }
 
-TEST_F(DsecctlRun, UnavailableKindIsPlatformError125) {
-  auto r = daemon_->Ctl({"run", "--kind", "vm", "--", "true"});
+// A kind this host cannot run (a dsecd of its own, told of a QEMU that does
+// not exist): a platform error naming the fix.
+TEST(DsecctlRunOwnDaemon, AKindThisHostCannotRunIsPlatformError125) {
+  std::unique_ptr<TestDaemon> d;
+  std::unique_ptr<Client> c;
+  TestDaemonOptions o;
+  o.extra_args = {"--microvm-qemu", "/nonexistent/qemu-system-x86_64"};
+  if (auto why = StartOwnDaemon(o, &d, &c); !why.empty()) GTEST_SKIP() << why;
+  auto r = d->Ctl({"run", "--kind", "microvm", "--", "true"});
   EXPECT_EQ(r.exit_code, 125);
-  EXPECT_THAT(r.err, HasSubstr("not available"));
+  EXPECT_THAT(r.err, HasSubstr("apt-get install qemu-system-x86"));
 }
 
 TEST_F(DsecctlRun, BadFlagIsUsageError2) {

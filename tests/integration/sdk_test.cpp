@@ -95,8 +95,8 @@ TEST_F(Sdk, SandboxSpecLimitsApplyToItsExecs) {
 }
 
 // A kind whose driver could not start here (a dsecd of its own, told of a
-// QEMU that does not exist): its calls get an Unavailable error value.
-TEST(SdkOwnDaemon, UnavailableKindIsAnErrorValue) {
+// QEMU that does not exist): its calls get an error value naming the fix.
+TEST(SdkOwnDaemon, AKindThisHostCannotRunIsAnErrorValueNamingTheFix) {
   std::unique_ptr<TestDaemon> d;
   std::unique_ptr<Client> c;
   TestDaemonOptions o;
@@ -106,8 +106,8 @@ TEST(SdkOwnDaemon, UnavailableKindIsAnErrorValue) {
   spec.set_kind(v1::KIND_MICROVM);
   auto r = c->Run(spec, Command({"true"}));
   ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.status().code(), Status::Code::kUnavailable) << r.status().ToString();
-  EXPECT_THAT(r.status().message(), HasSubstr("microvm"));
+  EXPECT_EQ(r.status().code(), Status::Code::kFailedPrecondition) << r.status().ToString();
+  EXPECT_THAT(r.status().message(), HasSubstr("apt-get install qemu-system-x86"));
 }
 
 TEST_F(Sdk, AttachToUnknownSandboxIsNotFound) {

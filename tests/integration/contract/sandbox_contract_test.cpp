@@ -348,8 +348,14 @@ TEST_P(Contract, Kill9OfTheDaemonKeepsTheSandboxAndItsState) {
   Destroy(*sb);
 }
 
-// Every registered kind, with what it offers (its traits): the rest must be refused cleanly.
-INSTANTIATE_TEST_SUITE_P(Kinds, Contract, ::testing::ValuesIn(RegisteredKinds()), KindParamName);
+// Every registered kind, with what it offers (its traits): the rest must be
+// refused cleanly. Built twice (tests/CMakeLists.txt): contract_test for the
+// kinds on the host's kernel, contract_vm_test for the VM kinds.
+#ifdef DSEC_CONTRACT_VM_KINDS
+INSTANTIATE_TEST_SUITE_P(Kinds, Contract, ::testing::ValuesIn(RegisteredKinds(IsVm)), KindParamName);
+#else
+INSTANTIATE_TEST_SUITE_P(Kinds, Contract, ::testing::ValuesIn(RegisteredKinds(OnTheHostKernel)), KindParamName);
+#endif
 
 }  // namespace
 }  // namespace dsec::testing

@@ -39,7 +39,12 @@ TEST(ChooseKind, TheLightestKindThatMeetsTheIsolationAndTheImage) {
   // A spec that names its kind gets it, whatever the traits.
   EXPECT_EQ(*ChooseKind(Spec("tools", v1::ISOLATION_UNSPECIFIED, v1::KIND_FNCALL), all), v1::KIND_FNCALL);
   EXPECT_EQ(*ChooseKind(Spec("tools", v1::ISOLATION_KERNEL), all), v1::KIND_MICROVM);
-  auto hardware = ChooseKind(Spec("tools", v1::ISOLATION_HARDWARE), all);
+  EXPECT_EQ(*ChooseKind(Spec("tools", v1::ISOLATION_HARDWARE), all), v1::KIND_VM);
+  // Without the kind that offers it: unavailable, naming what is missing.
+  decltype(all) no_vm;
+  for (auto* k : all)
+    if (k->kind() != v1::KIND_VM) no_vm.push_back(k);
+  auto hardware = ChooseKind(Spec("tools", v1::ISOLATION_HARDWARE), no_vm);
   EXPECT_EQ(hardware.status().code(), Status::Code::kUnavailable);
   EXPECT_THAT(hardware.status().message(), HasSubstr("hardware isolation"));
   EXPECT_THAT(hardware.status().message(), HasSubstr("vm: not implemented yet"));
