@@ -318,7 +318,10 @@ Result<std::shared_ptr<GuestDriver::Box>> GuestDriver::Boot(const std::string& m
   if (::mkdir(box->dir.c_str(), 0700) < 0) return undo(Status::FromErrno(errno, "mkdir " + box->dir));
 
   const v1::Limits& lim = spec.limits();
-  std::string cmdline = "console=ttyS0 quiet panic=-1 reboot=t";
+  // swiotlb=noforce: no 64 MiB bounce buffer. The kernel makes one when
+  // memory reaches above 4 GiB, as a vm guest's pmem region does; virtio
+  // devices here DMA anywhere, so it would only hold 64 MiB of host memory.
+  std::string cmdline = "console=ttyS0 quiet panic=-1 reboot=t swiotlb=noforce";
   if (tsc_khz_) cmdline += " tsc_early_khz=" + std::to_string(tsc_khz_) + " tsc=reliable";
   cmdline += " dsec.host=" + mid.substr(0, 63);
   cmdline += " dsec.mem=" + std::to_string(memory);
