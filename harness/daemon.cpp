@@ -19,6 +19,7 @@
 #include <sstream>
 #include <thread>
 
+#include "drivers/vm/guest.hpp"
 #include "runtime/files.hpp"
 #include "runtime/unique_fd.hpp"
 
@@ -75,7 +76,12 @@ std::string TestGuestDir() {
 
 std::string EnsureTestGuest() {
   std::string dir = TestGuestDir();
-  auto ready = [&] { return ::access((dir + "/vmlinux").c_str(), R_OK) == 0 && ::access((dir + "/base.cpio").c_str(), R_OK) == 0; };
+  // Prepared, in the format this build's dsecd boots (else prepared again).
+  auto ready = [&] {
+    auto txt = ReadFileToString(dir + "/guest.txt");
+    return ::access((dir + "/vmlinux").c_str(), R_OK) == 0 && ::access((dir + "/base.cpio").c_str(), R_OK) == 0 &&
+           txt.ok() && txt->find("format " + std::to_string(drivers::vm::kGuestFormat) + "\n") != std::string::npos;
+  };
   if (ready()) return "";
   if (Status st = MakeDirs(dir, 0755); !st.ok()) return st.message();
   UniqueFd lock(::open((dir + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dsec/status.hpp"
@@ -18,6 +19,10 @@ struct RootfsOptions {
                                        "stat",  "kill", "env", "seq",  "dd",    "sha256sum", "hostname", "chmod",
                                        "chown", "cp",   "mv",  "grep", "mount", "tr",    "timeout", "dirname", "mkfifo"};
   bool python = true;  // /usr/bin/python3 and /usr/lib/python3.<minor> (tests and caches left out)
+  // More host files, each to its path in the rootfs, with the libraries ldd
+  // names for it: {host path, path in the rootfs}. Debug info is left out
+  // (strip --strip-debug, where binutils is installed).
+  std::vector<std::pair<std::string, std::string>> files;
 };
 
 // Fills `dir` (created when missing). FailedPrecondition naming what the

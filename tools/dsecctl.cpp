@@ -63,8 +63,8 @@ struct LimitFlags {
 void AddLimitFlags(CLI::App* c, LimitFlags* l, bool spec_only = false) {
   if (!spec_only) {
     c->add_option("--kind", l->kind,
-                  "fncall | container | auto (microvm and vm are not in this build; `dsecctl status` lists "
-                  "the kinds this node runs and why others are unavailable)")
+                  "fncall | container | microvm | vm | auto (`dsecctl status` lists the kinds this node runs "
+                  "and why others are unavailable)")
         ->capture_default_str();
     c->add_option("--image", l->image, "image name (default: the built-in host image)");
   }

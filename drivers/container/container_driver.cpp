@@ -679,6 +679,7 @@ std::string ContainerDriver::StatsJson() const {
   json mounts = json::object();
   for (const auto& [digest, n] : mounts_->Snapshot()) mounts[digest] = n;
   return json{{"spawner_pid", link_->pid()},
+              {"cgroup", groups_->version()},
               {"containers", boxes_.size()},
               {"created", created_.load()},
               {"destroyed", destroyed_.load()},

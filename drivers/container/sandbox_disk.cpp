@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <linux/btrfs.h>
 #include <linux/btrfs_tree.h>
-#include <linux/loop.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
@@ -18,6 +17,7 @@
 #include <vector>
 
 #include "runtime/files.hpp"
+#include "runtime/loop_device.hpp"
 #include "runtime/unique_fd.hpp"
 
 namespace dsec::drivers {
@@ -63,34 +63,6 @@ std::string FindTool(const char* name) {
     if (::access(p.c_str(), X_OK) == 0) return p;
   }
   return "";
-}
-
-// A free loop device bound to `image`, open in `*held`: it detaches itself
-// on its last close (autoclear), so it must be held until it is mounted,
-// and then goes when the mount does. Its path.
-Result<std::string> AttachLoop(const std::string& image, UniqueFd* held) {
-  UniqueFd ctl(::open("/dev/loop-control", O_RDWR | O_CLOEXEC));
-  if (!ctl) return Status::FailedPrecondition(std::string("no /dev/loop-control: ") + std::strerror(errno));
-  UniqueFd img(::open(image.c_str(), O_RDWR | O_CLOEXEC));
-  if (!img) return Status::FromErrno(errno, "open " + image);
-  for (int attempt = 0; attempt < 16; ++attempt) {
-    int n = ::ioctl(ctl.get(), LOOP_CTL_GET_FREE);
-    if (n < 0) return Status::FromErrno(errno, "find a free loop device");
-    std::string dev = "/dev/loop" + std::to_string(n);
-    UniqueFd loop(::open(dev.c_str(), O_RDWR | O_CLOEXEC));
-    if (!loop) return Status::FromErrno(errno, "open " + dev);
-    loop_config cfg{};
-    cfg.fd = static_cast<__u32>(img.get());
-    cfg.info.lo_flags = LO_FLAGS_AUTOCLEAR;
-    std::strncpy(reinterpret_cast<char*>(cfg.info.lo_file_name), image.c_str(), LO_NAME_SIZE - 1);
-    if (::ioctl(loop.get(), LOOP_CONFIGURE, &cfg) == 0) {
-      *held = std::move(loop);
-      return dev;
-    }
-    if (errno != EBUSY) return Status::FromErrno(errno, "bind " + dev + " to " + image);
-    // Taken by someone else between the two calls: the next one.
-  }
-  return Status::ResourceExhausted("no free loop device for " + image);
 }
 
 Result<UniqueFd> OpenDir(const std::string& dir) {
@@ -164,7 +136,7 @@ Result<std::unique_ptr<SandboxDisk>> SandboxDisk::Open(SandboxDiskOptions o) {
       }
     }
     UniqueFd loop;
-    auto dev = AttachLoop(o.image, &loop);
+    auto dev = AttachLoop(o.image, /*read_only=*/false, &loop);
     if (!dev.ok()) return dev.status();
     // discard: what a removed sandbox held goes back to the host's disk.
     // (Closing `loop` after a failed mount detaches the device again.)

@@ -9,6 +9,8 @@
 #include <sstream>
 
 #include "runtime/files.hpp"
+#include "runtime/loop_device.hpp"
+#include "runtime/unique_fd.hpp"
 
 namespace dsec::images {
 
@@ -16,6 +18,25 @@ namespace {
 std::string Hex(const std::string& digest) {
   return digest.rfind("sha256:", 0) == 0 ? digest.substr(7) : digest;
 }
+// mount(2) of the file itself: EROFS reads blocks on demand, no loop device
+// (Linux 6.12 and later). An older kernel (Debian 12's 6.1) wants a block
+// device (ENOTBLK): then a read-only loop device over the file, which goes
+// with the mount (autoclear).
+Status MountImageFile(const std::string& file, const std::string& at) {
+  constexpr unsigned long kFlags = MS_RDONLY | MS_NODEV | MS_NOSUID;
+  if (::mount(file.c_str(), at.c_str(), "erofs", kFlags, nullptr) == 0) return Status::Ok();
+  int e = errno;
+  if (e == ENODEV) return Status::FailedPrecondition("this kernel has no EROFS (modprobe erofs)");
+  if (e != ENOTBLK) return Status::FromErrno(e, "erofs");
+  UniqueFd held;
+  auto dev = AttachLoop(file, /*read_only=*/true, &held);
+  if (!dev.ok())
+    return Status(dev.status().code(), "this kernel mounts EROFS from block devices only, and " + dev.status().message());
+  if (::mount(dev->c_str(), at.c_str(), "erofs", kFlags, nullptr) < 0)
+    return Status::FromErrno(errno, "erofs on " + *dev);
+  return Status::Ok();
+}
+
 }  // namespace
 
 ImageMounts::ImageMounts(std::string dir) : dir_(std::move(dir)) { (void)MakeDirs(dir_, 0755); }
@@ -31,12 +52,11 @@ Result<std::string> ImageMounts::Acquire(const v1::ImageManifest& image) {
     return path;
   }
   if (::mkdir(path.c_str(), 0755) < 0 && errno != EEXIST) return Status::FromErrno(errno, "image mount point " + path);
-  // mount(2) of the file itself: EROFS reads blocks on demand, no loop device.
-  if (::mount(image.file().c_str(), path.c_str(), "erofs", MS_RDONLY | MS_NODEV | MS_NOSUID, nullptr) < 0) {
-    int e = errno;
+  Status mounted = MountImageFile(image.file(), path);
+  if (!mounted.ok()) {
     ::rmdir(path.c_str());
-    return Status::FromErrno(e, "mount image " + image.name() + " (" + image.file() + ") at " + path +
-                                    (e == ENODEV ? " (this kernel has no EROFS)" : ""));
+    return Status(mounted.code(), "mount image " + image.name() + " (" + image.file() + ") at " + path + ": " +
+                                      mounted.message());
   }
   refs_[image.digest()] = 1;
   return path;

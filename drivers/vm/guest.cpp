@@ -56,12 +56,21 @@ Result<Guest> LoadGuest(const std::string& guest_dir, const std::string& init_pa
   if (::stat(g.kernel.c_str(), &st) < 0 || ::stat(base.c_str(), &st) < 0)
     return Status::FailedPrecondition("the VM guest (kernel and initramfs) is not prepared in " + guest_dir +
                                       ": run `" + PrepareCommand(guest_dir) + "` (needs apt-get, lz4, cpio, busybox-static)");
+  int format = 1;
   if (auto txt = ReadFileToString(guest_dir + "/guest.txt"); txt.ok()) {
     std::istringstream in(*txt);
     std::string key, value;
-    while (in >> key >> value)
+    while (in >> key >> value) {
       if (key == "kernel") g.kernel_version = value;
+      if (key == "format") format = std::atoi(value.c_str());
+    }
   }
+  if (format != kGuestFormat)
+    return Status::FailedPrecondition("the VM guest in " + guest_dir + " was prepared by " +
+                                      (format < kGuestFormat ? "an older" : "a newer") + " dsec-image (format " +
+                                      std::to_string(format) + "; this dsecd boots format " +
+                                      std::to_string(kGuestFormat) + "): run `" + PrepareCommand(guest_dir) +
+                                      "` again");
   auto cpio = ReadFileToString(base);
   if (!cpio.ok()) return cpio.status().Annotate("the VM guest's initramfs");
   auto init = ReadFileToString(init_path);

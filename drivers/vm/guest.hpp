@@ -21,6 +21,13 @@ struct Guest {
   std::string kernel_version;  // from guest.txt
 };
 
+// The layout of a prepared guest this dsecd boots (guest.txt: `format N`;
+// none written means 1). 2: the initramfs loads the loop module too, for
+// containers inside a guest (Linux before 6.12 mounts EROFS images through
+// loop devices). An older guest is refused, naming the command that
+// prepares it again.
+constexpr int kGuestFormat = 2;
+
 // The command that prepares a guest in `guest_dir`, for error messages.
 std::string PrepareCommand(const std::string& guest_dir);
 

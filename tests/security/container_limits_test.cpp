@@ -26,8 +26,47 @@
 namespace dsec::testing {
 namespace {
 
+// A file of a container's group, whichever hierarchy dsecd drives (its
+// stats say): by its v1 controller and name, or its name in the one v2
+// directory. Run on a cgroup v1 host, and inside a guest that mounts cgroup
+// v2 alone (tests/integration/cgroup/cgroup_v2_guest_test.cpp).
+struct Group {
+  bool v2;
+  std::string id;
+  std::string File(const std::string& v1_ctrl, const std::string& v1_file, const std::string& v2_file) const {
+    std::ifstream in(v2 ? "/sys/fs/cgroup/dsec-test/c/" + id + "/" + v2_file
+                        : "/sys/fs/cgroup/" + v1_ctrl + "/dsec-test/c/" + id + "/" + v1_file);
+    std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    while (!s.empty() && s.back() == '\n') s.pop_back();
+    return s;
+  }
+  std::string MemoryLimit() const { return File("memory", "memory.limit_in_bytes", "memory.max"); }
+  // What may be swapped on top of the memory limit: none. v1 counts memory
+  // and swap together (memsw, where the kernel accounts swap), v2 apart.
+  std::string SwapLimitAsWritten() const {
+    return File("memory", "memory.memsw.limit_in_bytes", "memory.swap.max");
+  }
+  std::string Pids(const std::string& file) const { return File("pids", file, file); }
+  // "<quota> <period>" in microseconds.
+  std::string CpuMax() const {
+    if (v2) return File("", "", "cpu.max");
+    return File("cpu", "cpu.cfs_quota_us", "") + " " + File("cpu", "cpu.cfs_period_us", "");
+  }
+  uint64_t OomKills() const {
+    std::string s = File("memory", "memory.oom_control", "memory.events");
+    auto pos = s.find("oom_kill ");
+    return pos == std::string::npos ? 0 : std::stoull(s.substr(pos + 9));
+  }
+};
+
 class ContainerLimits : public ContainerTest {
  protected:
+  // The group of `sb`, in the hierarchy dsecd says it drives.
+  static Group GroupOf(const Sandbox& sb) {
+    std::string version = daemon_->Admin("stats")["container"].value("cgroup", "");
+    EXPECT_TRUE(version == "v1" || version == "v2") << "dsecd's stats name no cgroup version: " << version;
+    return Group{version == "v2", sb.id()};
+  }
   // Why the agent's oom_score_adj cannot be lowered here, "" when it can:
   // the container spawner, which sets it to -900, needs CAP_SYS_RESOURCE in
   // its effective set (root has it unless the host withholds it from dsecd,
@@ -43,20 +82,6 @@ class ContainerLimits : public ContainerTest {
   }
 };
 
-// A cgroup v1 file of a container, e.g. ("pids", id, "pids.current").
-std::string CgroupFile(const std::string& ctrl, const std::string& id, const std::string& file) {
-  std::ifstream in("/sys/fs/cgroup/" + ctrl + "/dsec-test/c/" + id + "/" + file);
-  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  while (!s.empty() && s.back() == '\n') s.pop_back();
-  return s;
-}
-
-uint64_t OomKills(const std::string& id) {
-  std::string s = CgroupFile("memory", id, "memory.oom_control");
-  auto pos = s.find("oom_kill ");
-  return pos == std::string::npos ? 0 : std::stoull(s.substr(pos + 9));
-}
-
 TEST_F(ContainerLimits, MemoryHogIsKilledAndNothingElse) {
   v1::Limits small;
   small.set_memory_bytes(64 << 20);
@@ -65,20 +90,21 @@ TEST_F(ContainerLimits, MemoryHogIsKilledAndNothingElse) {
   ASSERT_TRUE(a.ok() && b.ok()) << a.status().ToString() << b.status().ToString();
   ASSERT_EQ(ShIn(*b, "sleep 1000 > /dev/null 2>&1 & echo $! > /tmp/bg").verdict(), v1::VERDICT_OK);
   ASSERT_EQ(ShIn(*a, "echo kept > /work/state").verdict(), v1::VERDICT_OK);
-  EXPECT_EQ(CgroupFile("memory", a->id(), "memory.limit_in_bytes"), std::to_string(64 << 20));
+  Group ga = GroupOf(*a), gb = GroupOf(*b);
+  EXPECT_EQ(ga.MemoryLimit(), std::to_string(64 << 20));
 
   // 256 MiB of touched memory in a 64 MiB container.
   auto hog = Exec(*a, Command({"python3", "-c", "x = b'\\x01' * (256 << 20); print(len(x))"}));
   EXPECT_EQ(hog.verdict(), v1::VERDICT_MEMORY_LIMIT) << v1::Verdict_Name(hog.verdict()) << ": " << hog.error();
   EXPECT_EQ(hog.signal(), SIGKILL);
-  EXPECT_GE(OomKills(a->id()), 1u);
+  EXPECT_GE(ga.OomKills(), 1u);
 
   // A's agent was not the victim: A answers, with its state.
   auto after = ShIn(*a, "cat /work/state; cat /proc/1/comm");
   EXPECT_EQ(after.verdict(), v1::VERDICT_OK) << after.error();
   EXPECT_EQ(after.stdout(), "kept\nagent\n");
   // B saw nothing of it: no OOM kill there, its sleep alive, it answers.
-  EXPECT_EQ(OomKills(b->id()), 0u);
+  EXPECT_EQ(gb.OomKills(), 0u);
   auto bg = ShIn(*b, "kill -0 $(cat /tmp/bg) && echo alive");
   EXPECT_EQ(bg.stdout(), "alive\n") << bg.stderr();
   Destroy(*a);
@@ -87,7 +113,9 @@ TEST_F(ContainerLimits, MemoryHogIsKilledAndNothingElse) {
 
 TEST_F(ContainerLimits, ARecycledGroupHoldsTheLimitsOfItsNewContainer) {
   // A removed container's group is kept for the next one with the limits it
-  // had; the next container's own must be in force, whatever they are.
+  // had (cgroup v1); the next container's own must be in force, whatever
+  // they are. cgroup v2 renames no group, so each container has a new one:
+  // its limits must be in force all the same.
   auto free_groups = [] { return daemon_->Admin("stats")["container"].value("free_cgroups", -1); };
   v1::Limits first;
   first.set_memory_bytes(300 << 20);
@@ -95,9 +123,14 @@ TEST_F(ContainerLimits, ARecycledGroupHoldsTheLimitsOfItsNewContainer) {
   first.set_cpu_millis(500);
   auto a = Make(first);
   ASSERT_TRUE(a.ok()) << a.status().ToString();
+  bool v2 = GroupOf(*a).v2;
   Destroy(*a);
   int free_after = free_groups();
-  ASSERT_GE(free_after, 1) << "the removed container's group was not kept";
+  if (v2) {
+    EXPECT_EQ(free_after, 0) << "cgroup v2 cannot rename a group: none is kept";
+  } else {
+    ASSERT_GE(free_after, 1) << "the removed container's group was not kept";
+  }
   v1::Limits next;
   next.set_memory_bytes(200 << 20);
   next.set_pids(20);
@@ -106,23 +139,27 @@ TEST_F(ContainerLimits, ARecycledGroupHoldsTheLimitsOfItsNewContainer) {
   for (int round = 0; round < 2; ++round) {
     auto sb = Make(next);
     ASSERT_TRUE(sb.ok()) << sb.status().ToString();
-    EXPECT_EQ(free_groups(), free_after - 1) << "round " << round << ": the container did not take a kept group";
+    if (!v2) {
+      EXPECT_EQ(free_groups(), free_after - 1) << "round " << round << ": the container did not take a kept group";
+    }
     auto rec = sb->Get();
     ASSERT_TRUE(rec.ok()) << rec.status().ToString();
     const v1::Limits& l = rec->spec().limits();
     EXPECT_EQ(l.memory_bytes(), 200u << 20);
-    EXPECT_EQ(CgroupFile("memory", sb->id(), "memory.limit_in_bytes"), std::to_string(200 << 20)) << round;
-    std::string memsw = CgroupFile("memory", sb->id(), "memory.memsw.limit_in_bytes");
-    if (!memsw.empty()) {
-      EXPECT_EQ(memsw, std::to_string(200 << 20)) << round;
+    Group g = GroupOf(*sb);
+    EXPECT_EQ(g.MemoryLimit(), std::to_string(200 << 20)) << round;
+    std::string swap = g.SwapLimitAsWritten();
+    if (v2) {
+      EXPECT_EQ(swap, "0") << round << ": no swap on top of the memory limit";
+    } else if (!swap.empty()) {
+      EXPECT_EQ(swap, std::to_string(200 << 20)) << round;
     }
-    EXPECT_EQ(CgroupFile("pids", sb->id(), "pids.max"), "21") << round << ": 20 and the agent";
-    EXPECT_EQ(CgroupFile("cpu", sb->id(), "cpu.cfs_quota_us"), "25000") << round;
-    EXPECT_EQ(CgroupFile("cpu", sb->id(), "cpu.cfs_period_us"), "100000") << round;
+    EXPECT_EQ(g.Pids("pids.max"), "21") << round << ": 20 and the agent";
+    EXPECT_EQ(g.CpuMax(), "25000 100000") << round;
     // The limit holds: of 22 sleeps, those beyond pids.max do not start.
     // (The shell exits at the first fork that fails.)
     (void)ShIn(*sb, "for i in $(seq 22); do sleep 30 > /dev/null 2>&1 & done");
-    int now = std::stoi(CgroupFile("pids", sb->id(), "pids.current"));
+    int now = std::stoi(g.Pids("pids.current"));
     EXPECT_LE(now, 21) << round << ": more processes than pids.max allows";
     EXPECT_GE(now, 15) << round << ": the sleeps did not start";
     Destroy(*sb);

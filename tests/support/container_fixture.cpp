@@ -97,8 +97,13 @@ void ContainerTest::Destroy(const Sandbox& sb) {
 std::string ContainerTest::FreezerState(const std::string& id) {
   std::ifstream in("/sys/fs/cgroup/freezer/dsec-test/c/" + id + "/freezer.state");
   std::string s;
-  in >> s;
-  return s;
+  if (in >> s) return s;
+  // cgroup v2: cgroup.events says "frozen 1" once every process is.
+  std::ifstream events("/sys/fs/cgroup/dsec-test/c/" + id + "/cgroup.events");
+  if (!events) return "";
+  for (std::string key, value; events >> key >> value;)
+    if (key == "frozen") return value == "1" ? "FROZEN" : "THAWED";
+  return "";
 }
 
 int ContainerTest::InitPid(const Sandbox& sb) {
@@ -117,8 +122,8 @@ std::string ContainerTest::Remains(const std::string& id) {
   std::string out;
   std::string dir = daemon_->data_dir() + "/sandboxes/" + id;
   if (Exists(dir)) out += " dir " + dir;
-  for (const char* ctrl : {"memory", "pids", "cpu", "cpuacct", "freezer"}) {
-    std::string cg = std::string("/sys/fs/cgroup/") + ctrl + "/dsec-test/c/" + id;
+  for (const char* ctrl : {"memory/", "pids/", "cpu/", "cpuacct/", "freezer/", ""}) {  // v1's, v2's
+    std::string cg = std::string("/sys/fs/cgroup/") + ctrl + "dsec-test/c/" + id;
     if (Exists(cg)) out += " cgroup " + cg;
   }
   return out;

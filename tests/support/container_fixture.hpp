@@ -61,12 +61,13 @@ class ContainerTest : public ::testing::Test {
     return Exec(sb, Sh(script, limits));
   }
   // What the daemon keeps of a container on the host: its dir, its cgroup
-  // (memory hierarchy), processes in it; "" when nothing is left.
+  // (any hierarchy, v1 or v2); "" when nothing is left.
   static std::string Remains(const std::string& sandbox_id);
   // The host pid of the container's init (its agent), from the driver's
   // state; 0 (and a test failure recorded) when there is none.
   static int InitPid(const Sandbox& sb);
-  // The container's freezer.state ("THAWED", "FROZEN"; "" when it has no group).
+  // The container's freezer.state ("THAWED", "FROZEN"; "" when it has no
+  // group); under cgroup v2, the same read off cgroup.events.
   static std::string FreezerState(const std::string& sandbox_id);
 
   static inline std::unique_ptr<TestDaemon> daemon_;

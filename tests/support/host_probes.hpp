@@ -12,6 +12,7 @@
 #include <sys/ptrace.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
+#include <sys/statfs.h>
 #include <sys/statvfs.h>
 #include <sys/utsname.h>
 #include <sys/wait.h>
@@ -24,6 +25,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -116,11 +118,30 @@ inline bool KernelHasFilesystem(const std::string& fs) {
   return false;
 }
 
+// Why the cgroup v2 hierarchy at /sys/fs/cgroup cannot hold sandboxes'
+// groups (cgroup_v2.cpp), "" when it can: cgroup2 mounted there, writable,
+// offering the memory, pids and cpu controllers.
+inline std::string CgroupV2Gap() {
+  constexpr long kCgroup2Magic = 0x63677270;
+  struct statfs fs{};
+  if (::statfs("/sys/fs/cgroup", &fs) < 0 || static_cast<long>(fs.f_type) != kCgroup2Magic)
+    return "no cgroup v2 hierarchy at /sys/fs/cgroup";
+  if (::access("/sys/fs/cgroup/cgroup.subtree_control", W_OK) != 0) return "/sys/fs/cgroup (cgroup v2) is read-only";
+  std::ifstream in("/sys/fs/cgroup/cgroup.controllers");
+  std::set<std::string> have;
+  for (std::string c; in >> c;) have.insert(c);
+  std::string missing;
+  for (const char* c : {"memory", "pids", "cpu"})
+    if (!have.count(c)) missing += std::string(" ") + c;
+  return missing.empty() ? "" : "the cgroup v2 hierarchy at /sys/fs/cgroup lacks the controllers:" + missing;
+}
+
 // Why this host cannot run fncall sandboxes, "" when it has all they need
-// (dsec-spawner's Init, sandbox_root.cpp, cgroup_v1.cpp): root with the
+// (dsec-spawner's Init, sandbox_root.cpp, cgroups): root with the
 // capabilities for namespaces, mounts, /dev nodes and the sandbox user; the
 // mnt, pid, uts, ipc and net namespaces; seccomp filters; cgroup v1 memory,
-// pids, cpu and cpuacct, mounted writable.
+// pids, cpu and cpuacct, mounted writable, or else a cgroup v2 hierarchy
+// that can hold the groups (CgroupV2Gap).
 inline std::string FncallHostGap() {
   if (::geteuid() != 0) return "not root (fncall sandboxes need namespaces and cgroups)";
   const std::pair<int, const char*> caps[] = {{6, "CAP_SETGID"}, {7, "CAP_SETUID"}, {21, "CAP_SYS_ADMIN"},
@@ -152,9 +173,12 @@ inline std::string FncallHostGap() {
     if (!writable.count(c)) missing += std::string(" ") + c;
     else if (!writable[c]) read_only += std::string(" ") + c;
   }
-  if (!missing.empty()) return "cgroup v1 controllers not mounted:" + missing;
-  if (!read_only.empty()) return "cgroup v1 controllers mounted read-only:" + read_only;
-  return "";
+  if (missing.empty() && read_only.empty()) return "";
+  // Else the unified hierarchy alone, as a stock Debian 12 host mounts it.
+  std::string v2 = CgroupV2Gap();
+  if (v2.empty()) return "";
+  if (!missing.empty()) return "cgroup v1 controllers not mounted:" + missing + "; and " + v2;
+  return "cgroup v1 controllers mounted read-only:" + read_only + "; and " + v2;
 }
 
 // Why this host cannot run containers, "" when it has all they need: what

@@ -161,6 +161,17 @@ TEST_P(VmHostGap, MissingVmmOrGuestMakesTheKindUnavailableSayingWhy) {
     auto sb = c->Create(spec);
     EXPECT_EQ(sb.status().code(), Status::Code::kFailedPrecondition) << sb.status().ToString();
     EXPECT_THAT(sb.status().message(), HasSubstr(std::string("dsec-image guest --dir ") + tmpl));
+    // A guest prepared by an older dsec-image (its guest.txt names no
+    // format): refused, saying to prepare it again.
+    const std::string dir = tmpl, real = TestGuestDir();
+    for (const char* f : {"/vmlinux", "/base.cpio"}) ASSERT_EQ(::symlink((real + f).c_str(), (dir + f).c_str()), 0);
+    ASSERT_TRUE(WriteFileAtomic(dir + "/guest.txt", "kernel 6.1.0-0-cloud-amd64\n").ok());
+    sb = c->Create(spec);
+    EXPECT_EQ(sb.status().code(), Status::Code::kFailedPrecondition) << sb.status().ToString();
+    EXPECT_THAT(sb.status().message(), HasSubstr("prepared by an older dsec-image"));
+    EXPECT_THAT(sb.status().message(), HasSubstr("dsec-image guest --dir " + dir + "` again"));
+    ExpectNoVm(*d, GetParam().kind);
+    for (const char* f : {"/vmlinux", "/base.cpio", "/guest.txt"}) ::unlink((dir + f).c_str());
     ::rmdir(tmpl);
   }
 }
