@@ -23,6 +23,7 @@ struct NodeOptions {
   uint64_t boot = 0;                    // how many times this data dir has started
   std::string sdk_address;              // for status output
   std::string admin_address;
+  std::string http_address;             // "" when --http is off
   std::string image_root;               // <data>/images: EROFS files of built images
   drivers::LimitPolicy limits = drivers::LimitPolicy::Default();
   size_t max_inflight_runs = 4096;      // one-shot runs; beyond: resource_exhausted

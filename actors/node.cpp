@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <cctype>
+#include <chrono>
 
 #include "actors/node_state.hpp"
 #include "actors/error_reply.hpp"
 #include "dsec/status_proto.hpp"
 #include "runtime/files.hpp"
+#include "runtime/metrics.hpp"
 #include "state/table.hpp"
 
 namespace dsec {
@@ -384,7 +386,15 @@ Status SetLifetime(NodeSelf self, const v1::CreateRequest& req, const drivers::D
 // A one-shot run, by the host; its answer comes back on the node's thread.
 caf::result<v1::RunReply> HandleRun(NodeSelf self, v1::RunRequest& req) {
   auto rp = self->make_response_promise<v1::RunReply>();
-  self->state.host->Run(req, [rp](v1::RunReply reply) mutable { rp.deliver(std::move(reply)); });
+  auto started = std::chrono::steady_clock::now();
+  v1::Kind kind = req.spec().kind() == v1::KIND_UNSPECIFIED ? v1::KIND_FNCALL : req.spec().kind();
+  self->state.host->Run(req, [rp, started, kind](v1::RunReply reply) mutable {
+    if (reply.status().code() == v1::Status::OK)
+      metrics::ExecSeconds()
+          .At(metrics::Labels({{"kind", KindName(kind)}}))
+          .Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+    rp.deliver(std::move(reply));
+  });
   return rp;
 }
 
@@ -409,6 +419,7 @@ node_actor::behavior_type NodeActor(NodeSelf self, std::shared_ptr<NodeContext> 
       [self](v1::RunRequest& req) -> caf::result<v1::RunReply> { return HandleRun(self, req); },
       [self](v1::CreateRequest& req) -> caf::result<v1::SandboxReply> {
         auto& st = self->state;
+        auto placing = std::chrono::steady_clock::now();
         auto d = st.host->Admit(req.spec());
         if (!d.ok()) return ErrorReply<v1::SandboxReply>(d.status());
         Status s;
@@ -449,6 +460,9 @@ node_actor::behavior_type NodeActor(NodeSelf self, std::shared_ptr<NodeContext> 
           return ErrorReply<v1::SandboxReply>(s);
         }
         st.dir.Reuse(rec.id());  // a new sandbox by that name
+        // Placed: on this node, of this kind (a controller decides among nodes).
+        metrics::PlacementSeconds().Observe(
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - placing).count());
         Spawn(self, rec);
         return self->delegate(st.dir.FindSandbox(rec.id()), std::move(req));
       },

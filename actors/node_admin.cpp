@@ -7,6 +7,7 @@
 #include "actors/node_state.hpp"
 #include "dsec/status_proto.hpp"
 #include "runtime/front_door.hpp"
+#include "runtime/metrics.hpp"
 #include "runtime/proto_json.hpp"
 #include "state/table.hpp"
 
@@ -103,6 +104,7 @@ std::string Status_(NodeSelf self) {
               {"uptime_s", (NowMs() - st.host->started_ms()) / 1000},
               {"sdk", ctx.options.sdk_address},
               {"admin", ctx.options.admin_address},
+              {"http", ctx.options.http_address.empty() ? json(nullptr) : json(ctx.options.http_address)},
               {"data", ctx.store->Describe()},
               {"sandboxes", st.dir.sandboxes().size()},
               {"sessions", st.dir.sessions().size()},
@@ -167,9 +169,93 @@ std::string Stats(NodeSelf self) {
               {"store_batches", cs.batches},
               {"store_ops", cs.ops},
               {"sdk_door", DoorStats(st.ctx->door, 0)},
-              {"console_door", DoorStats(st.ctx->door, 1)}};
+              {"console_door", DoorStats(st.ctx->door, 1)},
+              {"http_door", st.ctx->door && st.ctx->door->listeners() > 2 ? DoorStats(st.ctx->door, 2) : json(nullptr)}};
   for (const auto& [name, driver] : st.ctx->kinds->ByName()) out[name] = DriverStats(driver);
   return out.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+// `metrics` (for /metrics): this node's figures in Prometheus' text format,
+// then the process-wide ones (runtime/metrics.hpp).
+std::string Metrics(NodeSelf self) {
+  auto& st = self->state;
+  const auto& c = st.host->counters();
+  std::string out;
+  metrics::Describe(&out, "dsec_node_info", "gauge", "This dsecd: its node id, role and version (always 1).");
+  metrics::Line(&out, "dsec_node_info",
+                metrics::Labels({{"node", st.ctx->options.node_id}, {"role", "all"}, {"version", DSEC_VERSION}}), 1);
+  metrics::Describe(&out, "dsec_uptime_seconds", "gauge", "Seconds since this dsecd started.");
+  metrics::Line(&out, "dsec_uptime_seconds", "", static_cast<double>(NowMs() - st.host->started_ms()) / 1000);
+  metrics::Describe(&out, "dsec_sessions_open", "gauge", "Open rollout sessions on this node.");
+  metrics::Line(&out, "dsec_sessions_open", "", static_cast<double>(st.dir.sessions().size()));
+  metrics::Describe(&out, "dsec_runs_in_flight", "gauge", "One-shot runs (fncall) in flight.");
+  metrics::Line(&out, "dsec_runs_in_flight", "", static_cast<double>(st.host->runs().size()));
+  metrics::Describe(&out, "dsec_runs_total", "counter", "One-shot runs by how they ended: ok or platform error.");
+  metrics::Line(&out, "dsec_runs_total", "result=\"ok\"", static_cast<double>(c.runs_ok));
+  metrics::Line(&out, "dsec_runs_total", "result=\"platform_error\"", static_cast<double>(c.runs_platform_error));
+  metrics::Describe(&out, "dsec_requests_rejected_total", "counter", "Requests refused at admission.");
+  metrics::Line(&out, "dsec_requests_rejected_total", "", static_cast<double>(c.rejected));
+  metrics::Describe(&out, "dsec_supervisor_restarts_total", "counter", "Sandbox and session actors restarted.");
+  metrics::Line(&out, "dsec_supervisor_restarts_total", "", static_cast<double>(st.supervisor->restarts()));
+  if (const FrontDoor* door = st.ctx->door) {
+    metrics::Describe(&out, "dsec_door_connections_total", "counter",
+                      "Connections to dsecd's ports by how their handshake ended.");
+    const char* ports[] = {"sdk", "console", "http"};
+    for (size_t i = 0; i < door->listeners() && i < 3; ++i) {
+      auto s = door->stats(i);
+      const std::pair<const char*, uint64_t> results[] = {
+          {"admitted", s.admitted}, {"rejected", s.rejected}, {"timed_out", s.timed_out}, {"evicted", s.evicted}};
+      for (const auto& [result, n] : results)
+        metrics::Line(&out, "dsec_door_connections_total", metrics::Labels({{"port", ports[i]}, {"result", result}}),
+                      static_cast<double>(n));
+    }
+  }
+  return out + metrics::Render();
+}
+
+// `overview` (for the status page): the nodes (here: this one), their
+// load, and the sandboxes on them (the first 500 rows; a scan, off the
+// node's thread).
+caf::result<std::string> Overview(NodeSelf self) {
+  auto& st = self->state;
+  auto& ctx = *st.ctx;
+  std::vector<std::string> kinds, unavailable;
+  ctx.kinds->Kinds(&kinds, &unavailable);
+  auto h = metrics::ReadHostFigures();
+  json node{{"node", ctx.options.node_id},
+            {"role", "all"},
+            {"boot", ctx.options.boot},
+            {"version", DSEC_VERSION},
+            {"uptime_s", (NowMs() - st.host->started_ms()) / 1000},
+            {"sdk", ctx.options.sdk_address},
+            {"admin", ctx.options.admin_address},
+            {"http", ctx.options.http_address},
+            {"kinds", kinds},
+            {"unavailable", unavailable},
+            {"sandboxes", st.dir.sandboxes().size()},
+            {"sessions", st.dir.sessions().size()},
+            {"runs_in_flight", st.host->runs().size()},
+            {"memory", json{{"total", h.memory_total}, {"available", h.memory_available}}},
+            {"cpus", h.cpus},
+            {"load1", h.load1}};
+  size_t sessions = st.dir.sessions().size();
+  return OffThread(self, [store = ctx.store, node = std::move(node), sessions]() mutable {
+    json list = json::array();
+    (void)state::TypedTable<v1::SandboxRecord>(store, state::Table::kSandboxes)
+        .Scan("", [&](const std::string&, v1::SandboxRecord&& r) {
+          json j{{"id", r.id()},
+                 {"kind", KindName(r.spec().kind())},
+                 {"image", r.spec().image().empty() ? "host" : r.spec().image()},
+                 {"phase", PhaseName(r.phase())},
+                 {"created_ms", r.created_ms()},
+                 {"session", r.session()}};
+          list.push_back(std::move(j));
+          return list.size() < 500;
+        });
+    node["sandbox_list"] = std::move(list);
+    return Dump(json{{"ok", true}, {"role", "all"}, {"now_ms", NowMs()}, {"sessions", sessions},
+                     {"nodes", json::array({std::move(node)})}});
+  });
 }
 
 // inspect / kill of a sandbox or session: asks its actor and turns the reply
@@ -217,6 +303,8 @@ caf::result<std::string> HandleAdmin(NodeSelf self, const std::string& cmd,
   if (cmd == "ls") return Ls(self);
   if (cmd == "sessions") return OffThread(self, [store = st.ctx->store] { return Sessions(store); });
   if (cmd == "stats") return Stats(self);
+  if (cmd == "metrics") return Metrics(self);
+  if (cmd == "overview") return Overview(self);
   if (cmd == "inspect" || cmd == "kill") {
     if (auto u = need_id(); !u.empty()) return Error(u);
     const std::string& id = args[0];

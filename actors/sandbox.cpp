@@ -1,5 +1,6 @@
 #include "actors/sandbox.hpp"
 
+#include <chrono>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -8,6 +9,7 @@
 #include "actors/crash.hpp"
 #include "actors/lifetime.hpp"
 #include "dsec/status_proto.hpp"
+#include "runtime/metrics.hpp"
 #include "state/table.hpp"
 
 namespace dsec {
@@ -45,8 +47,12 @@ struct SandboxState {
   // wait here (see Defer) and no end is armed.
   bool readopting = false;
   std::vector<std::function<void()>> after_readopt;
+  // This sandbox in dsec_sandboxes{kind,phase} while its actor lives.
+  metrics::PhaseGauge phase_gauge;
   static constexpr const char* name = "sandbox";
 };
+
+void CountPhase(SandboxState& st) { st.phase_gauge.Set(KindName(st.rec.spec().kind()), PhaseName(st.rec.phase())); }
 
 using Self = sandbox_actor::stateful_pointer<SandboxState>;
 
@@ -99,6 +105,7 @@ v1::SandboxReply Reply(const Status& status, const SandboxState& st) {
 void Checkpoint(Self self, std::function<void(const Status&)> then) {
   auto& st = self->state;
   st.rec.set_updated_ms(NowMs());
+  CountPhase(st);
   state::WriteBatch b;
   state::TypedTable<v1::SandboxRecord>(st.ctx->store, state::Table::kSandboxes)
       .Put(&b, st.rec.id(), st.rec);
@@ -365,6 +372,7 @@ void Touch(Self self) {
 }
 
 sandbox_actor::behavior_type Behavior(Self self) {
+  CountPhase(self->state);
   // A crash answers the execs and file calls in flight at once (CAF 0.17
   // would drop their promises and leave callers to their timeouts). A
   // command may still run in the sandbox: an exec with an idempotency_key,
@@ -411,19 +419,23 @@ sandbox_actor::behavior_type Behavior(Self self) {
         if (!sl->disk_bytes()) sl->set_disk_bytes(lim->disk_bytes());
         auto rp = self->make_response_promise<v1::SandboxReply>();
         st.rec.set_phase(v1::SANDBOX_PHASE_STARTING);
+        CountPhase(st);
         auto handle = caf::actor_cast<sandbox_actor>(self);
         st.driver->Create(st.rec, [handle, self, rp](Result<std::string> created) mutable {
           Post(handle, [self, rp, created = std::move(created)]() mutable {
             auto& st = self->state;
             Status s = created.status();
+            const std::string kind = metrics::Labels({{"kind", KindName(st.rec.spec().kind())}});
             if (!s.ok()) {
               // Nothing was written: the sandbox never existed.
+              metrics::SandboxCreateFailures().At(kind).Add();
               st.rec.set_phase(v1::SANDBOX_PHASE_FAILED);
               st.rec.set_error(s.message());
               rp.deliver(Reply(s, st));
               self->quit();
               return;
             }
+            metrics::SandboxesCreated().At(kind).Add();
             st.rec.set_phase(v1::SANDBOX_PHASE_RUNNING);
             st.rec.set_driver_state(*created);
             st.rec.set_last_active_ms(NowMs());
@@ -477,10 +489,14 @@ sandbox_actor::behavior_type Behavior(Self self) {
         st.exec_callers.emplace(run_id, rp);
         Touch(self);
         auto handle = caf::actor_cast<sandbox_actor>(self);
-        auto finished = [handle, self, rp, run_id](Result<v1::ExecResult> r) mutable {
-          Post(handle, [self, rp, run_id, r = std::move(r)]() mutable {
+        auto started = std::chrono::steady_clock::now();
+        auto finished = [handle, self, rp, run_id, started](Result<v1::ExecResult> r) mutable {
+          Post(handle, [self, rp, run_id, started, r = std::move(r)]() mutable {
             v1::ExecReply reply;
             auto& st = self->state;
+            metrics::ExecSeconds()
+                .At(metrics::Labels({{"kind", KindName(st.rec.spec().kind())}}))
+                .Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
             st.running.erase(run_id);
             st.exec_callers.erase(run_id);
             st.rec.set_exec_count(st.rec.exec_count() + 1);

@@ -13,14 +13,27 @@
 #include <unordered_set>
 #include <vector>
 
+#include <chrono>
+
 #include "actors/context.hpp"
 #include "actors/session.hpp"
 #include "actors/step_cache.hpp"
+#include "runtime/metrics.hpp"
 #include "state/store.hpp"
 
 namespace dsec::session_detail {
 
-using StepPromise = caf::typed_response_promise<v1::StepReply>;
+// A step's caller: its promise, and when the step came (every answer to it
+// counts in dsec_step_seconds).
+struct StepPromise {
+  StepPromise(caf::typed_response_promise<v1::StepReply> p) : rp(std::move(p)) {}  // NOLINT: implicit on purpose
+  void deliver(v1::StepReply r) {
+    metrics::StepSeconds().Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+    rp.deliver(std::move(r));
+  }
+  caf::typed_response_promise<v1::StepReply> rp;
+  std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
+};
 using SessionPromise = caf::typed_response_promise<v1::SessionReply>;
 
 constexpr const char* kAgentRole = "agent";

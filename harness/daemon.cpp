@@ -240,7 +240,7 @@ Status TestDaemon::Launch(const std::string& listen, const std::string& admin,
   ::unlink((data_dir_ + "/dsecd.json").c_str());
   std::vector<std::string> args = {BinDir() + "/dsecd", "--data-dir", data_dir_, "--listen", listen, "--admin",
                                    admin, "--cgroup-parent", options_.cgroup_parent, "--fncall-pool", "8", "--log-file",
-                                   log_path_};
+                                   log_path_, "--http", http_addr_.empty() ? "127.0.0.1:0" : http_addr_};
   if (options_.test_hooks) args.push_back("--test-hooks");
   args.push_back("--guest-dir");
   args.push_back(TestGuestDir());
@@ -267,6 +267,7 @@ Status TestDaemon::Launch(const std::string& listen, const std::string& admin,
       if (!j.is_discarded() && j.value("pid", 0) == pid_) {
         sdk_addr_ = j.value("sdk", "");
         admin_addr_ = j.value("admin", "");
+        http_addr_ = j.value("http", "");
         return Status::Ok();
       }
     }

@@ -86,6 +86,9 @@ class TestDaemon {
 
   const std::string& sdk_addr() const { return sdk_addr_; }
   const std::string& admin_addr() const { return admin_addr_; }
+  // Metrics and the status page (dsecd --http; an ephemeral port, kept
+  // across restarts).
+  const std::string& http_addr() const { return http_addr_; }
   const std::string& data_dir() const { return data_dir_; }
   const std::string& log_path() const { return log_path_; }
   std::string Token() const;     // the admin token
@@ -102,7 +105,7 @@ class TestDaemon {
 
   Options options_;
   pid_t pid_ = -1;
-  std::string data_dir_, log_path_, sdk_addr_, admin_addr_;
+  std::string data_dir_, log_path_, sdk_addr_, admin_addr_, http_addr_;
 };
 
 // Raw admin console connection for bad-input tests.

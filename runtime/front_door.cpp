@@ -379,6 +379,7 @@ Result<std::unique_ptr<FrontDoor>> FrontDoor::Start(std::vector<FrontDoorListene
   return std::unique_ptr<FrontDoor>(new FrontDoor(std::move(impl)));
 }
 
+size_t FrontDoor::listeners() const { return impl_->listeners.size(); }
 uint16_t FrontDoor::port(size_t i) const { return i < impl_->listeners.size() ? impl_->listeners[i].port : 0; }
 
 void FrontDoor::Stop() {

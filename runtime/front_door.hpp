@@ -85,6 +85,7 @@ class FrontDoor {
 
   // The bound port of listener `i` (as given to Start).
   uint16_t port(size_t i) const;
+  size_t listeners() const;
   // Stops accepting and closes every connection still in its handshake.
   void Stop();
   FrontDoorStats stats(size_t i) const;

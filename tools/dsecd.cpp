@@ -24,6 +24,7 @@
 
 #include "actors/console.hpp"
 #include "actors/context.hpp"
+#include "actors/http_server.hpp"
 #include "actors/node.hpp"
 #include "actors/node_host.hpp"
 #include "actors/sdk_entry.hpp"
@@ -33,6 +34,7 @@
 #include "runtime/door_auth.hpp"
 #include "runtime/files.hpp"
 #include "runtime/front_door.hpp"
+#include "runtime/http_gate.hpp"
 #include "runtime/log.hpp"
 #include "state/group_commit.hpp"
 #include "state/store.hpp"
@@ -45,6 +47,7 @@ struct Flags {
   std::string data_dir = "./dsec-data";
   std::string listen = "127.0.0.1:7400";
   std::string admin = "127.0.0.1:7401";
+  std::string http = "127.0.0.1:7402";  // "off": none
   std::string log_level = "info";
   std::string log_file;
   size_t threads = 2;
@@ -125,6 +128,13 @@ int Run(const Flags& f, dsec::drivers::Registry& kinds) {
   }
   if (!dsec::SplitHostPort(f.admin, &admin_host, &admin_port)) {
     log->error("--admin '{}' is not host:port", f.admin);
+    return 2;
+  }
+  std::string http_host;
+  uint16_t http_port = 0;
+  const bool http_on = f.http != "off";
+  if (http_on && !dsec::SplitHostPort(f.http, &http_host, &http_port)) {
+    log->error("--http '{}' is not host:port (or off)", f.http);
     return 2;
   }
   std::string data = dsec::AbsolutePath(f.data_dir);
@@ -259,7 +269,10 @@ int Run(const Flags& f, dsec::drivers::Registry& kinds) {
     dsec::ConsoleOptions copts;
     copts.token = *token;
     auto console = dsec::SpawnConsole(sys, node, copts);
-    std::vector<dsec::FrontDoorListener> doors(2);
+    // Metrics and the status page: asked of the node by the server's own
+    // thread, behind the door like the other ports.
+    dsec::HttpServer http(sys, node);
+    std::vector<dsec::FrontDoorListener> doors(http_on ? 3 : 2);
     doors[0].host = sdk_host;
     doors[0].port = sdk_port;
     doors[0].protocol = &sdk_door;
@@ -272,26 +285,39 @@ int Run(const Flags& f, dsec::drivers::Registry& kinds) {
     doors[1].max_pending = 64;
     doors[1].timeout_ms = 60'000;  // a person typing AUTH into nc
     doors[1].max_input = copts.max_line + 2;
+    if (http_on) {
+      doors[2].host = http_host;
+      doors[2].port = http_port;
+      doors[2].protocol = http.gate();
+      doors[2].max_pending = 64;
+      doors[2].timeout_ms = 10'000;
+      doors[2].max_input = dsec::HttpGate::kMaxHead;
+    }
     auto opened = dsec::FrontDoor::Start(doors, DriverLog("door"));
     if (!opened.ok()) {
-      log->error("{} (is another dsecd running? pick other ports with --listen / --admin)", opened.status().message());
+      log->error("{} (is another dsecd running? pick other ports with --listen / --admin / --http)",
+                 opened.status().message());
       rc = 4;
     } else {
       door = std::move(*opened);
       sdk_door.set_port(door->port(0));
       ctx->options.sdk_address = sdk_host + ":" + std::to_string(door->port(0));
       ctx->options.admin_address = admin_host + ":" + std::to_string(door->port(1));
+      if (http_on) ctx->options.http_address = http_host + ":" + std::to_string(door->port(2));
       ctx->door = door.get();
     }
     if (rc == 0) {
       nlohmann::json ep{{"pid", ::getpid()},
                         {"node_id", node_id},
                         {"sdk", ctx->options.sdk_address},
-                        {"admin", ctx->options.admin_address}};
+                        {"admin", ctx->options.admin_address},
+                        {"http", ctx->options.http_address}};
       if (auto st = dsec::WriteNodeRecord(*ctx); !st.ok()) log->error("write the node record: {}", st.message());
       (void)dsec::WriteFileAtomic(data + "/dsecd.json", ep.dump() + "\n", 0644);
-      log->info("dsecd {} ready: node {} (boot {}), SDK on {}, admin console on {}, data in {}", DSEC_VERSION,
-                node_id, boot, ctx->options.sdk_address, ctx->options.admin_address, data);
+      log->info("dsecd {} ready: node {} (boot {}), SDK on {}, admin console on {}, metrics and status page on {}, "
+                "data in {}",
+                DSEC_VERSION, node_id, boot, ctx->options.sdk_address, ctx->options.admin_address,
+                http_on ? "http://" + ctx->options.http_address + "/" : std::string("nothing (--http off)"), data);
       sigset_t set;
       sigemptyset(&set);
       sigaddset(&set, SIGINT);
@@ -304,6 +330,7 @@ int Run(const Flags& f, dsec::drivers::Registry& kinds) {
     // No new connection from here; the door's protocols (which use the
     // actor system) are done once Stop returns.
     if (door) door->Stop();
+    http.Stop();
     {
       std::lock_guard<std::mutex> lk(lost_sink->mu);
       lost_sink->node.reset();  // the actor system goes with this block
@@ -332,6 +359,9 @@ int main(int argc, char** argv) {
   app.add_option("--data-dir", f.data_dir, "where state lives (RocksDB, admin token)")->capture_default_str();
   app.add_option("--listen", f.listen, "SDK entry host:port (port 0: any)")->capture_default_str();
   app.add_option("--admin", f.admin, "admin console host:port (port 0: any)")->capture_default_str();
+  app.add_option("--http", f.http,
+                 "metrics (/metrics, Prometheus text) and the status page (/) host:port (port 0: any; off: none)")
+      ->capture_default_str();
   app.add_option("--log-level", f.log_level, "trace|debug|info|warn|error")->capture_default_str();
   app.add_option("--log-file", f.log_file, "also log to this file");
   app.add_option("--threads", f.threads, "actor scheduler threads")->capture_default_str();

@@ -43,7 +43,7 @@ def mounts_under(root: str) -> list:
 def test_the_quickstart_runs_as_written_against_the_readmes_dsecd() -> None:
     if os.geteuid() != 0:
         pytest.skip("needs root (dsecd makes namespaces and cgroups; debootstrap)")
-    for port in (7400, 7401):
+    for port in (7400, 7401, 7402):
         if port_in_use(port):
             pytest.skip(f"127.0.0.1:{port} is in use (a dsecd of yours?): the README's dsecd listens there")
     root = tempfile.mkdtemp(prefix="dsec-test-readme-")

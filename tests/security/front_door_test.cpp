@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -19,6 +20,7 @@
 #include "dsec/client.hpp"
 #include "runtime/files.hpp"
 #include "tests/support/daemon_fixture.hpp"
+#include "tests/support/http_probe.hpp"
 
 namespace dsec::testing {
 namespace {
@@ -293,6 +295,84 @@ TEST_F(FrontDoorTest, TenThousandHostileConnectionsPerPortCostNothingLasting) {
   auto stats = daemon_->Admin("stats");
   EXPECT_EQ(stats["sdk_door"].value("pending", -1), 0) << stats.dump();
   EXPECT_LT(RssKb(pid) - rss_idle, 64 * 1024) << "KiB kept after the flood";
+}
+
+// 100 000 random lines and byte strings: half to the admin console (after
+// AUTH, where each is a command: refused as unknown or malformed; and
+// before it), half to the HTTP endpoint (as request heads). dsecd answers
+// throughout, keeps no memory or descriptor of them, and no record changes.
+TEST_F(FrontDoorTest, AHundredThousandRandomLinesAndByteStringsChangeNothing) {
+  pid_t pid = daemon_->pid();
+  auto kept = client_->Create(FncallSpec());
+  ASSERT_TRUE(kept.ok()) << kept.status().ToString();
+  ASSERT_EQ(HttpGet(daemon_->http_addr(), "/metrics").code, 200);
+  auto records = daemon_->Admin("ls");
+  size_t fds_idle = OpenFds(pid);
+  long rss_idle = RssKb(pid);
+  std::mt19937 rng(20261203);
+  // A line: random bytes (any but newline), or printable words.
+  auto random_line = [&](bool printable) {
+    std::string line(rng() % 120, ' ');
+    for (auto& c : line) {
+      c = printable ? static_cast<char>(' ' + rng() % 95) : static_cast<char>(rng() % 256);
+      if (c == '\n') c = ' ';
+    }
+    return line;
+  };
+  constexpr int kItems = 100'000;
+  int console_lines = 0, console_answers = 0, http_lines = 0, http_answers = 0;
+  const int console_port = PortOf(daemon_->admin_addr()), http_port = HttpPort(daemon_->http_addr());
+  const std::string token = daemon_->Token();
+  // The console: 100 lines per connection, the first 5 before AUTH.
+  while (console_lines < kItems / 2) {
+    int fd = Dial(console_port);
+    ASSERT_GE(fd, 0) << "the console stopped accepting after " << console_lines << " lines";
+    std::string batch;
+    for (int i = 0; i < 100; ++i) {
+      if (i == 5) batch += "AUTH " + token + "\n";
+      batch += random_line(i % 2 == 0) + "\n";
+    }
+    console_lines += 100;
+    (void)!::send(fd, batch.data(), batch.size(), MSG_NOSIGNAL);
+    ::shutdown(fd, SHUT_WR);
+    timeval tv{10, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    std::string got;
+    char buf[65536];
+    for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) got.append(buf, static_cast<size_t>(n));
+    ::close(fd);
+    console_answers += static_cast<int>(std::count(got.begin(), got.end(), '\n'));
+  }
+  // The HTTP endpoint: 10 lines per connection (the first judged).
+  while (http_lines < kItems / 2) {
+    std::string batch;
+    for (int i = 0; i < 10; ++i) {
+      std::string line = random_line(i % 2 == 0);
+      if (rng() % 4 == 0) line = "GET /" + line + " HTTP/1.1";  // a request line with a random target
+      batch += line + "\r\n";
+    }
+    http_lines += 10;
+    auto r = HttpExchange(http_port, batch + "\r\n");
+    if (r.code) ++http_answers;
+    ASSERT_NE(r.code, 200) << "a random request was served: " << batch;
+  }
+  std::printf("# fuzz: %d console lines (%d answer lines), %d HTTP lines in %d requests (%d answered with an "
+              "error status)\n",
+              console_lines, console_answers, http_lines, http_lines / 10, http_answers);
+  EXPECT_GE(console_answers, kItems / 4) << "the console answered too few of its lines";
+  EXPECT_EQ(http_answers, http_lines / 10) << "every random request gets an error status";
+  // dsecd is fine: it answers, holds what it held, and nothing changed.
+  EXPECT_EQ(daemon_->Admin("status").value("ok", false), true);
+  EXPECT_EQ(HttpGet(daemon_->http_addr(), "/metrics").code, 200);
+  auto after = daemon_->Admin("ls");
+  EXPECT_EQ(after["sandboxes"], records["sandboxes"]);
+  EXPECT_EQ(after["sessions"], records["sessions"]);
+  auto deadline = Clock::now() + std::chrono::seconds(20);
+  while (OpenFds(pid) > fds_idle && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // polling for the door to close them
+  EXPECT_LE(OpenFds(pid), fds_idle) << "descriptors left after the fuzz";
+  EXPECT_LT(RssKb(pid) - rss_idle, 64 * 1024) << "KiB kept after the fuzz";
+  EXPECT_TRUE(kept->Destroy().ok());
 }
 
 }  // namespace
