@@ -113,6 +113,7 @@ class CgroupV2Guest : public ContainerTest {
     auto r = Exec(*vm_, req);
     std::cout << "---- " << binary << " --gtest_filter=" << filter << " in the guest ----\n"
               << r.stdout() << r.stderr() << "---- exit " << r.exit_code() << " ----" << std::endl;
+    SCOPED_TRACE(binary);
     ASSERT_EQ(r.verdict(), v1::VERDICT_OK) << r.error();
     EXPECT_EQ(r.exit_code(), 0);
     std::smatch m;
@@ -125,26 +126,26 @@ class CgroupV2Guest : public ContainerTest {
   static inline std::unique_ptr<Sandbox> vm_;
 };
 
-TEST_F(CgroupV2Guest, TheGuestMountsCgroupV2AloneAndRunsDebian12sKernel) {
-  auto r = ShIn(*vm_, "cat /proc/mounts; cat /sys/fs/cgroup/cgroup.controllers; cat /proc/sys/kernel/osrelease");
-  ASSERT_EQ(r.verdict(), v1::VERDICT_OK) << r.error() << r.stderr();
-  EXPECT_THAT(r.stdout(), HasSubstr("cgroup2 /sys/fs/cgroup cgroup2 rw"));
-  EXPECT_THAT(r.stdout(), Not(HasSubstr(" cgroup rw"))) << "a cgroup v1 hierarchy is mounted";
-  for (const char* c : {"memory", "pids", "cpu "}) EXPECT_THAT(r.stdout(), HasSubstr(c));
-  // Linux 6.1 mounts EROFS images from block devices only: the containers
-  // below mount theirs through loop devices.
-  EXPECT_THAT(r.stdout(), HasSubstr("6.1.0-"));
-}
-
-TEST_F(CgroupV2Guest, TheGroupsBackendPassesEveryV2Case) { ExpectSuitePasses("cgroup_test", "*/v2", 8); }
-
-TEST_F(CgroupV2Guest, ContainersAreCreatedAndLimitedInTheV2Hierarchy) {
+// One test (one guest booted, one image built): ctest runs each test in a
+// process of its own, and the VM tests run one at a time.
+TEST_F(CgroupV2Guest, TheV2BackendContainersAndTheContractPassInAGuestWithCgroupV2Alone) {
+  {
+    SCOPED_TRACE("the guest");
+    auto r = ShIn(*vm_, "cat /proc/mounts; cat /sys/fs/cgroup/cgroup.controllers; cat /proc/sys/kernel/osrelease");
+    ASSERT_EQ(r.verdict(), v1::VERDICT_OK) << r.error() << r.stderr();
+    EXPECT_THAT(r.stdout(), HasSubstr("cgroup2 /sys/fs/cgroup cgroup2 rw"));
+    EXPECT_THAT(r.stdout(), Not(HasSubstr(" cgroup rw"))) << "a cgroup v1 hierarchy is mounted";
+    for (const char* c : {"memory", "pids", "cpu "}) EXPECT_THAT(r.stdout(), HasSubstr(c));
+    // Linux 6.1 mounts EROFS images from block devices only: the containers
+    // below mount theirs through loop devices.
+    EXPECT_THAT(r.stdout(), HasSubstr("6.1.0-"));
+  }
+  // The groups backend: every v2 case.
+  ExpectSuitePasses("cgroup_test", "*/v2", 8);
+  // Containers created and limited there.
   ExpectSuitePasses("container_security_test", "ContainerLimits.*", 5);
-}
-
-// The sandbox contract, for the kinds whose groups are cgroups: fncall's
-// pooled run groups and containers (pause is a v2 freeze there).
-TEST_F(CgroupV2Guest, TheContractHoldsForFncallAndContainersInTheV2Hierarchy) {
+  // The sandbox contract, for the kinds whose groups are cgroups: fncall's
+  // pooled run groups and containers (pause is a v2 freeze there).
   ExpectSuitePasses("contract_test", "*/fncall:*/container", 20);
 }
 
