@@ -1,5 +1,6 @@
 #include "actors/console.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <deque>
 #include <map>
@@ -67,6 +68,56 @@ constexpr int kMaxBadTokens = 3;         // then the connection is closed
 constexpr int kMaxUnauthenticated = 20;  // commands refused before AUTH, then closed
 constexpr size_t kMaxQueuedLines = 256;  // pipelined commands waiting
 
+// Repeated wrong tokens slow their host down: after kFreeWrongTokens wrong
+// tokens from one address (over any number of connections), every AUTH from
+// it is refused unchecked for a wait that doubles with each further wrong
+// one (1 s, 2 s, 4 s, ... 60 s), and a right token resets it. A guesser
+// gets a handful of tries a minute however many connections it opens;
+// another address, the operator's, is not held up. At most kMaxHosts
+// addresses are remembered (past that, the one quiet longest is forgotten).
+// On the front door's thread only.
+class WrongTokenBackoff {
+ public:
+  using Clock = std::chrono::steady_clock;
+  static constexpr int kFreeWrongTokens = 3;
+  static constexpr size_t kMaxHosts = 4096;
+  static constexpr std::chrono::seconds kMaxWait{60};
+
+  // How long `host` must still wait before its next AUTH is checked.
+  std::chrono::milliseconds Wait(const std::string& host, Clock::time_point now) const {
+    auto it = hosts_.find(host);
+    if (it == hosts_.end() || it->second.until <= now) return std::chrono::milliseconds(0);
+    return std::chrono::duration_cast<std::chrono::milliseconds>(it->second.until - now) + std::chrono::milliseconds(1);
+  }
+  void Wrong(const std::string& host, Clock::time_point now) {
+    if (hosts_.size() >= kMaxHosts && !hosts_.count(host)) {
+      auto oldest = hosts_.begin();
+      for (auto it = hosts_.begin(); it != hosts_.end(); ++it)
+        if (it->second.last < oldest->second.last) oldest = it;
+      hosts_.erase(oldest);
+    }
+    Host& h = hosts_[host];
+    h.last = now;
+    if (++h.wrong < kFreeWrongTokens) return;
+    int doublings = std::min(h.wrong - kFreeWrongTokens, 6);
+    h.until = now + std::min<Clock::duration>(std::chrono::seconds(1) * (1 << doublings), kMaxWait);
+  }
+  void Right(const std::string& host) { hosts_.erase(host); }
+
+ private:
+  struct Host {
+    int wrong = 0;
+    Clock::time_point until{}, last{};
+  };
+  std::map<std::string, Host> hosts_;
+};
+
+// "host:port" (or "[v6]:port") -> host.
+std::string HostOf(const std::string& peer) {
+  size_t colon = peer.rfind(':');
+  return colon == std::string::npos ? peer : peer.substr(0, colon);
+}
+
 // --- the gate: a connection until its AUTH, on the front door's thread ---
 
 class Gate : public HandshakeProtocol {
@@ -110,13 +161,24 @@ class Gate : public HandshakeProtocol {
       } else if (cmd == "quit" || cmd == "exit") {
         s.reply = Line(json{{"ok", true}, {"bye", true}});
         s.kind = Step::kReject;
-      } else if (cmd == "auth" && args.size() == 1 && TokenEquals(args[0], gate->opts_.token)) {
-        s.reply = Line(json{{"ok", true}, {"auth", "ok"}});
-        s.kind = Step::kAdmit;
       } else if (cmd == "auth") {
-        gate->WrongToken(peer);
-        s.reply = ErrorLine("wrong token (it is in <data-dir>/admin.token)");
-        if (++bad_tokens >= kMaxBadTokens) s.kind = Step::kReject;
+        auto now = WrongTokenBackoff::Clock::now();
+        std::string host = HostOf(peer);
+        if (auto wait = gate->backoff_.Wait(host, now); wait.count() > 0) {
+          // Not even compared: a guess now tells nothing.
+          s.reply = ErrorLine("too many wrong tokens from " + host + ": AUTH is refused for another " +
+                              std::to_string((wait.count() + 999) / 1000) + " s");
+          if (++bad_tokens >= kMaxBadTokens) s.kind = Step::kReject;
+        } else if (args.size() == 1 && TokenEquals(args[0], gate->opts_.token)) {
+          gate->backoff_.Right(host);
+          s.reply = Line(json{{"ok", true}, {"auth", "ok"}});
+          s.kind = Step::kAdmit;
+        } else {
+          gate->backoff_.Wrong(host, now);
+          gate->WrongToken(peer);
+          s.reply = ErrorLine("wrong token (it is in <data-dir>/admin.token)");
+          if (++bad_tokens >= kMaxBadTokens) s.kind = Step::kReject;
+        }
       } else {
         s.reply = ErrorLine("not authenticated: send 'AUTH <token>' first (the token is in <data-dir>/admin.token)");
         if (++refused >= kMaxUnauthenticated) s.kind = Step::kReject;
@@ -155,6 +217,7 @@ class Gate : public HandshakeProtocol {
 
   caf::actor broker_;
   ConsoleOptions opts_;
+  WrongTokenBackoff backoff_;
   std::shared_ptr<spdlog::logger> log_;
   std::mutex log_mu_;
   std::chrono::steady_clock::time_point last_log_{};

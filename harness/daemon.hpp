@@ -111,7 +111,9 @@ class TestDaemon {
 // Raw admin console connection for bad-input tests.
 class ConsoleConn {
  public:
-  explicit ConsoleConn(const std::string& addr) { (void)c_.Connect(addr); }
+  // From `source` (e.g. 127.0.0.2: another host, as the console's
+  // per-address slow-down of wrong tokens sees it) when given.
+  explicit ConsoleConn(const std::string& addr, const std::string& source = "") { (void)c_.Connect(addr, source); }
   bool ok() const { return c_.connected(); }
   bool Send(const std::string& bytes) { return c_.Send(bytes).ok(); }
   // The next reply line, "" on EOF/timeout (then closed() tells which).

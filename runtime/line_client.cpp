@@ -1,5 +1,8 @@
 #include "runtime/line_client.hpp"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include <netdb.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -15,7 +18,7 @@ LineClient::~LineClient() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-Status LineClient::Connect(const std::string& host_port) {
+Status LineClient::Connect(const std::string& host_port, const std::string& source) {
   auto colon = host_port.rfind(':');
   if (colon == std::string::npos) return Status::InvalidArgument("'" + host_port + "' is not host:port");
   addrinfo hints{}, *res = nullptr;
@@ -23,7 +26,15 @@ Status LineClient::Connect(const std::string& host_port) {
   if (::getaddrinfo(host_port.substr(0, colon).c_str(), host_port.substr(colon + 1).c_str(), &hints, &res) != 0)
     return Status::InvalidArgument("cannot resolve " + host_port);
   fd_ = ::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  int rc = fd_ < 0 ? -1 : ::connect(fd_, res->ai_addr, res->ai_addrlen);
+  int rc = fd_ < 0 ? -1 : 0;
+  if (rc == 0 && !source.empty()) {
+    sockaddr_in from{};
+    from.sin_family = AF_INET;
+    rc = ::inet_pton(AF_INET, source.c_str(), &from.sin_addr) == 1
+             ? ::bind(fd_, reinterpret_cast<sockaddr*>(&from), sizeof from)
+             : (errno = EINVAL, -1);
+  }
+  if (rc == 0) rc = ::connect(fd_, res->ai_addr, res->ai_addrlen);
   int err = errno;
   ::freeaddrinfo(res);
   if (rc < 0) {

@@ -16,7 +16,9 @@ class LineClient {
   LineClient& operator=(const LineClient&) = delete;
 
   // host:port; Unavailable naming the address when it cannot connect.
-  Status Connect(const std::string& host_port);
+  // From `source` (an IPv4 address to bind first, e.g. 127.0.0.2 on
+  // loopback) when it is given.
+  Status Connect(const std::string& host_port, const std::string& source = "");
   bool connected() const { return fd_ >= 0; }
   // Writes all of `bytes` (no newline added).
   Status Send(const std::string& bytes);

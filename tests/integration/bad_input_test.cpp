@@ -10,9 +10,11 @@
 #include <caf/io/all.hpp>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <map>
 #include <random>
+#include <thread>
 
 #include "wire/wire.hpp"
 #include "sdk/src/client_agent.hpp"
@@ -48,7 +50,8 @@ TEST_F(BadInput, ConsoleCommandsBeforeAuthAreRefused) {
 }
 
 TEST_F(BadInput, ConsoleWrongTokenThreeTimesClosesTheConnection) {
-  ConsoleConn c(daemon_->admin_addr());
+  // From another loopback address: the wrong tokens slow that one down.
+  ConsoleConn c(daemon_->admin_addr(), "127.0.0.2");
   for (int i = 0; i < 3; ++i) {
     c.Send("AUTH wrong-token-" + std::to_string(i) + "\n");
     auto j = Parse(c.ReadLine());
@@ -57,6 +60,40 @@ TEST_F(BadInput, ConsoleWrongTokenThreeTimesClosesTheConnection) {
   }
   EXPECT_EQ(c.ReadLine(2000), "");
   EXPECT_TRUE(c.closed());
+}
+
+// Wrong tokens slow their address down, over any number of connections:
+// after three, every AUTH from it is refused unchecked (the right token
+// too) for a second, then two, ...; another address is not held up, and
+// once the wait is over the right token gets in and clears it.
+TEST_F(BadInput, RepeatedWrongTokensSlowTheirAddressDownAndNoOther) {
+  const std::string guesser = "127.0.0.3";
+  auto auth = [&](const std::string& from, const std::string& token) {
+    ConsoleConn c(daemon_->admin_addr(), from);
+    EXPECT_TRUE(c.ok()) << "cannot connect from " << from;
+    c.Send("AUTH " + token + "\n");
+    return Parse(c.ReadLine());
+  };
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 3; ++i) {
+    auto j = auth(guesser, "guess-" + std::to_string(i));  // a connection each
+    EXPECT_THAT(j.value("error", ""), HasSubstr("wrong token")) << j.dump();
+  }
+  auto held = auth(guesser, daemon_->Token());
+  EXPECT_FALSE(held.value("ok", true)) << "the right token got in during the wait: " << held.dump();
+  EXPECT_THAT(held.value("error", ""), HasSubstr("too many wrong tokens from " + guesser));
+  EXPECT_THAT(held.value("error", ""), HasSubstr("refused for another 1 s"));
+  EXPECT_TRUE(auth("127.0.0.1", daemon_->Token()).value("ok", false)) << "another address was held up";
+  // The wait (1 s) ends; the right token then gets in.
+  nlohmann::json in;
+  while (!(in = auth(guesser, daemon_->Token())).value("ok", false) &&
+         std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10))
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the wait under test is a time
+  EXPECT_TRUE(in.value("ok", false)) << in.dump();
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(900)) << "no wait at all";
+  // Cleared: a wrong token again starts from the free ones.
+  EXPECT_THAT(auth(guesser, "guess-again").value("error", ""), HasSubstr("wrong token"));
+  EXPECT_TRUE(auth(guesser, daemon_->Token()).value("ok", false));
 }
 
 TEST_F(BadInput, ConsoleUnknownAndMalformedCommandsGetErrors) {

@@ -30,9 +30,19 @@ using Clock = std::chrono::steady_clock;
 
 int PortOf(const std::string& addr) { return std::stoi(addr.substr(addr.rfind(':') + 1)); }
 
-int Dial(int port) {
+// From `source` (a loopback address, host byte order) when given.
+int Dial(int port, uint32_t source = 0) {
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return -1;
+  if (source) {
+    sockaddr_in from{};
+    from.sin_family = AF_INET;
+    from.sin_addr.s_addr = htonl(source);
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof from) < 0) {
+      ::close(fd);
+      return -1;
+    }
+  }
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_port = htons(static_cast<uint16_t>(port));
@@ -197,7 +207,9 @@ TEST_F(FrontDoorTest, TenThousandHostileConnectionsPerPortCostNothingLasting) {
     std::mt19937 rng(seed);
     std::vector<int> held;
     for (int i = 0; i < 5000; ++i) {
-      int fd = Dial(port);
+      // The console's strangers come from 127.0.0.2: their wrong tokens
+      // slow that address down, not the operator's (and the test's).
+      int fd = Dial(port, is_console ? 0x7f000002 : 0);
       if (fd < 0) continue;
       ++sent;
       std::string bytes;
@@ -325,7 +337,7 @@ TEST_F(FrontDoorTest, AHundredThousandRandomLinesAndByteStringsChangeNothing) {
   const std::string token = daemon_->Token();
   // The console: 100 lines per connection, the first 5 before AUTH.
   while (console_lines < kItems / 2) {
-    int fd = Dial(console_port);
+    int fd = Dial(console_port, 0x7f000002);  // another address than the test's own console calls
     ASSERT_GE(fd, 0) << "the console stopped accepting after " << console_lines << " lines";
     std::string batch;
     for (int i = 0; i < 100; ++i) {
@@ -365,6 +377,10 @@ TEST_F(FrontDoorTest, AHundredThousandRandomLinesAndByteStringsChangeNothing) {
   EXPECT_EQ(daemon_->Admin("status").value("ok", false), true);
   EXPECT_EQ(HttpGet(daemon_->http_addr(), "/metrics").code, 200);
   auto after = daemon_->Admin("ls");
+  // The records as stored (not the seconds left until their ends, which
+  // `ls` works out at the time it is asked).
+  for (auto* listing : {&after, &records})
+    for (auto& sb : (*listing)["sandboxes"]) sb.erase("expires_in_s");
   EXPECT_EQ(after["sandboxes"], records["sandboxes"]);
   EXPECT_EQ(after["sessions"], records["sessions"]);
   auto deadline = Clock::now() + std::chrono::seconds(20);
