@@ -388,11 +388,11 @@ caf::result<v1::RunReply> HandleRun(NodeSelf self, v1::RunRequest& req) {
   auto rp = self->make_response_promise<v1::RunReply>();
   auto started = std::chrono::steady_clock::now();
   v1::Kind kind = req.spec().kind() == v1::KIND_UNSPECIFIED ? v1::KIND_FNCALL : req.spec().kind();
-  self->state.host->Run(req, [rp, started, kind](v1::RunReply reply) mutable {
+  metrics::Histogram*& hist = self->state.run_seconds[kind];
+  if (!hist) hist = &metrics::ExecSeconds().At(metrics::Labels({{"kind", KindName(kind)}}));
+  self->state.host->Run(req, [rp, started, hist](v1::RunReply reply) mutable {
     if (reply.status().code() == v1::Status::OK)
-      metrics::ExecSeconds()
-          .At(metrics::Labels({{"kind", KindName(kind)}}))
-          .Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+      hist->Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
     rp.deliver(std::move(reply));
   });
   return rp;

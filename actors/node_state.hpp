@@ -15,6 +15,7 @@
 #include "actors/sandbox.hpp"
 #include "actors/session.hpp"
 #include "actors/supervisor.hpp"
+#include "runtime/metrics.hpp"
 
 namespace dsec {
 
@@ -37,6 +38,8 @@ struct NodeState {
   Directory dir;
   std::unordered_map<caf::actor_addr, AnnotateOut> annotate_out;
   image_worker_actor images;  // blocking registry work, off the node's thread
+  // dsec_exec_seconds{kind} of one-shot runs, looked up once per kind.
+  std::unordered_map<int, metrics::Histogram*> run_seconds;
   static constexpr const char* name = "node";
 };
 

@@ -49,6 +49,7 @@ struct SandboxState {
   std::vector<std::function<void()>> after_readopt;
   // This sandbox in dsec_sandboxes{kind,phase} while its actor lives.
   metrics::PhaseGauge phase_gauge;
+  metrics::Histogram* exec_seconds = nullptr;  // dsec_exec_seconds{kind}, looked up once
   static constexpr const char* name = "sandbox";
 };
 
@@ -494,9 +495,9 @@ sandbox_actor::behavior_type Behavior(Self self) {
           Post(handle, [self, rp, run_id, started, r = std::move(r)]() mutable {
             v1::ExecReply reply;
             auto& st = self->state;
-            metrics::ExecSeconds()
-                .At(metrics::Labels({{"kind", KindName(st.rec.spec().kind())}}))
-                .Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+            if (!st.exec_seconds)
+              st.exec_seconds = &metrics::ExecSeconds().At(metrics::Labels({{"kind", KindName(st.rec.spec().kind())}}));
+            st.exec_seconds->Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
             st.running.erase(run_id);
             st.exec_callers.erase(run_id);
             st.rec.set_exec_count(st.rec.exec_count() + 1);
