@@ -42,10 +42,12 @@ std::string HelpLine() {
                    {"commands",
                     {"AUTH <token>   authenticate (first; token in <data-dir>/admin.token)",
                      "status         node, uptime, kinds, counts", "nodes          the node records (one node in role all)",
-                     "ls             sandboxes, sessions, runs in flight",
+                     "ls [--node N] [--kind K] [--state S]   sandboxes, sessions, runs in flight",
                      "sessions       rollout sessions: phase, steps, sandboxes, why closed",
                      "inspect ID     one sandbox, session or run", "kill ID        stop a run, destroy a sandbox, close a session",
-                     "stats          counters of the node, the store and the drivers", "quit           close this connection"}}});
+                     "stats          counters of the node, the store and the drivers",
+                     "drain N        (controller) no new placements on node N; undrain N undoes it",
+                     "quit           close this connection"}}});
 }
 
 bool TokenEquals(const std::string& a, const std::string& b) {
@@ -293,14 +295,16 @@ bool HandleLine(Broker self, connection_handle h, const std::string& line) {
     }
     return true;
   }
-  static const char* kKnown[] = {"status", "nodes", "ls", "sessions", "inspect", "kill", "stats", "crash", "fault"};
+  static const char* kKnown[] = {"status", "nodes", "ls",    "sessions", "inspect", "kill",
+                                 "stats",  "crash", "fault", "drain",    "undrain"};
   bool known = false;
   for (const char* k : kKnown) known = known || cmd == k;
   if (!known) {
     Send(self, h, ErrorLine("unknown command '" + cmd + "' (help lists the commands)"));
     return true;
   }
-  if (cmd == "kill") st.log->warn("console: kill {} from {}", args.empty() ? "" : args[0], c.peer);
+  if (cmd == "kill" || cmd == "drain" || cmd == "undrain")
+    st.log->warn("console: {} {} from {}", cmd, args.empty() ? "" : args[0], c.peer);
   c.busy = true;
   uint64_t gen = c.gen;
   auto answer = [self, h, gen](const std::string& line) {

@@ -36,6 +36,7 @@ std::function<void(const std::string&)> SandboxGone(NodeSelf self, const std::st
       st.supervisor->SandboxEnded(id);
       st.dir.Unclaim(id);
       if (!why.empty()) st.dir.NoteEnded(id, why);
+      NoteForController(&st.ended_sandboxes, id);
     });
   };
 }
@@ -46,6 +47,7 @@ std::function<void()> SessionGone(NodeSelf self, const std::string& name) {
     Post(handle, [self, name] {
       self->state.dir.ForgetSession(name);
       self->state.supervisor->SessionEnded(name);
+      NoteForController(&self->state.ended_sessions, name);
     });
   };
 }
@@ -464,6 +466,7 @@ node_actor::behavior_type NodeActor(NodeSelf self, std::shared_ptr<NodeContext> 
         metrics::PlacementSeconds().Observe(
             std::chrono::duration<double>(std::chrono::steady_clock::now() - placing).count());
         Spawn(self, rec);
+        NoteForController(&st.started_sandboxes, rec.id());
         return self->delegate(st.dir.FindSandbox(rec.id()), std::move(req));
       },
       [self](v1::ExecRequest& req) { return ToSandbox<v1::ExecReply>(self, req); },
@@ -541,6 +544,8 @@ node_actor::behavior_type NodeActor(NodeSelf self, std::shared_ptr<NodeContext> 
         if (auto sb = self->state.dir.FindSandbox(id)) self->send(sb, lost_atom::value, why);
       },
       [self](Continuation& c) { c.fn(); },
+      [self](cluster_info_atom) { return ClusterInfo(self); },
+      [self](cluster_load_atom) { return ClusterLoad(self); },
   };
 }
 

@@ -26,11 +26,19 @@ using admin_atom = caf::atom_constant<caf::atom("admin")>;
 //   (lost_atom, id, why)         a driver saw sandbox `id` end by itself
 //                                (drivers::DriverEnv::lost): to its actor
 //   Continuation                 from the node's own callbacks only
+//   (cluster_info_atom)          -> NodeJoin: the sandboxes and sessions it
+//                                holds (the rest is filled in by its link)
+//   (cluster_load_atom)          -> NodeLoad: live counts, and what ended
+//                                since the last ask
 using lost_atom = caf::atom_constant<caf::atom("lost")>;
+using cluster_info_atom = caf::atom_constant<caf::atom("cinfo")>;
+using cluster_load_atom = caf::atom_constant<caf::atom("cload")>;
 using node_actor = entry_actor::extend<
     caf::replies_to<admin_atom, std::string, std::vector<std::string>>::with<std::string>,
     caf::reacts_to<lost_atom, std::string, std::string>,
-    caf::reacts_to<Continuation>>;
+    caf::reacts_to<Continuation>,
+    caf::replies_to<cluster_info_atom>::with<v1::NodeJoin>,
+    caf::replies_to<cluster_load_atom>::with<v1::NodeLoad>>;
 
 // Spawns the node; it restores sandboxes and sessions from the store before
 // it handles its first message.

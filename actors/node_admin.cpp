@@ -115,11 +115,20 @@ std::string Status_(NodeSelf self) {
       .dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
-std::string ScanLs(state::Store* store, const std::unordered_map<std::string, int64_t>& gone, const json& runs) {
+// `ls` filters: --kind K, --state S (a sandbox phase: running, paused, ...).
+struct LsFilter {
+  std::string kind, state;
+  bool Keeps(const v1::SandboxRecord& r) const {
+    return (kind.empty() || kind == KindName(r.spec().kind())) && (state.empty() || state == PhaseName(r.phase()));
+  }
+};
+
+std::string ScanLs(state::Store* store, const std::unordered_map<std::string, int64_t>& gone, const json& runs,
+                   const LsFilter& filter) {
   json sandboxes = json::array(), sessions = json::array();
   (void)state::TypedTable<v1::SandboxRecord>(store, state::Table::kSandboxes)
       .Scan("", [&](const std::string&, v1::SandboxRecord&& r) {
-        sandboxes.push_back(SandboxSummary(gone, std::move(r)));
+        if (filter.Keeps(r)) sandboxes.push_back(SandboxSummary(gone, std::move(r)));
         return sandboxes.size() < 10000;
       });
   (void)state::TypedTable<v1::SessionRecord>(store, state::Table::kSessions)
@@ -132,14 +141,25 @@ std::string ScanLs(state::Store* store, const std::unordered_map<std::string, in
 
 // `ls`: the rows of sandboxes and sessions (a scan, off the node's thread)
 // and the one-shot runs in flight (the node's own, read here).
-caf::result<std::string> Ls(NodeSelf self) {
+caf::result<std::string> Ls(NodeSelf self, const std::vector<std::string>& args) {
   auto& st = self->state;
+  LsFilter filter;
+  for (size_t i = 0; i < args.size(); ++i) {
+    bool has_value = i + 1 < args.size();
+    if (args[i] == "--kind" && has_value) filter.kind = args[++i];
+    else if (args[i] == "--state" && has_value) filter.state = args[++i];
+    else if (args[i] == "--node" && has_value) {
+      if (args[++i] != st.ctx->options.node_id)
+        return Error("this is node " + st.ctx->options.node_id + ", not " + args[i]);
+    } else
+      return Error("usage: ls [--node N] [--kind K] [--state S] ('" + args[i] + "' is not one of them)");
+  }
   json runs = json::array();
   int64_t now = NowMs();
   for (const auto& [id, info] : st.host->runs())
     runs.push_back(json{{"id", id}, {"argv0", info.argv0}, {"age_ms", now - info.started_ms}});
-  return OffThread(self, [store = st.ctx->store, gone = st.dir.gone_since(), runs = std::move(runs)] {
-    return ScanLs(store, gone, runs);
+  return OffThread(self, [store = st.ctx->store, gone = st.dir.gone_since(), runs = std::move(runs), filter] {
+    return ScanLs(store, gone, runs, filter);
   });
 }
 
@@ -282,6 +302,33 @@ caf::result<std::string> AskChild(NodeSelf self, const Child& child, bool kill, 
 
 }  // namespace
 
+v1::NodeJoin ClusterInfo(NodeSelf self) {
+  auto& st = self->state;
+  v1::NodeJoin j;
+  for (const auto& [id, a] : st.dir.sandboxes()) j.add_sandboxes(id);
+  for (const auto& [name, a] : st.dir.sessions()) j.add_sessions(name);
+  // What ended before the join is no longer in the lists above.
+  st.ended_sandboxes.clear();
+  st.ended_sessions.clear();
+  st.started_sandboxes.clear();
+  *j.mutable_load() = ClusterLoad(self);
+  return j;
+}
+
+v1::NodeLoad ClusterLoad(NodeSelf self) {
+  auto& st = self->state;
+  v1::NodeLoad l;
+  l.set_sandboxes(st.dir.sandboxes().size());
+  l.set_sessions(st.dir.sessions().size());
+  for (auto& id : st.ended_sandboxes) l.add_ended_sandboxes(std::move(id));
+  for (auto& name : st.ended_sessions) l.add_ended_sessions(std::move(name));
+  for (auto& id : st.started_sandboxes) l.add_started_sandboxes(std::move(id));
+  st.ended_sandboxes.clear();
+  st.ended_sessions.clear();
+  st.started_sandboxes.clear();
+  return l;
+}
+
 caf::result<std::string> HandleAdmin(NodeSelf self, const std::string& cmd,
                                      const std::vector<std::string>& args) {
   auto& st = self->state;
@@ -300,7 +347,8 @@ caf::result<std::string> HandleAdmin(NodeSelf self, const std::string& cmd,
       return Dump(json{{"ok", true}, {"nodes", nodes}});
     });
   }
-  if (cmd == "ls") return Ls(self);
+  if (cmd == "ls") return Ls(self, args);
+  if (cmd == "drain" || cmd == "undrain") return Error(cmd + " is a controller's command (dsecctl --admin CONTROLLER)");
   if (cmd == "sessions") return OffThread(self, [store = st.ctx->store] { return Sessions(store); });
   if (cmd == "stats") return Stats(self);
   if (cmd == "metrics") return Metrics(self);

@@ -40,10 +40,21 @@ struct NodeState {
   image_worker_actor images;  // blocking registry work, off the node's thread
   // dsec_exec_seconds{kind} of one-shot runs, looked up once per kind.
   std::unordered_map<int, metrics::Histogram*> run_seconds;
+  // Sandboxes and sessions that ended (sandboxes made) since the controller last asked
+  // (cluster_load_atom); at most kMaxEndedReport each.
+  std::vector<std::string> ended_sandboxes, ended_sessions, started_sandboxes;
   static constexpr const char* name = "node";
 };
 
 using NodeSelf = node_actor::stateful_pointer<NodeState>;
+
+// For a controller (node_admin.cpp): what this node holds, and its load.
+inline constexpr size_t kMaxEndedReport = 1 << 20;
+inline void NoteForController(std::vector<std::string>* list, const std::string& id) {
+  if (list->size() < kMaxEndedReport) list->push_back(id);
+}
+v1::NodeJoin ClusterInfo(NodeSelf self);
+v1::NodeLoad ClusterLoad(NodeSelf self);
 
 // Admin console commands (node_admin.cpp).
 caf::result<std::string> HandleAdmin(NodeSelf self, const std::string& cmd,

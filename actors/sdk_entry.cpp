@@ -13,15 +13,21 @@ namespace dsec {
 
 SdkDoor::SdkDoor(caf::actor_system& sys, entry_actor entry, std::string token, std::string token_hint,
                  std::function<void(int, const std::string&)> log)
+    : SdkDoor(sys, door::kSdk, caf::actor_cast<caf::strong_actor_ptr>(entry), sys.message_types(entry),
+              std::move(token), std::move(token_hint), std::move(log)) {}
+
+SdkDoor::SdkDoor(caf::actor_system& sys, door::Service service, caf::strong_actor_ptr served,
+                 std::set<std::string> sigs, std::string token, std::string token_hint,
+                 std::function<void(int, const std::string&)> log)
     : door::TokenDoor(
-          door::kSdk, std::move(token), std::move(token_hint),
+          service, std::move(token), std::move(token_hint),
           [this](UniqueFd fd, const std::string& peer) { Hand(std::move(fd), peer); }, log),
       sys_(sys),
       // Looked up here, on the thread that starts dsecd: named_broker is not
       // safe to call from the door's thread.
       basp_(sys.middleman().named_broker<caf::io::basp_broker>(caf::atom("BASP"))),
-      entry_(caf::actor_cast<caf::strong_actor_ptr>(entry)),
-      sigs_(sys.message_types(entry)) {}
+      entry_(std::move(served)),
+      sigs_(std::move(sigs)) {}
 
 namespace {
 

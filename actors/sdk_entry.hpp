@@ -23,6 +23,11 @@ class SdkDoor : public door::TokenDoor {
  public:
   SdkDoor(caf::actor_system& sys, entry_actor entry, std::string token, std::string token_hint,
           std::function<void(int, const std::string&)> log);
+  // Any door of this kind: `served` is published on every admitted
+  // connection with the interface `sigs` (the cluster port serves the
+  // controller to nodes that hold the cluster secret).
+  SdkDoor(caf::actor_system& sys, door::Service service, caf::strong_actor_ptr served, std::set<std::string> sigs,
+          std::string token, std::string token_hint, std::function<void(int, const std::string&)> log);
   void set_port(uint16_t port) { port_ = port; }
 
  private:

@@ -242,6 +242,10 @@ Status TestDaemon::Launch(const std::string& listen, const std::string& admin,
                                    admin, "--cgroup-parent", options_.cgroup_parent, "--fncall-pool", "8", "--log-file",
                                    log_path_, "--http", http_addr_.empty() ? "127.0.0.1:0" : http_addr_};
   if (options_.test_hooks) args.push_back("--test-hooks");
+  if (options_.role == "controller") {
+    for (const char* a : {"--role", "controller", "--cluster-listen"}) args.push_back(a);
+    args.push_back(cluster_addr_.empty() ? "127.0.0.1:0" : cluster_addr_);
+  }
   args.push_back("--guest-dir");
   args.push_back(TestGuestDir());
   for (const auto& a : options_.extra_args) args.push_back(a);
@@ -268,6 +272,7 @@ Status TestDaemon::Launch(const std::string& listen, const std::string& admin,
         sdk_addr_ = j.value("sdk", "");
         admin_addr_ = j.value("admin", "");
         http_addr_ = j.value("http", "");
+        cluster_addr_ = j.value("cluster", "");
         return Status::Ok();
       }
     }

@@ -63,6 +63,10 @@ struct TestDaemonOptions {
   std::vector<std::string> wrapper;
   std::string cgroup_parent = "dsec-test";
   bool test_hooks = true;
+  // "controller": dsecd --role controller with its cluster port on an
+  // ephemeral loopback port (cluster_addr()). A node gets --role node,
+  // --join and --cluster-secret through extra_args.
+  std::string role = "all";
 };
 
 class TestDaemon {
@@ -89,6 +93,8 @@ class TestDaemon {
   // Metrics and the status page (dsecd --http; an ephemeral port, kept
   // across restarts).
   const std::string& http_addr() const { return http_addr_; }
+  // A controller's cluster port (where nodes join), kept across restarts.
+  const std::string& cluster_addr() const { return cluster_addr_; }
   const std::string& data_dir() const { return data_dir_; }
   const std::string& log_path() const { return log_path_; }
   std::string Token() const;     // the admin token
@@ -105,7 +111,7 @@ class TestDaemon {
 
   Options options_;
   pid_t pid_ = -1;
-  std::string data_dir_, log_path_, sdk_addr_, admin_addr_, http_addr_;
+  std::string data_dir_, log_path_, sdk_addr_, admin_addr_, http_addr_, cluster_addr_;
 };
 
 // Raw admin console connection for bad-input tests.

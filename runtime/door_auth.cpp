@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
 
 namespace dsec::door {
@@ -65,7 +66,11 @@ std::string VerdictBytes(Verdict v, const std::string& text) {
   return out + t;
 }
 
-const char* ServiceName(uint8_t s) { return s == kSdk ? "the SDK entry" : "an unknown service"; }
+const char* ServiceName(uint8_t s) {
+  return s == kSdk ? "the SDK entry" : s == kCluster ? "a controller's cluster port" : "an unknown service";
+}
+
+const char* SecretName(uint8_t s) { return s == kCluster ? "cluster secret" : "SDK token"; }
 
 }  // namespace
 
@@ -73,6 +78,7 @@ const char* ServiceName(uint8_t s) { return s == kSdk ? "the SDK entry" : "an un
 
 struct TokenDoor::State : Handshake {
   TokenDoor* door = nullptr;
+  std::string peer;
   std::string challenge;
   bool broken = false;  // no random challenge could be made
   size_t Wants(const std::string& input) const override {
@@ -109,25 +115,60 @@ struct TokenDoor::State : Handshake {
     }
     s.consumed = kResponseSize;
     std::string client_nonce = in.substr(8, 32);
-    std::string want = Mac(door->token_, kContext, challenge, client_nonce);
-    if (want.size() != 32 || CRYPTO_memcmp(want.data(), in.data() + 40, 32) != 0) {
-      s.kind = Step::kReject;
-      s.reply = VerdictBytes(kWrongToken, "wrong SDK token" + (door->hint_.empty() ? "" : " (" + door->hint_ + ")"));
-      return s;
+    for (const auto& token : door->Tokens()) {
+      std::string want = Mac(token, kContext, challenge, client_nonce);
+      if (want.size() == 32 && CRYPTO_memcmp(want.data(), in.data() + 40, 32) == 0) {
+        s.kind = Step::kAdmit;
+        s.reply = VerdictBytes(kAdmitted, Mac(token, kNodeContext, challenge, client_nonce));
+        return s;
+      }
     }
-    s.kind = Step::kAdmit;
-    s.reply = VerdictBytes(kAdmitted, Mac(door->token_, kNodeContext, challenge, client_nonce));
+    s.kind = Step::kReject;
+    s.reply = VerdictBytes(kWrongToken, std::string("wrong ") + SecretName(door->service_) +
+                                            (door->hint_.empty() ? "" : " (" + door->hint_ + ")"));
+    // A node with the wrong secret is an operator's mistake (or an attack):
+    // logged. A wrong SDK token is the client's to report.
+    if (door->service_ == kCluster) door->LogRefusal(peer);
     return s;
   }
 };
 
 TokenDoor::TokenDoor(Service service, std::string token, std::string token_hint, AdmitFn admit, LogFn log)
-    : service_(service), token_(std::move(token)), hint_(std::move(token_hint)), admit_(std::move(admit)),
+    : service_(service), tokens_{std::move(token)}, hint_(std::move(token_hint)), admit_(std::move(admit)),
       log_(std::move(log)) {}
 
-std::unique_ptr<Handshake> TokenDoor::Begin(const std::string&, std::string* greeting) {
+// At most one line a second (a flood of wrong secrets must not fill the
+// disk), saying how many were not logged.
+void TokenDoor::LogRefusal(const std::string& peer) {
+  if (!log_) return;
+  auto now = Clock::now();
+  if (now - last_refusal_log_ < std::chrono::seconds(1)) {
+    ++refusals_not_logged_;
+    return;
+  }
+  last_refusal_log_ = now;
+  std::string more = refusals_not_logged_ ? " (and " + std::to_string(refusals_not_logged_) +
+                                                " more refusals since the last line)"
+                                          : "";
+  refusals_not_logged_ = 0;
+  log_(2, "cluster door: " + peer + " answered with a wrong cluster secret; refused" + more +
+              " (a node must be started with the controller's --cluster-secret file)");
+}
+
+void TokenDoor::AddToken(const std::string& token) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (std::find(tokens_.begin(), tokens_.end(), token) == tokens_.end()) tokens_.push_back(token);
+}
+
+std::vector<std::string> TokenDoor::Tokens() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return tokens_;
+}
+
+std::unique_ptr<Handshake> TokenDoor::Begin(const std::string& peer, std::string* greeting) {
   auto st = std::make_unique<State>();
   st->door = this;
+  st->peer = peer;
   char nonce[32];
   if (!RandomBytes(nonce, sizeof nonce)) {
     // No challenge without a random one: the connection is refused (its
@@ -237,7 +278,9 @@ Result<UniqueFd> Dial(const std::string& host, uint16_t port, const std::string&
   if (static_cast<uint8_t>(challenge[5]) != service)
     return Status::FailedPrecondition(where + " is " + ServiceName(uint8_t(challenge[5])) + ", not " +
                                       ServiceName(service));
-  if (token.empty()) return Status::Unauthenticated("no SDK token to answer the challenge of " + where + " with");
+  if (token.empty())
+    return Status::Unauthenticated(std::string("no ") + SecretName(service) + " to answer the challenge of " + where +
+                                   " with");
   char nonce[32];
   if (!RandomBytes(nonce, sizeof nonce)) return Status::FromErrno(errno, "getrandom");
   std::string client_nonce(nonce, sizeof nonce), chal(challenge, sizeof challenge);
@@ -265,8 +308,9 @@ Result<UniqueFd> Dial(const std::string& host, uint16_t port, const std::string&
       // The node must prove it holds the token too.
       std::string proof = Mac(token, kNodeContext, chal, client_nonce);
       if (text.size() != proof.size() || CRYPTO_memcmp(text.data(), proof.data(), proof.size()) != 0)
-        return Status::FailedPrecondition(where + " admitted the client without knowing the SDK token: it is not "
-                                          "the dsecd whose token this is (something else holds the port?)");
+        return Status::FailedPrecondition(where + " admitted the client without knowing the " + SecretName(service) +
+                                          ": it is not the dsecd whose " + SecretName(service) +
+                                          " this is (something else holds the port?)");
       break;
     }
     case kWrongToken: return Status::Unauthenticated("dsecd at " + where + " refused the connection: " + text);

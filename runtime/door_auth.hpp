@@ -21,7 +21,9 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "dsec/status.hpp"
 #include "runtime/front_door.hpp"
@@ -35,7 +37,9 @@ inline constexpr size_t kResponseSize = 72;
 inline constexpr size_t kMaxVerdictText = 1024;
 
 // What the door guards (a client that dials the wrong port learns so).
-enum Service : uint8_t { kSdk = 1 };
+// kCluster: a node joining its controller (dsecd --cluster-listen), keyed by
+// the cluster secret instead of the SDK token.
+enum Service : uint8_t { kSdk = 1, kCluster = 2 };
 
 enum Verdict : uint8_t {
   kAdmitted = 0,
@@ -51,15 +55,25 @@ class TokenDoor : public HandshakeProtocol {
   using LogFn = std::function<void(int level, const std::string& text)>;
   // `token_hint` ends the wrong-token message ("read <data>/sdk.token").
   TokenDoor(Service service, std::string token, std::string token_hint, AdmitFn admit, LogFn log = nullptr);
-  const char* name() const override { return "sdk door"; }
+  const char* name() const override { return service_ == kCluster ? "cluster door" : "sdk door"; }
+  // Another token this door admits (a node admits its controller's SDK
+  // token once it has joined). Safe from any thread.
+  void AddToken(const std::string& token);
   std::unique_ptr<Handshake> Begin(const std::string& peer, std::string* greeting) override;
   void Admit(UniqueFd fd, std::string leftover, const std::string& peer) override;
 
   struct State;
 
  private:
+  // The tokens a response may be keyed by (the first is the door's own).
+  std::vector<std::string> Tokens() const;
+  void LogRefusal(const std::string& peer);  // on the door's thread
+  std::chrono::steady_clock::time_point last_refusal_log_{};
+  uint64_t refusals_not_logged_ = 0;
   Service service_;
-  std::string token_, hint_;
+  mutable std::mutex mu_;
+  std::vector<std::string> tokens_;
+  std::string hint_;
   AdmitFn admit_;
   LogFn log_;
 };

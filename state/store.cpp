@@ -35,6 +35,7 @@ const char* TableName(Table t) {
     case Table::kSessions: return "sessions";
     case Table::kSteps: return "steps";
     case Table::kImages: return "images";
+    case Table::kPlacements: return "placements";
   }
   return "unknown";
 }

@@ -22,8 +22,9 @@ enum class Table : int {
   kSessions,       // SessionRecord by session name
   kSteps,          // StepRecord by StepKey(session, index)
   kImages,         // image manifests by name
+  kPlacements,     // a controller's directory: "b/<sandbox id>" or "s/<session>" -> node id
 };
-inline constexpr int kTableCount = 6;
+inline constexpr int kTableCount = 7;
 const char* TableName(Table t);
 
 // Puts and deletes applied atomically, in order.

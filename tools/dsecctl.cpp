@@ -505,14 +505,24 @@ int main(int argc, char** argv) {
   std::string admin_id;
   auto* status = app.add_subcommand("status", "node status (admin console)");
   auto* nodes = app.add_subcommand("nodes", "node records (admin console)");
-  auto* ls = app.add_subcommand("ls", "sandboxes, sessions and runs (admin console)");
+  auto* ls = app.add_subcommand("ls", "sandboxes, sessions and runs (admin console; a controller lists every node's)");
+  std::string ls_node, ls_kind, ls_state;
+  ls->add_option("--node", ls_node, "only this node's (against a controller)");
+  ls->add_option("--kind", ls_kind, "only sandboxes of this kind (fncall, container, microvm, vm)");
+  ls->add_option("--state", ls_state, "only sandboxes in this state (pending, running, paused, failed, ...)");
   auto* sessions_cmd = app.add_subcommand("sessions", "rollout sessions: phase, steps, sandboxes (admin console)");
   auto* stats = app.add_subcommand("stats", "counters (admin console)");
   auto* inspect = app.add_subcommand("inspect", "one sandbox, session or run (admin console)");
   inspect->add_option("id", admin_id, "a sandbox id, session name or run id (dsecctl ls lists them)")->required();
   auto* kill = app.add_subcommand("kill", "stop a run, destroy a sandbox, close a session (admin console)");
   kill->add_option("id", admin_id, "a sandbox id, session name or run id (dsecctl ls lists them)")->required();
-  for (auto* a : {status, nodes, ls, sessions_cmd, stats, inspect, kill}) a->add_flag("--raw", raw, "print the reply line as is");
+  std::string drain_node;
+  auto* drain = app.add_subcommand("drain", "no new placements on a node; its sandboxes keep working (controller)");
+  drain->add_option("node", drain_node, "the node's id (dsecctl nodes lists them)")->required();
+  auto* undrain = app.add_subcommand("undrain", "place on a drained node again (controller)");
+  undrain->add_option("node", drain_node, "the node's id")->required();
+  for (auto* a : {status, nodes, ls, sessions_cmd, stats, inspect, kill, drain, undrain})
+    a->add_flag("--raw", raw, "print the reply line as is");
 
   try {
     app.parse(argc, argv);
@@ -523,7 +533,19 @@ int main(int argc, char** argv) {
 
   if (*status) return Admin(c, "status", raw);
   if (*nodes) return Admin(c, "nodes", raw);
-  if (*ls) return Admin(c, "ls", raw);
+  if (*ls) {
+    std::string line = "ls";
+    for (const auto& [flag, value] : {std::pair<const char*, std::string*>{"--node", &ls_node},
+                                      {"--kind", &ls_kind},
+                                      {"--state", &ls_state}}) {
+      if (value->empty()) continue;
+      if (value->find_first_of(" \t\n") != std::string::npos) return Fail(std::string(flag) + " takes one word", 2);
+      line += std::string(" ") + flag + " " + *value;
+    }
+    return Admin(c, line, raw);
+  }
+  if (*drain) return Admin(c, "drain " + drain_node, raw);
+  if (*undrain) return Admin(c, "undrain " + drain_node, raw);
   if (*sessions_cmd) return Admin(c, "sessions", raw);
   if (*stats) return Admin(c, "stats", raw);
   if (*inspect) return Admin(c, "inspect " + admin_id, raw);

@@ -22,6 +22,7 @@
 #include <optional>
 #include <string>
 
+#include "actors/cluster.hpp"
 #include "actors/console.hpp"
 #include "actors/context.hpp"
 #include "actors/http_server.hpp"
@@ -69,6 +70,13 @@ struct Flags {
   double door_timeout_s = 5;
   bool test_hooks = false;
   std::vector<std::string> test_faults;  // KIND:OP:fail:N | KIND:OP:hold
+  // The cluster (docs/cluster.md).
+  std::string cluster_listen = "127.0.0.1:7403";  // controller: where nodes join
+  std::string join;                               // node: the controller's cluster address
+  std::string cluster_secret_file;                // default <data-dir>/cluster.secret (controller)
+  uint64_t slots = 0;                             // node: sandboxes it takes (0: memory / 64 MiB)
+  int heartbeat_ms = 1000;
+  int down_after_ms = 3000;
 };
 
 // The node id survives restarts; the boot counter counts them.
@@ -113,11 +121,170 @@ void RaiseOpenFilesLimit(const std::shared_ptr<spdlog::logger>& log) {
               static_cast<unsigned long long>(rl.rlim_max), static_cast<unsigned long long>(rl.rlim_max / 4));
 }
 
+void ConfigureCafFor(const Flags& f, caf::actor_system_config& cfg) {
+  dsec::CafOptions co;
+  co.scheduler_threads = f.threads;
+  dsec::ConfigureCaf(cfg, co);
+}
+
+// Waits for SIGINT or SIGTERM; logs which.
+void WaitForStop(const std::shared_ptr<spdlog::logger>& log) {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  int sig = 0;
+  sigwait(&set, &sig);
+  log->info("{}: stopping", strsignal(sig));
+}
+
+dsec::FrontDoorListener ConsoleListener(const std::string& host, uint16_t port, dsec::HandshakeProtocol* gate,
+                                        size_t max_line) {
+  dsec::FrontDoorListener l;
+  l.host = host;
+  l.port = port;
+  l.protocol = gate;
+  l.max_pending = 64;
+  l.timeout_ms = 60'000;  // a person typing AUTH into nc
+  l.max_input = max_line + 2;
+  return l;
+}
+
+dsec::FrontDoorListener HttpListener(const std::string& host, uint16_t port, dsec::HandshakeProtocol* gate) {
+  dsec::FrontDoorListener l;
+  l.host = host;
+  l.port = port;
+  l.protocol = gate;
+  l.max_pending = 64;
+  l.timeout_ms = 10'000;
+  l.max_input = dsec::HttpGate::kMaxHead;
+  return l;
+}
+
+dsec::FrontDoorListener TokenListener(const std::string& host, uint16_t port, dsec::HandshakeProtocol* door,
+                                      const Flags& f) {
+  dsec::FrontDoorListener l;
+  l.host = host;
+  l.port = port;
+  l.protocol = door;
+  l.max_pending = f.door_max_pending;
+  l.timeout_ms = static_cast<int>(f.door_timeout_s * 1000);
+  l.max_input = dsec::door::kResponseSize;
+  return l;
+}
+
+// Role controller: the cluster's entry. No drivers and no sandboxes of its
+// own: the node registry, placement and the directory (docs/cluster.md).
+int RunController(const Flags& f, dsec::state::Store* store, dsec::state::GroupCommitter* committer,
+                  const std::string& data, const std::string& id, uint64_t boot, const std::string& admin_token,
+                  const std::string& sdk_token) {
+  auto log = dsec::Logger("dsecd");
+  std::string sdk_host, admin_host, http_host, cluster_host;
+  uint16_t sdk_port = 0, admin_port = 0, http_port = 0, cluster_port = 0;
+  const bool http_on = f.http != "off";
+  dsec::SplitHostPort(f.listen, &sdk_host, &sdk_port);
+  dsec::SplitHostPort(f.admin, &admin_host, &admin_port);
+  if (http_on) dsec::SplitHostPort(f.http, &http_host, &http_port);
+  if (!dsec::SplitHostPort(f.cluster_listen, &cluster_host, &cluster_port)) {
+    log->error("--cluster-listen '{}' is not host:port", f.cluster_listen);
+    return 2;
+  }
+  std::string secret_path =
+      f.cluster_secret_file.empty() ? data + "/cluster.secret" : dsec::AbsolutePath(f.cluster_secret_file);
+  auto secret = dsec::LoadOrCreateToken(secret_path);
+  if (!secret.ok()) {
+    log->error("{}", secret.status().message());
+    return 3;
+  }
+  auto ctx = std::make_shared<dsec::ControllerContext>();
+  ctx->id = id;
+  ctx->boot = boot;
+  ctx->sdk_token = sdk_token;
+  ctx->heartbeat_ms = f.heartbeat_ms;
+  ctx->down_after_ms = f.down_after_ms;
+  ctx->store = store;
+  ctx->committer = committer;
+  ctx->log = dsec::Logger("controller");
+  int rc = 0;
+  std::unique_ptr<dsec::FrontDoor> door;
+  {
+    caf::actor_system_config cfg;
+    ConfigureCafFor(f, cfg);
+    caf::actor_system sys{cfg};
+    auto controller = dsec::SpawnController(sys, ctx);
+    auto as_node = caf::actor_cast<dsec::node_actor>(controller);
+    dsec::SdkDoor sdk_door(sys, caf::actor_cast<dsec::entry_actor>(controller), sdk_token,
+                           "the controller's token is in <data-dir>/sdk.token or its --sdk-token-file",
+                           DriverLog("door"));
+    dsec::SdkDoor cluster_door(sys, dsec::door::kCluster, caf::actor_cast<caf::strong_actor_ptr>(controller),
+                               sys.message_types(controller), *secret,
+                               "start the node with --cluster-secret naming a copy of the controller's secret file",
+                               DriverLog("door"));
+    dsec::ConsoleOptions copts;
+    copts.token = admin_token;
+    auto console = dsec::SpawnConsole(sys, as_node, copts);
+    dsec::HttpServer http(sys, as_node);
+    std::vector<dsec::FrontDoorListener> doors;
+    doors.push_back(TokenListener(sdk_host, sdk_port, &sdk_door, f));
+    doors.push_back(ConsoleListener(admin_host, admin_port, console.gate.get(), copts.max_line));
+    doors.push_back(TokenListener(cluster_host, cluster_port, &cluster_door, f));
+    if (http_on) doors.push_back(HttpListener(http_host, http_port, http.gate()));
+    auto opened = dsec::FrontDoor::Start(doors, DriverLog("door"));
+    if (!opened.ok()) {
+      log->error("{} (is another dsecd running? pick other ports with --listen / --admin / --cluster-listen / --http)",
+                 opened.status().message());
+      rc = 4;
+    } else {
+      door = std::move(*opened);
+      sdk_door.set_port(door->port(0));
+      cluster_door.set_port(door->port(2));
+      ctx->sdk_address = sdk_host + ":" + std::to_string(door->port(0));
+      ctx->admin_address = admin_host + ":" + std::to_string(door->port(1));
+      ctx->cluster_address = cluster_host + ":" + std::to_string(door->port(2));
+      if (http_on) ctx->http_address = http_host + ":" + std::to_string(door->port(3));
+      ctx->door = door.get();
+      nlohmann::json ep{{"pid", ::getpid()},          {"node_id", id},
+                        {"role", "controller"},       {"sdk", ctx->sdk_address},
+                        {"admin", ctx->admin_address}, {"http", ctx->http_address},
+                        {"cluster", ctx->cluster_address}};
+      (void)dsec::WriteFileAtomic(data + "/dsecd.json", ep.dump() + "\n", 0644);
+      log->info("dsecd {} ready: controller {} (boot {}), SDK on {}, nodes join at {} (secret {}), admin console on "
+                "{}, metrics and status page on {}, data in {}",
+                DSEC_VERSION, id, boot, ctx->sdk_address, ctx->cluster_address, secret_path, ctx->admin_address,
+                http_on ? "http://" + ctx->http_address + "/" : std::string("nothing (--http off)"), data);
+      WaitForStop(log);
+      ::unlink((data + "/dsecd.json").c_str());
+    }
+    if (door) door->Stop();
+    http.Stop();
+    caf::anon_send_exit(console.broker, caf::exit_reason::user_shutdown);
+    caf::anon_send_exit(controller, caf::exit_reason::user_shutdown);
+  }
+  committer->Stop();
+  log->info("stopped");
+  return rc;
+}
+
 int Run(const Flags& f, dsec::drivers::Registry& kinds) {
   auto log = dsec::Logger("dsecd");
   RaiseOpenFilesLimit(log);
-  if (f.role != "all") {
-    log->error("role '{}' is not implemented yet; run with --role all (the default)", f.role);
+  if (f.role != "all" && f.role != "node" && f.role != "controller") {
+    log->error("--role '{}' is not one of all, controller, node", f.role);
+    return 2;
+  }
+  std::string join_host;
+  uint16_t join_port = 0;
+  if (f.role == "node") {
+    if (f.join.empty() || !dsec::SplitHostPort(f.join, &join_host, &join_port) || join_port == 0) {
+      log->error("--role node needs --join HOST:PORT (the controller's --cluster-listen address)");
+      return 2;
+    }
+    if (f.cluster_secret_file.empty()) {
+      log->error("--role node needs --cluster-secret FILE (a copy of the controller's <data-dir>/cluster.secret)");
+      return 2;
+    }
+  } else if (!f.join.empty()) {
+    log->error("--join is for --role node");
     return 2;
   }
   std::string sdk_host, admin_host;
@@ -165,6 +332,19 @@ int Run(const Flags& f, dsec::drivers::Registry& kinds) {
     return 3;
   }
   dsec::state::GroupCommitter committer(store->get());
+  if (f.role == "controller")
+    return RunController(f, store->get(), &committer, data, node_id, boot, *token, *sdk_token);
+  std::string cluster_secret;
+  if (f.role == "node") {
+    auto secret = dsec::ReadFileToString(dsec::AbsolutePath(f.cluster_secret_file));
+    while (secret.ok() && !secret->empty() && (secret->back() == '\n' || secret->back() == ' ')) secret->pop_back();
+    if (!secret.ok() || secret->empty()) {
+      log->error("--cluster-secret {}: {}", f.cluster_secret_file,
+                 secret.ok() ? std::string("empty") : secret.status().message());
+      return 2;
+    }
+    cluster_secret = *secret;
+  }
 
   auto ctx = std::make_shared<dsec::NodeContext>();
   ctx->options.node_id = node_id;
@@ -241,9 +421,7 @@ int Run(const Flags& f, dsec::drivers::Registry& kinds) {
   std::unique_ptr<dsec::FrontDoor> door;
   {
     caf::actor_system_config cfg;
-    dsec::CafOptions co;
-    co.scheduler_threads = f.threads;
-    dsec::ConfigureCaf(cfg, co);
+    ConfigureCafFor(f, cfg);
     caf::actor_system sys{cfg};
     auto node = dsec::SpawnNode(sys, ctx);
     {
@@ -259,6 +437,7 @@ int Run(const Flags& f, dsec::drivers::Registry& kinds) {
                    [&](caf::error& e) { log->warn("node did not answer its first status: {}", sys.render(e)); });
     }
     auto entry = caf::actor_cast<dsec::entry_actor>(node);
+    caf::actor link;  // role node: to the controller
     // Both ports are behind the front door: nothing of a peer reaches BASP
     // or the console's command loop before it has shown its token.
     // The hint goes to strangers too: no paths in it.
@@ -266,33 +445,22 @@ int Run(const Flags& f, dsec::drivers::Registry& kinds) {
                            "dsecd's token is in <data-dir>/sdk.token or its --sdk-token-file; clients read it "
                            "from there, from $DSEC_SDK_TOKEN or from ClientOptions::token",
                            DriverLog("door"));
+    struct TokenSink {
+      std::mutex mu;
+      dsec::SdkDoor* door = nullptr;
+    };
+    auto token_sink = std::make_shared<TokenSink>();
+    token_sink->door = &sdk_door;
     dsec::ConsoleOptions copts;
     copts.token = *token;
     auto console = dsec::SpawnConsole(sys, node, copts);
     // Metrics and the status page: asked of the node by the server's own
     // thread, behind the door like the other ports.
     dsec::HttpServer http(sys, node);
-    std::vector<dsec::FrontDoorListener> doors(http_on ? 3 : 2);
-    doors[0].host = sdk_host;
-    doors[0].port = sdk_port;
-    doors[0].protocol = &sdk_door;
-    doors[0].max_pending = f.door_max_pending;
-    doors[0].timeout_ms = static_cast<int>(f.door_timeout_s * 1000);
-    doors[0].max_input = dsec::door::kResponseSize;
-    doors[1].host = admin_host;
-    doors[1].port = admin_port;
-    doors[1].protocol = console.gate.get();
-    doors[1].max_pending = 64;
-    doors[1].timeout_ms = 60'000;  // a person typing AUTH into nc
-    doors[1].max_input = copts.max_line + 2;
-    if (http_on) {
-      doors[2].host = http_host;
-      doors[2].port = http_port;
-      doors[2].protocol = http.gate();
-      doors[2].max_pending = 64;
-      doors[2].timeout_ms = 10'000;
-      doors[2].max_input = dsec::HttpGate::kMaxHead;
-    }
+    std::vector<dsec::FrontDoorListener> doors;
+    doors.push_back(TokenListener(sdk_host, sdk_port, &sdk_door, f));
+    doors.push_back(ConsoleListener(admin_host, admin_port, console.gate.get(), copts.max_line));
+    if (http_on) doors.push_back(HttpListener(http_host, http_port, http.gate()));
     auto opened = dsec::FrontDoor::Start(doors, DriverLog("door"));
     if (!opened.ok()) {
       log->error("{} (is another dsecd running? pick other ports with --listen / --admin / --http)",
@@ -309,22 +477,33 @@ int Run(const Flags& f, dsec::drivers::Registry& kinds) {
     if (rc == 0) {
       nlohmann::json ep{{"pid", ::getpid()},
                         {"node_id", node_id},
+                        {"role", f.role},
                         {"sdk", ctx->options.sdk_address},
                         {"admin", ctx->options.admin_address},
                         {"http", ctx->options.http_address}};
       if (auto st = dsec::WriteNodeRecord(*ctx); !st.ok()) log->error("write the node record: {}", st.message());
+      if (f.role == "node") {
+        // Joins the controller (and rejoins after a loss); from the join
+        // on, the SDK port admits the token trainers hold for the cluster.
+        dsec::LinkOptions lo;
+        lo.host = join_host;
+        lo.port = join_port;
+        lo.secret = cluster_secret;
+        lo.slots = f.slots;
+        lo.on_token = [token_sink](const std::string& t) {
+          std::lock_guard<std::mutex> lk(token_sink->mu);
+          if (token_sink->door) token_sink->door->AddToken(t);
+        };
+        link = dsec::SpawnClusterLink(sys, node, ctx, std::move(lo));
+      }
       (void)dsec::WriteFileAtomic(data + "/dsecd.json", ep.dump() + "\n", 0644);
-      log->info("dsecd {} ready: node {} (boot {}), SDK on {}, admin console on {}, metrics and status page on {}, "
-                "data in {}",
-                DSEC_VERSION, node_id, boot, ctx->options.sdk_address, ctx->options.admin_address,
-                http_on ? "http://" + ctx->options.http_address + "/" : std::string("nothing (--http off)"), data);
-      sigset_t set;
-      sigemptyset(&set);
-      sigaddset(&set, SIGINT);
-      sigaddset(&set, SIGTERM);
-      int sig = 0;
-      sigwait(&set, &sig);
-      log->info("{}: stopping", strsignal(sig));
+      log->info("dsecd {} ready: {} {} (boot {}), SDK on {}, admin console on {}, metrics and status page on {}, "
+                "data in {}{}",
+                DSEC_VERSION, f.role == "node" ? "cluster node" : "node", node_id, boot, ctx->options.sdk_address,
+                ctx->options.admin_address,
+                http_on ? "http://" + ctx->options.http_address + "/" : std::string("nothing (--http off)"), data,
+                f.role == "node" ? ", joining the controller at " + f.join : std::string());
+      WaitForStop(log);
       ::unlink((data + "/dsecd.json").c_str());
     }
     // No new connection from here; the door's protocols (which use the
@@ -335,6 +514,11 @@ int Run(const Flags& f, dsec::drivers::Registry& kinds) {
       std::lock_guard<std::mutex> lk(lost_sink->mu);
       lost_sink->node.reset();  // the actor system goes with this block
     }
+    {
+      std::lock_guard<std::mutex> lk(token_sink->mu);
+      token_sink->door = nullptr;  // goes before the actor system
+    }
+    if (link) caf::anon_send_exit(link, caf::exit_reason::user_shutdown);
     caf::anon_send_exit(console.broker, caf::exit_reason::user_shutdown);
     caf::anon_send_exit(node, caf::exit_reason::user_shutdown);
     // The spawner kills its runners and removes its cgroups; runs still in
@@ -355,7 +539,25 @@ int main(int argc, char** argv) {
   Flags f;
   CLI::App app{"dsecd: the dsec sandbox daemon (role all = the embedded single-node platform)"};
   app.set_version_flag("--version", DSEC_VERSION);
-  app.add_option("--role", f.role, "all | controller | node")->capture_default_str();
+  app.add_option("--role", f.role,
+                 "all (one node, embedded) | controller (the cluster's entry: placement and the directory) | node "
+                 "(runs sandboxes, joins a controller)")
+      ->capture_default_str();
+  app.add_option("--cluster-listen", f.cluster_listen, "controller: where nodes join, host:port (port 0: any)")
+      ->capture_default_str();
+  app.add_option("--join", f.join, "node: the controller's --cluster-listen address, HOST:PORT");
+  app.add_option("--cluster-secret", f.cluster_secret_file,
+                 "the secret nodes prove they share with the controller (controller: created when absent, default "
+                 "<data-dir>/cluster.secret; node: required, a copy of the controller's)");
+  app.add_option("--slots", f.slots, "node: sandboxes it takes, for placement (0: its memory / 64 MiB)")
+      ->capture_default_str();
+  app.add_option("--heartbeat-ms", f.heartbeat_ms, "controller: how often nodes send their heartbeat")
+      ->check(CLI::Range(50, 60000))
+      ->capture_default_str();
+  app.add_option("--node-down-after-ms", f.down_after_ms,
+                 "controller: a node without a heartbeat this long is down (its sandboxes are reported lost)")
+      ->check(CLI::Range(100, 600000))
+      ->capture_default_str();
   app.add_option("--data-dir", f.data_dir, "where state lives (RocksDB, admin token)")->capture_default_str();
   app.add_option("--listen", f.listen, "SDK entry host:port (port 0: any)")->capture_default_str();
   app.add_option("--admin", f.admin, "admin console host:port (port 0: any)")->capture_default_str();

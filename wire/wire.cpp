@@ -38,6 +38,9 @@ void RegisterTypes(caf::actor_system_config& cfg) {
       .add_message_type<v1::RemoveImageRequest>("dsec.v1.RemoveImageRequest")
       .add_message_type<v1::ImageReply>("dsec.v1.ImageReply")
       .add_message_type<v1::ImagesReply>("dsec.v1.ImagesReply")
+      .add_message_type<v1::NodeJoin>("dsec.v1.NodeJoin")
+      .add_message_type<v1::NodeLoad>("dsec.v1.NodeLoad")
+      .add_message_type<v1::JoinReply>("dsec.v1.JoinReply")
       .add_message_type<entry_actor>("dsec::entry_actor");
 }
 

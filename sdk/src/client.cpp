@@ -12,6 +12,8 @@
 #include <nlohmann/json.hpp>
 
 #include <cerrno>
+#include <mutex>
+#include <unordered_map>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -29,13 +31,52 @@ struct Client::Impl {
   std::unique_ptr<caf::actor_system_config> cfg;
   std::unique_ptr<caf::actor_system> sys;
   caf::actor agent;
+  // In a cluster: an agent per node address the controller named (the
+  // SDK talks to the node that holds a sandbox or session directly).
+  struct Route {
+    caf::actor agent;
+    std::unique_ptr<sdk::AgentShared> shared;
+  };
+  std::mutex routes_mu;
+  std::unordered_map<std::string, Route> routes;
 
   ~Impl() {
-    // The agent answers everything still pending (Unavailable) and quits;
+    // The agents answer everything still pending (Unavailable) and quit;
     // the actor system's destructor waits for that.
+    {
+      std::lock_guard<std::mutex> lk(routes_mu);
+      for (auto& [addr, r] : routes) caf::anon_send(r.agent, caf::close_atom::value);
+    }
     if (agent) caf::anon_send(agent, caf::close_atom::value);
     agent = nullptr;
     sys.reset();
+  }
+
+  // The agent for calls routed to `route` (a node's SDK address): the
+  // client's own for "" or the address it dialed.
+  caf::actor AgentFor(const std::string& route) {
+    if (route.empty() || route == options.address) return agent;
+    std::lock_guard<std::mutex> lk(routes_mu);
+    auto it = routes.find(route);
+    if (it != routes.end()) return it->second.agent;
+    std::string h;
+    uint16_t p = 0;
+    if (!SplitHostPort(route, &h, &p) || p == 0) return agent;  // not an address: the controller answers
+    Route r;
+    r.shared = std::make_unique<sdk::AgentShared>();
+    r.agent = sdk::SpawnAgent(*sys, h, p, options.token, client_id, options.connect_timeout, r.shared.get(),
+                              /*to_node=*/true);
+    auto a = r.agent;
+    routes.emplace(route, std::move(r));
+    return a;
+  }
+
+  // Sends `call` to the agent for `route`; one a node's agent cannot send
+  // goes to the client's own agent (the controller) instead.
+  void Send(const std::string& route, sdk::CallMsg call) {
+    caf::actor to = AgentFor(route);
+    if (to != agent) call.reroute = [main = agent](sdk::CallMsg c) { caf::anon_send(main, std::move(c)); };
+    caf::anon_send(to, std::move(call));
   }
 
   Status ToStatus(const caf::error& e, std::chrono::milliseconds timeout) const {
@@ -65,6 +106,13 @@ struct Client::Impl {
   template <class Reply, class Request>
   void Call(Request req, std::chrono::milliseconds timeout, std::function<void(Result<Reply>)> done,
             std::function<void(const v1::ExecOutput&)> on_output = nullptr) {
+    CallVia<Reply>("", std::move(req), timeout, std::move(done), std::move(on_output));
+  }
+
+  // The same, to the node at `route` (see AgentFor).
+  template <class Reply, class Request>
+  void CallVia(const std::string& route, Request req, std::chrono::milliseconds timeout,
+               std::function<void(Result<Reply>)> done, std::function<void(const v1::ExecOutput&)> on_output = nullptr) {
     auto shared_done = std::make_shared<std::function<void(Result<Reply>)>>(std::move(done));
     sdk::CallMsg call;
     call.timeout = timeout;
@@ -84,12 +132,13 @@ struct Client::Impl {
               });
       return handle.id();
     };
-    caf::anon_send(agent, std::move(call));
+    Send(route, std::move(call));
   }
 
   // An annotation: batched with the others issued at the same time (see
   // CallMsg::annotate).
-  void Annotate(v1::AnnotateStepRequest req, std::function<void(Result<v1::StepReply>)> done) {
+  void Annotate(const std::string& route, v1::AnnotateStepRequest req,
+                std::function<void(Result<v1::StepReply>)> done) {
     auto timeout = options.rpc_timeout;
     auto shared_done = std::make_shared<std::function<void(Result<v1::StepReply>)>>(std::move(done));
     sdk::CallMsg call;
@@ -97,7 +146,7 @@ struct Client::Impl {
     call.fail = [this, timeout, shared_done](const caf::error& e) { (*shared_done)(ToStatus(e, timeout)); };
     call.annotate = std::make_shared<v1::AnnotateStepRequest>(std::move(req));
     call.annotated = [shared_done](v1::StepReply& r) { Deliver(*shared_done, r); };
-    caf::anon_send(agent, std::move(call));
+    Send(route, std::move(call));
   }
 
   template <class Reply, class Request>
@@ -314,7 +363,8 @@ void Client::CreateAsync(const v1::SandboxSpec& spec, const CreateOptions& optio
   req.set_lease_s(options.lease_s);
   impl_->Call<v1::SandboxReply>(std::move(req), impl_->options.rpc_timeout,
                                 Then<v1::SandboxReply>(std::move(done), [this](v1::SandboxReply& r) {
-                                  return Sandbox(this, r.sandbox().id(), r.sandbox().spec());
+                                  return Sandbox(this, r.sandbox().id(), r.sandbox().spec(),
+                                                 r.sandbox().node_address());
                                 }));
 }
 
@@ -323,12 +373,20 @@ Result<Sandbox> Client::Attach(const std::string& sandbox_id) {
 }
 
 void Client::AttachAsync(const std::string& sandbox_id, Done<Sandbox> done) {
+  AttachVia(this, "", sandbox_id, std::move(done));
+}
+
+// Attach through `route`; the sandbox's calls go where the answer says it
+// is (a controller names its node), else where it was asked.
+void Client::AttachVia(Client* c, const std::string& route, const std::string& sandbox_id, Done<Sandbox> done) {
   v1::GetSandboxRequest req;
   req.set_sandbox_id(sandbox_id);
-  impl_->Call<v1::SandboxReply>(std::move(req), impl_->options.rpc_timeout,
-                                Then<v1::SandboxReply>(std::move(done), [this, sandbox_id](v1::SandboxReply& r) {
-                                  return Sandbox(this, sandbox_id, r.sandbox().spec());
-                                }));
+  c->impl_->CallVia<v1::SandboxReply>(
+      route, std::move(req), c->impl_->options.rpc_timeout,
+      Then<v1::SandboxReply>(std::move(done), [c, sandbox_id, route](v1::SandboxReply& r) {
+        return Sandbox(c, sandbox_id, r.sandbox().spec(),
+                       r.sandbox().node_address().empty() ? route : r.sandbox().node_address());
+      }));
 }
 
 Result<Session> Client::OpenSession(const std::string& name, const v1::SandboxSpec& spec,
@@ -370,8 +428,8 @@ void Client::AttachSessionAsync(const std::string& name, Done<Session> done) {
 void Sandbox::ExecAsync(v1::ExecRequest req, Done<v1::ExecResult> done) const {
   req.set_sandbox_id(id_);
   auto timeout = client_->impl_->ExecTimeout(spec_, req);
-  client_->impl_->Call<v1::ExecReply>(
-      std::move(req), timeout,
+  client_->impl_->CallVia<v1::ExecReply>(
+      route_, std::move(req), timeout,
       Then<v1::ExecReply>(std::move(done), [](v1::ExecReply& r) { return std::move(*r.mutable_result()); }));
 }
 
@@ -391,8 +449,8 @@ void Sandbox::ExecStreamAsync(v1::ExecRequest req, OnOutput on_output, Done<v1::
   req.set_stream(true);
   req.set_stream_id(client_->impl_->next_stream++);
   auto timeout = client_->impl_->ExecTimeout(spec_, req);
-  client_->impl_->Call<v1::ExecReply>(
-      std::move(req), timeout,
+  client_->impl_->CallVia<v1::ExecReply>(
+      route_, std::move(req), timeout,
       Then<v1::ExecReply>(std::move(done), [](v1::ExecReply& r) { return std::move(*r.mutable_result()); }),
       std::move(on_output));
 }
@@ -405,11 +463,14 @@ Result<v1::ExecResult> Sandbox::ExecStream(v1::ExecRequest req, OnOutput on_outp
 template <class Reply, class Request>
 void Sandbox::Call(Request req, Done<Reply> done) const {
   req.set_sandbox_id(id_);
-  client_->impl_->Call<Reply>(std::move(req), client_->impl_->options.rpc_timeout, std::move(done));
+  client_->impl_->CallVia<Reply>(route_, std::move(req), client_->impl_->options.rpc_timeout, std::move(done));
 }
 
 void Sandbox::GetAsync(Done<v1::SandboxRecord> done) const {
-  Call<v1::SandboxReply>(v1::GetSandboxRequest(), Then<v1::SandboxReply>(std::move(done), [](v1::SandboxReply& r) {
+  // A node answers without its own address: the route it was asked through.
+  Call<v1::SandboxReply>(v1::GetSandboxRequest(),
+                         Then<v1::SandboxReply>(std::move(done), [route = route_](v1::SandboxReply& r) {
+                           if (r.sandbox().node_address().empty()) r.mutable_sandbox()->set_node_address(route);
                            return std::move(*r.mutable_sandbox());
                          }));
 }
@@ -484,7 +545,7 @@ void Session::StepAsync(uint64_t index, v1::ExecRequest req, const StepOptions& 
     if (sb.role() == role) spec = sb.spec();
   auto timeout = client_->impl_->ExecTimeout(spec, req);
   *step.mutable_exec() = std::move(req);
-  client_->impl_->Call<v1::StepReply>(std::move(step), timeout, std::move(done));
+  client_->impl_->CallVia<v1::StepReply>(rec_->node_address(), std::move(step), timeout, std::move(done));
 }
 
 std::future<Result<v1::StepReply>> Session::StepAsync(uint64_t index, v1::ExecRequest req,
@@ -506,7 +567,7 @@ void Session::AnnotateAsync(uint64_t index, const v1::StepMeta& meta,
   req.set_session(name_);
   req.set_index(index);
   *req.mutable_meta() = meta;
-  client_->impl_->Annotate(std::move(req), Then<v1::StepReply>(std::move(done), [](v1::StepReply& r) {
+  client_->impl_->Annotate(rec_->node_address(), std::move(req), Then<v1::StepReply>(std::move(done), [](v1::StepReply& r) {
                              return std::move(*r.mutable_step()->mutable_meta());
                            }));
 }
@@ -527,7 +588,8 @@ void Session::StepsAsync(uint64_t from, uint32_t limit, Done<v1::StepsReply> don
   req.set_session(name_);
   req.set_from(from);
   req.set_limit(limit);
-  client_->impl_->Call<v1::StepsReply>(std::move(req), client_->impl_->options.rpc_timeout, std::move(done));
+  client_->impl_->CallVia<v1::StepsReply>(rec_->node_address(), std::move(req), client_->impl_->options.rpc_timeout,
+                                          std::move(done));
 }
 
 Result<v1::StepsReply> Session::Steps(uint64_t from, uint32_t limit) const {
@@ -540,7 +602,7 @@ void Session::SandboxAsync(const std::string& role, Done<Sandbox> done) const {
     if (sb.id().empty())
       return done(Status::FailedPrecondition("session " + name_ + ": sandbox '" + role +
                                              "' is fncall (a fresh run per step); there is no sandbox to attach to"));
-    return client_->AttachAsync(sb.id(), std::move(done));
+    return Client::AttachVia(client_, rec_->node_address(), sb.id(), std::move(done));
   }
   done(Status::NotFound("session " + name_ + " has no sandbox '" + role + "'"));
 }
@@ -552,8 +614,8 @@ Result<Sandbox> Session::sandbox(const std::string& role) const {
 void Session::GetAsync(Done<v1::SessionRecord> done) const {
   v1::GetSessionRequest req;
   req.set_name(name_);
-  client_->impl_->Call<v1::SessionReply>(
-      std::move(req), client_->impl_->options.rpc_timeout,
+  client_->impl_->CallVia<v1::SessionReply>(
+      rec_->node_address(), std::move(req), client_->impl_->options.rpc_timeout,
       Then<v1::SessionReply>(std::move(done), [](v1::SessionReply& r) { return std::move(*r.mutable_session()); }));
 }
 
@@ -564,8 +626,8 @@ Result<v1::SessionRecord> Session::Get() const {
 void Session::CloseAsync(DoneStatus done) const {
   v1::CloseSessionRequest req;
   req.set_name(name_);
-  client_->impl_->Call<v1::SessionReply>(std::move(req), client_->impl_->options.rpc_timeout,
-                                         StatusOnly<v1::SessionReply>(std::move(done)));
+  client_->impl_->CallVia<v1::SessionReply>(rec_->node_address(), std::move(req), client_->impl_->options.rpc_timeout,
+                                            StatusOnly<v1::SessionReply>(std::move(done)));
 }
 
 Status Session::Close() const {

@@ -64,6 +64,7 @@ struct AgentState {
   std::string client_id;
   std::chrono::milliseconds connect_timeout{5000};
   AgentShared* shared = nullptr;
+  bool to_node = false;  // a cluster node's agent: unsendable calls are rerouted
   caf::actor entry;
   caf::actor dialer;  // blocking connects and door handshakes, off the agent's thread
   bool connecting = false, ticking = false;
@@ -260,10 +261,29 @@ void Connected(Self self, caf::strong_actor_ptr ptr, const std::set<std::string>
   self->delayed_send(self, st.backoff, caf::connect_atom::value);
 }
 
+// A node's agent that cannot reach its node hands its waiting calls (never
+// sent) to their reroute: the controller answers them.
+void Reroute(Self self) {
+  auto& st = self->state;
+  if (!st.to_node) return;
+  for (auto it = st.queued.begin(); it != st.queued.end();) {
+    if (!it->call.reroute) {
+      ++it;
+      continue;
+    }
+    auto call = std::move(it->call);
+    it = st.queued.erase(it);
+    auto reroute = std::move(call.reroute);
+    call.reroute = nullptr;
+    reroute(std::move(call));
+  }
+}
+
 void Retry(Self self, const std::string& why) {
   auto& st = self->state;
   st.connecting = false;
   st.last_error = why;
+  Reroute(self);
   self->delayed_send(self, st.backoff, caf::connect_atom::value);
   st.backoff = std::min(st.backoff * 2, std::chrono::milliseconds(1000));
   Expire(self);
@@ -280,6 +300,7 @@ void GiveUp(Self self, Status why, bool refused) {
                               "--addr / $DSEC_ADDR at it)");
   st.connecting = false;
   st.last_error = why.message();
+  Reroute(self);
   auto queued = std::move(st.queued);
   st.queued.clear();
   for (auto& q : queued) q.call.fail(ToCafError(why));
@@ -337,8 +358,9 @@ caf::behavior Dialer(caf::event_based_actor*, std::string host, uint16_t port, s
 }
 
 caf::behavior Agent(Self self, std::string host, uint16_t port, std::string token, std::string client_id,
-                    std::chrono::milliseconds connect_timeout, AgentShared* shared) {
+                    std::chrono::milliseconds connect_timeout, AgentShared* shared, bool to_node) {
   auto& st = self->state;
+  st.to_node = to_node;
   st.host = std::move(host);
   st.port = port;
   st.token = std::move(token);
@@ -454,8 +476,10 @@ bool FromCafError(const caf::error& e, Status* out) {
 caf::error Disconnected(const std::string& why) { return ToCafError(Status::Unavailable(why)); }
 
 caf::actor SpawnAgent(caf::actor_system& sys, std::string host, uint16_t port, std::string token,
-                      std::string client_id, std::chrono::milliseconds connect_timeout, AgentShared* shared) {
-  return sys.spawn(Agent, std::move(host), port, std::move(token), std::move(client_id), connect_timeout, shared);
+                      std::string client_id, std::chrono::milliseconds connect_timeout, AgentShared* shared,
+                      bool to_node) {
+  return sys.spawn(Agent, std::move(host), port, std::move(token), std::move(client_id), connect_timeout, shared,
+                   to_node);
 }
 
 }  // namespace dsec::sdk

@@ -48,6 +48,10 @@ struct CallMsg {
   // each), and its answer comes in a v1::AnnotateResults, to `annotated`.
   std::shared_ptr<v1::AnnotateStepRequest> annotate;
   std::function<void(v1::StepReply&)> annotated;
+  // A call to a cluster node: when the node cannot be reached, the call
+  // (never sent) goes here instead of failing, to the controller, which
+  // forwards it or says the node is down.
+  std::function<void(CallMsg)> reroute;
 };
 
 struct AgentShared {
@@ -58,8 +62,11 @@ struct AgentShared {
 // Connects through dsecd's front door (runtime/door_auth.hpp) with `token`,
 // then hands the socket to CAF's BASP broker.
 // `client_id` goes to dsecd in a v1::Hello first on every connection.
+// `to_node`: an agent for a cluster node's address; calls it cannot send
+// (the node is unreachable) go to their `reroute` at once.
 caf::actor SpawnAgent(caf::actor_system& sys, std::string host, uint16_t port, std::string token,
-                      std::string client_id, std::chrono::milliseconds connect_timeout, AgentShared* shared);
+                      std::string client_id, std::chrono::milliseconds connect_timeout, AgentShared* shared,
+                      bool to_node = false);
 
 // One connection through the door, blocking (for tools and tests that
 // talk to the entry actor directly): the entry's handle, or why not.

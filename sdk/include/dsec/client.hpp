@@ -110,11 +110,14 @@ class Sandbox {
   friend class Client;
   template <class Reply, class Request>
   void Call(Request req, Done<Reply> done) const;
-  Sandbox(Client* c, std::string id, v1::SandboxSpec spec)
-      : client_(c), id_(std::move(id)), spec_(std::move(spec)) {}
+  Sandbox(Client* c, std::string id, v1::SandboxSpec spec, std::string route)
+      : client_(c), id_(std::move(id)), spec_(std::move(spec)), route_(std::move(route)) {}
   Client* client_;
   std::string id_;
   v1::SandboxSpec spec_;  // its limits decide how long an exec may take
+  // In a cluster: the SDK address of the node that holds it, where its
+  // calls go (the controller named it); "": the address the client dialed.
+  std::string route_;
 };
 
 // Per-step options: which of the session's sandboxes runs it, and what the
@@ -256,6 +259,8 @@ class Client {
   friend class Sandbox;
   friend class Session;
   explicit Client(std::unique_ptr<Impl> impl);
+  // Attach through `route` (a node's SDK address; "": the dialed one).
+  static void AttachVia(Client* c, const std::string& route, const std::string& sandbox_id, Done<Sandbox> done);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -1,0 +1,73 @@
+// The cluster (docs/cluster.md): a controller that places sandboxes and
+// sessions on nodes and knows which node holds which, and each node's link
+// to it. Nodes reach the controller's cluster port through the front door
+// (runtime/door_auth.hpp, keyed by the cluster secret) and then speak CAF's
+// BASP on that connection: the controller is a remote actor to them, and
+// each node's entry actor a remote actor to the controller.
+#pragma once
+
+#include <caf/all.hpp>
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "actors/node.hpp"
+#include "wire/wire.hpp"
+
+namespace spdlog {
+class logger;
+}
+
+namespace dsec {
+
+class FrontDoor;
+struct NodeContext;
+namespace state {
+class Store;
+class GroupCommitter;
+}  // namespace state
+
+// Beyond the node's interface (which the controller answers for the whole
+// cluster: the SDK entry, the console's admin commands, the HTTP server's):
+//   (join_atom, NodeJoin, node)       a node's link, first on each
+//                                     connection -> JoinReply
+//   (beat_atom, node id, NodeLoad)    its heartbeat, every heartbeat_ms
+using join_atom = caf::atom_constant<caf::atom("join")>;
+using beat_atom = caf::atom_constant<caf::atom("beat")>;
+using controller_actor = node_actor::extend<
+    caf::replies_to<join_atom, v1::NodeJoin, caf::actor>::with<v1::JoinReply>,
+    caf::reacts_to<beat_atom, std::string, v1::NodeLoad>>;
+
+struct ControllerContext {
+  std::string id;                 // the controller's own id (meta table)
+  uint64_t boot = 0;
+  std::string sdk_token;          // handed to nodes that join
+  std::string sdk_address, admin_address, http_address, cluster_address;
+  int heartbeat_ms = 1000;        // what nodes are told
+  int down_after_ms = 3000;       // no heartbeat this long: down
+  state::Store* store = nullptr;  // nodes and placements tables
+  state::GroupCommitter* committer = nullptr;
+  std::shared_ptr<spdlog::logger> log;
+  FrontDoor* door = nullptr;      // may be null
+};
+
+// Spawns the controller; it loads its nodes (all down until they rejoin)
+// and its directory from the store before its first message.
+controller_actor SpawnController(caf::actor_system& sys, std::shared_ptr<ControllerContext> ctx);
+
+// A node's link to its controller: dials host:port through the cluster
+// door with `secret`, joins (with what the node holds), heartbeats, and
+// rejoins after a loss. `on_token` gets the SDK token trainers hold (the
+// node's SDK door admits it from then on).
+struct LinkOptions {
+  std::string host;
+  uint16_t port = 0;
+  std::string secret;
+  uint64_t slots = 0;  // sandboxes this node takes (dsecd --slots)
+  std::function<void(const std::string& sdk_token)> on_token;
+};
+caf::actor SpawnClusterLink(caf::actor_system& sys, node_actor node, std::shared_ptr<NodeContext> ctx,
+                            LinkOptions options);
+
+}  // namespace dsec

@@ -1,0 +1,214 @@
+// A node's link to its controller (actors/cluster.hpp): dial through the
+// cluster door, hand the socket to BASP, join, heartbeat, rejoin.
+#include <caf/io/all.hpp>
+#include <caf/io/basp_broker.hpp>
+#include <caf/io/network/multiplexer.hpp>
+#include <spdlog/logger.h>
+
+#include "actors/cluster.hpp"
+#include "actors/context.hpp"
+#include "dsec/status_proto.hpp"
+#include "runtime/door_auth.hpp"
+#include "runtime/metrics.hpp"
+#include "state/table.hpp"
+
+namespace dsec::link_detail {
+
+// A socket through the cluster door, from the dialer to the link: closed
+// if the message is dropped.
+struct Dialed {
+  std::shared_ptr<UniqueFd> fd;
+  Status status;
+};
+
+}  // namespace dsec::link_detail
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(dsec::link_detail::Dialed)
+
+namespace dsec {
+
+namespace {
+
+using link_detail::Dialed;
+using dial_atom = caf::atom_constant<caf::atom("cdial")>;
+using pulse_atom = caf::atom_constant<caf::atom("pulse")>;
+
+struct LinkState {
+  node_actor node;
+  std::shared_ptr<NodeContext> ctx;
+  LinkOptions o;
+  caf::actor dialer;
+  caf::actor controller;  // the controller's actor (a proxy) once connected
+  bool connecting = false, joined = false;
+  uint64_t generation = 0;  // of the heartbeat loop: one per join
+  std::chrono::milliseconds backoff{100};
+  int heartbeat_ms = 1000;
+  std::string last_error;  // logged once per change
+  static constexpr const char* name = "cluster_link";
+};
+
+using Self = caf::stateful_actor<LinkState>*;
+
+std::string Where(Self self) { return self->state.o.host + ":" + std::to_string(self->state.o.port); }
+
+void Connect(Self self);
+
+void Retry(Self self, const std::string& why) {
+  auto& st = self->state;
+  st.connecting = false;
+  if (why != st.last_error)
+    st.ctx->log->warn("cluster: cannot join the controller at {}: {} (retrying)", Where(self), why);
+  st.last_error = why;
+  self->delayed_send(self, st.backoff, caf::connect_atom::value);
+  st.backoff = std::min(st.backoff * 2, std::chrono::milliseconds(2000));
+}
+
+// What this node is and has: the parts its actor does not know.
+void Fill(Self self, v1::NodeRecord* rec, v1::NodeLoad* load) {
+  auto& st = self->state;
+  const auto& o = st.ctx->options;
+  if (rec) {
+    rec->set_id(o.node_id);
+    rec->set_sdk_address(o.sdk_address);
+    rec->set_admin_address(o.admin_address);
+    rec->set_http_address(o.http_address);
+    rec->set_boot_count(o.boot);
+    rec->set_version(DSEC_VERSION);
+    std::vector<std::string> kinds, unavailable;
+    st.ctx->kinds->Kinds(&kinds, &unavailable);
+    for (auto& k : kinds) rec->add_kinds(std::move(k));
+    for (auto& u : unavailable) rec->add_unavailable(std::move(u));
+  }
+  auto h = metrics::ReadHostFigures();
+  load->set_cpus(h.cpus);
+  load->set_memory_bytes(h.memory_total);
+  load->set_memory_available_bytes(h.memory_available);
+  load->set_load1(h.load1);
+  load->set_slots(st.o.slots ? st.o.slots : std::max<uint64_t>(1, h.memory_total / (64ull << 20)));
+  (void)state::TypedTable<v1::ImageManifest>(st.ctx->store, state::Table::kImages)
+      .Scan("", [&](const std::string&, v1::ImageManifest&& m) {
+        load->add_images(m.name() + "@" + m.digest());
+        return load->images_size() < 10000;
+      });
+}
+
+void Joined(Self self, v1::JoinReply& r) {
+  auto& st = self->state;
+  if (r.status().code() != v1::Status::OK) {
+    st.ctx->log->error("cluster: the controller at {} refused this node: {}", Where(self), r.status().message());
+    // Dropping the connection is the controller's; try again later.
+    self->delayed_send(self, std::chrono::seconds(2), caf::connect_atom::value);
+    st.connecting = false;
+    return;
+  }
+  st.connecting = false;
+  st.joined = true;
+  st.backoff = std::chrono::milliseconds(100);
+  st.last_error.clear();
+  st.heartbeat_ms = r.heartbeat_ms() ? static_cast<int>(r.heartbeat_ms()) : 1000;
+  if (st.o.on_token && !r.sdk_token().empty()) st.o.on_token(r.sdk_token());
+  st.ctx->log->info("cluster: joined controller {} at {}{}", r.controller_id(), Where(self),
+                    r.draining() ? " (this node is draining: no new placements)" : "");
+  self->send(self, pulse_atom::value, ++st.generation);
+}
+
+void Join(Self self) {
+  auto& st = self->state;
+  self->request(st.node, std::chrono::seconds(30), cluster_info_atom::value)
+      .then(
+          [self](v1::NodeJoin& j) {
+            auto& st = self->state;
+            if (!st.controller) return;
+            Fill(self, j.mutable_node(), j.mutable_load());
+            self->request(st.controller, std::chrono::seconds(30), join_atom::value, std::move(j),
+                          caf::actor_cast<caf::actor>(st.node))
+                .then([self](v1::JoinReply& r) { Joined(self, r); },
+                      [self](caf::error& e) { Retry(self, "join: " + caf::to_string(e)); });
+          },
+          [self](caf::error& e) { Retry(self, "the node did not say what it holds: " + caf::to_string(e)); });
+}
+
+void Connect(Self self) {
+  auto& st = self->state;
+  if (st.connecting || st.controller) return;
+  st.connecting = true;
+  self->request(st.dialer, caf::infinite, dial_atom::value)
+      .then(
+          [self](Dialed& d) {
+            auto& st = self->state;
+            if (!d.fd) return Retry(self, d.status.message());
+            auto& mm = self->system().middleman();
+            auto basp = mm.named_broker<caf::io::basp_broker>(caf::atom("BASP"));
+            auto scribe = mm.backend().new_scribe(d.fd->Release());
+            self->request(basp, std::chrono::seconds(10), caf::connect_atom::value, std::move(scribe), st.o.port)
+                .then(
+                    [self](const caf::node_id&, caf::strong_actor_ptr& ptr, const std::set<std::string>&) {
+                      auto& st = self->state;
+                      if (!ptr) return Retry(self, "nothing is published on the cluster port");
+                      st.controller = caf::actor_cast<caf::actor>(std::move(ptr));
+                      self->monitor(st.controller);
+                      Join(self);
+                    },
+                    [self](caf::error& e) { Retry(self, "BASP: " + caf::to_string(e)); });
+          },
+          [self](caf::error& e) { Retry(self, caf::to_string(e)); });
+}
+
+caf::behavior Dialer(caf::event_based_actor*, std::string host, uint16_t port, std::string secret) {
+  return {
+      [=](dial_atom) {
+        Dialed d;
+        auto fd = door::Dial(host, port, secret, door::kCluster, std::chrono::seconds(5));
+        if (fd.ok()) d.fd = std::make_shared<UniqueFd>(std::move(*fd));
+        else d.status = fd.status();
+        return d;
+      },
+  };
+}
+
+caf::behavior Link(Self self, node_actor node, std::shared_ptr<NodeContext> ctx, LinkOptions o) {
+  auto& st = self->state;
+  st.node = std::move(node);
+  st.ctx = std::move(ctx);
+  st.o = std::move(o);
+  st.dialer = self->spawn<caf::detached + caf::linked>(Dialer, st.o.host, st.o.port, st.o.secret);
+  self->set_down_handler([self](caf::down_msg& dm) {
+    auto& st = self->state;
+    if (dm.source != st.controller.address()) return;
+    st.controller = nullptr;
+    st.joined = false;
+    st.connecting = false;
+    st.ctx->log->warn("cluster: lost the controller at {} ({}); rejoining", Where(self), caf::to_string(dm.reason));
+    st.last_error = "lost";
+    Connect(self);
+  });
+  Connect(self);
+  return {
+      [self](caf::connect_atom) { Connect(self); },
+      [self](pulse_atom, uint64_t generation) {
+        auto& st = self->state;
+        if (!st.joined || generation != st.generation) return;  // an older loop
+        self->request(st.node, std::chrono::seconds(10), cluster_load_atom::value)
+            .then(
+                [self](v1::NodeLoad& load) {
+                  auto& st = self->state;
+                  if (!st.joined) return;
+                  Fill(self, nullptr, &load);
+                  self->send(st.controller, beat_atom::value, st.ctx->options.node_id, std::move(load));
+                },
+                [self](caf::error& e) {
+                  self->state.ctx->log->warn("cluster: the node did not give its load: {}", caf::to_string(e));
+                });
+        self->delayed_send(self, std::chrono::milliseconds(st.heartbeat_ms), pulse_atom::value, generation);
+      },
+  };
+}
+
+}  // namespace
+
+caf::actor SpawnClusterLink(caf::actor_system& sys, node_actor node, std::shared_ptr<NodeContext> ctx,
+                            LinkOptions options) {
+  return sys.spawn(Link, std::move(node), std::move(ctx), std::move(options));
+}
+
+}  // namespace dsec

@@ -1,0 +1,874 @@
+// The controller (docs/cluster.md): the node registry, placement, and the
+// directory of which node holds which sandbox and session. It answers the
+// SDK entry for the whole cluster: a create or open is placed on a node and
+// forwarded there, and the reply names the node's SDK address, where the
+// SDK then sends that sandbox's (session's) calls itself. A call naming a
+// sandbox or session that reaches the controller anyway (an attach, dsecctl)
+// is forwarded to its node, or answered "lost" with the node's name.
+#include <nlohmann/json.hpp>
+#include <spdlog/fmt/fmt.h>
+#include <spdlog/logger.h>
+
+#include <algorithm>
+#include <map>
+#include <optional>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "actors/cluster.hpp"
+#include "actors/context.hpp"
+#include "actors/error_reply.hpp"
+#include "drivers/registry.hpp"
+#include "dsec/status_proto.hpp"
+#include "runtime/files.hpp"
+#include "runtime/front_door.hpp"
+#include "runtime/metrics.hpp"
+#include "runtime/proto_json.hpp"
+#include "state/group_commit.hpp"
+#include "state/table.hpp"
+
+namespace dsec {
+
+namespace {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+std::string Error(const std::string& msg) { return Dump(json{{"ok", false}, {"error", msg}}); }
+
+struct NodeEntry {
+  v1::ClusterNode rec;
+  caf::actor entry;  // the node's entry actor (a proxy); null while down
+  int64_t last_beat_ms = 0;
+  uint64_t pending = 0;  // placed on it since its last heartbeat
+  // Calls forwarded to it and not yet answered: failed at once (naming the
+  // node) when it goes down, instead of at the trainer's deadline.
+  std::unordered_map<uint64_t, std::function<void(const Status&)>> waiting;
+  bool up() const { return static_cast<bool>(entry); }
+};
+
+struct ControllerState {
+  std::shared_ptr<ControllerContext> ctx;
+  std::map<std::string, NodeEntry> nodes;  // by node id
+  std::unordered_map<caf::actor_addr, std::string> node_of;
+  std::unordered_map<std::string, std::string> sandbox_node, session_node;
+  std::vector<std::unique_ptr<drivers::Kind>> kinds = drivers::AllKinds();  // for kind auto
+  uint64_t next_call = 0;
+  uint64_t placed = 0;
+  int64_t started_ms = NowMs();
+  static constexpr const char* name = "controller";
+};
+
+using Self = controller_actor::stateful_pointer<ControllerState>;
+
+std::string SandboxKey(const std::string& id) { return "b/" + id; }
+std::string SessionKey(const std::string& name) { return "s/" + name; }
+
+std::string Clock_(int64_t ms) {
+  time_t t = static_cast<time_t>(ms / 1000);
+  struct tm tm {};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  strftime(buf, sizeof buf, "%H:%M:%S UTC", &tm);
+  return buf;
+}
+
+void Persist(Self self, state::WriteBatch b) {
+  if (b.empty()) return;
+  self->state.ctx->committer->Submit(std::move(b), [log = self->state.ctx->log](const Status& s) {
+    if (!s.ok()) log->error("controller store: {}", s.message());
+  });
+}
+
+void PersistNode(Self self, const NodeEntry& n) {
+  state::WriteBatch b;
+  state::TypedTable<v1::ClusterNode>(self->state.ctx->store, state::Table::kNodes).Put(&b, n.rec.node().id(), n.rec);
+  Persist(self, std::move(b));
+}
+
+// Why node `id` cannot answer for `what` now.
+Status NodeGone(Self self, const std::string& id, const std::string& what) {
+  auto it = self->state.nodes.find(id);
+  if (it == self->state.nodes.end())
+    return Status::Unavailable(what + " is lost: it was on node " + id + ", which this controller no longer knows");
+  const auto& r = it->second.rec;
+  return Status::Unavailable(what + " is lost: its node " + id + " is down since " + Clock_(r.down_ms()) + " (" +
+                             r.down_reason() + "); it comes back if the node rejoins with it");
+}
+
+void MarkDown(Self self, NodeEntry& n, const std::string& why) {
+  if (!n.up()) return;
+  self->demonitor(n.entry);
+  self->state.node_of.erase(n.entry.address());
+  n.entry = nullptr;
+  n.pending = 0;
+  n.rec.set_state("down");
+  n.rec.set_down_ms(NowMs());
+  n.rec.set_down_reason(why);
+  self->state.ctx->log->warn("node {} ({}) is down: {}; its sandboxes and sessions are reported lost until it rejoins",
+                             n.rec.node().id(), n.rec.node().sdk_address(), why);
+  auto waiting = std::move(n.waiting);
+  n.waiting.clear();
+  for (auto& [call, fail] : waiting)
+    fail(Status::Unavailable("node " + n.rec.node().id() + " went down (" + why +
+                             ") while the call was in flight; it may or may not have been carried out"));
+  PersistNode(self, n);
+}
+
+bool Settle(Self self, const std::string& node, uint64_t call) {
+  auto it = self->state.nodes.find(node);
+  return it != self->state.nodes.end() && it->second.waiting.erase(call) > 0;
+}
+
+// Sends `req` to node `node` and hands its reply to `done` (exactly once):
+// the node's answer, or an error naming the node.
+template <class Reply, class Request>
+void Forward(Self self, const std::string& node, const std::string& what, Request req,
+             std::chrono::milliseconds timeout, std::function<void(Reply)> done) {
+  auto it = self->state.nodes.find(node);
+  if (it == self->state.nodes.end() || !it->second.up()) return done(ErrorReply<Reply>(NodeGone(self, node, what)));
+  uint64_t call = ++self->state.next_call;
+  auto shared = std::make_shared<std::function<void(Reply)>>(std::move(done));
+  it->second.waiting[call] = [shared](const Status& s) { (*shared)(ErrorReply<Reply>(s)); };
+  self->request(it->second.entry, timeout, std::move(req))
+      .then(
+          [self, node, call, shared](Reply& r) {
+            if (Settle(self, node, call)) (*shared)(std::move(r));
+          },
+          [self, node, call, shared, what](caf::error& e) {
+            if (Settle(self, node, call))
+              (*shared)(ErrorReply<Reply>(
+                  Status::Unavailable("node " + node + " did not answer for " + what + ": " + caf::to_string(e))));
+          });
+}
+
+std::chrono::milliseconds ExecTimeout(const v1::ExecRequest& req) {
+  uint32_t limit = req.limits().timeout_ms() ? req.limits().timeout_ms() : 30'000;
+  return std::chrono::milliseconds(limit) + std::chrono::minutes(2);
+}
+constexpr std::chrono::milliseconds kCallTimeout{std::chrono::minutes(5)};
+
+const std::string* SdkAddress(Self self, const std::string& node) {
+  auto it = self->state.nodes.find(node);
+  return it == self->state.nodes.end() ? nullptr : &it->second.rec.node().sdk_address();
+}
+
+void Decorate(Self self, const std::string& node, v1::SandboxReply* r) {
+  if (!r->has_sandbox()) return;
+  if (auto* a = SdkAddress(self, node)) r->mutable_sandbox()->set_node_address(*a);
+}
+void Decorate(Self self, const std::string& node, v1::SessionReply* r) {
+  if (!r->has_session()) return;
+  r->mutable_session()->set_node_id(node);
+  if (auto* a = SdkAddress(self, node)) r->mutable_session()->set_node_address(*a);
+}
+template <class Reply>
+void Decorate(Self, const std::string&, Reply*) {}
+
+// A call naming a sandbox or session (`what` and `key`, found in `dir`):
+// to the node that holds it.
+template <class Reply, class Request>
+caf::result<Reply> ToHolder(Self self, const std::unordered_map<std::string, std::string>& dir, const std::string& what,
+                            const std::string& key, Request& req, std::chrono::milliseconds timeout) {
+  auto it = dir.find(key);
+  if (it == dir.end())
+    return ErrorReply<Reply>(Status::NotFound("no " + what + " '" + key + "' in this cluster (dsecctl " +
+                                              (what == "session" ? "sessions" : "ls") + " lists them)"));
+  auto rp = self->template make_response_promise<Reply>();
+  std::string node = it->second;
+  Forward<Reply>(self, node, what + " " + key, std::move(req), timeout, [self, rp, node](Reply r) mutable {
+    Decorate(self, node, &r);
+    rp.deliver(std::move(r));
+  });
+  return rp;
+}
+
+template <class Reply, class Request>
+caf::result<Reply> ToSandboxNode(Self self, const std::string& id, Request& req,
+                                 std::chrono::milliseconds timeout = kCallTimeout) {
+  return ToHolder<Reply>(self, self->state.sandbox_node, "sandbox", id, req, timeout);
+}
+
+template <class Reply, class Request>
+caf::result<Reply> ToSessionNode(Self self, const std::string& name, Request& req,
+                                 std::chrono::milliseconds timeout = kCallTimeout) {
+  return ToHolder<Reply>(self, self->state.session_node, "session", name, req, timeout);
+}
+
+// ---- placement ----
+
+// The node for a new sandbox (or session) with `spec`: among the nodes that
+// are up, not draining, run its kind and hold its image, the one with the
+// largest share of its slots free (so nodes fill in proportion to their
+// capacity). A status naming each node and why not, when none fits.
+Result<std::string> Place(Self self, const v1::SandboxSpec& spec) {
+  auto& st = self->state;
+  auto started = Clock::now();
+  std::string best;
+  double best_free = -1;
+  std::vector<std::string> why;
+  const std::string& image = spec.image();
+  bool host_image = image.empty() || image == "host";
+  for (auto& [id, n] : st.nodes) {
+    const auto& rec = n.rec;
+    if (!n.up()) {
+      why.push_back(id + " is down");
+      continue;
+    }
+    if (rec.draining()) {
+      why.push_back(id + " is draining");
+      continue;
+    }
+    v1::Kind kind = spec.kind();
+    if (kind == v1::KIND_AUTO || kind == v1::KIND_UNSPECIFIED) {
+      std::vector<const drivers::Kind*> here;
+      for (const auto& k : st.kinds)
+        if (std::find(rec.node().kinds().begin(), rec.node().kinds().end(), k->name()) != rec.node().kinds().end())
+          here.push_back(k.get());
+      auto chosen = drivers::ChooseKind(spec, here);
+      if (!chosen.ok()) {
+        why.push_back(id + ": " + chosen.status().message());
+        continue;
+      }
+      kind = *chosen;
+    }
+    if (std::find(rec.node().kinds().begin(), rec.node().kinds().end(), KindName(kind)) == rec.node().kinds().end()) {
+      why.push_back(id + " does not run " + KindName(kind) + " sandboxes");
+      continue;
+    }
+    if (!host_image) {
+      bool has = false;
+      for (const auto& i : rec.load().images()) has = has || (i.size() > image.size() && i.compare(0, image.size(), image) == 0 && i[image.size()] == '@');
+      if (!has) {
+        why.push_back(id + " lacks image " + image);
+        continue;
+      }
+    }
+    uint64_t slots = std::max<uint64_t>(rec.load().slots(), 1);
+    uint64_t used = rec.load().sandboxes() + n.pending;
+    if (used >= slots) {
+      why.push_back(id + " is full (" + std::to_string(used) + " of " + std::to_string(slots) + " slots)");
+      continue;
+    }
+    double free = static_cast<double>(slots - used) / static_cast<double>(slots);
+    if (free > best_free) {
+      best_free = free;
+      best = id;
+    }
+  }
+  if (best.empty()) {
+    std::string list;
+    for (const auto& w : why) list += (list.empty() ? "" : "; ") + w;
+    if (st.nodes.empty()) list = "no node has joined (start dsecd --role node --join " + st.ctx->cluster_address + ")";
+    return Status::Unavailable("no node can take this " + std::string(KindName(spec.kind())) + " sandbox: " + list);
+  }
+  st.nodes[best].pending++;
+  st.placed++;
+  metrics::PlacementSeconds().Observe(std::chrono::duration<double>(Clock::now() - started).count());
+  return best;
+}
+
+bool ValidId(const std::string& id) {
+  if (id.empty() || id.size() > 64) return false;
+  for (char c : id)
+    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-')) return false;
+  return true;
+}
+
+void PutPlacement(Self self, state::WriteBatch* b, const std::string& key, const std::string& node) {
+  b->Put(state::Table::kPlacements, key, node);
+}
+
+caf::result<v1::SandboxReply> Create(Self self, v1::CreateRequest& req) {
+  auto& st = self->state;
+  if (req.id().empty()) req.set_id("sb-" + RandomHex(12));
+  const std::string id = req.id();
+  if (auto it = st.sandbox_node.find(id); it != st.sandbox_node.end())
+    return ToSandboxNode<v1::SandboxReply>(self, id, req);  // its node says it is taken
+  if (!ValidId(id))
+    return ErrorReply<v1::SandboxReply>(
+        Status::InvalidArgument("sandbox id '" + id.substr(0, 64) + "' is not [a-z0-9-], 1 to 64 bytes"));
+  auto node = Place(self, req.spec());
+  if (!node.ok()) return ErrorReply<v1::SandboxReply>(node.status());
+  st.sandbox_node[id] = *node;
+  auto rp = self->make_response_promise<v1::SandboxReply>();
+  std::string n = *node;
+  Forward<v1::SandboxReply>(self, n, "sandbox " + id, std::move(req), kCallTimeout,
+                            [self, rp, n, id](v1::SandboxReply r) mutable {
+                              auto& st = self->state;
+                              state::WriteBatch b;
+                              if (r.status().code() == v1::Status::OK) {
+                                PutPlacement(self, &b, SandboxKey(id), n);
+                                Decorate(self, n, &r);
+                              } else if (r.status().code() != v1::Status::ALREADY_EXISTS) {
+                                if (auto it = st.sandbox_node.find(id); it != st.sandbox_node.end() && it->second == n)
+                                  st.sandbox_node.erase(it);
+                              }
+                              Persist(self, std::move(b));
+                              rp.deliver(std::move(r));
+                            });
+  return rp;
+}
+
+caf::result<v1::SessionReply> OpenSession(Self self, v1::OpenSessionRequest& req) {
+  auto& st = self->state;
+  const std::string name = req.name();
+  if (st.session_node.count(name)) return ToSessionNode<v1::SessionReply>(self, name, req);
+  if (name.empty() || name.size() > 256)
+    return ErrorReply<v1::SessionReply>(Status::InvalidArgument("a session name must be 1 to 256 bytes"));
+  auto node = Place(self, req.spec());
+  if (!node.ok()) return ErrorReply<v1::SessionReply>(node.status());
+  st.session_node[name] = *node;
+  auto rp = self->make_response_promise<v1::SessionReply>();
+  std::string n = *node;
+  Forward<v1::SessionReply>(self, n, "session " + name, std::move(req), kCallTimeout,
+                            [self, rp, n, name](v1::SessionReply r) mutable {
+                              auto& st = self->state;
+                              state::WriteBatch b;
+                              if (r.status().code() == v1::Status::OK) {
+                                PutPlacement(self, &b, SessionKey(name), n);
+                                for (const auto& sb : r.session().sandboxes()) {
+                                  if (sb.id().empty()) continue;
+                                  st.sandbox_node[sb.id()] = n;
+                                  PutPlacement(self, &b, SandboxKey(sb.id()), n);
+                                }
+                                Decorate(self, n, &r);
+                              } else if (auto it = st.session_node.find(name);
+                                         it != st.session_node.end() && it->second == n) {
+                                st.session_node.erase(it);
+                              }
+                              Persist(self, std::move(b));
+                              rp.deliver(std::move(r));
+                            });
+  return rp;
+}
+
+// ---- nodes ----
+
+v1::JoinReply Join(Self self, v1::NodeJoin& j, caf::actor entry) {
+  auto& st = self->state;
+  const std::string id = j.node().id();
+  v1::JoinReply reply;
+  if (id.empty() || !entry) {
+    ToProto(Status::InvalidArgument("a join needs the node's id and its entry actor"), reply.mutable_status());
+    return reply;
+  }
+  auto& n = st.nodes[id];
+  if (n.up() && n.entry != entry) {
+    if (n.entry.node() == entry.node()) {
+      MarkDown(self, n, "it joined again");
+    } else {
+      ToProto(Status::AlreadyExists("node id " + id + " is already joined from " + n.rec.node().sdk_address() +
+                                    "; each node needs a data dir of its own (the node id lives there)"),
+              reply.mutable_status());
+      return reply;
+    }
+  }
+  bool rejoin = n.rec.joined_ms() != 0;
+  *n.rec.mutable_node() = j.node();
+  *n.rec.mutable_load() = j.load();
+  n.rec.mutable_load()->clear_ended_sandboxes();
+  n.rec.mutable_load()->clear_ended_sessions();
+  n.rec.set_state(n.rec.draining() ? "draining" : "up");
+  if (!n.rec.joined_ms()) n.rec.set_joined_ms(NowMs());
+  n.rec.set_last_seen_ms(NowMs());
+  n.rec.clear_down_reason();
+  n.rec.set_down_ms(0);
+  n.entry = entry;
+  n.pending = 0;
+  n.last_beat_ms = NowMs();
+  st.node_of[entry.address()] = id;
+  self->monitor(entry);
+  // Reconcile the directory with what the node says it holds: what it
+  // holds is on it (never a second copy elsewhere); what the directory
+  // put on it and it no longer holds ended while it was away.
+  state::WriteBatch b;
+  std::unordered_set<std::string> held_sb(j.sandboxes().begin(), j.sandboxes().end());
+  std::unordered_set<std::string> held_se(j.sessions().begin(), j.sessions().end());
+  size_t added = 0, gone = 0, conflicts = 0;
+  for (const auto& sb : held_sb) {
+    auto [it, fresh] = st.sandbox_node.emplace(sb, id);
+    if (fresh) {
+      ++added;
+      PutPlacement(self, &b, SandboxKey(sb), id);
+    } else if (it->second != id) {
+      ++conflicts;
+      st.ctx->log->warn("sandbox {} is held by node {} and by node {}; the directory keeps {}", sb, it->second, id,
+                        it->second);
+    }
+  }
+  for (const auto& se : held_se) {
+    auto [it, fresh] = st.session_node.emplace(se, id);
+    if (fresh) {
+      ++added;
+      PutPlacement(self, &b, SessionKey(se), id);
+    }
+  }
+  for (auto it = st.sandbox_node.begin(); it != st.sandbox_node.end();) {
+    if (it->second == id && !held_sb.count(it->first)) {
+      b.Delete(state::Table::kPlacements, SandboxKey(it->first));
+      it = st.sandbox_node.erase(it);
+      ++gone;
+    } else {
+      ++it;
+    }
+  }
+  for (auto it = st.session_node.begin(); it != st.session_node.end();) {
+    if (it->second == id && !held_se.count(it->first)) {
+      b.Delete(state::Table::kPlacements, SessionKey(it->first));
+      it = st.session_node.erase(it);
+      ++gone;
+    } else {
+      ++it;
+    }
+  }
+  Persist(self, std::move(b));
+  PersistNode(self, n);
+  st.ctx->log->info("node {} {} from {}: {} sandboxes, {} sessions, {} slots, kinds [{}]{}", id,
+                    rejoin ? "rejoined" : "joined", j.node().sdk_address(), j.sandboxes_size(), j.sessions_size(),
+                    j.load().slots(), [&] {
+                      std::string k;
+                      for (const auto& s : j.node().kinds()) k += (k.empty() ? "" : ",") + s;
+                      return k;
+                    }(),
+                    added || gone || conflicts
+                        ? fmt::format(" (directory: {} added, {} ended while away, {} held twice)", added, gone, conflicts)
+                        : std::string());
+  reply.set_controller_id(st.ctx->id);
+  reply.set_sdk_token(st.ctx->sdk_token);
+  reply.set_heartbeat_ms(static_cast<uint32_t>(st.ctx->heartbeat_ms));
+  reply.set_draining(n.rec.draining());
+  return reply;
+}
+
+void Beat(Self self, const std::string& id, v1::NodeLoad& load) {
+  auto& st = self->state;
+  auto it = st.nodes.find(id);
+  if (it == st.nodes.end() || !it->second.up()) return;  // a late beat of a node marked down: it rejoins
+  auto& n = it->second;
+  auto sender = self->current_sender();
+  if (!sender || sender->node() != n.entry.node()) return;  // not from that node
+  n.last_beat_ms = NowMs();
+  n.rec.set_last_seen_ms(n.last_beat_ms);
+  n.pending = 0;
+  state::WriteBatch b;
+  // Made, then ended: in that order (both may be in one heartbeat).
+  for (const auto& sb : load.started_sandboxes()) {
+    if (st.sandbox_node.emplace(sb, id).second) PutPlacement(self, &b, SandboxKey(sb), id);
+  }
+  for (const auto& sb : load.ended_sandboxes()) {
+    auto d = st.sandbox_node.find(sb);
+    if (d != st.sandbox_node.end() && d->second == id) {
+      st.sandbox_node.erase(d);
+      b.Delete(state::Table::kPlacements, SandboxKey(sb));
+    }
+  }
+  for (const auto& se : load.ended_sessions()) {
+    auto d = st.session_node.find(se);
+    if (d != st.session_node.end() && d->second == id) {
+      st.session_node.erase(d);
+      b.Delete(state::Table::kPlacements, SessionKey(se));
+    }
+  }
+  Persist(self, std::move(b));
+  load.clear_ended_sandboxes();
+  load.clear_ended_sessions();
+  load.clear_started_sandboxes();
+  *n.rec.mutable_load() = std::move(load);
+}
+
+void Tick(Self self) {
+  auto& st = self->state;
+  int64_t now = NowMs();
+  for (auto& [id, n] : st.nodes)
+    if (n.up() && now - n.last_beat_ms > st.ctx->down_after_ms)
+      MarkDown(self, n, "no heartbeat for " + std::to_string((now - n.last_beat_ms) / 1000.0).substr(0, 3) + " s");
+  self->delayed_send(self, std::chrono::milliseconds(std::max(100, st.ctx->heartbeat_ms / 2)),
+                     Continuation{[self] { Tick(self); }});
+}
+
+void Load(Self self) {
+  auto& st = self->state;
+  auto s = state::TypedTable<v1::ClusterNode>(st.ctx->store, state::Table::kNodes)
+               .Scan("", [&](const std::string& key, v1::ClusterNode&& r) {
+                 if (r.node().id().empty()) return true;  // not a cluster row
+                 auto& n = st.nodes[key];
+                 n.rec = std::move(r);
+                 n.rec.set_state("down");
+                 n.rec.set_down_ms(st.started_ms);
+                 n.rec.set_down_reason("it has not rejoined since the controller started");
+                 return true;
+               });
+  if (!s.ok()) st.ctx->log->error("controller: reading the nodes table: {}", s.message());
+  s = st.ctx->store->ScanFrom(state::Table::kPlacements, "", "", [&](const std::string& k, const std::string& v) {
+    if (k.size() > 2 && k[0] == 'b' && k[1] == '/') st.sandbox_node[k.substr(2)] = v;
+    else if (k.size() > 2 && k[0] == 's' && k[1] == '/') st.session_node[k.substr(2)] = v;
+    return true;
+  });
+  if (!s.ok()) st.ctx->log->error("controller: reading the placements table: {}", s.message());
+  st.ctx->log->info("controller {}: {} nodes known (down until they rejoin), {} sandboxes and {} sessions in the directory",
+                    st.ctx->id, st.nodes.size(), st.sandbox_node.size(), st.session_node.size());
+}
+
+// ---- admin ----
+
+json NodeJson(const NodeEntry& n, const ControllerState& st) {
+  json j = ProtoJson(n.rec);
+  j["id"] = n.rec.node().id();
+  j["state"] = n.up() ? (n.rec.draining() ? "draining" : "up") : "down";
+  size_t sb = 0;
+  for (const auto& [id, node] : st.sandbox_node) sb += node == n.rec.node().id();
+  j["directory_sandboxes"] = sb;
+  return j;
+}
+
+// Asks `cmd args` of each node in `ids` that is up; `done` gets the parsed
+// answers by node (and the nodes that could not answer, with why).
+struct FanIn {
+  std::map<std::string, json> answers;
+  std::map<std::string, std::string> unreachable;
+  size_t left = 0;
+  std::function<void(FanIn&)> done;
+};
+
+void FanOut(Self self, const std::vector<std::string>& ids, const std::string& cmd,
+            const std::vector<std::string>& args, std::function<void(FanIn&)> done) {
+  auto fan = std::make_shared<FanIn>();
+  fan->done = std::move(done);
+  for (const auto& id : ids) {
+    auto it = self->state.nodes.find(id);
+    if (it == self->state.nodes.end() || !it->second.up()) {
+      fan->unreachable[id] = it == self->state.nodes.end() ? "unknown node" : "down: " + it->second.rec.down_reason();
+      continue;
+    }
+    fan->left++;
+  }
+  if (fan->left == 0) return fan->done(*fan);
+  for (const auto& id : ids) {
+    auto it = self->state.nodes.find(id);
+    if (it == self->state.nodes.end() || !it->second.up()) continue;
+    self->request(it->second.entry, std::chrono::seconds(10), admin_atom::value, cmd, args)
+        .then(
+            [fan, id](std::string& text) {
+              fan->answers[id] = json::parse(text, nullptr, false);
+              if (--fan->left == 0) fan->done(*fan);
+            },
+            [fan, id](caf::error& e) {
+              fan->unreachable[id] = caf::to_string(e);
+              if (--fan->left == 0) fan->done(*fan);
+            });
+  }
+}
+
+std::vector<std::string> AllNodeIds(Self self) {
+  std::vector<std::string> ids;
+  for (const auto& [id, n] : self->state.nodes) ids.push_back(id);
+  return ids;
+}
+
+// `ls [--node N] [other filters, passed on]`, `sessions`: every node's rows, each with its node.
+caf::result<std::string> Merged(Self self, const std::string& cmd, std::vector<std::string> args,
+                                std::vector<std::string> lists) {
+  std::vector<std::string> ids;
+  std::vector<std::string> pass;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--node" && i + 1 < args.size()) ids.push_back(args[++i]);
+    else pass.push_back(args[i]);
+  }
+  if (ids.empty()) ids = AllNodeIds(self);
+  else
+    for (const auto& id : ids)
+      if (!self->state.nodes.count(id)) return Error("no node '" + id + "' in this cluster (dsecctl nodes lists them)");
+  auto rp = self->make_response_promise<std::string>();
+  FanOut(self, ids, cmd, pass, [rp, lists](FanIn& fan) mutable {
+    json out{{"ok", true}};
+    for (const auto& l : lists) out[l] = json::array();
+    for (auto& [node, answer] : fan.answers) {
+      if (!answer.is_object() || !answer.value("ok", false)) {
+        fan.unreachable[node] = answer.is_object() ? answer.value("error", "no answer") : "a malformed answer";
+        continue;
+      }
+      for (const auto& l : lists) {
+        if (!answer.contains(l) || !answer[l].is_array()) continue;
+        for (auto& row : answer[l]) {
+          row["node"] = node;
+          out[l].push_back(std::move(row));
+        }
+      }
+    }
+    json unreachable = json::object();
+    for (const auto& [node, why] : fan.unreachable) unreachable[node] = why;
+    out["unreachable"] = unreachable;
+    rp.deliver(Dump(out));
+  });
+  return rp;
+}
+
+std::string Status_(Self self) {
+  auto& st = self->state;
+  size_t up = 0;
+  for (const auto& [id, n] : st.nodes) up += n.up();
+  const auto& c = *st.ctx;
+  return Dump(json{{"ok", true},
+                   {"node", c.id},
+                   {"boot", c.boot},
+                   {"role", "controller"},
+                   {"version", DSEC_VERSION},
+                   {"uptime_s", (NowMs() - st.started_ms) / 1000},
+                   {"sdk", c.sdk_address},
+                   {"admin", c.admin_address},
+                   {"http", c.http_address.empty() ? json(nullptr) : json(c.http_address)},
+                   {"cluster", c.cluster_address},
+                   {"data", c.store->Describe()},
+                   {"nodes", st.nodes.size()},
+                   {"nodes_up", up},
+                   {"sandboxes", st.sandbox_node.size()},
+                   {"sessions", st.session_node.size()},
+                   {"placed", st.placed}});
+}
+
+std::string Metrics(Self self) {
+  auto& st = self->state;
+  std::string out;
+  metrics::Describe(&out, "dsec_node_info", "gauge", "This dsecd: its id, role and version (always 1).");
+  metrics::Line(&out, "dsec_node_info",
+                metrics::Labels({{"node", st.ctx->id}, {"role", "controller"}, {"version", DSEC_VERSION}}), 1);
+  metrics::Describe(&out, "dsec_uptime_seconds", "gauge", "Seconds since this dsecd started.");
+  metrics::Line(&out, "dsec_uptime_seconds", "", static_cast<double>(NowMs() - st.started_ms) / 1000);
+  metrics::Describe(&out, "dsec_cluster_nodes", "gauge", "Nodes this controller knows, by state.");
+  std::map<std::string, int> by_state{{"up", 0}, {"draining", 0}, {"down", 0}};
+  for (const auto& [id, n] : st.nodes) by_state[n.up() ? (n.rec.draining() ? "draining" : "up") : "down"]++;
+  for (const auto& [s, k] : by_state) metrics::Line(&out, "dsec_cluster_nodes", metrics::Labels({{"state", s}}), k);
+  metrics::Describe(&out, "dsec_cluster_node_sandboxes", "gauge", "Live sandboxes on each node (its last heartbeat).");
+  metrics::Describe(&out, "dsec_cluster_node_slots", "gauge", "Sandboxes each node takes.");
+  metrics::Describe(&out, "dsec_cluster_node_memory_available_bytes", "gauge", "Each node's available memory.");
+  metrics::Describe(&out, "dsec_cluster_node_load1", "gauge", "Each node's 1-minute load average.");
+  for (const auto& [id, n] : st.nodes) {
+    auto l = metrics::Labels({{"node", id}});
+    metrics::Line(&out, "dsec_cluster_node_sandboxes", l, static_cast<double>(n.rec.load().sandboxes()));
+    metrics::Line(&out, "dsec_cluster_node_slots", l, static_cast<double>(n.rec.load().slots()));
+    metrics::Line(&out, "dsec_cluster_node_memory_available_bytes", l,
+                  static_cast<double>(n.rec.load().memory_available_bytes()));
+    metrics::Line(&out, "dsec_cluster_node_load1", l, n.rec.load().load1());
+  }
+  metrics::Describe(&out, "dsec_cluster_directory_entries", "gauge", "Sandboxes and sessions in the directory.");
+  metrics::Line(&out, "dsec_cluster_directory_entries", "kind=\"sandbox\"", static_cast<double>(st.sandbox_node.size()));
+  metrics::Line(&out, "dsec_cluster_directory_entries", "kind=\"session\"", static_cast<double>(st.session_node.size()));
+  metrics::Describe(&out, "dsec_placements_total", "counter", "Sandboxes and sessions placed on nodes.");
+  metrics::Line(&out, "dsec_placements_total", "", static_cast<double>(st.placed));
+  return out + metrics::Render();
+}
+
+caf::result<std::string> Overview(Self self) {
+  auto rp = self->make_response_promise<std::string>();
+  std::vector<std::string> ids = AllNodeIds(self);
+  json known = json::object();
+  for (const auto& [id, n] : self->state.nodes) known[id] = NodeJson(n, self->state);
+  size_t sessions = self->state.session_node.size();
+  FanOut(self, ids, "overview", {}, [rp, known, sessions](FanIn& fan) mutable {
+    json nodes = json::array();
+    for (auto& [id, rec] : known.items()) {
+      auto a = fan.answers.find(id);
+      json node;
+      if (a != fan.answers.end() && a->second.is_object() && a->second.contains("nodes") &&
+          a->second["nodes"].is_array() && !a->second["nodes"].empty()) {
+        node = a->second["nodes"][0];
+        node["role"] = "node";
+      } else {
+        node = json{{"node", id}, {"role", "node"}, {"sdk", rec["node"].value("sdk_address", "")},
+                    {"sandboxes", 0}, {"sandbox_list", json::array()}};
+      }
+      node["state"] = rec["state"];
+      if (rec["state"] == "down") node["down_reason"] = rec.value("down_reason", "");
+      nodes.push_back(std::move(node));
+    }
+    rp.deliver(Dump(json{{"ok", true}, {"role", "controller"}, {"now_ms", NowMs()}, {"sessions", sessions},
+                         {"nodes", nodes}}));
+  });
+  return rp;
+}
+
+caf::result<std::string> Admin(Self self, const std::string& cmd, const std::vector<std::string>& args) {
+  auto& st = self->state;
+  if (cmd == "status") return Status_(self);
+  if (cmd == "nodes") {
+    json nodes = json::array();
+    for (const auto& [id, n] : st.nodes) nodes.push_back(NodeJson(n, st));
+    return Dump(json{{"ok", true}, {"nodes", nodes}});
+  }
+  if (cmd == "drain" || cmd == "undrain") {
+    if (args.size() != 1) return Error("usage: " + cmd + " NODE (dsecctl nodes lists them)");
+    auto it = st.nodes.find(args[0]);
+    if (it == st.nodes.end()) return Error("no node '" + args[0] + "' in this cluster (dsecctl nodes lists them)");
+    bool drain = cmd == "drain";
+    it->second.rec.set_draining(drain);
+    if (it->second.up()) it->second.rec.set_state(drain ? "draining" : "up");
+    PersistNode(self, it->second);
+    st.ctx->log->info("node {} {} by an operator", args[0], drain ? "drained (no new placements)" : "undrained");
+    return Dump(json{{"ok", true}, {"node", NodeJson(it->second, st)}});
+  }
+  if (cmd == "ls") return Merged(self, "ls", args, {"sandboxes", "sessions", "runs"});
+  if (cmd == "sessions") return Merged(self, "sessions", args, {"sessions"});
+  if (cmd == "metrics") return Metrics(self);
+  if (cmd == "overview") return Overview(self);
+  if (cmd == "stats") {
+    auto cs = st.ctx->committer->stats();
+    return Dump(json{{"ok", true}, {"placed", st.placed}, {"store_writes", cs.writes}, {"store_batches", cs.batches}});
+  }
+  if (cmd == "inspect" || cmd == "kill") {
+    if (args.size() != 1) return Error("usage: " + cmd + " ID (a sandbox id or session name)");
+    std::string node;
+    if (auto it = st.sandbox_node.find(args[0]); it != st.sandbox_node.end()) node = it->second;
+    else if (auto se = st.session_node.find(args[0]); se != st.session_node.end()) node = se->second;
+    else return Error("no sandbox or session '" + args[0] + "' in this cluster (dsecctl ls lists them)");
+    auto n = st.nodes.find(node);
+    if (n == st.nodes.end() || !n->second.up()) return Error(NodeGone(self, node, args[0]).message());
+    auto rp = self->make_response_promise<std::string>();
+    self->request(n->second.entry, std::chrono::seconds(60), admin_atom::value, cmd, args)
+        .then(
+            [rp, node](std::string& text) mutable {
+              json j = json::parse(text, nullptr, false);
+              if (j.is_object()) j["node"] = node;
+              rp.deliver(j.is_object() ? Dump(j) : text);
+            },
+            [rp, node](caf::error& e) mutable { rp.deliver(Error("node " + node + ": " + caf::to_string(e))); });
+    return rp;
+  }
+  return Error("unknown command '" + cmd + "' (a controller answers status, nodes, ls, sessions, inspect, kill, "
+               "drain, undrain, stats)");
+}
+
+// ---- images: every node keeps its own image store ----
+
+template <class Reply, class Request>
+caf::result<Reply> ToAllNodes(Self self, Request& req, const std::string& what) {
+  std::vector<std::string> up;
+  for (const auto& [id, n] : self->state.nodes)
+    if (n.up()) up.push_back(id);
+  if (up.empty()) return ErrorReply<Reply>(Status::Unavailable("no node is up to " + what));
+  auto rp = self->template make_response_promise<Reply>();
+  struct Acc {
+    size_t left;
+    std::optional<Reply> ok;
+    std::string errors;
+  };
+  auto acc = std::make_shared<Acc>(Acc{up.size(), std::nullopt, ""});
+  for (const auto& id : up) {
+    Forward<Reply>(self, id, what, req, kCallTimeout, [rp, acc, id](Reply r) mutable {
+      if (r.status().code() == v1::Status::OK) {
+        if (!acc->ok) acc->ok = std::move(r);
+      } else {
+        acc->errors += (acc->errors.empty() ? "" : "; ") + id + ": " + r.status().message();
+      }
+      if (--acc->left) return;
+      if (acc->ok) rp.deliver(std::move(*acc->ok));
+      else rp.deliver(ErrorReply<Reply>(Status::FailedPrecondition(acc->errors)));
+    });
+  }
+  return rp;
+}
+
+template <class Reply, class Request>
+caf::result<Reply> ToAnyNode(Self self, Request& req, const std::string& what) {
+  for (const auto& [id, n] : self->state.nodes) {
+    if (!n.up()) continue;
+    auto rp = self->template make_response_promise<Reply>();
+    Forward<Reply>(self, id, what, std::move(req), kCallTimeout, [rp](Reply r) mutable { rp.deliver(std::move(r)); });
+    return rp;
+  }
+  return ErrorReply<Reply>(Status::Unavailable("no node is up to " + what));
+}
+
+controller_actor::behavior_type ControllerActor(Self self, std::shared_ptr<ControllerContext> ctx) {
+  self->state.ctx = std::move(ctx);
+  Load(self);
+  self->set_down_handler([self](caf::down_msg& dm) {
+    auto& st = self->state;
+    auto it = st.node_of.find(dm.source);
+    if (it == st.node_of.end()) return;
+    auto n = st.nodes.find(it->second);
+    if (n != st.nodes.end()) MarkDown(self, n->second, "connection lost (" + caf::to_string(dm.reason) + ")");
+  });
+  self->send(self, Continuation{[self] { Tick(self); }});
+  return {
+      [self](v1::RunRequest& req) -> caf::result<v1::RunReply> {
+        auto node = Place(self, req.spec());
+        if (!node.ok()) return ErrorReply<v1::RunReply>(node.status());
+        auto rp = self->make_response_promise<v1::RunReply>();
+        auto timeout = ExecTimeout(req.exec());
+        Forward<v1::RunReply>(self, *node, "a run", std::move(req), timeout,
+                              [rp](v1::RunReply r) mutable { rp.deliver(std::move(r)); });
+        return rp;
+      },
+      [self](v1::CreateRequest& req) { return Create(self, req); },
+      [self](v1::ExecRequest& req) {
+        auto timeout = ExecTimeout(req);
+        return ToSandboxNode<v1::ExecReply>(self, req.sandbox_id(), req, timeout);
+      },
+      [self](v1::DestroyRequest& req) { return ToSandboxNode<v1::SandboxReply>(self, req.sandbox_id(), req); },
+      [self](v1::GetSandboxRequest& req) { return ToSandboxNode<v1::SandboxReply>(self, req.sandbox_id(), req); },
+      [self](v1::PauseRequest& req) { return ToSandboxNode<v1::SandboxReply>(self, req.sandbox_id(), req); },
+      [self](v1::ResumeRequest& req) { return ToSandboxNode<v1::SandboxReply>(self, req.sandbox_id(), req); },
+      [self](v1::ReadFileRequest& req) { return ToSandboxNode<v1::FileReply>(self, req.sandbox_id(), req); },
+      [self](v1::WriteFileRequest& req) { return ToSandboxNode<v1::FileReply>(self, req.sandbox_id(), req); },
+      [self](v1::ListFilesRequest& req) { return ToSandboxNode<v1::FileReply>(self, req.sandbox_id(), req); },
+      [self](v1::OpenSessionRequest& req) { return OpenSession(self, req); },
+      [self](v1::StepRequest& req) {
+        auto timeout = ExecTimeout(req.exec());
+        return ToSessionNode<v1::StepReply>(self, req.session(), req, timeout);
+      },
+      [self](v1::CloseSessionRequest& req) { return ToSessionNode<v1::SessionReply>(self, req.name(), req); },
+      [self](v1::GetSessionRequest& req) { return ToSessionNode<v1::SessionReply>(self, req.name(), req); },
+      [self](v1::AnnotateStepRequest& req) { return ToSessionNode<v1::StepReply>(self, req.session(), req); },
+      [self](v1::AnnotateBatch& batch) {
+        // The SDK sends a session's annotations to its node; any that come
+        // here are forwarded one by one and answered the same way.
+        auto sender = caf::actor_cast<caf::actor>(self->current_sender());
+        if (!sender) return;
+        for (auto& call : *batch.mutable_calls()) {
+          uint64_t id = call.call_id();
+          auto answer = [self, sender, id](v1::StepReply r) {
+            v1::AnnotateResults out;
+            auto* one = out.add_results();
+            one->set_call_id(id);
+            *one->mutable_reply() = std::move(r);
+            caf::anon_send(sender, std::move(out));
+          };
+          auto it = self->state.session_node.find(call.request().session());
+          if (it == self->state.session_node.end()) {
+            answer(ErrorReply<v1::StepReply>(
+                Status::NotFound("no session '" + call.request().session() + "' in this cluster")));
+            continue;
+          }
+          Forward<v1::StepReply>(self, it->second, "session " + call.request().session(),
+                                 std::move(*call.mutable_request()), kCallTimeout, answer);
+        }
+      },
+      [](const v1::Hello&) {},  // owners are tracked by the nodes their sandboxes are on
+      [self](v1::ListStepsRequest& req) { return ToSessionNode<v1::StepsReply>(self, req.session(), req); },
+      [self](v1::RegisterImageRequest& req) {
+        return ToAllNodes<v1::ImageReply>(self, req, "register image " + req.manifest().name());
+      },
+      [self](v1::GetImageRequest& req) { return ToAnyNode<v1::ImageReply>(self, req, "look up an image"); },
+      [self](v1::ListImagesRequest& req) { return ToAnyNode<v1::ImagesReply>(self, req, "list images"); },
+      [self](v1::RemoveImageRequest& req) { return ToAllNodes<v1::ImageReply>(self, req, "remove image " + req.name()); },
+      [self](admin_atom, const std::string& cmd, const std::vector<std::string>& args) -> caf::result<std::string> {
+        return Admin(self, cmd, args);
+      },
+      [](lost_atom, const std::string&, const std::string&) {},
+      [](Continuation& c) { c.fn(); },
+      [](cluster_info_atom) { return v1::NodeJoin(); },  // a controller holds nothing itself
+      [](cluster_load_atom) { return v1::NodeLoad(); },
+      [self](join_atom, v1::NodeJoin& j, caf::actor& entry) { return Join(self, j, std::move(entry)); },
+      [self](beat_atom, const std::string& id, v1::NodeLoad& load) { Beat(self, id, load); },
+  };
+}
+
+}  // namespace
+
+controller_actor SpawnController(caf::actor_system& sys, std::shared_ptr<ControllerContext> ctx) {
+  return sys.spawn(ControllerActor, std::move(ctx));
+}
+
+}  // namespace dsec
