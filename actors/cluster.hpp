@@ -33,8 +33,12 @@ class GroupCommitter;
 //   (join_atom, NodeJoin, node)       a node's link, first on each
 //                                     connection -> JoinReply
 //   (beat_atom, node id, NodeLoad)    its heartbeat, every heartbeat_ms
+//   (rejoin_atom)                     controller -> a node's link: it sent a
+//                                     heartbeat while marked down (a healed
+//                                     partition): join again
 using join_atom = caf::atom_constant<caf::atom("join")>;
 using beat_atom = caf::atom_constant<caf::atom("beat")>;
+using rejoin_atom = caf::atom_constant<caf::atom("rejoin")>;
 using controller_actor = node_actor::extend<
     caf::replies_to<join_atom, v1::NodeJoin, caf::actor>::with<v1::JoinReply>,
     caf::reacts_to<beat_atom, std::string, v1::NodeLoad>>;

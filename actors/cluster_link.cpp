@@ -184,7 +184,21 @@ caf::behavior Link(Self self, node_actor node, std::shared_ptr<NodeContext> ctx,
   });
   Connect(self);
   return {
-      [self](caf::connect_atom) { Connect(self); },
+      [self](caf::connect_atom) {
+        auto& st = self->state;
+        if (!st.controller) return Connect(self);
+        if (st.joined || st.connecting) return;
+        st.connecting = true;  // connected, the join failed: again
+        Join(self);
+      },
+      [self](rejoin_atom) {
+        auto& st = self->state;
+        if (!st.controller || !st.joined) return;  // joining already
+        st.joined = false;
+        st.connecting = true;
+        st.ctx->log->warn("cluster: the controller at {} had marked this node down; joining again", Where(self));
+        Join(self);
+      },
       [self](pulse_atom, uint64_t generation) {
         auto& st = self->state;
         if (!st.joined || generation != st.generation) return;  // an older loop

@@ -350,8 +350,9 @@ v1::JoinReply Join(Self self, v1::NodeJoin& j, caf::actor entry) {
   auto& st = self->state;
   const std::string id = j.node().id();
   v1::JoinReply reply;
-  if (id.empty() || !entry) {
-    ToProto(Status::InvalidArgument("a join needs the node's id and its entry actor"), reply.mutable_status());
+  if (!ValidId(id) || !entry) {
+    ToProto(Status::InvalidArgument("a join needs the node's id ([a-z0-9-], 1 to 64 bytes) and its entry actor"),
+            reply.mutable_status());
     return reply;
   }
   auto& n = st.nodes[id];
@@ -445,9 +446,19 @@ v1::JoinReply Join(Self self, v1::NodeJoin& j, caf::actor entry) {
 void Beat(Self self, const std::string& id, v1::NodeLoad& load) {
   auto& st = self->state;
   auto it = st.nodes.find(id);
-  if (it == st.nodes.end() || !it->second.up()) return;  // a late beat of a node marked down: it rejoins
-  auto& n = it->second;
   auto sender = self->current_sender();
+  if (it == st.nodes.end() || !it->second.up()) {
+    // A node marked down whose connection lived through (a healed
+    // partition) or one this controller does not know (it lost its data
+    // dir): it joins again, with what it holds.
+    if (sender) {
+      st.ctx->log->info("node {} sent a heartbeat while {}: asking it to join again", id,
+                        it == st.nodes.end() ? "unknown" : "down");
+      caf::anon_send(caf::actor_cast<caf::actor>(sender), rejoin_atom::value);
+    }
+    return;
+  }
+  auto& n = it->second;
   if (!sender || sender->node() != n.entry.node()) return;  // not from that node
   n.last_beat_ms = NowMs();
   n.rec.set_last_seen_ms(n.last_beat_ms);

@@ -231,7 +231,8 @@ Result<std::unique_ptr<TestDaemon>> TestDaemon::Start(Options options) {
   if (!::mkdtemp(tmpl)) return Status::FromErrno(errno, "mkdtemp");
   d->data_dir_ = tmpl;
   d->log_path_ = d->data_dir_ + ".log";
-  DSEC_RETURN_IF_ERROR(d->Launch("127.0.0.1:0", "127.0.0.1:0"));
+  std::string any = d->options_.host + ":0";
+  DSEC_RETURN_IF_ERROR(d->Launch(any, any));
   return d;
 }
 
@@ -240,11 +241,11 @@ Status TestDaemon::Launch(const std::string& listen, const std::string& admin,
   ::unlink((data_dir_ + "/dsecd.json").c_str());
   std::vector<std::string> args = {BinDir() + "/dsecd", "--data-dir", data_dir_, "--listen", listen, "--admin",
                                    admin, "--cgroup-parent", options_.cgroup_parent, "--fncall-pool", "8", "--log-file",
-                                   log_path_, "--http", http_addr_.empty() ? "127.0.0.1:0" : http_addr_};
+                                   log_path_, "--http", http_addr_.empty() ? options_.host + ":0" : http_addr_};
   if (options_.test_hooks) args.push_back("--test-hooks");
   if (options_.role == "controller") {
     for (const char* a : {"--role", "controller", "--cluster-listen"}) args.push_back(a);
-    args.push_back(cluster_addr_.empty() ? "127.0.0.1:0" : cluster_addr_);
+    args.push_back(cluster_addr_.empty() ? options_.cluster_listen : cluster_addr_);
   }
   args.push_back("--guest-dir");
   args.push_back(TestGuestDir());

@@ -67,6 +67,11 @@ struct TestDaemonOptions {
   // ephemeral loopback port (cluster_addr()). A node gets --role node,
   // --join and --cluster-secret through extra_args.
   std::string role = "all";
+  // The address its SDK, console and HTTP ports listen on (ephemeral
+  // ports); a node in a network namespace listens on its veth's.
+  std::string host = "127.0.0.1";
+  // A controller's --cluster-listen at its first start (later starts keep its port).
+  std::string cluster_listen = "127.0.0.1:0";
 };
 
 class TestDaemon {

@@ -443,8 +443,8 @@ caf::behavior Agent(Self self, std::string host, uint16_t port, std::string toke
 }  // namespace
 
 Result<caf::actor> ConnectEntry(caf::actor_system& sys, const std::string& host, uint16_t port,
-                                const std::string& token, std::chrono::milliseconds timeout) {
-  auto fd = door::Dial(host, port, token, door::kSdk, timeout);
+                                const std::string& token, std::chrono::milliseconds timeout, uint8_t service) {
+  auto fd = door::Dial(host, port, token, static_cast<door::Service>(service), timeout);
   if (!fd.ok()) return fd.status();
   auto& mm = sys.middleman();
   auto basp = mm.named_broker<caf::io::basp_broker>(caf::atom("BASP"));

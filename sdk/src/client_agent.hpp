@@ -70,8 +70,10 @@ caf::actor SpawnAgent(caf::actor_system& sys, std::string host, uint16_t port, s
 
 // One connection through the door, blocking (for tools and tests that
 // talk to the entry actor directly): the entry's handle, or why not.
+// `service` kCluster: a controller's cluster port, `token` its secret.
 Result<caf::actor> ConnectEntry(caf::actor_system& sys, const std::string& host, uint16_t port,
-                                const std::string& token, std::chrono::milliseconds timeout);
+                                const std::string& token, std::chrono::milliseconds timeout,
+                                uint8_t service = 1 /* door::kSdk */);
 
 // The agent's own errors: a dsec Status carried in a caf::error (category
 // "dsec"), and back.

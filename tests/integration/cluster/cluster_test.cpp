@@ -13,7 +13,20 @@
 #include <map>
 #include <thread>
 
+#include <caf/all.hpp>
+#include <caf/io/all.hpp>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <condition_variable>
+#include <mutex>
+#include <optional>
+#include <random>
+
+#include "actors/cluster.hpp"
 #include "harness/daemon.hpp"
+#include "sdk/src/client_agent.hpp"
+#include "wire/wire.hpp"
 #include "runtime/files.hpp"
 #include "tests/support/container_fixture.hpp"
 #include "tests/support/probes.hpp"
@@ -25,7 +38,8 @@ using ::testing::HasSubstr;
 using Clock = std::chrono::steady_clock;
 
 constexpr int kNodes = 3;
-const uint64_t kSlots[kNodes] = {100, 200, 300};
+const uint64_t kSlots[kNodes] = {1000, 2000, 3000};
+constexpr double kAllSlots = 6000;
 
 // Polls `pred` (an admin query, a file) every 50 ms until it holds or
 // `timeout` passes: the condition is another process's state.
@@ -37,6 +51,13 @@ bool WaitUntil(Pred pred, std::chrono::milliseconds timeout) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   return pred();
+}
+
+// Node `id`'s state as controller `c` sees it ("" when unknown).
+std::string StateOf(const TestDaemon& c, const std::string& id) {
+  for (const auto& node : c.Admin("nodes").value("nodes", nlohmann::json::array()))
+    if (node.value("id", "") == id) return node.value("state", "");
+  return "";
 }
 
 class Cluster : public ::testing::Test {
@@ -83,14 +104,13 @@ class Cluster : public ::testing::Test {
     // Joined, each with its image in its heartbeat.
     if (!WaitUntil([] { return UpWithImage() == kNodes; }, std::chrono::seconds(20)))
       return Fail("the nodes did not all join with their image: " + controller_->Admin("nodes").dump());
-    ClientOptions o;
-    o.address = controller_->sdk_addr();
-    o.data_dir = controller_->data_dir();
-    auto cl = Client::Connect(o);
-    if (!cl.ok()) return Fail("SDK cannot connect to the controller: " + cl.status().ToString());
-    client_ = std::move(*cl);
+    if (auto e = ConnectClient(*controller_, &client_); !e.empty()) return Fail("the controller: " + e);
   }
   static void TearDownTestSuite() {
+    // What a failed test left: containers outlive their dsecd.
+    if (client_ && controller_ && controller_->running())
+      for (const auto& row : controller_->Admin("ls").value("sandboxes", nlohmann::json::array()))
+        if (auto sb = client_->Attach(row.value("id", "")); sb.ok()) (void)sb->Destroy();
     client_.reset();
     for (auto& n : nodes_) n.reset();
     controller_.reset();
@@ -113,11 +133,7 @@ class Cluster : public ::testing::Test {
     }
     return n;
   }
-  static std::string NodeState(const std::string& id) {
-    for (const auto& node : controller_->Admin("nodes").value("nodes", nlohmann::json::array()))
-      if (node.value("id", "") == id) return node.value("state", "");
-    return "";
-  }
+  static std::string NodeState(const std::string& id) { return StateOf(*controller_, id); }
   static int IndexOf(const std::string& node_id) {
     for (int i = 0; i < kNodes; ++i)
       if (ids_[i] == node_id) return i;
@@ -149,9 +165,9 @@ TEST_F(Cluster, ContainersLandOnEveryNodeInProportionToItsSlotsAndAnswerFromTher
     EXPECT_EQ(rec->node_address(), nodes_[IndexOf(rec->node_id())]->sdk_addr());
     made.push_back(*sb);
   }
-  // 100 : 200 : 300 slots -> 10 : 20 : 30 of 60 (within one heartbeat's slack).
+  // 1 : 2 : 3 slots -> 10 : 20 : 30 of 60 (within one heartbeat's slack).
   for (int i = 0; i < kNodes; ++i)
-    EXPECT_NEAR(per_node[ids_[i]], kCount * kSlots[i] / 600.0, 2) << "node " << ids_[i];
+    EXPECT_NEAR(per_node[ids_[i]], kCount * kSlots[i] / kAllSlots, 2) << "node " << ids_[i];
   for (const auto& sb : made) {
     auto r = sb.Exec(Command({"/bin/sh", "-c", "echo in-$0", sb.id()}));
     ASSERT_TRUE(r.ok()) << r.status().ToString();
@@ -235,14 +251,16 @@ TEST_F(Cluster, DrainStopsPlacementsAndItsSandboxesKeepWorking) {
 }
 
 TEST_F(Cluster, AKilledNodeIsDownWithinFiveSecondsItsSandboxesAreLostByNameAndItRejoinsReconciled) {
-  // Sandboxes on node 0 (the smallest: place until it has two).
+  // Two sandboxes on node 0 (the others drained meanwhile), one on each other.
   std::vector<Sandbox> victims, others;
-  for (int i = 0; i < 60 && victims.size() < 2; ++i) {
+  for (int i : {1, 2}) ASSERT_TRUE(controller_->Admin("drain " + ids_[i]).value("ok", false));
+  for (int i = 0; i < 2; ++i) {
     auto sb = client_->Create(ContainerSpec(ContainerTest::kImage));
     ASSERT_TRUE(sb.ok()) << sb.status().ToString();
-    (sb->Get()->node_id() == ids_[0] ? victims : others).push_back(*sb);
+    ASSERT_EQ(sb->Get()->node_id(), ids_[0]);
+    victims.push_back(*sb);
   }
-  ASSERT_EQ(victims.size(), 2u);
+  for (int i : {1, 2}) ASSERT_TRUE(controller_->Admin("undrain " + ids_[i]).value("ok", false));
   auto killed = Clock::now();
   nodes_[0]->Kill9();
   ASSERT_TRUE(WaitUntil([&] { return NodeState(ids_[0]) == "down"; }, std::chrono::seconds(5)))
@@ -289,29 +307,67 @@ TEST_F(Cluster, AKilledNodeIsDownWithinFiveSecondsItsSandboxesAreLostByNameAndIt
   for (const auto& sb : others) EXPECT_TRUE(sb.Destroy().ok());
 }
 
+// Many calls at once through the callback forms; each result by index.
+template <class T, class Start>
+std::vector<Result<T>> All(int n, Start start) {
+  std::vector<std::optional<Result<T>>> got(n);
+  std::mutex mu;
+  std::condition_variable cv;
+  int left = n;
+  for (int i = 0; i < n; ++i)
+    start(i, [&, i](Result<T> r) {
+      std::lock_guard<std::mutex> lk(mu);
+      got[i] = std::move(r);
+      if (--left == 0) cv.notify_all();
+    });
+  std::unique_lock<std::mutex> lk(mu);
+  cv.wait(lk, [&] { return left == 0; });
+  std::vector<Result<T>> out;
+  for (auto& g : got) out.push_back(std::move(*g));
+  return out;
+}
+
 TEST_F(Cluster, AKilledControllerComesBackWithEverySandboxReachable) {
+  // 1 000 placed (fncall: cheap for the nodes) and a few containers.
+  constexpr int kMany = 1000;
+  auto fn = All<Sandbox>(kMany, [](int, Done<Sandbox> d) { client_->CreateAsync(FncallSpec(), {}, std::move(d)); });
   std::vector<Sandbox> made;
-  for (int i = 0; i < 9; ++i) {
+  for (auto& r : fn) {
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    made.push_back(*r);
+  }
+  for (int i = 0; i < 6; ++i) {
     auto sb = client_->Create(ContainerSpec(ContainerTest::kImage));
     ASSERT_TRUE(sb.ok()) << sb.status().ToString();
     made.push_back(*sb);
   }
   controller_->Kill9();
   // Calls go to the nodes themselves: they go on without the controller.
-  for (const auto& sb : made) EXPECT_TRUE(sb.Exec(Command({"true"})).ok());
+  for (size_t i = kMany; i < made.size(); ++i) EXPECT_TRUE(made[i].Exec(Command({"true"})).ok());
   ASSERT_TRUE(controller_->Restart().ok());
   ASSERT_TRUE(WaitUntil([] { return UpWithImage() == kNodes; }, std::chrono::seconds(20)))
       << controller_->Admin("nodes").dump();
-  // The same client reconnects by itself; each sandbox is found by id.
-  for (const auto& sb : made) {
-    auto again = client_->Attach(sb.id());
-    ASSERT_TRUE(again.ok()) << again.status().ToString();
-    EXPECT_TRUE(again->Exec(Command({"true"})).ok());
+  // The same client reconnects by itself; every sandbox is found by id
+  // through the controller, and answers.
+  auto found = All<Sandbox>(static_cast<int>(made.size()),
+                            [&](int i, Done<Sandbox> d) { client_->AttachAsync(made[i].id(), std::move(d)); });
+  int reachable = 0;
+  for (auto& r : found) {
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    if (r.ok()) reachable++;
   }
+  EXPECT_EQ(reachable, static_cast<int>(made.size()));
+  for (size_t i = 0; i < found.size(); i += 50)
+    if (found[i].ok()) EXPECT_TRUE(found[i]->Exec(Command({"true"})).ok());
+  for (size_t i = kMany; i < found.size(); ++i)
+    if (found[i].ok()) EXPECT_TRUE(found[i]->Exec(Command({"true"})).ok());
   auto sb = client_->Create(ContainerSpec(ContainerTest::kImage));
   ASSERT_TRUE(sb.ok()) << sb.status().ToString();
   made.push_back(*sb);
-  for (const auto& s : made) EXPECT_TRUE(s.Destroy().ok());
+  auto gone = All<bool>(static_cast<int>(made.size()), [&](int i, Done<bool> d) {
+    made[i].DestroyAsync([d](Status s) { d(s.ok() ? Result<bool>(true) : Result<bool>(s)); });
+  });
+  for (auto& g : gone) EXPECT_TRUE(g.ok()) << g.status().ToString();
 }
 
 TEST_F(Cluster, ANodeWithTheWrongSecretIsRefusedAndLogged) {
@@ -333,6 +389,293 @@ TEST_F(Cluster, ANodeWithTheWrongSecretIsRefusedAndLogged) {
   EXPECT_EQ(NodeState(id), "") << "a node with the wrong secret was admitted";
   n->reset();
   ::unlink(wrong.c_str());
+}
+
+// Garbage on the cluster port is refused at the door; hostile messages from
+// a peer that holds the secret (joins without a proper id, heartbeats of
+// nodes that do not exist, requests naming nothing, messages of no known
+// shape) get errors and change no record: the same nodes in the same
+// states, the same directory.
+TEST_F(Cluster, GarbageAndHostileMessagesToTheControllerChangeNothing) {
+  // The directory has caught up with what each node holds (heartbeats
+  // carry what ended), before and after.
+  auto caught_up = [] {
+    auto nodes = controller_->Admin("nodes")["nodes"];
+    for (int i = 0; i < kNodes; ++i) {
+      size_t held = nodes_[i]->Admin("status").value("sandboxes", size_t{0});
+      bool same = false;
+      for (const auto& n : nodes)
+        same = same || (n.value("id", "") == ids_[i] && n.value("directory_sandboxes", size_t{0}) == held);
+      if (!same) return false;
+    }
+    return true;
+  };
+  ASSERT_TRUE(WaitUntil(caught_up, std::chrono::seconds(10))) << controller_->Admin("nodes").dump();
+  auto before_nodes = controller_->Admin("nodes");
+  auto before = controller_->Admin("status");
+  std::string host = controller_->cluster_addr().substr(0, controller_->cluster_addr().rfind(':'));
+  uint16_t port = static_cast<uint16_t>(std::stoi(controller_->cluster_addr().substr(host.size() + 1)));
+  std::mt19937_64 rng(42);
+  // 2 000 random byte strings, 20 connections.
+  for (int c = 0; c < 20; ++c) {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons(port);
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
+    for (int i = 0; i < 100; ++i) {
+      std::string bytes(1 + rng() % 200, '\0');
+      for (auto& b : bytes) b = static_cast<char>(rng());
+      if (::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) < 0) break;  // refused and closed
+    }
+    ::close(fd);
+  }
+  // A peer with the secret, speaking BASP.
+  caf::actor_system_config cfg;
+  ConfigureCaf(cfg, CafOptions{});
+  caf::actor_system sys{cfg};
+  auto secret = ReadFileToString(controller_->data_dir() + "/cluster.secret");
+  ASSERT_TRUE(secret.ok());
+  while (!secret->empty() && secret->back() == '\n') secret->pop_back();
+  auto ctl = sdk::ConnectEntry(sys, host, port, *secret, std::chrono::seconds(5), 2 /* door::kCluster */);
+  ASSERT_TRUE(ctl.ok()) << ctl.status().ToString();
+  caf::scoped_actor self{sys};
+  auto ask_join = [&](v1::NodeJoin j, caf::actor entry) {
+    v1::JoinReply reply;
+    self->request(*ctl, std::chrono::seconds(10), join_atom::value, std::move(j), entry)
+        .receive([&](v1::JoinReply& r) { reply = std::move(r); },
+                 [&](caf::error& e) { ADD_FAILURE() << sys.render(e); });
+    return reply;
+  };
+  auto bogus = sys.spawn([](caf::event_based_actor*) -> caf::behavior { return {[](int) {}}; });
+  v1::NodeJoin j;
+  EXPECT_NE(ask_join(j, bogus).status().code(), v1::Status::OK) << "a join without an id";
+  j.mutable_node()->set_id(std::string(100000, 'x'));
+  EXPECT_NE(ask_join(j, bogus).status().code(), v1::Status::OK) << "a join with a 100 000-byte id";
+  j.mutable_node()->set_id("../../etc");
+  EXPECT_NE(ask_join(j, bogus).status().code(), v1::Status::OK) << "a join with an id that is not [a-z0-9-]";
+  j.mutable_node()->set_id("fine-id");
+  EXPECT_NE(ask_join(j, caf::actor()).status().code(), v1::Status::OK) << "a join without an entry";
+  j.mutable_node()->set_id(ids_[1]);
+  EXPECT_EQ(ask_join(j, bogus).status().code(), v1::Status::ALREADY_EXISTS) << "another process taking a node's id";
+  for (int i = 0; i < 200; ++i) {
+    v1::NodeLoad load;
+    for (int k = 0; k < 50; ++k) {
+      load.add_ended_sandboxes("sb-" + std::to_string(rng()));
+      load.add_started_sandboxes(std::to_string(rng()));
+    }
+    load.set_sandboxes(rng());
+    self->send(*ctl, beat_atom::value, i % 2 ? ids_[i % kNodes] : "nobody-" + std::to_string(rng()), load);
+  }
+  // Ids of printable junk reach the handlers (an error reply each); ids of
+  // raw bytes are malformed protobuf (invalid UTF-8 in a string field) and
+  // are refused before any handler (an error to the sender).
+  int refused_malformed = 0;
+  for (int i = 0; i < 200; ++i) {
+    bool raw = i % 2;
+    std::string id(rng() % 80, 'a');
+    for (auto& ch : id) ch = raw ? static_cast<char>(rng()) : static_cast<char>(' ' + rng() % 95);
+    auto malformed = [&](caf::error& e) {
+      if (raw) ++refused_malformed;
+      else ADD_FAILURE() << sys.render(e);
+    };
+    v1::ExecRequest ex;
+    ex.set_sandbox_id(id);
+    ex.add_argv("true");
+    self->request(*ctl, std::chrono::seconds(10), ex)
+        .receive([&](v1::ExecReply& r) { EXPECT_NE(r.status().code(), v1::Status::OK); }, malformed);
+    v1::CreateRequest cr;
+    cr.set_id(id.empty() || id.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789-") == std::string::npos
+                  ? "UPPER"
+                  : id);
+    cr.mutable_spec()->set_kind(v1::KIND_FNCALL);
+    self->request(*ctl, std::chrono::seconds(10), cr)
+        .receive(
+            [&](v1::SandboxReply& r) {
+              EXPECT_EQ(r.status().code(), v1::Status::INVALID_ARGUMENT) << r.status().message();
+            },
+            malformed);
+    self->send(*ctl, static_cast<int>(rng()), id);  // a message of no known shape
+    self->send(*ctl, admin_atom::value, std::string(i % 2 ? "drain" : "undrain"), std::vector<std::string>{id});
+  }
+  std::printf("%d malformed requests refused before any handler\n", refused_malformed);
+  caf::anon_send_exit(bogus, caf::exit_reason::user_shutdown);
+  // Nothing changed: the same nodes in the same states, the same directory.
+  EXPECT_TRUE(WaitUntil(caught_up, std::chrono::seconds(10))) << controller_->Admin("nodes").dump();
+  auto after_nodes = controller_->Admin("nodes");
+  ASSERT_EQ(after_nodes["nodes"].size(), before_nodes["nodes"].size()) << after_nodes.dump();
+  for (size_t i = 0; i < after_nodes["nodes"].size(); ++i) {
+    EXPECT_EQ(after_nodes["nodes"][i].value("id", ""), before_nodes["nodes"][i].value("id", ""));
+    EXPECT_EQ(after_nodes["nodes"][i].value("state", ""), before_nodes["nodes"][i].value("state", ""));
+    EXPECT_EQ(after_nodes["nodes"][i].value("directory_sandboxes", 0),
+              before_nodes["nodes"][i].value("directory_sandboxes", 0));
+  }
+  auto after = controller_->Admin("status");
+  EXPECT_EQ(after.value("sandboxes", 0), before.value("sandboxes", 0));
+  EXPECT_EQ(after.value("sessions", 0), before.value("sessions", 0));
+  EXPECT_EQ(after.value("nodes_up", 0), kNodes);
+  // And it still places.
+  auto sb = client_->Create(ContainerSpec(ContainerTest::kImage));
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  EXPECT_TRUE(sb->Destroy().ok());
+}
+
+// Two nodes, each in a network namespace of its own joined to the host by a
+// veth pair (made and removed here): joins, placements and the SDK's calls
+// to the nodes cross a real interface. Taking one node's link down for 10 s
+// is a partition: the controller marks the node down and reports its
+// sandboxes lost; once the link is up the node is back, with them.
+class ClusterNetns : public ::testing::Test {
+ protected:
+  static constexpr int kNetNodes = 2;
+
+  static bool Ip(std::vector<std::string> args, std::string* err = nullptr) {
+    args.insert(args.begin(), "/sbin/ip");
+    auto r = RunProcess(args);
+    if (r.exit_code != 0 && err) *err = "ip " + args[1] + " " + (args.size() > 2 ? args[2] : "") + ": " + r.err;
+    return r.exit_code == 0;
+  }
+  static std::string Ns(int i) { return "dsec-t" + std::to_string(::getpid()) + "-" + std::to_string(i); }
+  static std::string HostVeth(int i) { return "dt" + std::to_string(::getpid() % 100000) + "h" + std::to_string(i); }
+  static std::string NsVeth(int i) { return "dt" + std::to_string(::getpid() % 100000) + "n" + std::to_string(i); }
+  // 10.213.<i>.1 on the host's side, .2 in the namespace.
+  static std::string Addr(int i, int end) { return "10.213." + std::to_string(i + 1) + "." + std::to_string(end); }
+
+  static void SetUpTestSuite() {
+    if (::geteuid() != 0) {
+      skip_ = "network namespaces need root";
+      return;
+    }
+    if (::access("/sbin/ip", X_OK) != 0) {
+      skip_ = "no /sbin/ip (iproute2)";
+      return;
+    }
+    if (auto gap = FncallHostGap(); !gap.empty()) {
+      skip_ = "fncall sandboxes unavailable on this host: " + gap;
+      return;
+    }
+    std::string err;
+    for (int i = 0; i < kNetNodes; ++i) {
+      made_[i] = Ip({"netns", "add", Ns(i)}, &err);
+      bool ok = made_[i] && Ip({"link", "add", HostVeth(i), "type", "veth", "peer", "name", NsVeth(i)}, &err) &&
+                Ip({"link", "set", NsVeth(i), "netns", Ns(i)}, &err) &&
+                Ip({"addr", "add", Addr(i, 1) + "/24", "dev", HostVeth(i)}, &err) &&
+                Ip({"link", "set", HostVeth(i), "up"}, &err) &&
+                Ip({"netns", "exec", Ns(i), "/sbin/ip", "addr", "add", Addr(i, 2) + "/24", "dev", NsVeth(i)}, &err) &&
+                Ip({"netns", "exec", Ns(i), "/sbin/ip", "link", "set", NsVeth(i), "up"}, &err) &&
+                Ip({"netns", "exec", Ns(i), "/sbin/ip", "link", "set", "lo", "up"}, &err);
+      if (!ok) return Fail("cannot make network namespace " + Ns(i) + ": " + err);
+    }
+    TestDaemonOptions co;
+    co.role = "controller";
+    // The nodes reach the controller's cluster port from their namespaces.
+    co.cluster_listen = "0.0.0.0:0";
+    auto c = TestDaemon::Start(co);
+    if (!c.ok()) return Fail("the controller did not start: " + c.status().ToString());
+    controller_ = std::move(*c);
+    std::string port = controller_->cluster_addr().substr(controller_->cluster_addr().rfind(':') + 1);
+    for (int i = 0; i < kNetNodes; ++i) {
+      TestDaemonOptions o;
+      // nsenter, not `ip netns exec`: that also mounts a fresh /sys,
+      // which hides the cgroup hierarchies the node's sandboxes need.
+      o.wrapper = {"/usr/bin/nsenter", "--net=/run/netns/" + Ns(i), "--"};
+      o.host = Addr(i, 2);
+      o.extra_args = {"--role", "node", "--join", Addr(i, 1) + ":" + port, "--cluster-secret",
+                      controller_->data_dir() + "/cluster.secret", "--slots", "100"};
+      auto n = TestDaemon::Start(o);
+      if (!n.ok()) return Fail("node " + std::to_string(i) + " did not start: " + n.status().ToString());
+      nodes_[i] = std::move(*n);
+      ids_[i] = nodes_[i]->Admin("status").value("node", "");
+    }
+    if (!WaitUntil([] { return Up() == kNetNodes; }, std::chrono::seconds(20)))
+      return Fail("the nodes did not join: " + controller_->Admin("nodes").dump());
+    if (auto e = ConnectClient(*controller_, &client_); !e.empty()) return Fail("the controller: " + e);
+  }
+  static void TearDownTestSuite() {
+    client_.reset();
+    for (auto& n : nodes_) n.reset();
+    controller_.reset();
+    for (int i = 0; i < kNetNodes; ++i)
+      if (made_[i]) {
+        Ip({"link", "del", HostVeth(i)});  // and its peer
+        EXPECT_TRUE(Ip({"netns", "del", Ns(i)})) << "cannot remove network namespace " << Ns(i);
+      }
+  }
+  static void Fail(const std::string& why) { failure_ = why; }
+  void SetUp() override {
+    ASSERT_TRUE(failure_.empty()) << failure_;
+    if (!client_) GTEST_SKIP() << skip_;
+  }
+  static int Up() {
+    int n = 0;
+    for (const auto& node : controller_->Admin("nodes").value("nodes", nlohmann::json::array()))
+      n += node.value("state", "") == "up";
+    return n;
+  }
+  static std::string NodeState(const std::string& id) { return StateOf(*controller_, id); }
+
+  static inline std::unique_ptr<TestDaemon> controller_;
+  static inline std::unique_ptr<TestDaemon> nodes_[kNetNodes];
+  static inline std::string ids_[kNetNodes];
+  static inline bool made_[kNetNodes] = {};
+  static inline std::unique_ptr<Client> client_;
+  static inline std::string skip_, failure_;
+};
+
+TEST_F(ClusterNetns, CallsCrossTheVethAndAPartitionIsDetectedAndHealed) {
+  std::vector<Sandbox> on[kNetNodes];
+  for (int i = 0; i < 40 && (on[0].empty() || on[1].empty()); ++i) {
+    auto sb = client_->Create(FncallSpec());
+    ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+    auto rec = sb->Get();
+    ASSERT_TRUE(rec.ok()) << rec.status().ToString();
+    int at = rec->node_id() == ids_[0] ? 0 : 1;
+    // The node's SDK address is on its veth: the calls cross it.
+    EXPECT_EQ(rec->node_address().rfind(Addr(at, 2) + ":", 0), 0u) << rec->node_address();
+    on[at].push_back(*sb);
+  }
+  ASSERT_FALSE(on[0].empty());
+  ASSERT_FALSE(on[1].empty());
+  for (const auto& list : on)
+    for (const auto& sb : list) {
+      auto r = sb.Exec(Command({"echo", "across"}));
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      EXPECT_EQ(r->stdout(), "across\n");
+    }
+  // Partition node 0 for 10 s.
+  auto cut = Clock::now();
+  ASSERT_TRUE(Ip({"link", "set", HostVeth(0), "down"}));
+  EXPECT_TRUE(WaitUntil([] { return NodeState(ids_[0]) == "down"; }, std::chrono::seconds(5)))
+      << controller_->Admin("nodes").dump();
+  std::printf("partitioned node marked down %.2f s after its link went down\n",
+              std::chrono::duration<double>(Clock::now() - cut).count());
+  auto lost = client_->Attach(on[0][0].id());
+  ASSERT_FALSE(lost.ok());
+  EXPECT_THAT(lost.status().message(), HasSubstr(ids_[0]));
+  EXPECT_THAT(lost.status().message(), HasSubstr("lost"));
+  // The other side of the cluster works on.
+  EXPECT_TRUE(on[1][0].Exec(Command({"true"})).ok());
+  auto placed = client_->Create(FncallSpec());
+  ASSERT_TRUE(placed.ok()) << placed.status().ToString();
+  EXPECT_EQ(placed->Get()->node_id(), ids_[1]);
+  std::this_thread::sleep_for(std::chrono::seconds(10) - (Clock::now() - cut));  // the partition's length
+  ASSERT_TRUE(Ip({"link", "set", HostVeth(0), "up"}));
+  auto healed = Clock::now();
+  ASSERT_TRUE(WaitUntil([] { return NodeState(ids_[0]) == "up"; }, std::chrono::seconds(30)))
+      << controller_->Admin("nodes").dump();
+  std::printf("node back up %.2f s after the link came back\n",
+              std::chrono::duration<double>(Clock::now() - healed).count());
+  for (const auto& sb : on[0]) {
+    auto again = client_->Attach(sb.id());
+    ASSERT_TRUE(again.ok()) << again.status().ToString();
+    auto r = again->Exec(Command({"echo", "healed"}));
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->stdout(), "healed\n");
+  }
+  for (auto& list : on)
+    for (const auto& sb : list) EXPECT_TRUE(sb.Destroy().ok());
+  EXPECT_TRUE(placed->Destroy().ok());
 }
 
 }  // namespace
