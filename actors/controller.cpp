@@ -48,8 +48,20 @@ struct NodeEntry {
   bool up() const { return static_cast<bool>(entry); }
 };
 
+// A session opened restartable: how to open it again, how long the log's
+// copy here is (its steps in this controller's steps table), and where a
+// restart stands.
+struct Restartable {
+  v1::OpenSessionRequest open;
+  uint64_t logged = 0;
+  std::string restarting_on;  // the node it is being re-run on
+  std::string failed;         // why it cannot go on ("" while it can)
+  uint32_t moves = 0;
+};
+
 struct ControllerState {
   std::shared_ptr<ControllerContext> ctx;
+  std::unordered_map<std::string, Restartable> restartable;
   std::map<std::string, NodeEntry> nodes;  // by node id
   std::unordered_map<caf::actor_addr, std::string> node_of;
   std::unordered_map<std::string, std::string> sandbox_node, session_node;
@@ -64,6 +76,7 @@ using Self = controller_actor::stateful_pointer<ControllerState>;
 
 std::string SandboxKey(const std::string& id) { return "b/" + id; }
 std::string SessionKey(const std::string& name) { return "s/" + name; }
+std::string RestartableKey(const std::string& name) { return "r/" + name; }
 
 std::string Clock_(int64_t ms) {
   time_t t = static_cast<time_t>(ms / 1000);
@@ -97,6 +110,8 @@ Status NodeGone(Self self, const std::string& id, const std::string& what) {
                              r.down_reason() + "); it comes back if the node rejoins with it");
 }
 
+void Restart(Self self, const std::string& name, const std::string& from);
+
 void MarkDown(Self self, NodeEntry& n, const std::string& why) {
   if (!n.up()) return;
   self->demonitor(n.entry);
@@ -114,6 +129,15 @@ void MarkDown(Self self, NodeEntry& n, const std::string& why) {
     fail(Status::Unavailable("node " + n.rec.node().id() + " went down (" + why +
                              ") while the call was in flight; it may or may not have been carried out"));
   PersistNode(self, n);
+  // Restartable sessions it held go on elsewhere (after this handler: the
+  // placement must not pick it).
+  const std::string id = n.rec.node().id();
+  std::vector<std::string> moving;
+  for (const auto& [name, r] : self->state.restartable) {
+    auto at = self->state.session_node.find(name);
+    if (at != self->state.session_node.end() && at->second == id) moving.push_back(name);
+  }
+  for (const auto& name : moving) self->send(self, Continuation{[self, name, id] { Restart(self, name, id); }});
 }
 
 bool Settle(Self self, const std::string& node, uint64_t call) {
@@ -160,8 +184,17 @@ void Decorate(Self self, const std::string& node, v1::SandboxReply* r) {
 }
 void Decorate(Self self, const std::string& node, v1::SessionReply* r) {
   if (!r->has_session()) return;
-  r->mutable_session()->set_node_id(node);
-  if (auto* a = SdkAddress(self, node)) r->mutable_session()->set_node_address(*a);
+  auto* rec = r->mutable_session();
+  rec->set_node_id(node);
+  auto re = self->state.restartable.find(rec->name());
+  if (re != self->state.restartable.end()) {
+    // Its steps come here (the log's copy is kept here): no node address.
+    rec->set_restartable(true);
+    rec->set_moves(re->second.moves);
+    rec->clear_node_address();
+    return;
+  }
+  if (auto* a = SdkAddress(self, node)) rec->set_node_address(*a);
 }
 template <class Reply>
 void Decorate(Self, const std::string&, Reply*) {}
@@ -322,11 +355,18 @@ caf::result<v1::SessionReply> OpenSession(Self self, v1::OpenSessionRequest& req
   st.session_node[name] = *node;
   auto rp = self->make_response_promise<v1::SessionReply>();
   std::string n = *node;
+  std::optional<v1::OpenSessionRequest> restartable;
+  if (req.restartable()) restartable = req;
   Forward<v1::SessionReply>(self, n, "session " + name, std::move(req), kCallTimeout,
-                            [self, rp, n, name](v1::SessionReply r) mutable {
+                            [self, rp, n, name, restartable](v1::SessionReply r) mutable {
                               auto& st = self->state;
                               state::WriteBatch b;
                               if (r.status().code() == v1::Status::OK) {
+                                if (restartable) {
+                                  st.restartable[name].open = *restartable;
+                                  b.Put(state::Table::kPlacements, RestartableKey(name),
+                                        restartable->SerializeAsString());
+                                }
                                 PutPlacement(self, &b, SessionKey(name), n);
                                 for (const auto& sb : r.session().sandboxes()) {
                                   if (sb.id().empty()) continue;
@@ -341,6 +381,155 @@ caf::result<v1::SessionReply> OpenSession(Self self, v1::OpenSessionRequest& req
                               Persist(self, std::move(b));
                               rp.deliver(std::move(r));
                             });
+  return rp;
+}
+
+// ---- restartable sessions ----
+
+Result<v1::StepRecord> CopiedStep(Self self, const std::string& name, uint64_t index) {
+  return state::TypedTable<v1::StepRecord>(self->state.ctx->store, state::Table::kSteps)
+      .Get(state::StepKey(name, index));
+}
+
+void EndRestart(Self self, const std::string& name, const std::string& failed) {
+  auto it = self->state.restartable.find(name);
+  if (it == self->state.restartable.end()) return;
+  auto& r = it->second;
+  std::string on = r.restarting_on;
+  r.restarting_on.clear();
+  if (!failed.empty()) {
+    r.failed = failed;
+    self->state.ctx->log->error("session {}: {}", name, failed);
+    return;
+  }
+  r.moves++;
+  self->state.ctx->log->info("session {} goes on on node {}: its {} logged step(s) re-ran there", name, on, r.logged);
+}
+
+// Re-runs step `i` and the ones after it of session `name` on `node`.
+void Replay(Self self, const std::string& name, const std::string& node, const std::string& from, uint64_t i) {
+  auto it = self->state.restartable.find(name);
+  if (it == self->state.restartable.end()) return;
+  auto& r = it->second;
+  if (i >= r.logged) return EndRestart(self, name, "");
+  auto step = CopiedStep(self, name, i);
+  if (!step.ok()) return EndRestart(self, name, "cannot read step " + std::to_string(i) + " of its log's copy: " +
+                                                    step.status().message());
+  if (step->not_replayable()) {
+    v1::CloseSessionRequest close;
+    close.set_name(name);
+    close.set_reason("its restart stopped before step " + std::to_string(i) + ", which is not replayable");
+    Forward<v1::SessionReply>(self, node, "session " + name, close, kCallTimeout, [](v1::SessionReply) {});
+    return EndRestart(self, name,
+                      "cannot go on: its node " + from + " went down and step " + std::to_string(i) +
+                          " is marked not replayable (it has effects outside the sandbox), so it was not re-run on "
+                          "another node; its log up to there is kept (dsec-replay, Steps()); open a new session");
+  }
+  v1::StepRequest again;
+  again.set_session(name);
+  again.set_index(i);
+  *again.mutable_exec() = step->request();
+  again.set_sandbox(step->sandbox());
+  *again.mutable_meta() = step->meta();
+  auto timeout = ExecTimeout(again.exec());
+  Forward<v1::StepReply>(self, node, "session " + name, std::move(again), timeout,
+                         [self, name, node, from, i](v1::StepReply rep) {
+                           if (rep.status().code() != v1::Status::OK)
+                             return EndRestart(self, name,
+                                               "re-running step " + std::to_string(i) + " on node " + node +
+                                                   " failed: " + rep.status().message());
+                           Replay(self, name, node, from, i + 1);
+                         });
+}
+
+// Session `name` was on node `from`, which went down: open it on another
+// node and re-run its log there.
+void Restart(Self self, const std::string& name, const std::string& from) {
+  auto& st = self->state;
+  auto& r = st.restartable[name];
+  if (!r.failed.empty() || !r.restarting_on.empty()) return;
+  auto target = Place(self, r.open.spec());
+  if (!target.ok())
+    return EndRestart(self, name, "its node " + from + " went down and no other node can take it: " +
+                                      target.status().message());
+  r.restarting_on = *target;
+  st.ctx->log->warn("session {} was on node {}, which went down: opening it on node {} and re-running its {} step(s)",
+                    name, from, *target, r.logged);
+  std::string node = *target;
+  Forward<v1::SessionReply>(self, node, "session " + name, r.open, kCallTimeout,
+                            [self, name, node, from](v1::SessionReply rep) {
+                              auto& st = self->state;
+                              if (rep.status().code() != v1::Status::OK)
+                                return EndRestart(self, name, "opening it again on node " + node + " failed: " +
+                                                                  rep.status().message());
+                              state::WriteBatch b;
+                              st.session_node[name] = node;
+                              PutPlacement(self, &b, SessionKey(name), node);
+                              for (const auto& sb : rep.session().sandboxes()) {
+                                if (sb.id().empty()) continue;
+                                st.sandbox_node[sb.id()] = node;
+                                PutPlacement(self, &b, SandboxKey(sb.id()), node);
+                              }
+                              Persist(self, std::move(b));
+                              Replay(self, name, node, from, 0);
+                            });
+}
+
+// A step of a restartable session: answered from the log's copy when it is
+// there (a fast-forward), else run on its node and copied here (durably)
+// before the trainer hears of it.
+caf::result<v1::StepReply> RestartableStep(Self self, Restartable& r, v1::StepRequest& req) {
+  const std::string name = req.session();
+  if (!r.failed.empty())
+    return ErrorReply<v1::StepReply>(Status::FailedPrecondition("session " + name + " " + r.failed));
+  if (!r.restarting_on.empty())
+    return ErrorReply<v1::StepReply>(
+        Status::Unavailable("session " + name + " is being restarted on node " + r.restarting_on +
+                            " (its node went down); send the step again in a moment"));
+  if (req.index() < r.logged) {
+    auto step = CopiedStep(self, name, req.index());
+    if (!step.ok()) return ErrorReply<v1::StepReply>(step.status());
+    const auto& a = step->request().argv();
+    const auto& b = req.exec().argv();
+    std::string role = req.sandbox().empty() ? "agent" : req.sandbox();
+    if (a.size() != b.size() || !std::equal(a.begin(), a.end(), b.begin()) || step->sandbox() != role)
+      return ErrorReply<v1::StepReply>(Status::FailedPrecondition(
+          "session " + name + " step " + std::to_string(req.index()) +
+          " is logged with another request; a replay must send the same steps"));
+    v1::StepReply reply;
+    *reply.mutable_step() = std::move(*step);
+    reply.set_fast_forwarded(true);
+    return reply;
+  }
+  auto it = self->state.session_node.find(name);
+  if (it == self->state.session_node.end())
+    return ErrorReply<v1::StepReply>(Status::NotFound("no session '" + name + "' in this cluster"));
+  auto rp = self->make_response_promise<v1::StepReply>();
+  auto timeout = ExecTimeout(req.exec());
+  Forward<v1::StepReply>(
+      self, it->second, "session " + name, std::move(req), timeout, [self, rp, name](v1::StepReply rep) mutable {
+        auto re = self->state.restartable.find(name);
+        if (rep.status().code() != v1::Status::OK || rep.fast_forwarded() || re == self->state.restartable.end() ||
+            rep.step().index() < re->second.logged) {
+          rp.deliver(std::move(rep));  // (deliver returns the promise: no `return rp.deliver`)
+          return;
+        }
+        state::WriteBatch b;
+        state::TypedTable<v1::StepRecord>(self->state.ctx->store, state::Table::kSteps)
+            .Put(&b, state::StepKey(name, rep.step().index()), rep.step());
+        re->second.logged = rep.step().index() + 1;
+        auto handle = caf::actor_cast<controller_actor>(self);
+        auto out = std::make_shared<v1::StepReply>(std::move(rep));
+        self->state.ctx->committer->Submit(std::move(b), [handle, rp, out](const Status& w) mutable {
+          Post(handle, [rp, out, w]() mutable {
+            if (!w.ok())
+              rp.deliver(ErrorReply<v1::StepReply>(
+                  w.Annotate("the step ran but the controller could not keep its copy of the log")));
+            else
+              rp.deliver(std::move(*out));
+          });
+        });
+      });
   return rp;
 }
 
@@ -404,6 +593,14 @@ v1::JoinReply Join(Self self, v1::NodeJoin& j, caf::actor entry) {
     if (fresh) {
       ++added;
       PutPlacement(self, &b, SessionKey(se), id);
+    } else if (it->second != id) {
+      // Restarted elsewhere while this node was away: its copy here goes.
+      ++conflicts;
+      v1::CloseSessionRequest close;
+      close.set_name(se);
+      close.set_reason("it was restarted on node " + it->second + " while this node was down");
+      st.ctx->log->info("session {} is on node {} now: closing the stale copy on node {}", se, it->second, id);
+      self->request(entry, kCallTimeout, std::move(close)).then([](v1::SessionReply&) {}, [](caf::error&) {});
     }
   }
   for (auto it = st.sandbox_node.begin(); it != st.sandbox_node.end();) {
@@ -518,6 +715,17 @@ void Load(Self self) {
     return true;
   });
   if (!s.ok()) st.ctx->log->error("controller: reading the placements table: {}", s.message());
+  s = st.ctx->store->ScanFrom(state::Table::kPlacements, "r/", "r/", [&](const std::string& k, const std::string& v) {
+    Restartable r;
+    if (!r.open.ParseFromString(v)) return true;
+    (void)st.ctx->store->ScanFrom(state::Table::kSteps, state::StepPrefix(k.substr(2)), state::StepPrefix(k.substr(2)),
+                                  [&](const std::string&, const std::string&) {
+                                    r.logged++;
+                                    return true;
+                                  });
+    st.restartable[k.substr(2)] = std::move(r);
+    return true;
+  });
   st.ctx->log->info("controller {}: {} nodes known (down until they rejoin), {} sandboxes and {} sessions in the directory",
                     st.ctx->id, st.nodes.size(), st.sandbox_node.size(), st.session_node.size());
 }
@@ -825,7 +1033,9 @@ controller_actor::behavior_type ControllerActor(Self self, std::shared_ptr<Contr
       [self](v1::WriteFileRequest& req) { return ToSandboxNode<v1::FileReply>(self, req.sandbox_id(), req); },
       [self](v1::ListFilesRequest& req) { return ToSandboxNode<v1::FileReply>(self, req.sandbox_id(), req); },
       [self](v1::OpenSessionRequest& req) { return OpenSession(self, req); },
-      [self](v1::StepRequest& req) {
+      [self](v1::StepRequest& req) -> caf::result<v1::StepReply> {
+        auto re = self->state.restartable.find(req.session());
+        if (re != self->state.restartable.end()) return RestartableStep(self, re->second, req);
         auto timeout = ExecTimeout(req.exec());
         return ToSessionNode<v1::StepReply>(self, req.session(), req, timeout);
       },
@@ -857,7 +1067,24 @@ controller_actor::behavior_type ControllerActor(Self self, std::shared_ptr<Contr
         }
       },
       [](const v1::Hello&) {},  // owners are tracked by the nodes their sandboxes are on
-      [self](v1::ListStepsRequest& req) { return ToSessionNode<v1::StepsReply>(self, req.session(), req); },
+      [self](v1::ListStepsRequest& req) -> caf::result<v1::StepsReply> {
+        auto re = self->state.restartable.find(req.session());
+        if (re == self->state.restartable.end()) return ToSessionNode<v1::StepsReply>(self, req.session(), req);
+        // A restarted session's node holds the re-run; the log is the copy.
+        auto it = self->state.session_node.find(req.session());
+        if (it == self->state.session_node.end())
+          return ErrorReply<v1::StepsReply>(Status::NotFound("no session '" + req.session() + "' in this cluster"));
+        auto rp = self->make_response_promise<v1::StepsReply>();
+        std::string name = req.session();
+        Forward<v1::StepsReply>(self, it->second, "session " + name, std::move(req), kCallTimeout,
+                                [self, rp, name](v1::StepsReply r) mutable {
+                                  for (auto& step : *r.mutable_steps())
+                                    if (auto copy = CopiedStep(self, name, step.index()); copy.ok())
+                                      step = std::move(*copy);
+                                  rp.deliver(std::move(r));
+                                });
+        return rp;
+      },
       [self](v1::RegisterImageRequest& req) {
         return ToAllNodes<v1::ImageReply>(self, req, "register image " + req.manifest().name());
       },

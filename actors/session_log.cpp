@@ -123,6 +123,7 @@ void LogStep(Self self, const v1::StepRequest& req, int64_t started, Result<v1::
   step.mutable_request()->clear_stream_id();
   *step.mutable_result() = std::move(*r);
   *step.mutable_meta() = req.meta();
+  step.set_not_replayable(req.not_replayable());
   step.set_started_ms(started);
   step.set_finished_ms(NowMs());
   state::WriteBatch b;

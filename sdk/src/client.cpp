@@ -405,6 +405,7 @@ void Client::OpenSessionAsync(const std::string& name, const v1::SandboxSpec& sp
     *sb->mutable_spec() = more;
   }
   req.set_lease_s(options.lease_s);
+  req.set_restartable(options.restartable);
   // Opening creates the session's sandboxes: allow for a busy node.
   impl_->Call<v1::SessionReply>(std::move(req), impl_->options.rpc_timeout * 2,
                                 Then<v1::SessionReply>(std::move(done), [this, name](v1::SessionReply& r) {
@@ -539,6 +540,7 @@ void Session::StepAsync(uint64_t index, v1::ExecRequest req, const StepOptions& 
   step.set_index(index);
   step.set_sandbox(options.sandbox);
   *step.mutable_meta() = options.meta;
+  step.set_not_replayable(options.not_replayable);
   const std::string& role = options.sandbox.empty() ? std::string("agent") : options.sandbox;
   v1::SandboxSpec spec = rec_->spec();
   for (const auto& sb : rec_->sandboxes())

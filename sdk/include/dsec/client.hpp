@@ -125,6 +125,9 @@ class Sandbox {
 struct StepOptions {
   std::string sandbox;              // role; default "agent"
   v1::StepMeta meta;
+  // The step has effects outside the sandbox that must not happen twice: a
+  // restartable session is not re-run past it (SessionOptions::restartable).
+  bool not_replayable = false;
 };
 
 // A rollout session (DESIGN.md section 4): steps are numbered from 0; a
@@ -185,6 +188,10 @@ struct SessionOptions {
   std::vector<std::pair<std::string, v1::SandboxSpec>> more_sandboxes;
   // Seconds the session outlives its last trainer; 0: the node's default.
   uint32_t lease_s = 0;
+  // In a cluster: if its node dies, the controller re-runs its log's steps
+  // on another node and the session goes on there (docs/cluster.md). Its
+  // steps then go through the controller, which keeps the log's copy.
+  bool restartable = false;
 };
 
 struct CreateOptions {
