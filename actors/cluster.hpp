@@ -54,6 +54,10 @@ struct ControllerContext {
   state::GroupCommitter* committer = nullptr;
   std::shared_ptr<spdlog::logger> log;
   FrontDoor* door = nullptr;      // may be null
+  // The controller's own image registry (<data-dir>/images): images built
+  // with dsec-image --addr CONTROLLER, which nodes fetch when a sandbox on
+  // one is placed on them. Only store, log and options.image_root are used.
+  std::shared_ptr<NodeContext> image_ctx;
 };
 
 // Spawns the controller; it loads its nodes (all down until they rejoin)

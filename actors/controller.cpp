@@ -66,6 +66,8 @@ struct ControllerState {
   std::unordered_map<caf::actor_addr, std::string> node_of;
   std::unordered_map<std::string, std::string> sandbox_node, session_node;
   std::vector<std::unique_ptr<drivers::Kind>> kinds = drivers::AllKinds();  // for kind auto
+  image_worker_actor images;  // this controller's image registry (off its thread)
+  std::unordered_map<std::string, v1::ImageManifest> image_by_name;  // what it holds
   uint64_t next_call = 0;
   uint64_t placed = 0;
   int64_t started_ms = NowMs();
@@ -231,6 +233,51 @@ caf::result<Reply> ToSessionNode(Self self, const std::string& name, Request& re
 
 // ---- placement ----
 
+// What a node's heartbeat says it holds, "name@digest": this controller's
+// image by that name (same digest), or any by that name when it has none.
+bool HoldsImage(const ControllerState& st, const v1::ClusterNode& rec, const std::string& image) {
+  auto known = st.image_by_name.find(image);
+  for (const auto& i : rec.load().images()) {
+    if (i.size() <= image.size() || i.compare(0, image.size(), image) != 0 || i[image.size()] != '@') continue;
+    if (known == st.image_by_name.end() || i.compare(image.size() + 1, std::string::npos, known->second.digest()) == 0)
+      return true;
+  }
+  return false;
+}
+
+// How much holding the image weighs against free slots (a share of 0..1).
+constexpr double kLocality = 0.1;
+
+// Runs `then` once node `node` holds `spec`'s image: at once when it does
+// (or the spec needs none), else after the node fetched it from this
+// controller; an error naming both when that failed.
+void EnsureImage(Self self, const std::string& node, const v1::SandboxSpec& spec, std::function<void(Status)> then) {
+  auto& st = self->state;
+  const std::string& image = spec.image();
+  auto n = st.nodes.find(node);
+  auto known = st.image_by_name.find(image);
+  if (image.empty() || image == "host" || n == st.nodes.end() || known == st.image_by_name.end() ||
+      HoldsImage(st, n->second.rec, image) || !n->second.up())
+    return then(Status::Ok());
+  v1::ImageManifest m = known->second;
+  st.ctx->log->info("node {} fetches image {} ({} bytes) for a placement", node, image, m.size_bytes());
+  self->request(n->second.entry, std::chrono::minutes(10), fetch_image_atom::value, m,
+                caf::actor_cast<caf::actor>(st.images))
+      .then(
+          [self, node, m, then](v1::ImageReply& r) {
+            if (r.status().code() != v1::Status::OK)
+              return then(Status::Unavailable("node " + node + " could not fetch image " + m.name() + ": " +
+                                              r.status().message()));
+            auto it = self->state.nodes.find(node);
+            if (it != self->state.nodes.end())
+              it->second.rec.mutable_load()->add_images(m.name() + "@" + m.digest());
+            then(Status::Ok());
+          },
+          [node, m, then](caf::error& e) {
+            then(Status::Unavailable("node " + node + " could not fetch image " + m.name() + ": " + caf::to_string(e)));
+          });
+}
+
 // The node for a new sandbox (or session) with `spec`: among the nodes that
 // are up, not draining, run its kind and hold its image, the one with the
 // largest share of its slots free (so nodes fill in proportion to their
@@ -270,12 +317,16 @@ Result<std::string> Place(Self self, const v1::SandboxSpec& spec) {
       why.push_back(id + " does not run " + KindName(kind) + " sandboxes");
       continue;
     }
+    // Image locality: a node that holds the image is preferred; one that
+    // does not can take it if this controller has the image to send.
+    double local = 1;
     if (!host_image) {
-      bool has = false;
-      for (const auto& i : rec.load().images()) has = has || (i.size() > image.size() && i.compare(0, image.size(), image) == 0 && i[image.size()] == '@');
-      if (!has) {
-        why.push_back(id + " lacks image " + image);
-        continue;
+      if (!HoldsImage(st, rec, image)) {
+        if (!st.image_by_name.count(image)) {
+          why.push_back(id + " lacks image " + image + " (and this controller has none by that name to send)");
+          continue;
+        }
+        local = 0;
       }
     }
     uint64_t slots = std::max<uint64_t>(rec.load().slots(), 1);
@@ -284,7 +335,7 @@ Result<std::string> Place(Self self, const v1::SandboxSpec& spec) {
       why.push_back(id + " is full (" + std::to_string(used) + " of " + std::to_string(slots) + " slots)");
       continue;
     }
-    double free = static_cast<double>(slots - used) / static_cast<double>(slots);
+    double free = static_cast<double>(slots - used) / static_cast<double>(slots) + kLocality * local;
     if (free > best_free) {
       best_free = free;
       best = id;
@@ -327,7 +378,16 @@ caf::result<v1::SandboxReply> Create(Self self, v1::CreateRequest& req) {
   st.sandbox_node[id] = *node;
   auto rp = self->make_response_promise<v1::SandboxReply>();
   std::string n = *node;
-  Forward<v1::SandboxReply>(self, n, "sandbox " + id, std::move(req), kCallTimeout,
+  auto spec = req.spec();
+  auto shared_req = std::make_shared<v1::CreateRequest>(std::move(req));
+  EnsureImage(self, n, spec, [self, rp, n, id, shared_req](Status ready) mutable {
+    if (!ready.ok()) {
+      auto& st = self->state;
+      if (auto it = st.sandbox_node.find(id); it != st.sandbox_node.end() && it->second == n) st.sandbox_node.erase(it);
+      rp.deliver(ErrorReply<v1::SandboxReply>(ready));
+      return;
+    }
+  Forward<v1::SandboxReply>(self, n, "sandbox " + id, std::move(*shared_req), kCallTimeout,
                             [self, rp, n, id](v1::SandboxReply r) mutable {
                               auto& st = self->state;
                               state::WriteBatch b;
@@ -341,6 +401,7 @@ caf::result<v1::SandboxReply> Create(Self self, v1::CreateRequest& req) {
                               Persist(self, std::move(b));
                               rp.deliver(std::move(r));
                             });
+  });
   return rp;
 }
 
@@ -357,7 +418,16 @@ caf::result<v1::SessionReply> OpenSession(Self self, v1::OpenSessionRequest& req
   std::string n = *node;
   std::optional<v1::OpenSessionRequest> restartable;
   if (req.restartable()) restartable = req;
-  Forward<v1::SessionReply>(self, n, "session " + name, std::move(req), kCallTimeout,
+  auto spec = req.spec();
+  auto shared_req = std::make_shared<v1::OpenSessionRequest>(std::move(req));
+  EnsureImage(self, n, spec, [self, rp, n, name, restartable, shared_req](Status ready) mutable {
+    if (!ready.ok()) {
+      auto& st = self->state;
+      if (auto it = st.session_node.find(name); it != st.session_node.end() && it->second == n) st.session_node.erase(it);
+      rp.deliver(ErrorReply<v1::SessionReply>(ready));
+      return;
+    }
+  Forward<v1::SessionReply>(self, n, "session " + name, std::move(*shared_req), kCallTimeout,
                             [self, rp, n, name, restartable](v1::SessionReply r) mutable {
                               auto& st = self->state;
                               state::WriteBatch b;
@@ -381,6 +451,7 @@ caf::result<v1::SessionReply> OpenSession(Self self, v1::OpenSessionRequest& req
                               Persist(self, std::move(b));
                               rp.deliver(std::move(r));
                             });
+  });
   return rp;
 }
 
@@ -456,7 +527,11 @@ void Restart(Self self, const std::string& name, const std::string& from) {
   st.ctx->log->warn("session {} was on node {}, which went down: opening it on node {} and re-running its {} step(s)",
                     name, from, *target, r.logged);
   std::string node = *target;
-  Forward<v1::SessionReply>(self, node, "session " + name, r.open, kCallTimeout,
+  EnsureImage(self, node, r.open.spec(), [self, name, node, from](Status ready) {
+    if (!ready.ok()) return EndRestart(self, name, ready.message());
+    auto it = self->state.restartable.find(name);
+    if (it == self->state.restartable.end()) return;
+  Forward<v1::SessionReply>(self, node, "session " + name, it->second.open, kCallTimeout,
                             [self, name, node, from](v1::SessionReply rep) {
                               auto& st = self->state;
                               if (rep.status().code() != v1::Status::OK)
@@ -473,6 +548,7 @@ void Restart(Self self, const std::string& name, const std::string& from) {
                               Persist(self, std::move(b));
                               Replay(self, name, node, from, 0);
                             });
+  });
 }
 
 // A step of a restartable session: answered from the log's copy when it is
@@ -958,50 +1034,18 @@ caf::result<std::string> Admin(Self self, const std::string& cmd, const std::vec
                "drain, undrain, stats)");
 }
 
-// ---- images: every node keeps its own image store ----
-
-template <class Reply, class Request>
-caf::result<Reply> ToAllNodes(Self self, Request& req, const std::string& what) {
-  std::vector<std::string> up;
-  for (const auto& [id, n] : self->state.nodes)
-    if (n.up()) up.push_back(id);
-  if (up.empty()) return ErrorReply<Reply>(Status::Unavailable("no node is up to " + what));
-  auto rp = self->template make_response_promise<Reply>();
-  struct Acc {
-    size_t left;
-    std::optional<Reply> ok;
-    std::string errors;
-  };
-  auto acc = std::make_shared<Acc>(Acc{up.size(), std::nullopt, ""});
-  for (const auto& id : up) {
-    Forward<Reply>(self, id, what, req, kCallTimeout, [rp, acc, id](Reply r) mutable {
-      if (r.status().code() == v1::Status::OK) {
-        if (!acc->ok) acc->ok = std::move(r);
-      } else {
-        acc->errors += (acc->errors.empty() ? "" : "; ") + id + ": " + r.status().message();
-      }
-      if (--acc->left) return;
-      if (acc->ok) rp.deliver(std::move(*acc->ok));
-      else rp.deliver(ErrorReply<Reply>(Status::FailedPrecondition(acc->errors)));
-    });
-  }
-  return rp;
-}
-
-template <class Reply, class Request>
-caf::result<Reply> ToAnyNode(Self self, Request& req, const std::string& what) {
-  for (const auto& [id, n] : self->state.nodes) {
-    if (!n.up()) continue;
-    auto rp = self->template make_response_promise<Reply>();
-    Forward<Reply>(self, id, what, std::move(req), kCallTimeout, [rp](Reply r) mutable { rp.deliver(std::move(r)); });
-    return rp;
-  }
-  return ErrorReply<Reply>(Status::Unavailable("no node is up to " + what));
-}
-
 controller_actor::behavior_type ControllerActor(Self self, std::shared_ptr<ControllerContext> ctx) {
   self->state.ctx = std::move(ctx);
   Load(self);
+  if (self->state.ctx->image_ctx) {
+    self->state.images = SpawnImageWorker(self, self->state.ctx->image_ctx);
+    self->link_to(self->state.images);
+    (void)state::TypedTable<v1::ImageManifest>(self->state.ctx->store, state::Table::kImages)
+        .Scan("", [&](const std::string& name, v1::ImageManifest&& m) {
+          self->state.image_by_name[name] = std::move(m);
+          return true;
+        });
+  }
   self->set_down_handler([self](caf::down_msg& dm) {
     auto& st = self->state;
     auto it = st.node_of.find(dm.source);
@@ -1039,7 +1083,39 @@ controller_actor::behavior_type ControllerActor(Self self, std::shared_ptr<Contr
         auto timeout = ExecTimeout(req.exec());
         return ToSessionNode<v1::StepReply>(self, req.session(), req, timeout);
       },
-      [self](v1::CloseSessionRequest& req) { return ToSessionNode<v1::SessionReply>(self, req.name(), req); },
+      [self](v1::CloseSessionRequest& req) -> caf::result<v1::SessionReply> {
+        auto re = self->state.restartable.find(req.name());
+        if (re == self->state.restartable.end()) return ToSessionNode<v1::SessionReply>(self, req.name(), req);
+        // A restartable session: closed on its node, and its copy here goes
+        // (a session that could not go on is closed here even if its node
+        // no longer has it).
+        auto it = self->state.session_node.find(req.name());
+        auto rp = self->make_response_promise<v1::SessionReply>();
+        std::string name = req.name();
+        auto forget = [self, name] {
+          state::WriteBatch b;
+          b.Delete(state::Table::kPlacements, RestartableKey(name));
+          b.DeletePrefix(state::Table::kSteps, state::StepPrefix(name));
+          Persist(self, std::move(b));
+          self->state.restartable.erase(name);
+        };
+        bool failed = !re->second.failed.empty();
+        if (it == self->state.session_node.end()) {
+          forget();
+          return ErrorReply<v1::SessionReply>(Status::Ok());
+        }
+        std::string node = it->second;
+        Forward<v1::SessionReply>(self, node, "session " + name, std::move(req), kCallTimeout,
+                                  [self, rp, node, failed, forget](v1::SessionReply r) mutable {
+                                    if (r.status().code() == v1::Status::OK || failed) {
+                                      forget();
+                                      if (failed) r.mutable_status()->Clear();
+                                    }
+                                    Decorate(self, node, &r);
+                                    rp.deliver(std::move(r));
+                                  });
+        return rp;
+      },
       [self](v1::GetSessionRequest& req) { return ToSessionNode<v1::SessionReply>(self, req.name(), req); },
       [self](v1::AnnotateStepRequest& req) { return ToSessionNode<v1::StepReply>(self, req.session(), req); },
       [self](v1::AnnotateBatch& batch) {
@@ -1085,12 +1161,39 @@ controller_actor::behavior_type ControllerActor(Self self, std::shared_ptr<Contr
                                 });
         return rp;
       },
-      [self](v1::RegisterImageRequest& req) {
-        return ToAllNodes<v1::ImageReply>(self, req, "register image " + req.manifest().name());
+      // Images: this controller's registry; nodes fetch from it (EnsureImage).
+      [self](v1::RegisterImageRequest& req) -> caf::result<v1::ImageReply> {
+        if (!self->state.images) return ErrorReply<v1::ImageReply>(Status::Unimplemented("no image registry here"));
+        auto rp = self->make_response_promise<v1::ImageReply>();
+        self->request(self->state.images, caf::infinite, std::move(req))
+            .then([self, rp](v1::ImageReply& r) mutable {
+              if (r.status().code() == v1::Status::OK) self->state.image_by_name[r.image().name()] = r.image();
+              rp.deliver(std::move(r));
+            });
+        return rp;
       },
-      [self](v1::GetImageRequest& req) { return ToAnyNode<v1::ImageReply>(self, req, "look up an image"); },
-      [self](v1::ListImagesRequest& req) { return ToAnyNode<v1::ImagesReply>(self, req, "list images"); },
-      [self](v1::RemoveImageRequest& req) { return ToAllNodes<v1::ImageReply>(self, req, "remove image " + req.name()); },
+      [self](v1::GetImageRequest& req) -> caf::result<v1::ImageReply> {
+        if (!self->state.images) return ErrorReply<v1::ImageReply>(Status::Unimplemented("no image registry here"));
+        return self->delegate(self->state.images, std::move(req));
+      },
+      [self](v1::ListImagesRequest& req) -> caf::result<v1::ImagesReply> {
+        if (!self->state.images) return ErrorReply<v1::ImagesReply>(Status::Unimplemented("no image registry here"));
+        return self->delegate(self->state.images, std::move(req));
+      },
+      [self](v1::RemoveImageRequest& req) -> caf::result<v1::ImageReply> {
+        if (!self->state.images) return ErrorReply<v1::ImageReply>(Status::Unimplemented("no image registry here"));
+        auto rp = self->make_response_promise<v1::ImageReply>();
+        std::string name = req.name();
+        self->request(self->state.images, caf::infinite, std::move(req))
+            .then([self, rp, name](v1::ImageReply& r) mutable {
+              if (r.status().code() == v1::Status::OK) self->state.image_by_name.erase(name);
+              rp.deliver(std::move(r));
+            });
+        return rp;
+      },
+      [](fetch_image_atom, v1::ImageManifest&, caf::actor&) {
+        return ErrorReply<v1::ImageReply>(Status::FailedPrecondition("a controller does not fetch images"));
+      },
       [self](admin_atom, const std::string& cmd, const std::vector<std::string>& args) -> caf::result<std::string> {
         return Admin(self, cmd, args);
       },

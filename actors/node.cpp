@@ -546,6 +546,9 @@ node_actor::behavior_type NodeActor(NodeSelf self, std::shared_ptr<NodeContext> 
       [self](Continuation& c) { c.fn(); },
       [self](cluster_info_atom) { return ClusterInfo(self); },
       [self](cluster_load_atom) { return ClusterLoad(self); },
+      [self](fetch_image_atom a, v1::ImageManifest& m, caf::actor& source) -> caf::result<v1::ImageReply> {
+        return self->delegate(self->state.images, a, std::move(m), std::move(source));
+      },
   };
 }
 

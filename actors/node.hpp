@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "actors/continuation.hpp"
+#include "actors/image_worker.hpp"
 #include "wire/wire.hpp"
 
 namespace dsec {
@@ -30,6 +31,8 @@ using admin_atom = caf::atom_constant<caf::atom("admin")>;
 //                                holds (the rest is filled in by its link)
 //   (cluster_load_atom)          -> NodeLoad: live counts, and what ended
 //                                since the last ask
+//   (fetch_image_atom, manifest, source) -> ImageReply: the image's file
+//                                from `source` (a controller's image worker)
 using lost_atom = caf::atom_constant<caf::atom("lost")>;
 using cluster_info_atom = caf::atom_constant<caf::atom("cinfo")>;
 using cluster_load_atom = caf::atom_constant<caf::atom("cload")>;
@@ -38,7 +41,8 @@ using node_actor = entry_actor::extend<
     caf::reacts_to<lost_atom, std::string, std::string>,
     caf::reacts_to<Continuation>,
     caf::replies_to<cluster_info_atom>::with<v1::NodeJoin>,
-    caf::replies_to<cluster_load_atom>::with<v1::NodeLoad>>;
+    caf::replies_to<cluster_load_atom>::with<v1::NodeLoad>,
+    caf::replies_to<fetch_image_atom, v1::ImageManifest, caf::actor>::with<v1::ImageReply>>;
 
 // Spawns the node; it restores sandboxes and sessions from the store before
 // it handles its first message.

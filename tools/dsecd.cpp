@@ -205,6 +205,11 @@ int RunController(const Flags& f, dsec::state::Store* store, dsec::state::GroupC
   ctx->store = store;
   ctx->committer = committer;
   ctx->log = dsec::Logger("controller");
+  ctx->image_ctx = std::make_shared<dsec::NodeContext>();
+  ctx->image_ctx->store = store;
+  ctx->image_ctx->log = ctx->log;
+  ctx->image_ctx->options.image_root = data + "/images";
+  ctx->image_ctx->options.node_id = id;
   int rc = 0;
   std::unique_ptr<dsec::FrontDoor> door;
   {

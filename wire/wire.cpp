@@ -41,6 +41,7 @@ void RegisterTypes(caf::actor_system_config& cfg) {
       .add_message_type<v1::NodeJoin>("dsec.v1.NodeJoin")
       .add_message_type<v1::NodeLoad>("dsec.v1.NodeLoad")
       .add_message_type<v1::JoinReply>("dsec.v1.JoinReply")
+      .add_message_type<v1::ImageManifest>("dsec.v1.ImageManifest")
       .add_message_type<entry_actor>("dsec::entry_actor");
 }
 

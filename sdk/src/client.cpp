@@ -363,6 +363,9 @@ void Client::CreateAsync(const v1::SandboxSpec& spec, const CreateOptions& optio
   req.set_lease_s(options.lease_s);
   impl_->Call<v1::SandboxReply>(std::move(req), impl_->options.rpc_timeout,
                                 Then<v1::SandboxReply>(std::move(done), [this](v1::SandboxReply& r) {
+                                  // Connected to its node now: the node learns its owner is there
+                                  // (an owner's sandboxes outlive it only by the lease).
+                                  impl_->AgentFor(r.sandbox().node_address());
                                   return Sandbox(this, r.sandbox().id(), r.sandbox().spec(),
                                                  r.sandbox().node_address());
                                 }));
@@ -384,8 +387,9 @@ void Client::AttachVia(Client* c, const std::string& route, const std::string& s
   c->impl_->CallVia<v1::SandboxReply>(
       route, std::move(req), c->impl_->options.rpc_timeout,
       Then<v1::SandboxReply>(std::move(done), [c, sandbox_id, route](v1::SandboxReply& r) {
-        return Sandbox(c, sandbox_id, r.sandbox().spec(),
-                       r.sandbox().node_address().empty() ? route : r.sandbox().node_address());
+        std::string at = r.sandbox().node_address().empty() ? route : r.sandbox().node_address();
+        c->impl_->AgentFor(at);  // connected to its node now (see CreateAsync)
+        return Sandbox(c, sandbox_id, r.sandbox().spec(), at);
       }));
 }
 

@@ -38,6 +38,7 @@ using ::testing::HasSubstr;
 using Clock = std::chrono::steady_clock;
 
 constexpr int kNodes = 3;
+constexpr const char* kControllerImage = "cimg";
 const uint64_t kSlots[kNodes] = {1000, 2000, 3000};
 constexpr double kAllSlots = 6000;
 
@@ -93,6 +94,12 @@ class Cluster : public ::testing::Test {
                                ContainerTest::kImage});
       if (built.exit_code != 0) made = Status::Internal("dsec-image build on node " + std::to_string(i) + ": " + built.err);
       nodes_[i] = std::move(*n);
+    }
+    // An image only the controller has: nodes fetch it when they get a sandbox on it.
+    if (made.ok()) {
+      auto built = RunProcess({BinDir() + "/dsec-image", "--data-dir", controller_->data_dir(), "build", rootfs,
+                               kControllerImage});
+      if (built.exit_code != 0) made = Status::Internal("dsec-image build on the controller: " + built.err);
     }
     RunProcess({"/bin/rm", "-rf", rootfs});
     if (made.code() == Status::Code::kFailedPrecondition) {
@@ -307,6 +314,44 @@ TEST_F(Cluster, AKilledNodeIsDownWithinFiveSecondsItsSandboxesAreLostByNameAndIt
   for (const auto& sb : others) EXPECT_TRUE(sb.Destroy().ok());
 }
 
+// An image built with dsec-image against the controller lives there only;
+// the node a sandbox on it is placed on fetches its file (whole, checked
+// against its digest) first, once.
+TEST_F(Cluster, AnImageOnTheControllerIsFetchedByTheNodeThatGetsASandboxOnIt) {
+  auto listed = client_->GetImage(kControllerImage);
+  ASSERT_TRUE(listed.ok()) << listed.status().ToString();
+  std::map<std::string, int> per_node;
+  std::vector<Sandbox> made;
+  for (int i = 0; i < 6; ++i) {
+    auto sb = client_->Create(ContainerSpec(kControllerImage));
+    ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+    auto r = sb->Exec(Command({"/bin/sh", "-c", "echo from-$0", sb->id()}));
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->stdout(), "from-" + sb->id() + "\n");
+    per_node[sb->Get()->node_id()]++;
+    made.push_back(*sb);
+  }
+  for (const auto& [node, n] : per_node) {
+    int i = IndexOf(node);
+    ASSERT_GE(i, 0);
+    auto ls = RunProcess({BinDir() + "/dsec-image", "--data-dir", nodes_[i]->data_dir(), "ls", "--json"});
+    EXPECT_THAT(ls.out, HasSubstr(listed->digest())) << "node " << node << " holds no copy: " << ls.out << ls.err;
+    // Its log says so once (the log is written as it goes: wait for the line).
+    size_t fetches = 0;
+    WaitUntil(
+        [&] {
+          auto log = ReadFileToString(nodes_[i]->log_path());
+          fetches = 0;
+          for (size_t at = 0; log.ok() && (at = log->find("image cimg fetched", at)) != std::string::npos; ++at)
+            ++fetches;
+          return fetches > 0;
+        },
+        std::chrono::seconds(10));
+    EXPECT_EQ(fetches, 1u) << "node " << node << " took " << n << " sandboxes on it";
+  }
+  for (const auto& sb : made) EXPECT_TRUE(sb.Destroy().ok());
+}
+
 // A session opened restartable goes on on another node when its node dies:
 // the controller opens it there and re-runs its logged steps into the fresh
 // sandbox (the sandbox's state is back), the trainer's next step runs
@@ -371,7 +416,8 @@ TEST_F(Cluster, ARestartableSessionGoesOnOnAnotherNodeAndANotReplayableStepStops
   EXPECT_TRUE(WaitUntil(
       [&] {
         auto stale = nodes_[0]->Admin("inspect restart-" + tag);
-        return stale["session"].value("close_reason", "").find("restarted on node") != std::string::npos;
+        return stale.is_object() && stale.contains("session") && stale["session"].is_object() &&
+               stale["session"].value("close_reason", "").find("restarted on node") != std::string::npos;
       },
       std::chrono::seconds(10)))
       << nodes_[0]->Admin("inspect restart-" + tag).dump();
