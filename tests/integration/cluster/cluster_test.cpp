@@ -29,6 +29,7 @@
 #include "wire/wire.hpp"
 #include "runtime/files.hpp"
 #include "tests/support/container_fixture.hpp"
+#include "tests/support/http_probe.hpp"
 #include "tests/support/probes.hpp"
 
 namespace dsec::testing {
@@ -350,6 +351,40 @@ TEST_F(Cluster, AnImageOnTheControllerIsFetchedByTheNodeThatGetsASandboxOnIt) {
     EXPECT_EQ(fetches, 1u) << "node " << node << " took " << n << " sandboxes on it";
   }
   for (const auto& sb : made) EXPECT_TRUE(sb.Destroy().ok());
+}
+
+// The controller's HTTP endpoint shows the whole cluster: /status.json
+// lists every node with its state and the sandboxes on it, /metrics counts
+// nodes by state and the directory; a node marked down says why.
+TEST_F(Cluster, TheControllersStatusAndMetricsShowEveryNode) {
+  auto sb = client_->Create(ContainerSpec(ContainerTest::kImage));
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  std::string holder = sb->Get()->node_id();
+  auto status = HttpGet(controller_->http_addr(), "/status.json");
+  ASSERT_EQ(status.code, 200) << status.raw;
+  auto j = nlohmann::json::parse(status.body, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << status.body;
+  EXPECT_EQ(j.value("role", ""), "controller");
+  ASSERT_EQ(j["nodes"].size(), static_cast<size_t>(kNodes)) << status.body;
+  bool listed = false;
+  for (const auto& node : j["nodes"]) {
+    EXPECT_EQ(node.value("state", ""), "up") << node.dump();
+    if (node.value("node", "") != holder) continue;
+    for (const auto& row : node["sandbox_list"]) listed = listed || row.value("id", "") == sb->id();
+  }
+  EXPECT_TRUE(listed) << "sandbox " << sb->id() << " not shown on node " << holder << ": " << status.body;
+  auto metrics = HttpGet(controller_->http_addr(), "/metrics");
+  ASSERT_EQ(metrics.code, 200);
+  std::string bad;
+  auto m = ParseMetrics(metrics.body, &bad);
+  EXPECT_TRUE(bad.empty()) << bad;
+  EXPECT_EQ(m["dsec_cluster_nodes{state=\"up\"}"], kNodes);
+  EXPECT_GE(m["dsec_cluster_directory_entries{kind=\"sandbox\"}"], 1);
+  EXPECT_GE(m["dsec_placements_total"], 1);
+  // The page itself comes from the controller too.
+  auto page = HttpGet(controller_->http_addr(), "/");
+  EXPECT_EQ(page.code, 200);
+  EXPECT_TRUE(sb->Destroy().ok());
 }
 
 // A session opened restartable goes on on another node when its node dies:
