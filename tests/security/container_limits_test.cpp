@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <thread>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -175,6 +176,7 @@ TEST_F(ContainerLimits, AProgramStoppingEverythingDoesNotWedgeTheAgent) {
   ASSERT_TRUE(sb.ok()) << sb.status().ToString();
   auto stopper_req = Command({"python3", "-c",
                               "import os, signal, time\n"
+                              "open('/tmp/stopping', 'w').close()\n"  // the execs below start once it runs
                               "end = time.time() + 4\n"
                               "n = 0\n"
                               "while time.time() < end:\n"
@@ -186,6 +188,13 @@ TEST_F(ContainerLimits, AProgramStoppingEverythingDoesNotWedgeTheAgent) {
                               "print(n)\n"});
   stopper_req.mutable_limits()->set_timeout_ms(10000);
   auto stopper = sb->ExecAsync(stopper_req);
+  // Python takes a while to start (seconds in an emulated guest under
+  // load): the execs go once the stopper is running, not before.
+  auto wait_start = std::chrono::steady_clock::now();
+  while (!sb->ReadFile("/tmp/stopping").ok()) {
+    ASSERT_LT(std::chrono::steady_clock::now() - wait_start, std::chrono::seconds(30)) << "the stopper never started";
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // polls the sandbox's state
+  }
   auto t0 = std::chrono::steady_clock::now();
   int answered = 0;
   while (std::chrono::steady_clock::now() - t0 < std::chrono::seconds(3)) {
