@@ -199,6 +199,15 @@ caf::result<Reply> ToSandboxNode(Self self, const std::string& id, Request& req,
 template <class Reply, class Request>
 caf::result<Reply> ToSessionNode(Self self, const std::string& name, Request& req,
                                  std::chrono::milliseconds timeout = kCallTimeout) {
+  // A restartable session whose node died: on its way to another node, or stopped.
+  if (auto r = self->state.restartable.find(name); r != self->state.restartable.end()) {
+    if (!r->second.restarting_on.empty())
+      return ErrorReply<Reply>(Status::Unavailable("session " + name + " is being restarted on node " +
+                                                   r->second.restarting_on +
+                                                   " (its node went down); call again in a moment"));
+    if (!r->second.failed.empty())
+      return ErrorReply<Reply>(Status::FailedPrecondition("session " + name + " " + r->second.failed));
+  }
   return ToHolder<Reply>(self, self->state.session_node, "session", name, req, timeout);
 }
 

@@ -29,7 +29,7 @@ const std::string& StatusPageHtml() {
   .bar > span { background: #3b82f6; display: block; height: 100%; border-radius: 3px; }
   .phase { padding: 1px 6px; border-radius: 3px; background: #eef0f3; }
   .phase-running { background: #dcfce7; } .phase-paused { background: #fef9c3; }
-  .phase-failed { background: #fee2e2; } .phase-starting, .phase-pending { background: #e0e7ff; }
+  .phase-failed, .state-down { background: #fee2e2; } .state-draining { background: #fef9c3; } .phase-starting, .phase-pending { background: #e0e7ff; }
   #error { display: none; background: #fee2e2; border: 1px solid #fca5a5; padding: 8px 12px; border-radius: 6px; margin-bottom: 16px; }
   .muted { color: #5b6475; }
 </style>
@@ -39,7 +39,7 @@ const std::string& StatusPageHtml() {
 <main>
   <div id="error"></div>
   <section><h2>Nodes</h2>
-    <table><thead><tr><th>node</th><th>role</th><th>up</th><th>kinds</th><th>sandboxes</th><th>runs in flight</th>
+    <table><thead><tr><th>node</th><th>role</th><th>state</th><th>up</th><th>kinds</th><th>sandboxes</th><th>runs in flight</th>
       <th>memory used</th><th>load</th></tr></thead><tbody id="nodes"></tbody></table>
   </section>
   <section><h2>Sandboxes <span class="muted" id="sbcount"></span></h2>
@@ -78,13 +78,17 @@ function draw(s) {
   let live = 0, listed = 0;
   for (const n of s.nodes || []) {
     const tr = document.createElement("tr"); tr.dataset.node = n.node;
-    cell(tr, n.node); cell(tr, n.role); cell(tr, age(n.uptime_s * 1000)); cell(tr, (n.kinds || []).join(", "));
-    cell(tr, String(n.sandboxes)); cell(tr, String(n.runs_in_flight));
+    // A controller's page: every node with its state; a node down says why and has no figures.
+    const state = n.state || "up";
+    cell(tr, n.node); cell(tr, n.role);
+    cell(tr, span(state === "down" && n.down_reason ? "down: " + n.down_reason : state, "phase state-" + state));
+    cell(tr, n.uptime_s === undefined ? "" : age(n.uptime_s * 1000)); cell(tr, (n.kinds || []).join(", "));
+    cell(tr, String(n.sandboxes || 0)); cell(tr, n.runs_in_flight === undefined ? "" : String(n.runs_in_flight));
     const m = n.memory || {}, used = (m.total || 0) - (m.available || 0);
-    cell(tr, bar(m.total ? used / m.total : 0, gib(used) + " of " + gib(m.total || 0)));
-    cell(tr, (n.load1 || 0).toFixed(2) + " on " + n.cpus + " CPUs");
+    cell(tr, m.total ? bar(used / m.total, gib(used) + " of " + gib(m.total)) : "");
+    cell(tr, n.cpus ? (n.load1 || 0).toFixed(2) + " on " + n.cpus + " CPUs" : "");
     nodes.appendChild(tr);
-    live += n.sandboxes;
+    live += n.sandboxes || 0;
     for (const sb of n.sandbox_list || []) {
       const r = document.createElement("tr"); r.dataset.sandbox = sb.id;
       cell(r, sb.id); cell(r, sb.kind); cell(r, sb.image); cell(r, span(sb.phase, "phase phase-" + sb.phase));

@@ -6,10 +6,10 @@
 #include <gmock/gmock.h>
 #include <unistd.h>
 
-#include <fstream>
 #include <string>
 
 #include "runtime/files.hpp"
+#include "tests/support/chromium.hpp"
 #include "tests/support/container_fixture.hpp"
 #include "tests/support/host_probes.hpp"
 
@@ -23,33 +23,9 @@ class StatusPage : public ContainerTest {
   void SetUp() override {
     ContainerTest::SetUp();
     if (IsSkipped() || HasFatalFailure()) return;
-    chromium_ = HostTool("chromium");
-    if (chromium_.empty()) GTEST_SKIP() << "no chromium on this host (apt-get install chromium; scripts/dev does)";
-    char tmpl[] = "/tmp/dsec-test-chromium-XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    profile_ = tmpl;
+    if (auto why = chromium_.Open(); !why.empty()) GTEST_SKIP() << why;
   }
-  void TearDown() override {
-    if (!profile_.empty()) RunProcess({"/bin/rm", "-rf", profile_});
-    ContainerTest::TearDown();
-  }
-  // Chromium, headless, with a profile of its own (root needs --no-sandbox;
-  // the virtual time budget lets the page's fetch finish before the DOM is
-  // dumped or the picture taken).
-  ProcResult Chromium(std::vector<std::string> more) {
-    std::vector<std::string> argv = {chromium_,
-                                     "--headless",
-                                     "--no-sandbox",
-                                     "--disable-gpu",
-                                     "--no-first-run",
-                                     "--disable-extensions",
-                                     "--user-data-dir=" + profile_,
-                                     "--virtual-time-budget=10000",
-                                     "--window-size=1280,900"};
-    argv.insert(argv.end(), more.begin(), more.end());
-    return RunProcess(argv, {}, 120);
-  }
-  std::string chromium_, profile_;
+  HeadlessChromium chromium_;
 };
 
 TEST_F(StatusPage, ChromiumShowsTheNodeAndItsSandboxesAndTakesAScreenshot) {
@@ -57,7 +33,7 @@ TEST_F(StatusPage, ChromiumShowsTheNodeAndItsSandboxesAndTakesAScreenshot) {
   ASSERT_TRUE(a.ok() && b.ok()) << a.status().ToString() << b.status().ToString();
   ASSERT_TRUE(b->Pause().ok());
   const std::string url = "http://" + daemon_->http_addr() + "/";
-  auto dom = Chromium({"--dump-dom", url});
+  auto dom = chromium_.Dom(url);
   ASSERT_EQ(dom.exit_code, 0) << dom.err;
   EXPECT_THAT(dom.out, HasSubstr("data-ready=\"1\"")) << "the page's script did not draw /status.json";
   std::string node = daemon_->Admin("status").value("node", "");
@@ -67,17 +43,8 @@ TEST_F(StatusPage, ChromiumShowsTheNodeAndItsSandboxesAndTakesAScreenshot) {
   EXPECT_THAT(dom.out, HasSubstr("phase phase-paused\">paused<"));
   EXPECT_THAT(dom.out, HasSubstr("1 node(s)"));
 
-  // Next to the test (ctest runs it in the build tree), kept for a look.
-  char cwd[4096];
-  std::string shot = std::string(::getcwd(cwd, sizeof cwd) ? cwd : "/tmp") + "/status-page-screenshot.png";
-  auto pic = Chromium({"--screenshot=" + shot, url});
-  ASSERT_EQ(pic.exit_code, 0) << pic.err;
-  std::ifstream png(shot, std::ios::binary);
-  std::string magic(8, '\0');
-  png.read(magic.data(), 8);
-  EXPECT_EQ(magic, std::string("\x89PNG\r\n\x1a\n", 8)) << "not a PNG: " << shot;
-  png.seekg(0, std::ios::end);
-  EXPECT_GT(png.tellg(), 10'000) << "an empty picture";
+  std::string shot;
+  EXPECT_EQ(chromium_.Screenshot(url, "status-page-screenshot.png", &shot), "");
   std::printf("# status page screenshot: %s\n", shot.c_str());
   ::testing::Test::RecordProperty("screenshot", shot);
   Destroy(*a);

@@ -23,10 +23,12 @@ IMAGE = "py311"  # the README's image name; here made from the host's tools
 class Daemon:
     """A dsecd on free loopback ports with its own data dir."""
 
-    def __init__(self, image: Optional[str] = None, extra: List[str] = ()) -> None:
+    def __init__(self, image: Optional[str] = None, extra: List[str] = (), nodes: int = 0) -> None:
         args = [os.path.join(BIN, "dsec-test-daemon")]
         if image:
             args += ["--image", image]
+        if nodes:
+            args += ["--nodes", str(nodes)]  # a controller, and `nodes` nodes joined to it
         if extra:
             args += ["--", *extra]
         self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -44,6 +46,7 @@ class Daemon:
         self.pid: int = info["pid"]
         self.image: str = info["image"]
         self.kinds: List[str] = info["kinds"]
+        self.nodes: List[Dict[str, Any]] = info.get("nodes", [])  # {"id", "pid", "sdk"} each
 
     def command(self, line: str) -> Dict[str, Any]:
         self.proc.stdin.write(line + "\n")
@@ -68,6 +71,16 @@ class Daemon:
 
     def restart(self) -> None:
         self.command("restart")
+
+    def admin_command(self, line: str) -> Dict[str, Any]:
+        """One admin console command's reply."""
+        return self.command("admin " + line)
+
+    def kill9_node(self, node_id: str) -> None:
+        self.command("kill9-node " + node_id)
+
+    def restart_node(self, node_id: str) -> None:
+        self.command("restart-node " + node_id)
 
     def client(self, **kw: Any) -> dsec.Client:
         return dsec.Client(self.sdk, data_dir=self.data_dir, **kw)

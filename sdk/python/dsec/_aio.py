@@ -163,10 +163,12 @@ class AsyncSession:
                    stdin: Union[bytes, str, None] = None, env: Optional[Mapping[str, str]] = None,
                    cwd: Optional[_args.PathArg] = None, timeout: Optional[float] = None, limits: Any = None,
                    reward: Optional[float] = None, prompt_tokens: Optional[int] = None,
-                   completion_tokens: Optional[int] = None, notes: Optional[Mapping[str, str]] = None) -> StepReply:
+                   completion_tokens: Optional[int] = None, notes: Optional[Mapping[str, str]] = None,
+                   not_replayable: bool = False) -> StepReply:
         req = _args.exec_request(cmd, stdin=stdin, env=env, cwd=cwd, timeout=timeout, limits=limits)
         return await _call(self._s.step, _args.index(index), req, _args.name(sandbox, "sandbox role"),
-                           _args.meta(reward, prompt_tokens, completion_tokens, notes))
+                           _args.meta(reward, prompt_tokens, completion_tokens, notes),
+                           _flag(not_replayable, "not_replayable"))
 
     async def annotate(self, index: int, *, reward: Optional[float] = None, prompt_tokens: Optional[int] = None,
                        completion_tokens: Optional[int] = None,
@@ -240,12 +242,14 @@ class AsyncClient(_Connection):
                            sandboxes: Optional[Mapping[str, Any]] = None, lease: Optional[float] = None,
                            spec: Any = None, limits: Any = None, timeout: Optional[float] = None,
                            memory: Optional[int] = None, network: Any = None,
-                           env: Optional[Mapping[str, str]] = None, workdir: Optional[str] = None) -> AsyncSession:
+                           env: Optional[Mapping[str, str]] = None, workdir: Optional[str] = None,
+                           restartable: bool = False) -> AsyncSession:
         """See dsec.Client.open_session."""
         s = _args.spec(kind, image, spec=spec, limits=limits, timeout=timeout, memory=memory, network=network,
                        env=env, workdir=workdir)
         core = await _call(self._c.open_session, _args.name(name, "session name"), s,
-                           _args.more_sandboxes(sandboxes), _args.whole_seconds(lease, "lease") or 0)
+                           _args.more_sandboxes(sandboxes), _args.whole_seconds(lease, "lease") or 0,
+                           _flag(restartable, "restartable"))
         return AsyncSession(self, core)
 
     async def attach_session(self, name: str) -> AsyncSession:

@@ -196,12 +196,15 @@ class Session:
              env: Optional[Mapping[str, str]] = None, cwd: Optional[_args.PathArg] = None,
              timeout: Optional[float] = None, limits: Any = None, reward: Optional[float] = None,
              prompt_tokens: Optional[int] = None, completion_tokens: Optional[int] = None,
-             notes: Optional[Mapping[str, str]] = None) -> StepReply:
+             notes: Optional[Mapping[str, str]] = None, not_replayable: bool = False) -> StepReply:
         """Runs step `index` in the role `sandbox`, or answers it from the log if it ran before
-        (``reply.replayed``). ``reply.result`` is its ExecResult."""
+        (``reply.replayed``). ``reply.result`` is its ExecResult. `not_replayable` marks a step
+        (one that talked to the outside world, say) that a restartable session must not re-run
+        on another node: the restart stops there with an error naming the step."""
         req = _args.exec_request(cmd, stdin=stdin, env=env, cwd=cwd, timeout=timeout, limits=limits)
         return self._s.step(_args.index(index), req, _args.name(sandbox, "sandbox role"),
-                            _args.meta(reward, prompt_tokens, completion_tokens, notes), None)
+                            _args.meta(reward, prompt_tokens, completion_tokens, notes),
+                            _flag(not_replayable, "not_replayable"), None)
 
     def annotate(self, index: int, *, reward: Optional[float] = None, prompt_tokens: Optional[int] = None,
                  completion_tokens: Optional[int] = None, notes: Optional[Mapping[str, str]] = None) -> StepMeta:
@@ -324,16 +327,20 @@ class Client(_Connection):
                      sandboxes: Optional[Mapping[str, Any]] = None, lease: Optional[float] = None,
                      spec: Any = None, limits: Any = None, timeout: Optional[float] = None,
                      memory: Optional[int] = None, network: Any = None, env: Optional[Mapping[str, str]] = None,
-                     workdir: Optional[str] = None) -> Session:
+                     workdir: Optional[str] = None, restartable: bool = False) -> Session:
         """Opens the session `name` (e.g. "job1/p0/s0"), or opens it again
         (the same arguments: idempotent). Its "agent" sandbox has the given
         spec; `sandboxes` adds more by role ({"eval": {"kind": "container",
-        "image": "py311"}}). It outlives this trainer by `lease` seconds."""
+        "image": "py311"}}). It outlives this trainer by `lease` seconds.
+        `restartable` (against a controller): the controller keeps a copy of
+        the step log, and when the session's node dies it opens the session
+        on another node and re-runs the logged steps there."""
         s = _args.spec(kind, image, spec=spec, limits=limits, timeout=timeout, memory=memory, network=network,
                        env=env, workdir=workdir)
         return Session(self, self._c.open_session(_args.name(name, "session name"), s,
                                                   _args.more_sandboxes(sandboxes),
-                                                  _args.whole_seconds(lease, "lease") or 0, None))
+                                                  _args.whole_seconds(lease, "lease") or 0,
+                                                  _flag(restartable, "restartable"), None))
 
     def attach_session(self, name: str) -> Session:
         """A handle to an open session (dsec.NotFound if there is none)."""

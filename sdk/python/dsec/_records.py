@@ -143,6 +143,7 @@ class SandboxRecord(Record):
     disk_used_bytes: int
     busy: bool
     owner_gone_ms: int
+    node_address: str  # the SDK address of the node that holds it (against a controller)
 
 
 class ExecRequest(Record):
@@ -256,6 +257,10 @@ class SessionRecord(Record):
     close_reason: str
     closed_ms: int
     error: str
+    node_id: str       # the node that holds it (against a controller)
+    node_address: str  # that node's SDK address
+    restartable: bool  # opened restartable: a controller re-runs it on another node when its node dies
+    moves: int         # times a controller did so
 
 
 class StepMeta(Record):

@@ -639,10 +639,11 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("record", [](const PySession& s) { return ToPy(s.s.record()); })
       .def("step",
            [](const PySession& s, uint64_t index, pb::object exec, std::string role, pb::object meta,
-              pb::object aio) {
+              bool not_replayable, pb::object aio) {
              auto req = Proto<v1::ExecRequest>(exec, "exec");
              StepOptions o;
              o.sandbox = role;
+             o.not_replayable = not_replayable;
              o.meta = Proto<v1::StepMeta>(meta, "meta");
              return Issue<Result<v1::StepReply>>(
                  s.core, aio,
@@ -736,10 +737,11 @@ PYBIND11_MODULE(_core, m) {
            })
       .def("open_session",
            [](const CoreRef& core, std::string name, pb::object spec, pb::dict more, uint32_t lease_s,
-              pb::object aio) {
+              bool restartable, pb::object aio) {
              auto sp = Proto<v1::SandboxSpec>(spec, "spec");
              SessionOptions o;
              o.lease_s = lease_s;
+             o.restartable = restartable;
              for (auto [role, more_spec] : more) {
                std::string r = role.cast<std::string>();
                o.more_sandboxes.emplace_back(r, Proto<v1::SandboxSpec>(more_spec, "sandboxes['" + r + "']"));

@@ -28,6 +28,7 @@
 #include "sdk/src/client_agent.hpp"
 #include "wire/wire.hpp"
 #include "runtime/files.hpp"
+#include "tests/support/chromium.hpp"
 #include "tests/support/container_fixture.hpp"
 #include "tests/support/http_probe.hpp"
 #include "tests/support/probes.hpp"
@@ -385,6 +386,35 @@ TEST_F(Cluster, TheControllersStatusAndMetricsShowEveryNode) {
   auto page = HttpGet(controller_->http_addr(), "/");
   EXPECT_EQ(page.code, 200);
   EXPECT_TRUE(sb->Destroy().ok());
+}
+
+// The controller's status page in headless Chromium: its script draws
+// every node (one draining says so) and the sandboxes on each; a
+// screenshot is written next to the test.
+TEST_F(Cluster, ChromiumShowsEveryNodeAndTheSandboxesOnThem) {
+  HeadlessChromium chromium;
+  if (auto why = chromium.Open(); !why.empty()) GTEST_SKIP() << why;
+  std::vector<Sandbox> made;
+  for (int i = 0; i < 4; ++i) {
+    auto sb = client_->Create(ContainerSpec(ContainerTest::kImage));
+    ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+    made.push_back(*sb);
+  }
+  ASSERT_TRUE(controller_->Admin("drain " + ids_[2]).value("ok", false));
+  const std::string url = "http://" + controller_->http_addr() + "/";
+  auto dom = chromium.Dom(url);
+  ASSERT_TRUE(controller_->Admin("undrain " + ids_[2]).value("ok", false));
+  ASSERT_EQ(dom.exit_code, 0) << dom.err;
+  EXPECT_THAT(dom.out, HasSubstr("data-ready=\"1\"")) << "the page's script did not draw /status.json";
+  EXPECT_THAT(dom.out, HasSubstr(std::to_string(kNodes) + " node(s)"));
+  for (const auto& id : ids_) EXPECT_THAT(dom.out, HasSubstr("data-node=\"" + id + "\""));
+  EXPECT_THAT(dom.out, HasSubstr("state-draining\">draining<"));
+  for (auto& sb : made) EXPECT_THAT(dom.out, HasSubstr("data-sandbox=\"" + sb.id() + "\""));
+  std::string shot;
+  EXPECT_EQ(chromium.Screenshot(url, "cluster-status-page-screenshot.png", &shot), "");
+  std::printf("# cluster status page screenshot: %s\n", shot.c_str());
+  ::testing::Test::RecordProperty("screenshot", shot);
+  for (auto& sb : made) EXPECT_TRUE(sb.Destroy().ok());
 }
 
 // A session opened restartable goes on on another node when its node dies:
