@@ -73,6 +73,7 @@ struct LinkOptions {
   uint16_t port = 0;
   std::string secret;
   uint64_t slots = 0;  // sandboxes this node takes (dsecd --slots)
+  bool tls = false;    // dsecd --tls: the controller must speak it too
   std::function<void(const std::string& sdk_token)> on_token;
 };
 caf::actor SpawnClusterLink(caf::actor_system& sys, node_actor node, std::shared_ptr<NodeContext> ctx,

@@ -11,6 +11,7 @@
 #include "runtime/door_auth.hpp"
 #include "runtime/metrics.hpp"
 #include "state/table.hpp"
+#include "wire/tls.hpp"
 
 namespace dsec::link_detail {
 
@@ -19,6 +20,7 @@ namespace dsec::link_detail {
 struct Dialed {
   std::shared_ptr<UniqueFd> fd;
   Status status;
+  uint8_t flags = 0;  // the door's (kFlagTls)
 };
 
 }  // namespace dsec::link_detail
@@ -137,10 +139,19 @@ void Connect(Self self) {
           [self](Dialed& d) {
             auto& st = self->state;
             if (!d.fd) return Retry(self, d.status.message());
+            // Both ends TLS or neither: a node started with --tls does not
+            // send its join in the clear, and one without cannot speak it.
+            bool tls = d.flags & door::kFlagTls;
+            if (tls != st.o.tls)
+              return Retry(self, tls ? "the controller speaks TLS (dsecd --tls): start this node with --tls too "
+                                       "(and --tls-cert/--tls-key/--tls-ca when the controller has them)"
+                                     : "this node was started with --tls and the controller was not: start the "
+                                       "controller with --tls, or this node without it");
             auto& mm = self->system().middleman();
             auto basp = mm.named_broker<caf::io::basp_broker>(caf::atom("BASP"));
-            auto scribe = mm.backend().new_scribe(d.fd->Release());
-            self->request(basp, std::chrono::seconds(10), caf::connect_atom::value, std::move(scribe), st.o.port)
+            auto scribe = tls::NewScribe(self->system(), d.fd->Release(), tls, /*accepted=*/false);
+            if (!scribe.ok()) return Retry(self, scribe.status().message());
+            self->request(basp, std::chrono::seconds(10), caf::connect_atom::value, std::move(*scribe), st.o.port)
                 .then(
                     [self](const caf::node_id&, caf::strong_actor_ptr& ptr, const std::set<std::string>&) {
                       auto& st = self->state;
@@ -149,7 +160,12 @@ void Connect(Self self) {
                       self->monitor(st.controller);
                       Join(self);
                     },
-                    [self](caf::error& e) { Retry(self, "BASP: " + caf::to_string(e)); });
+                    [self, tls](caf::error& e) {
+                      Retry(self, "BASP: " + caf::to_string(e) +
+                                      (tls ? " (over TLS: do this node's --tls-cert/--tls-key/--tls-ca match the "
+                                             "controller's? with certificates on one end, both need them)"
+                                           : ""));
+                    });
           },
           [self](caf::error& e) { Retry(self, caf::to_string(e)); });
 }
@@ -158,7 +174,7 @@ caf::behavior Dialer(caf::event_based_actor*, std::string host, uint16_t port, s
   return {
       [=](dial_atom) {
         Dialed d;
-        auto fd = door::Dial(host, port, secret, door::kCluster, std::chrono::seconds(5));
+        auto fd = door::Dial(host, port, secret, door::kCluster, std::chrono::seconds(5), nullptr, &d.flags);
         if (fd.ok()) d.fd = std::make_shared<UniqueFd>(std::move(*fd));
         else d.status = fd.status();
         return d;

@@ -9,6 +9,8 @@
 
 #include <algorithm>
 
+#include "wire/tls.hpp"
+
 namespace dsec {
 
 SdkDoor::SdkDoor(caf::actor_system& sys, entry_actor entry, std::string token, std::string token_hint,
@@ -27,7 +29,8 @@ SdkDoor::SdkDoor(caf::actor_system& sys, door::Service service, caf::strong_acto
       // safe to call from the door's thread.
       basp_(sys.middleman().named_broker<caf::io::basp_broker>(caf::atom("BASP"))),
       entry_(std::move(served)),
-      sigs_(std::move(sigs)) {}
+      sigs_(std::move(sigs)),
+      log_(std::move(log)) {}
 
 namespace {
 
@@ -61,13 +64,18 @@ int Renumbered(int fd) {
 
 }  // namespace
 
-void SdkDoor::Hand(UniqueFd fd, const std::string&) {
+void SdkDoor::Hand(UniqueFd fd, const std::string& peer) {
   // What BASP does for a connection its doorman accepted, through the
   // message it also takes from tests: the broker adopts the socket, writes
   // the server handshake and serves `entry_` on it. Making the scribe here
   // only wraps the socket; the broker registers it with the multiplexer.
-  auto scribe = sys_.middleman().backend().new_scribe(Renumbered(fd.Release()));
-  caf::anon_send(basp_, caf::publish_atom::value, std::move(scribe), port_.load(), entry_, sigs_);
+  // With --tls the scribe is a TLS session, its handshake the first bytes.
+  auto scribe = tls::NewScribe(sys_, Renumbered(fd.Release()), flags() & door::kFlagTls, /*accepted=*/true);
+  if (!scribe.ok()) {
+    if (log_) log_(3, std::string(name()) + ": " + peer + ": " + scribe.status().message());
+    return;
+  }
+  caf::anon_send(basp_, caf::publish_atom::value, std::move(*scribe), port_.load(), entry_, sigs_);
 }
 
 }  // namespace dsec

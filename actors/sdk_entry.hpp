@@ -29,6 +29,8 @@ class SdkDoor : public door::TokenDoor {
   SdkDoor(caf::actor_system& sys, door::Service service, caf::strong_actor_ptr served, std::set<std::string> sigs,
           std::string token, std::string token_hint, std::function<void(int, const std::string&)> log);
   void set_port(uint16_t port) { port_ = port; }
+  // dsecd --tls: admitted connections become TLS sessions (wire/tls.hpp).
+  void set_tls(bool on) { set_flags(on ? door::kFlagTls : 0); }
 
  private:
   void Hand(UniqueFd fd, const std::string& peer);
@@ -37,6 +39,7 @@ class SdkDoor : public door::TokenDoor {
   caf::strong_actor_ptr entry_;
   std::set<std::string> sigs_;
   std::atomic<uint16_t> port_{0};
+  std::function<void(int, const std::string&)> log_;
 };
 
 }  // namespace dsec

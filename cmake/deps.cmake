@@ -14,7 +14,12 @@ add_library(CAF::io SHARED IMPORTED)
 set_target_properties(CAF::io PROPERTIES
   IMPORTED_LOCATION "${CAF_IO_LIBRARY}" INTERFACE_LINK_LIBRARIES CAF::core)
 
-find_package(OpenSSL REQUIRED)          # OpenSSL::Crypto (HMAC of the SDK's handshake)
+find_package(OpenSSL REQUIRED)          # OpenSSL::Crypto (HMAC of the SDK's handshake), OpenSSL::SSL
+# CAF's OpenSSL module (--tls): its sessions carry BASP behind the door.
+find_library(CAF_OPENSSL_LIBRARY caf_openssl REQUIRED)
+add_library(CAF::openssl SHARED IMPORTED)
+set_target_properties(CAF::openssl PROPERTIES
+  IMPORTED_LOCATION "${CAF_OPENSSL_LIBRARY}" INTERFACE_LINK_LIBRARIES "CAF::io;OpenSSL::SSL")
 find_package(spdlog CONFIG REQUIRED)     # spdlog::spdlog (external fmt)
 find_package(RocksDB CONFIG REQUIRED)    # RocksDB::rocksdb-shared
 find_package(Protobuf REQUIRED)          # protobuf::libprotobuf, protoc

@@ -37,11 +37,11 @@ bool RandomBytes(char* out, size_t n) {
   return true;
 }
 
-std::string Header(uint8_t version, uint8_t service) {
+std::string Header(uint8_t version, uint8_t service, uint8_t flags = 0) {
   std::string h(kMagic, 4);
   h.push_back(static_cast<char>(version));
   h.push_back(static_cast<char>(service));
-  h.push_back(0);
+  h.push_back(static_cast<char>(flags));
   h.push_back(0);
   return h;
 }
@@ -177,7 +177,7 @@ std::unique_ptr<Handshake> TokenDoor::Begin(const std::string& peer, std::string
     st->broken = true;
     return st;
   }
-  st->challenge = Header(kVersion, service_) + std::string(nonce, sizeof nonce);
+  st->challenge = Header(kVersion, service_, flags_.load()) + std::string(nonce, sizeof nonce);
   *greeting = st->challenge;
   return st;
 }
@@ -223,8 +223,9 @@ Status ReadExactly(int fd, char* buf, size_t n, Clock::time_point deadline, cons
 }  // namespace
 
 Result<UniqueFd> Dial(const std::string& host, uint16_t port, const std::string& token, Service service,
-                      std::chrono::milliseconds timeout, bool* refused) {
+                      std::chrono::milliseconds timeout, bool* refused, uint8_t* flags) {
   if (refused) *refused = false;
+  if (flags) *flags = 0;
   std::string where = host + ":" + std::to_string(port);
   auto deadline = Clock::now() + timeout;
   addrinfo hints{};
@@ -316,9 +317,12 @@ Result<UniqueFd> Dial(const std::string& host, uint16_t port, const std::string&
     case kWrongToken: return Status::Unauthenticated("dsecd at " + where + " refused the connection: " + text);
     default: return Status::FailedPrecondition("dsecd at " + where + " refused the connection: " + text);
   }
+  // What follows the door (the challenge's flags are covered by the MAC: a
+  // man in the middle cannot turn TLS off).
+  if (flags) *flags = static_cast<uint8_t>(challenge[6]);
   // Blocking from here: CAF sets its own flags on the socket it adopts.
-  int flags = ::fcntl(fd.get(), F_GETFL);
-  ::fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK);
+  int mode = ::fcntl(fd.get(), F_GETFL);
+  ::fcntl(fd.get(), F_SETFL, mode & ~O_NONBLOCK);
   return fd;
 }
 

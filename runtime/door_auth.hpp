@@ -7,7 +7,7 @@
 // that does not (one squatting the port while dsecd is down). The token
 // itself never crosses the wire.
 //
-//   node -> client  challenge  "dsec" version service 0 0 server_nonce[32]           40 bytes
+//   node -> client  challenge  "dsec" version service flags 0 server_nonce[32]       40 bytes
 //   client -> node  response   "dsec" version service 0 0 client_nonce[32] mac[32]   72 bytes
 //   node -> client  verdict    "dsec" code 0 length(2, big-endian) text              8 + length bytes
 //
@@ -15,9 +15,11 @@
 // a verdict of 0 carries the node's proof as its text:
 // HMAC-SHA256(token, "dsec-door-v1-node" || challenge || client_nonce).
 // After it the connection belongs to the protocol behind the door (BASP:
-// the node sends its handshake first).
+// the node sends its handshake first), inside a TLS session when the
+// challenge's flags have kFlagTls (wire/tls.hpp).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -41,6 +43,9 @@ inline constexpr size_t kMaxVerdictText = 1024;
 // the cluster secret instead of the SDK token.
 enum Service : uint8_t { kSdk = 1, kCluster = 2 };
 
+// The challenge's flags: what the connection turns into after the door.
+inline constexpr uint8_t kFlagTls = 1;  // a TLS session (dsecd --tls), the door's peer the TLS server
+
 enum Verdict : uint8_t {
   kAdmitted = 0,
   kWrongToken = 1,
@@ -59,6 +64,9 @@ class TokenDoor : public HandshakeProtocol {
   // Another token this door admits (a node admits its controller's SDK
   // token once it has joined). Safe from any thread.
   void AddToken(const std::string& token);
+  // The flags its challenges carry (kFlagTls); set before it serves.
+  void set_flags(uint8_t flags) { flags_ = flags; }
+  uint8_t flags() const { return flags_.load(); }
   std::unique_ptr<Handshake> Begin(const std::string& peer, std::string* greeting) override;
   void Admit(UniqueFd fd, std::string leftover, const std::string& peer) override;
 
@@ -71,6 +79,7 @@ class TokenDoor : public HandshakeProtocol {
   std::chrono::steady_clock::time_point last_refusal_log_{};
   uint64_t refusals_not_logged_ = 0;
   Service service_;
+  std::atomic<uint8_t> flags_{0};
   mutable std::mutex mu_;
   std::vector<std::string> tokens_;
   std::string hint_;
@@ -82,8 +91,9 @@ class TokenDoor : public HandshakeProtocol {
 // `timeout`. The socket (blocking) once admitted; else Unavailable (cannot
 // connect: `refused` tells a refused connection from others), Unauthenticated
 // (wrong token, with the node's hint), FailedPrecondition (not a dsec door
-// or another version), DeadlineExceeded.
+// or another version), DeadlineExceeded. `flags`: the challenge's (kFlagTls:
+// the caller must speak TLS from here, as the TLS client).
 Result<UniqueFd> Dial(const std::string& host, uint16_t port, const std::string& token, Service service,
-                      std::chrono::milliseconds timeout, bool* refused = nullptr);
+                      std::chrono::milliseconds timeout, bool* refused = nullptr, uint8_t* flags = nullptr);
 
 }  // namespace dsec::door

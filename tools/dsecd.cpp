@@ -29,6 +29,7 @@
 #include "actors/node.hpp"
 #include "actors/node_host.hpp"
 #include "actors/sdk_entry.hpp"
+#include "wire/tls.hpp"
 #include "wire/wire.hpp"
 #include "drivers/images/image_store.hpp"
 #include "drivers/registry.hpp"
@@ -77,6 +78,9 @@ struct Flags {
   uint64_t slots = 0;                             // node: sandboxes it takes (0: memory / 64 MiB)
   int heartbeat_ms = 1000;
   int down_after_ms = 3000;
+  // TLS on the SDK and cluster ports (wire/tls.hpp); files: certificates.
+  bool tls = false;
+  dsec::tls::Files tls_files;
 };
 
 // The node id survives restarts; the boot counter counts them.
@@ -125,6 +129,14 @@ void ConfigureCafFor(const Flags& f, caf::actor_system_config& cfg) {
   dsec::CafOptions co;
   co.scheduler_threads = f.threads;
   dsec::ConfigureCaf(cfg, co);
+  if (f.tls) dsec::tls::Configure(cfg, f.tls_files);
+}
+
+// What the ready line says of TLS.
+std::string TlsNote(const Flags& f) {
+  if (!f.tls) return "";
+  return f.tls_files.empty() ? "; TLS on the SDK and cluster ports (anonymous: no certificates)"
+                             : "; TLS on the SDK and cluster ports, certificates checked against " + f.tls_files.ca;
 }
 
 // Waits for SIGINT or SIGTERM; logs which.
@@ -225,6 +237,8 @@ int RunController(const Flags& f, dsec::state::Store* store, dsec::state::GroupC
                                sys.message_types(controller), *secret,
                                "start the node with --cluster-secret naming a copy of the controller's secret file",
                                DriverLog("door"));
+    sdk_door.set_tls(f.tls);
+    cluster_door.set_tls(f.tls);
     dsec::ConsoleOptions copts;
     copts.token = admin_token;
     auto console = dsec::SpawnConsole(sys, as_node, copts);
@@ -254,9 +268,9 @@ int RunController(const Flags& f, dsec::state::Store* store, dsec::state::GroupC
                         {"cluster", ctx->cluster_address}};
       (void)dsec::WriteFileAtomic(data + "/dsecd.json", ep.dump() + "\n", 0644);
       log->info("dsecd {} ready: controller {} (boot {}), SDK on {}, nodes join at {} (secret {}), admin console on "
-                "{}, metrics and status page on {}, data in {}",
+                "{}, metrics and status page on {}, data in {}{}",
                 DSEC_VERSION, id, boot, ctx->sdk_address, ctx->cluster_address, secret_path, ctx->admin_address,
-                http_on ? "http://" + ctx->http_address + "/" : std::string("nothing (--http off)"), data);
+                http_on ? "http://" + ctx->http_address + "/" : std::string("nothing (--http off)"), data, TlsNote(f));
       WaitForStop(log);
       ::unlink((data + "/dsecd.json").c_str());
     }
@@ -290,6 +304,14 @@ int Run(const Flags& f, dsec::drivers::Registry& kinds) {
     }
   } else if (!f.join.empty()) {
     log->error("--join is for --role node");
+    return 2;
+  }
+  if (!f.tls && !f.tls_files.empty()) {
+    log->error("--tls-cert, --tls-key and --tls-ca are for --tls");
+    return 2;
+  }
+  if (auto st = dsec::tls::Check(f.tls_files); !st.ok()) {
+    log->error("{}", st.message());
     return 2;
   }
   std::string sdk_host, admin_host;
@@ -450,6 +472,7 @@ int Run(const Flags& f, dsec::drivers::Registry& kinds) {
                            "dsecd's token is in <data-dir>/sdk.token or its --sdk-token-file; clients read it "
                            "from there, from $DSEC_SDK_TOKEN or from ClientOptions::token",
                            DriverLog("door"));
+    sdk_door.set_tls(f.tls);
     struct TokenSink {
       std::mutex mu;
       dsec::SdkDoor* door = nullptr;
@@ -495,6 +518,7 @@ int Run(const Flags& f, dsec::drivers::Registry& kinds) {
         lo.port = join_port;
         lo.secret = cluster_secret;
         lo.slots = f.slots;
+        lo.tls = f.tls;
         lo.on_token = [token_sink](const std::string& t) {
           std::lock_guard<std::mutex> lk(token_sink->mu);
           if (token_sink->door) token_sink->door->AddToken(t);
@@ -507,7 +531,7 @@ int Run(const Flags& f, dsec::drivers::Registry& kinds) {
                 DSEC_VERSION, f.role == "node" ? "cluster node" : "node", node_id, boot, ctx->options.sdk_address,
                 ctx->options.admin_address,
                 http_on ? "http://" + ctx->options.http_address + "/" : std::string("nothing (--http off)"), data,
-                f.role == "node" ? ", joining the controller at " + f.join : std::string());
+                (f.role == "node" ? ", joining the controller at " + f.join : std::string()) + TlsNote(f));
       WaitForStop(log);
       ::unlink((data + "/dsecd.json").c_str());
     }
@@ -563,6 +587,14 @@ int main(int argc, char** argv) {
                  "controller: a node without a heartbeat this long is down (its sandboxes are reported lost)")
       ->check(CLI::Range(100, 600000))
       ->capture_default_str();
+  app.add_flag("--tls", f.tls,
+               "TLS (CAF's OpenSSL module) on the SDK and cluster ports, after the door's handshake: every trainer's "
+               "and node's connection; a node started with it joins only a controller that has it too");
+  app.add_option("--tls-cert", f.tls_files.cert,
+                 "with --tls: this dsecd's certificate (PEM); with --tls-key and --tls-ca, peers must show a "
+                 "certificate of that CA (without the three: anonymous TLS, encrypted but not authenticated)");
+  app.add_option("--tls-key", f.tls_files.key, "with --tls: the private key of --tls-cert (PEM)");
+  app.add_option("--tls-ca", f.tls_files.ca, "with --tls: the CA file (PEM) peers' certificates must chain to");
   app.add_option("--data-dir", f.data_dir, "where state lives (RocksDB, admin token)")->capture_default_str();
   app.add_option("--listen", f.listen, "SDK entry host:port (port 0: any)")->capture_default_str();
   app.add_option("--admin", f.admin, "admin console host:port (port 0: any)")->capture_default_str();

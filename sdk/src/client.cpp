@@ -3,6 +3,7 @@
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
 
+#include "wire/tls.hpp"
 #include "wire/wire.hpp"
 #include "dsec/status_proto.hpp"
 #include "runtime/door_auth.hpp"
@@ -239,6 +240,13 @@ Result<ClientOptions> ResolveClientOptions(ClientOptions given) {
     o.token = Trimmed(*t);
   }
   if (o.token.empty()) return Status::Unauthenticated("the SDK token is empty");
+  if (o.tls_cert.empty()) o.tls_cert = Env("DSEC_TLS_CERT");
+  if (o.tls_key.empty()) o.tls_key = Env("DSEC_TLS_KEY");
+  if (o.tls_ca.empty()) o.tls_ca = Env("DSEC_TLS_CA");
+  tls::Files files{o.tls_cert, o.tls_key, o.tls_ca};
+  if (auto st = tls::Check(files); !st.ok())
+    return Status::InvalidArgument(st.message() + " (ClientOptions::tls_cert/tls_key/tls_ca or $DSEC_TLS_CERT/"
+                                   "$DSEC_TLS_KEY/$DSEC_TLS_CA)");
   return o;
 }
 
@@ -265,6 +273,8 @@ Result<std::unique_ptr<Client>> Client::Connect(ClientOptions given) {
   CafOptions caf_opts;
   caf_opts.scheduler_threads = options.threads;
   ConfigureCaf(*impl->cfg, caf_opts);
+  // Ready for TLS: dsecd's door says whether the connection turns into it.
+  tls::Configure(*impl->cfg, tls::Files{options.tls_cert, options.tls_key, options.tls_ca});
   impl->sys = std::make_unique<caf::actor_system>(*impl->cfg);
   impl->client_id = RandomClientId();
   impl->agent = sdk::SpawnAgent(*impl->sys, impl->host, impl->port, options.token, impl->client_id,

@@ -15,6 +15,7 @@
 
 #include "wire/wire.hpp"
 #include "runtime/door_auth.hpp"
+#include "wire/tls.hpp"
 
 namespace dsec::sdk {
 
@@ -26,6 +27,7 @@ struct Dialed {
   std::shared_ptr<UniqueFd> fd;
   Status status;        // why not, when fd is empty
   bool refused = false; // nothing listened there
+  uint8_t flags = 0;    // the door's (kFlagTls: TLS from here)
 };
 
 }  // namespace
@@ -95,6 +97,12 @@ void Tick(Self self) {
   if (st.ticking || (st.queued.empty() && st.inflight.empty())) return;
   st.ticking = true;
   self->delayed_send(self, std::chrono::milliseconds(50), tick_atom::value);
+}
+
+// Why a TLS connection may fail after the door.
+std::string TlsHint() {
+  return " (over TLS: when dsecd has --tls-cert/--tls-key/--tls-ca, this client needs a certificate of the same CA: "
+         "ClientOptions::tls_cert/tls_key/tls_ca or $DSEC_TLS_CERT/$DSEC_TLS_KEY/$DSEC_TLS_CA)";
 }
 
 std::string Where(Self self) { return self->state.host + ":" + std::to_string(self->state.port); }
@@ -326,18 +334,21 @@ void Connect(Self self) {
             }
             // Through the door: BASP takes the socket over as a client
             // connection and answers with the entry once its handshake is done.
+            // dsecd --tls: a TLS session from here (its handshake first).
+            bool tls = d.flags & door::kFlagTls;
             auto& mm = self->system().middleman();
             auto basp = mm.named_broker<caf::io::basp_broker>(caf::atom("BASP"));
-            auto scribe = mm.backend().new_scribe(d.fd->Release());
-            self->request(basp, st.connect_timeout, caf::connect_atom::value, std::move(scribe), st.port)
+            auto scribe = tls::NewScribe(self->system(), d.fd->Release(), tls, /*accepted=*/false);
+            if (!scribe.ok()) return Retry(self, scribe.status().message());
+            self->request(basp, st.connect_timeout, caf::connect_atom::value, std::move(*scribe), st.port)
                 .then(
                     [self](const caf::node_id&, caf::strong_actor_ptr& ptr, const std::set<std::string>& ifs) {
                       Trace(self, "BASP connected");
                       Connected(self, std::move(ptr), ifs);
                     },
-                    [self](caf::error& err) {
+                    [self, tls](caf::error& err) {
                       Trace(self, "BASP failed", self->system().render(err));
-                      Retry(self, self->system().render(err));
+                      Retry(self, self->system().render(err) + (tls ? TlsHint() : std::string()));
                     });
           },
           [self](caf::error& err) { Retry(self, self->system().render(err)); });
@@ -349,7 +360,7 @@ caf::behavior Dialer(caf::event_based_actor*, std::string host, uint16_t port, s
   return {
       [=](dial_atom) {
         Dialed d;
-        auto fd = door::Dial(host, port, token, door::kSdk, timeout, &d.refused);
+        auto fd = door::Dial(host, port, token, door::kSdk, timeout, &d.refused, &d.flags);
         if (fd.ok()) d.fd = std::make_shared<UniqueFd>(std::move(*fd));
         else d.status = fd.status();
         return d;
@@ -444,14 +455,16 @@ caf::behavior Agent(Self self, std::string host, uint16_t port, std::string toke
 
 Result<caf::actor> ConnectEntry(caf::actor_system& sys, const std::string& host, uint16_t port,
                                 const std::string& token, std::chrono::milliseconds timeout, uint8_t service) {
-  auto fd = door::Dial(host, port, token, static_cast<door::Service>(service), timeout);
+  uint8_t flags = 0;
+  auto fd = door::Dial(host, port, token, static_cast<door::Service>(service), timeout, nullptr, &flags);
   if (!fd.ok()) return fd.status();
   auto& mm = sys.middleman();
   auto basp = mm.named_broker<caf::io::basp_broker>(caf::atom("BASP"));
-  auto scribe = mm.backend().new_scribe(fd->Release());
+  auto scribe = tls::NewScribe(sys, fd->Release(), flags & door::kFlagTls, /*accepted=*/false);
+  if (!scribe.ok()) return scribe.status();
   caf::scoped_actor self{sys};
   Result<caf::actor> out = Status::DeadlineExceeded("no BASP handshake from " + host + ":" + std::to_string(port));
-  self->request(basp, timeout, caf::connect_atom::value, std::move(scribe), port)
+  self->request(basp, timeout, caf::connect_atom::value, std::move(*scribe), port)
       .receive(
           [&](const caf::node_id&, caf::strong_actor_ptr& ptr, const std::set<std::string>& ifs) {
             if (!ptr || !sys.assignable<entry_actor>(ifs))

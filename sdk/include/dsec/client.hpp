@@ -47,6 +47,12 @@ struct ClientOptions {
   std::chrono::milliseconds rpc_timeout{30000};
   // SDK worker threads (default 2).
   size_t threads = 2;
+  // TLS certificates (PEM files) for a dsecd started with --tls-cert,
+  // --tls-key and --tls-ca: this client's certificate and key, and the CA
+  // dsecd's certificate must chain to. Empty: $DSEC_TLS_CERT, $DSEC_TLS_KEY,
+  // $DSEC_TLS_CA. A dsecd with plain --tls needs none: the client speaks TLS
+  // whenever dsecd's door says so (docs/cluster.md, "TLS").
+  std::string tls_cert, tls_key, tls_ca;
 };
 
 // `options` with address, token and data_dir filled in as Connect would

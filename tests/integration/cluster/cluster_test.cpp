@@ -29,6 +29,7 @@
 #include "wire/wire.hpp"
 #include "runtime/files.hpp"
 #include "tests/support/chromium.hpp"
+#include "tests/support/cluster_probes.hpp"
 #include "tests/support/container_fixture.hpp"
 #include "tests/support/http_probe.hpp"
 #include "tests/support/probes.hpp"
@@ -43,25 +44,6 @@ constexpr int kNodes = 3;
 constexpr const char* kControllerImage = "cimg";
 const uint64_t kSlots[kNodes] = {1000, 2000, 3000};
 constexpr double kAllSlots = 6000;
-
-// Polls `pred` (an admin query, a file) every 50 ms until it holds or
-// `timeout` passes: the condition is another process's state.
-template <class Pred>
-bool WaitUntil(Pred pred, std::chrono::milliseconds timeout) {
-  auto deadline = Clock::now() + timeout;
-  while (Clock::now() < deadline) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return pred();
-}
-
-// Node `id`'s state as controller `c` sees it ("" when unknown).
-std::string StateOf(const TestDaemon& c, const std::string& id) {
-  for (const auto& node : c.Admin("nodes").value("nodes", nlohmann::json::array()))
-    if (node.value("id", "") == id) return node.value("state", "");
-  return "";
-}
 
 class Cluster : public ::testing::Test {
  protected:
