@@ -258,6 +258,18 @@ void EnsureImage(Self self, const std::string& node, const v1::SandboxSpec& spec
           });
 }
 
+// EnsureImage for each of a session's sandboxes (its agent's and those of
+// more_sandboxes), one after another; `then` gets the first failure.
+void EnsureSessionImages(Self self, const std::string& node, const v1::OpenSessionRequest& open,
+                         std::function<void(Status)> then, int next = -1) {
+  if (next >= open.more_sandboxes_size()) return then(Status::Ok());
+  const v1::SandboxSpec& spec = next < 0 ? open.spec() : open.more_sandboxes(next).spec();
+  EnsureImage(self, node, spec, [self, node, open, then, next](Status ready) {
+    if (!ready.ok()) return then(ready);
+    EnsureSessionImages(self, node, open, then, next + 1);
+  });
+}
+
 // The node for a new sandbox (or session) with `spec`: among the nodes that
 // are up, not draining, run its kind and hold its image, the one with the
 // largest share of its slots free (so nodes fill in proportion to their
@@ -400,7 +412,7 @@ caf::result<v1::SessionReply> OpenSession(Self self, v1::OpenSessionRequest& req
   if (req.restartable()) restartable = req;
   auto spec = req.spec();
   auto shared_req = std::make_shared<v1::OpenSessionRequest>(std::move(req));
-  EnsureImage(self, n, spec, [self, rp, n, name, restartable, shared_req](Status ready) mutable {
+  EnsureSessionImages(self, n, *shared_req, [self, rp, n, name, restartable, shared_req](Status ready) mutable {
     if (!ready.ok()) {
       auto& st = self->state;
       if (auto it = st.session_node.find(name); it != st.session_node.end() && it->second == n) st.session_node.erase(it);
@@ -507,7 +519,7 @@ void Restart(Self self, const std::string& name, const std::string& from) {
   st.ctx->log->warn("session {} was on node {}, which went down: opening it on node {} and re-running its {} step(s)",
                     name, from, *target, r.logged);
   std::string node = *target;
-  EnsureImage(self, node, r.open.spec(), [self, name, node, from](Status ready) {
+  EnsureSessionImages(self, node, r.open, [self, name, node, from](Status ready) {
     if (!ready.ok()) return EndRestart(self, name, ready.message());
     auto it = self->state.restartable.find(name);
     if (it == self->state.restartable.end()) return;

@@ -336,6 +336,27 @@ TEST_F(Cluster, AnImageOnTheControllerIsFetchedByTheNodeThatGetsASandboxOnIt) {
   for (const auto& sb : made) EXPECT_TRUE(sb.Destroy().ok());
 }
 
+// A session whose extra sandbox is on an image only the controller has:
+// its node fetches that image too before the session opens there.
+TEST_F(Cluster, ASessionsExtraSandboxOnAControllerImageIsFetchedToo) {
+  SessionOptions so;
+  so.more_sandboxes.emplace_back("eval", ContainerSpec(kControllerImage));
+  auto s = client_->OpenSession("more-" + std::to_string(::getpid()), ContainerSpec(ContainerTest::kImage), so);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  auto step = s->Step(0, Command({"/bin/sh", "-c", "echo in-eval"}), [] {
+    StepOptions o;
+    o.sandbox = "eval";
+    return o;
+  }());
+  ASSERT_TRUE(step.ok()) << step.status().ToString();
+  EXPECT_EQ(step->step().result().stdout(), "in-eval\n");
+  int i = IndexOf(s->record().node_id());
+  ASSERT_GE(i, 0);
+  auto ls = RunProcess({BinDir() + "/dsec-image", "--data-dir", nodes_[i]->data_dir(), "ls", "--json"});
+  EXPECT_THAT(ls.out, HasSubstr(kControllerImage));
+  EXPECT_TRUE(s->Close().ok());
+}
+
 // The controller's HTTP endpoint shows the whole cluster: /status.json
 // lists every node with its state and the sandboxes on it, /metrics counts
 // nodes by state and the directory; a node marked down says why.
