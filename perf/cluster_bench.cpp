@@ -66,14 +66,19 @@ struct Setup {
 
 // A controller with `n` nodes (0: one dsecd --role all), the image built
 // into each node when `rootfs` is given.
-bool Start(int n, const std::string& rootfs, Setup* s) {
+bool Start(int n, const std::string& rootfs, bool tls, Setup* s) {
+  std::vector<std::string> more;
+  if (tls) more.push_back("--tls");
   if (n == 0) {
-    auto d = TestDaemon::Start();
+    dsec::testing::TestDaemonOptions ao;
+    ao.extra_args = more;
+    auto d = TestDaemon::Start(ao);
     if (!d.ok()) return std::fprintf(stderr, "dsecd: %s\n", d.status().ToString().c_str()), false;
     s->nodes.push_back(std::move(*d));
   } else {
     dsec::testing::TestDaemonOptions co;
     co.role = "controller";
+    co.extra_args = more;
     auto c = TestDaemon::Start(co);
     if (!c.ok()) return std::fprintf(stderr, "controller: %s\n", c.status().ToString().c_str()), false;
     s->controller = std::move(*c);
@@ -81,6 +86,7 @@ bool Start(int n, const std::string& rootfs, Setup* s) {
       dsec::testing::TestDaemonOptions o;
       o.extra_args = {"--role", "node", "--join", s->controller->cluster_addr(), "--cluster-secret",
                       s->controller->data_dir() + "/cluster.secret", "--slots", "100000"};
+      o.extra_args.insert(o.extra_args.end(), more.begin(), more.end());
       auto d = TestDaemon::Start(o);
       if (!d.ok()) return std::fprintf(stderr, "node: %s\n", d.status().ToString().c_str()), false;
       s->nodes.push_back(std::move(*d));
@@ -162,6 +168,7 @@ void DestroyAll(const std::vector<dsec::Sandbox>& made) {
 int main(int argc, char** argv) {
   std::string kind = "fncall";
   int creates = 2000, conc = 32, latency = 300, memory = 10000;
+  bool tls = false;
   CLI::App app{"cluster_bench: creations through a controller with 1 and 3 nodes vs a direct dsecd --role all"};
   app.add_option("--kind", kind, "fncall or container")->check(CLI::IsMember({"fncall", "container"}))->capture_default_str();
   app.add_option("--creates", creates, "creates per setup")->capture_default_str();
@@ -169,6 +176,7 @@ int main(int argc, char** argv) {
   app.add_option("--latency", latency, "creates one at a time, for p50/p99")->capture_default_str();
   app.add_option("--memory", memory, "fncall sandboxes for the controller's memory figure (0: skip)")
       ->capture_default_str();
+  app.add_flag("--tls", tls, "every dsecd with --tls (anonymous): trainers' and nodes' connections over TLS");
   CLI11_PARSE(app, argc, argv);
 
   std::string rootfs;
@@ -184,13 +192,14 @@ int main(int argc, char** argv) {
     spec = dsec::ContainerSpec("bench");
   }
   std::printf("cluster_bench: %s sandboxes, %d creates %d at a time, %d one at a time; all processes on this "
-              "machine (%u CPUs)\n",
-              kind.c_str(), creates, conc, latency, std::thread::hardware_concurrency());
+              "machine (%u CPUs)%s\n",
+              kind.c_str(), creates, conc, latency, std::thread::hardware_concurrency(),
+              tls ? "; every connection TLS (dsecd --tls)" : "");
   std::printf("%-22s %12s %10s %10s %16s\n", "setup", "creates/s", "p50 ms", "p99 ms", "entry CPU/create");
   int rc = 0;
   for (int n : {0, 1, 3}) {
     Setup s;
-    if (!Start(n, rootfs, &s)) {
+    if (!Start(n, rootfs, tls, &s)) {
       rc = 1;
       break;
     }
