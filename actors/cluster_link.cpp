@@ -157,6 +157,7 @@ void Connect(Self self) {
                       auto& st = self->state;
                       if (!ptr) return Retry(self, "nothing is published on the cluster port");
                       st.controller = caf::actor_cast<caf::actor>(std::move(ptr));
+                      st.ctx->controller_node->Set(caf::to_string(st.controller.node()));
                       self->monitor(st.controller);
                       Join(self);
                     },

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -40,8 +41,29 @@ struct NodeOptions {
   bool test_hooks = false;              // honour crash injection (tests only)
 };
 
+// A text several threads read and one sets (under a lock).
+class SharedText {
+ public:
+  void Set(std::string v) {
+    std::lock_guard<std::mutex> lk(mu_);
+    v_ = std::move(v);
+  }
+  std::string Get() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return v_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::string v_;
+};
+
 struct NodeContext {
   NodeOptions options;
+  // Role node: the CAF node id (caf::to_string) of the controller it joined,
+  // set by its link. What the controller forwards comes from there: it
+  // keeps a session alive but is not a trainer a session could watch.
+  std::shared_ptr<SharedText> controller_node = std::make_shared<SharedText>();
   state::Store* store = nullptr;
   state::GroupCommitter* committer = nullptr;
   // The sandbox kinds: each one's driver here, or why it cannot run.

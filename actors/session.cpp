@@ -81,34 +81,61 @@ void OpenDone(Self self) {
 
 // ---- lease ----------------------------------------------------------------
 
+void LeaseCheck(Self self, uint64_t gen);
+
+void ScheduleLeaseCheck(Self self, uint64_t gen, std::chrono::milliseconds after) {
+  self->delayed_send(caf::actor_cast<session_actor>(self), after,
+                     Continuation{[self, gen] { LeaseCheck(self, gen); }});
+}
+
 // Starts the lease clock: when it runs out with no trainer attached, the
-// session closes. Any trainer's request stops it (lease_gen moves on).
+// session closes. Any trainer's request stops it (lease_gen moves on); a
+// call the controller forwarded pushes its end back (forwarded_ms).
 void ArmLease(Self self) {
   auto& st = self->state;
   if (st.rec.phase() != v1::SESSION_PHASE_OPEN) return;
   // No trainer: nothing will read the cached steps soon (a trainer that
-  // comes back to replay reads ahead from the store).
-  st.steps.Clear();
-  uint64_t gen = ++st.lease_gen;
-  uint32_t secs = st.rec.lease_s();
-  self->delayed_send(
-      caf::actor_cast<session_actor>(self), std::chrono::seconds(secs), Continuation{[self, gen] {
-        auto& st = self->state;
-        if (gen != st.lease_gen || !st.trainers.empty()) return;
-        if (st.rec.phase() != v1::SESSION_PHASE_OPEN || st.closing) return;
-        st.ctx->log->info("session {}: no trainer for {} s (the lease); closing it", st.rec.name(), st.rec.lease_s());
-        CloseSession(self, "lease expired: no trainer attached for " + std::to_string(st.rec.lease_s()) + " s",
-                     nullptr);
-      }});
+  // comes back to replay reads ahead from the store). Steps the controller
+  // forwards still come: their cache stays.
+  if (st.forwarded_ms == 0) st.steps.Clear();
+  st.lease_armed = true;
+  ScheduleLeaseCheck(self, ++st.lease_gen, std::chrono::seconds(st.rec.lease_s()));
+}
+
+void LeaseCheck(Self self, uint64_t gen) {
+  auto& st = self->state;
+  if (gen != st.lease_gen) return;
+  st.lease_armed = false;
+  if (!st.trainers.empty()) return;
+  if (st.rec.phase() != v1::SESSION_PHASE_OPEN || st.closing) return;
+  int64_t lease_ms = int64_t{st.rec.lease_s()} * 1000, idle_ms = NowMs() - st.forwarded_ms;
+  if (st.forwarded_ms > 0 && idle_ms < lease_ms) {  // the controller forwarded a call since: wait the rest
+    st.lease_armed = true;
+    return ScheduleLeaseCheck(self, gen, std::chrono::milliseconds(lease_ms - idle_ms));
+  }
+  st.ctx->log->info("session {}: no trainer for {} s (the lease); closing it", st.rec.name(), st.rec.lease_s());
+  CloseSession(self, "lease expired: no trainer attached for " + std::to_string(st.rec.lease_s()) + " s", nullptr);
 }
 
 // The sender of the current message is a trainer: watch it, stop the lease.
+// A call the controller forwarded (a cluster node's session opened through
+// it, or a restartable one's steps) is the trainer's activity, but the
+// controller outlives trainers: such a call pushes the lease's end back
+// when no trainer is watched, instead of holding the session open for as
+// long as the controller lives.
 void Attach(Self self) {
   auto& st = self->state;
   const auto& sender = self->current_sender();
   if (!sender) return;
-  auto addr = caf::actor_cast<caf::actor_addr>(sender);
+  std::string controller = st.ctx->controller_node->Get();
+  if (!controller.empty() && caf::to_string(sender->node()) == controller) {
+    st.forwarded_ms = NowMs();
+    if (st.trainers.empty() && !st.lease_armed) ArmLease(self);
+    return;
+  }
   ++st.lease_gen;
+  st.lease_armed = false;
+  auto addr = caf::actor_cast<caf::actor_addr>(sender);
   if (st.trainers.insert(addr).second) self->monitor(caf::actor_cast<caf::actor>(sender));
 }
 

@@ -357,6 +357,42 @@ TEST_F(Cluster, ASessionsExtraSandboxOnAControllerImageIsFetchedToo) {
   EXPECT_TRUE(s->Close().ok());
 }
 
+// A session outlives its trainer by its lease, in a cluster too: the
+// controller forwarding its open (and a restartable one's steps) is not a
+// trainer that holds it open for as long as the controller lives. Each
+// closes within a few seconds of its 2 s lease once its trainer is gone.
+TEST_F(Cluster, ASessionsLeaseRunsOutWhenItsTrainerIsGone) {
+  std::unique_ptr<Client> trainer;
+  ASSERT_EQ(ConnectClient(*controller_, &trainer), "");
+  std::string tag = std::to_string(::getpid());
+  std::vector<std::pair<std::string, std::string>> opened;  // name, node
+  for (bool restartable : {false, true}) {
+    SessionOptions so;
+    so.lease_s = 2;
+    so.restartable = restartable;
+    std::string name = std::string(restartable ? "lease-r-" : "lease-") + tag;
+    auto s = trainer->OpenSession(name, ContainerSpec(ContainerTest::kImage), so);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    ASSERT_TRUE(s->Step(0, Command({"true"})).ok());
+    opened.emplace_back(name, s->record().node_id());
+  }
+  trainer.reset();
+  for (const auto& [name, node] : opened) {
+    int i = IndexOf(node);
+    ASSERT_GE(i, 0);
+    std::string why;
+    EXPECT_TRUE(WaitUntil(
+        [&, name = name] {
+          auto rec = nodes_[i]->Admin("inspect " + name);
+          why = rec.dump();
+          return rec.contains("session") && rec["session"].is_object() &&
+                 rec["session"].value("close_reason", "").find("lease expired") != std::string::npos;
+        },
+        std::chrono::seconds(20)))
+        << name << " is still open after its trainer left: " << why;
+  }
+}
+
 // The controller's HTTP endpoint shows the whole cluster: /status.json
 // lists every node with its state and the sandboxes on it, /metrics counts
 // nodes by state and the directory; a node marked down says why.
