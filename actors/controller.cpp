@@ -69,6 +69,13 @@ void PersistNode(Self self, const NodeEntry& n) {
   Persist(self, std::move(b));
 }
 
+// Drops restartable session `name`'s entry and its log's copy (into `b`).
+void ForgetRestartable(Self self, const std::string& name, state::WriteBatch* b) {
+  b->Delete(state::Table::kPlacements, RestartableKey(name));
+  b->DeletePrefix(state::Table::kSteps, state::StepPrefix(name));
+  self->state.restartable.erase(name);
+}
+
 // Why node `id` cannot answer for `what` now.
 Status NodeGone(Self self, const std::string& id, const std::string& what) {
   auto it = self->state.nodes.find(id);
@@ -745,6 +752,12 @@ void Beat(Self self, const std::string& id, v1::NodeLoad& load) {
     if (d != st.session_node.end() && d->second == id) {
       st.session_node.erase(d);
       b.Delete(state::Table::kPlacements, SessionKey(se));
+      // Closed there (its lease ran out, an operator killed it): nothing
+      // to restart, and its log's copy here goes. (One whose restart
+      // stopped keeps its entry: its trainer hears why until it closes it.)
+      auto r = st.restartable.find(se);
+      if (r != st.restartable.end() && r->second.restarting_on.empty() && r->second.failed.empty())
+        ForgetRestartable(self, se, &b);
     }
   }
   Persist(self, std::move(b));
@@ -858,10 +871,8 @@ controller_actor::behavior_type ControllerActor(Self self, std::shared_ptr<Contr
         std::string name = req.name();
         auto forget = [self, name] {
           state::WriteBatch b;
-          b.Delete(state::Table::kPlacements, RestartableKey(name));
-          b.DeletePrefix(state::Table::kSteps, state::StepPrefix(name));
+          ForgetRestartable(self, name, &b);
           Persist(self, std::move(b));
-          self->state.restartable.erase(name);
         };
         bool failed = !re->second.failed.empty();
         if (it == self->state.session_node.end()) {

@@ -83,6 +83,13 @@ void OpenDone(Self self) {
 
 void LeaseCheck(Self self, uint64_t gen);
 
+// Milliseconds on the steady clock (lease arithmetic; never 0).
+int64_t SteadyMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
+             .count() +
+         1;
+}
+
 void ScheduleLeaseCheck(Self self, uint64_t gen, std::chrono::milliseconds after) {
   self->delayed_send(caf::actor_cast<session_actor>(self), after,
                      Continuation{[self, gen] { LeaseCheck(self, gen); }});
@@ -108,7 +115,12 @@ void LeaseCheck(Self self, uint64_t gen) {
   st.lease_armed = false;
   if (!st.trainers.empty()) return;
   if (st.rec.phase() != v1::SESSION_PHASE_OPEN || st.closing) return;
-  int64_t lease_ms = int64_t{st.rec.lease_s()} * 1000, idle_ms = NowMs() - st.forwarded_ms;
+  int64_t lease_ms = int64_t{st.rec.lease_s()} * 1000, idle_ms = SteadyMs() - st.forwarded_ms;
+  if (st.forwarded_ms > 0 && (st.running || !st.waiters.empty())) {
+    // A forwarded step longer than the lease: its trainer waits for it.
+    st.forwarded_ms = SteadyMs();
+    idle_ms = 0;
+  }
   if (st.forwarded_ms > 0 && idle_ms < lease_ms) {  // the controller forwarded a call since: wait the rest
     st.lease_armed = true;
     return ScheduleLeaseCheck(self, gen, std::chrono::milliseconds(lease_ms - idle_ms));
@@ -129,7 +141,7 @@ void Attach(Self self) {
   if (!sender) return;
   std::string controller = st.ctx->controller_node->Get();
   if (!controller.empty() && caf::to_string(sender->node()) == controller) {
-    st.forwarded_ms = NowMs();
+    st.forwarded_ms = SteadyMs();
     if (st.trainers.empty() && !st.lease_armed) ArmLease(self);
     return;
   }

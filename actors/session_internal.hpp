@@ -68,7 +68,7 @@ struct SessionState {
   std::unordered_set<caf::actor_addr> trainers;
   uint64_t lease_gen = 0;
   bool lease_armed = false;  // a lease timer of lease_gen is pending
-  int64_t forwarded_ms = 0;  // the last call the controller forwarded (0: none)
+  int64_t forwarded_ms = 0;  // the last call the controller forwarded, steady clock (0: none)
   static constexpr const char* name = "session";
 };
 

@@ -57,11 +57,18 @@ KeyPtr ReadKey(const std::string& path) {
 class SessionPolicy {
  public:
   explicit SessionPolicy(caf::openssl::session_ptr s) : session_(std::move(s)) {}
+  // OpenSSL's error queue is per thread and CAF's session never empties it
+  // (only its logging would): an error another connection left on this
+  // multiplexer thread (a peer gone without a TLS goodbye, a refused
+  // certificate) would make SSL_get_error judge this connection's harmless
+  // "want read" fatal and close it. Each operation starts with it empty.
   caf::io::network::rw_state read_some(size_t& result, caf::io::network::native_socket fd, void* buf, size_t len) {
+    ERR_clear_error();
     return session_->read_some(result, fd, buf, len);
   }
   caf::io::network::rw_state write_some(size_t& result, caf::io::network::native_socket fd, const void* buf,
                                         size_t len) {
+    ERR_clear_error();
     return session_->write_some(result, fd, buf, len);
   }
   bool must_read_more(caf::io::network::native_socket fd, size_t threshold) {
@@ -151,6 +158,9 @@ Result<caf::io::scribe_ptr> NewScribe(caf::actor_system& sys, int fd, bool tls, 
   caf::io::network::nonblocking(fd, true);
   caf::openssl::session_ptr session;
   try {
+    ERR_clear_error();  // see SessionPolicy
+    // (CAF reads the certificate files again for each session; dsecd
+    // checked them at start.)
     session = caf::openssl::make_session(sys, fd, accepted);
   } catch (const std::exception& e) {
     ::close(fd);

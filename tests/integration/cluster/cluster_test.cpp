@@ -391,6 +391,16 @@ TEST_F(Cluster, ASessionsLeaseRunsOutWhenItsTrainerIsGone) {
         std::chrono::seconds(20)))
         << name << " is still open after its trainer left: " << why;
   }
+  // The controller forgets them with the node's next heartbeat (the
+  // restartable one's log copy too): a node that dies later restarts nothing.
+  for (const auto& [name, node] : opened)
+    EXPECT_TRUE(WaitUntil(
+        [&, name = name] {
+          return controller_->Admin("inspect " + name).value("error", "").find("no sandbox or session") !=
+                 std::string::npos;
+        },
+        std::chrono::seconds(10)))
+        << controller_->Admin("inspect " + name).dump();
 }
 
 // The controller's HTTP endpoint shows the whole cluster: /status.json

@@ -220,6 +220,29 @@ TEST_F(Tls, ATrainersConnectionIsTlsAfterTheDoor) {
   EXPECT_EQ(proxy.everything().find("dsec.v1."), std::string::npos) << "BASP's type names crossed in the clear";
 }
 
+// Trainers that leave without a TLS goodbye (CAF closes the socket under
+// the session) leave OpenSSL errors on dsecd's I/O thread: the other
+// trainers' connections go on as before, none dropped.
+TEST_F(Tls, ATrainerThatLeavesDoesNotDropTheOthers) {
+  auto d = Start({"--tls"});
+  ASSERT_TRUE(d);
+  std::unique_ptr<Client> stays;
+  ASSERT_EQ(ConnectClient(*d, &stays), "");
+  ASSERT_TRUE(stays->Run(FncallSpec(), Command({"/bin/true"})).ok());
+  for (int i = 0; i < 5; ++i) {
+    std::unique_ptr<Client> leaves;
+    ASSERT_EQ(ConnectClient(*d, &leaves), "");
+    ASSERT_TRUE(leaves->Run(FncallSpec(), Command({"/bin/true"})).ok());
+    leaves.reset();
+    for (int k = 0; k < 3; ++k) {
+      auto r = stays->Run(FncallSpec(), Command({"/bin/echo", std::to_string(k)}));
+      ASSERT_TRUE(r.ok()) << "after trainer " << i << " left: " << r.status().ToString();
+      EXPECT_EQ(r->stdout(), std::to_string(k) + "\n");
+    }
+  }
+  EXPECT_EQ(stays->connections(), 1u) << "the staying trainer's connection was dropped and made again";
+}
+
 // Without --tls the same bytes are plain BASP: the proxy sees the command
 // (the test above would notice a TLS that is not there).
 TEST_F(Tls, WithoutTlsTheProxySeesTheCommand) {
@@ -311,6 +334,11 @@ TEST_F(Tls, WithCertificatesOnlyPeersOfTheCaGetIn) {
   auto anonymous = Client::Connect(none);
   ASSERT_FALSE(anonymous.ok()) << "a client without a certificate got in";
   EXPECT_THAT(anonymous.status().message(), HasSubstr("TLS"));
+  // The refusals left the good client's connection alone.
+  auto after = (*client)->Run(FncallSpec(), Command({"/bin/echo", "still here"}));
+  ASSERT_TRUE(after.ok()) << after.status().ToString();
+  EXPECT_EQ(after->stdout(), "still here\n");
+  EXPECT_EQ((*client)->connections(), 1u);
 
   ClientOptions bad = ClientOptionsFor(*d);
   bad.tls_cert = certs_ + "/peer.pem";
