@@ -102,9 +102,8 @@ void ArmLease(Self self) {
   auto& st = self->state;
   if (st.rec.phase() != v1::SESSION_PHASE_OPEN) return;
   // No trainer: nothing will read the cached steps soon (a trainer that
-  // comes back to replay reads ahead from the store). Steps the controller
-  // forwards still come: their cache stays.
-  if (st.forwarded_ms == 0) st.steps.Clear();
+  // comes back to replay reads ahead from the store).
+  st.steps.Clear();
   st.lease_armed = true;
   ScheduleLeaseCheck(self, ++st.lease_gen, std::chrono::seconds(st.rec.lease_s()));
 }
