@@ -5,6 +5,8 @@
 #include <caf/io/network/multiplexer.hpp>
 #include <spdlog/logger.h>
 
+#include <limits>
+
 #include "actors/cluster.hpp"
 #include "actors/context.hpp"
 #include "dsec/status_proto.hpp"
@@ -51,7 +53,10 @@ struct LinkState {
 
 using Self = caf::stateful_actor<LinkState>*;
 
-std::string Where(Self self) { return self->state.o.host + ":" + std::to_string(self->state.o.port); }
+std::string Where(Self self) {
+  if (self->state.o.in_process) return "in this process";
+  return "at " + self->state.o.host + ":" + std::to_string(self->state.o.port);
+}
 
 void Connect(Self self);
 
@@ -59,7 +64,7 @@ void Retry(Self self, const std::string& why) {
   auto& st = self->state;
   st.connecting = false;
   if (why != st.last_error)
-    st.ctx->log->warn("cluster: cannot join the controller at {}: {} (retrying)", Where(self), why);
+    st.ctx->log->warn("cluster: cannot join the controller {}: {} (retrying)", Where(self), why);
   st.last_error = why;
   self->delayed_send(self, st.backoff, caf::connect_atom::value);
   st.backoff = std::min(st.backoff * 2, std::chrono::milliseconds(2000));
@@ -86,7 +91,9 @@ void Fill(Self self, v1::NodeRecord* rec, v1::NodeLoad* load) {
   load->set_memory_bytes(h.memory_total);
   load->set_memory_available_bytes(h.memory_available);
   load->set_load1(h.load1);
-  load->set_slots(st.o.slots ? st.o.slots : std::max<uint64_t>(1, h.memory_total / (64ull << 20)));
+  if (st.o.slots) load->set_slots(st.o.slots);
+  else if (st.o.in_process) load->set_slots(std::numeric_limits<uint32_t>::max());
+  else load->set_slots(std::max<uint64_t>(1, h.memory_total / (64ull << 20)));
   (void)state::TypedTable<v1::ImageManifest>(st.ctx->store, state::Table::kImages)
       .Scan("", [&](const std::string&, v1::ImageManifest&& m) {
         load->add_images(m.name() + "@" + m.digest());
@@ -97,7 +104,7 @@ void Fill(Self self, v1::NodeRecord* rec, v1::NodeLoad* load) {
 void Joined(Self self, v1::JoinReply& r) {
   auto& st = self->state;
   if (r.status().code() != v1::Status::OK) {
-    st.ctx->log->error("cluster: the controller at {} refused this node: {}", Where(self), r.status().message());
+    st.ctx->log->error("cluster: the controller {} refused this node: {}", Where(self), r.status().message());
     // Dropping the connection is the controller's; try again later.
     self->delayed_send(self, std::chrono::seconds(2), caf::connect_atom::value);
     st.connecting = false;
@@ -109,7 +116,8 @@ void Joined(Self self, v1::JoinReply& r) {
   st.last_error.clear();
   st.heartbeat_ms = r.heartbeat_ms() ? static_cast<int>(r.heartbeat_ms()) : 1000;
   if (st.o.on_token && !r.sdk_token().empty()) st.o.on_token(r.sdk_token());
-  st.ctx->log->info("cluster: joined controller {} at {}{}", r.controller_id(), Where(self),
+  if (st.o.on_joined) st.o.on_joined();
+  st.ctx->log->info("cluster: joined controller {} {}{}", r.controller_id(), Where(self),
                     r.draining() ? " (this node is draining: no new placements)" : "");
   self->send(self, pulse_atom::value, ++st.generation);
 }
@@ -130,10 +138,20 @@ void Join(Self self) {
           [self](caf::error& e) { Retry(self, "the node did not say what it holds: " + caf::to_string(e)); });
 }
 
+// The controller's actor in hand: watched, and joined.
+void Connected(Self self, caf::actor controller) {
+  auto& st = self->state;
+  st.controller = std::move(controller);
+  st.ctx->controller_node->Set(caf::to_string(st.controller.node()));
+  self->monitor(st.controller);
+  Join(self);
+}
+
 void Connect(Self self) {
   auto& st = self->state;
   if (st.connecting || st.controller) return;
   st.connecting = true;
+  if (st.o.in_process) return Connected(self, st.o.in_process);
   self->request(st.dialer, caf::infinite, dial_atom::value)
       .then(
           [self](Dialed& d) {
@@ -154,12 +172,8 @@ void Connect(Self self) {
             self->request(basp, std::chrono::seconds(10), caf::connect_atom::value, std::move(*scribe), st.o.port)
                 .then(
                     [self](const caf::node_id&, caf::strong_actor_ptr& ptr, const std::set<std::string>&) {
-                      auto& st = self->state;
                       if (!ptr) return Retry(self, "nothing is published on the cluster port");
-                      st.controller = caf::actor_cast<caf::actor>(std::move(ptr));
-                      st.ctx->controller_node->Set(caf::to_string(st.controller.node()));
-                      self->monitor(st.controller);
-                      Join(self);
+                      Connected(self, caf::actor_cast<caf::actor>(std::move(ptr)));
                     },
                     [self, tls](caf::error& e) {
                       Retry(self, "BASP: " + caf::to_string(e) +
@@ -188,14 +202,19 @@ caf::behavior Link(Self self, node_actor node, std::shared_ptr<NodeContext> ctx,
   st.node = std::move(node);
   st.ctx = std::move(ctx);
   st.o = std::move(o);
-  st.dialer = self->spawn<caf::detached + caf::linked>(Dialer, st.o.host, st.o.port, st.o.secret);
+  if (!st.o.in_process)
+    st.dialer = self->spawn<caf::detached + caf::linked>(Dialer, st.o.host, st.o.port, st.o.secret);
   self->set_down_handler([self](caf::down_msg& dm) {
     auto& st = self->state;
     if (dm.source != st.controller.address()) return;
     st.controller = nullptr;
     st.joined = false;
     st.connecting = false;
-    st.ctx->log->warn("cluster: lost the controller at {} ({}); rejoining", Where(self), caf::to_string(dm.reason));
+    if (st.o.in_process) {  // it went with this process's actor system
+      st.ctx->log->warn("cluster: the in-process controller stopped ({})", caf::to_string(dm.reason));
+      return self->quit(dm.reason);
+    }
+    st.ctx->log->warn("cluster: lost the controller {} ({}); rejoining", Where(self), caf::to_string(dm.reason));
     st.last_error = "lost";
     Connect(self);
   });
@@ -213,7 +232,7 @@ caf::behavior Link(Self self, node_actor node, std::shared_ptr<NodeContext> ctx,
         if (!st.controller || !st.joined) return;  // joining already
         st.joined = false;
         st.connecting = true;
-        st.ctx->log->warn("cluster: the controller at {} had marked this node down; joining again", Where(self));
+        st.ctx->log->warn("cluster: the controller {} had marked this node down; joining again", Where(self));
         Join(self);
       },
       [self](pulse_atom, uint64_t generation) {

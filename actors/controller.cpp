@@ -19,6 +19,7 @@
 #include "actors/controller_state.hpp"
 #include "actors/context.hpp"
 #include "actors/error_reply.hpp"
+#include "actors/session.hpp"
 #include "drivers/registry.hpp"
 #include "dsec/status_proto.hpp"
 #include "runtime/files.hpp"
@@ -42,6 +43,7 @@ using Clock = std::chrono::steady_clock;
 std::string SandboxKey(const std::string& id) { return "b/" + id; }
 std::string SessionKey(const std::string& name) { return "s/" + name; }
 std::string RestartableKey(const std::string& name) { return "r/" + name; }
+std::string ClosedAwayKey(const std::string& name) { return "c/" + name; }
 
 std::string Clock_(int64_t ms) {
   time_t t = static_cast<time_t>(ms / 1000);
@@ -70,10 +72,23 @@ void PersistNode(Self self, const NodeEntry& n) {
 }
 
 // Drops restartable session `name`'s entry and its log's copy (into `b`).
+// A node it left, still down, may come back with a copy: that is closed
+// at its rejoin (closed_away), not taken for a session of its own.
 void ForgetRestartable(Self self, const std::string& name, state::WriteBatch* b) {
+  auto& st = self->state;
   b->Delete(state::Table::kPlacements, RestartableKey(name));
   b->DeletePrefix(state::Table::kSteps, state::StepPrefix(name));
-  self->state.restartable.erase(name);
+  auto it = st.restartable.find(name);
+  if (it == st.restartable.end()) return;
+  const std::string& away = it->second.stale_on;
+  if (!away.empty()) {
+    auto n = st.nodes.find(away);
+    if (n != st.nodes.end() && !n->second.up()) {
+      st.closed_away[name] = away;
+      b->Put(state::Table::kPlacements, ClosedAwayKey(name), away);
+    }
+  }
+  st.restartable.erase(it);
 }
 
 // Why node `id` cannot answer for `what` now.
@@ -158,6 +173,19 @@ const std::string* SdkAddress(Self self, const std::string& node) {
   return it == self->state.nodes.end() ? nullptr : &it->second.rec.node().sdk_address();
 }
 
+// The node in this process (role all) when it is up and `node` is it (or
+// `node` is empty): calls for it are delegated, so the trainer stays their
+// sender. The node then tracks its owner Hello, its session leases and
+// its streamed output as it would without a controller, and answers with
+// its own errors. Null otherwise.
+node_actor InProcess(Self self, const std::string& node = "") {
+  auto& st = self->state;
+  if (st.in_process.empty() || (!node.empty() && node != st.in_process)) return {};
+  auto it = st.nodes.find(st.in_process);
+  if (it == st.nodes.end() || !it->second.up()) return {};
+  return caf::actor_cast<node_actor>(it->second.entry);
+}
+
 void Decorate(Self self, const std::string& node, v1::SandboxReply* r) {
   if (!r->has_sandbox()) return;
   if (auto* a = SdkAddress(self, node)) r->mutable_sandbox()->set_node_address(*a);
@@ -185,6 +213,9 @@ template <class Reply, class Request>
 caf::result<Reply> ToHolder(Self self, const std::unordered_map<std::string, std::string>& dir, const std::string& what,
                             const std::string& key, Request& req, std::chrono::milliseconds timeout) {
   auto it = dir.find(key);
+  // The node in this process answers for what the directory has not yet
+  // heard of from its heartbeat.
+  if (auto local = InProcess(self, it == dir.end() ? "" : it->second)) return self->delegate(local, std::move(req));
   if (it == dir.end())
     return ErrorReply<Reply>(Status::NotFound("no " + what + " '" + key + "' in this cluster (dsecctl " +
                                               (what == "session" ? "sessions" : "ls") + " lists them)"));
@@ -299,6 +330,10 @@ Result<std::string> Place(Self self, const v1::SandboxSpec& spec) {
       why.push_back(id + " is draining");
       continue;
     }
+    if (n.in_process) {  // role all: its kinds and images are its own to check, with their reasons
+      best = id;
+      break;
+    }
     v1::Kind kind = spec.kind();
     if (kind == v1::KIND_AUTO || kind == v1::KIND_UNSPECIFIED) {
       std::vector<const drivers::Kind*> here;
@@ -343,12 +378,18 @@ Result<std::string> Place(Self self, const v1::SandboxSpec& spec) {
   if (best.empty()) {
     std::string list;
     for (const auto& w : why) list += (list.empty() ? "" : "; ") + w;
-    if (st.nodes.empty()) list = "no node has joined (start dsecd --role node --join " + st.ctx->cluster_address + ")";
+    if (st.nodes.empty())
+      list = st.ctx->cluster_address.empty()
+                 ? "its node has not joined yet (dsecd is starting)"
+                 : "no node has joined (start dsecd --role node --join " + st.ctx->cluster_address + ")";
     return Status::Unavailable("no node can take this " + std::string(KindName(spec.kind())) + " sandbox: " + list);
   }
-  st.nodes[best].pending++;
+  auto& chosen = st.nodes[best];
+  chosen.pending++;
   st.placed++;
-  metrics::PlacementSeconds().Observe(std::chrono::duration<double>(Clock::now() - started).count());
+  // (A node in this process observes its own placement: its choice of kind.)
+  if (!chosen.in_process)
+    metrics::PlacementSeconds().Observe(std::chrono::duration<double>(Clock::now() - started).count());
   return best;
 }
 
@@ -365,6 +406,11 @@ void PutPlacement(Self self, state::WriteBatch* b, const std::string& key, const
 
 caf::result<v1::SandboxReply> Create(Self self, v1::CreateRequest& req) {
   auto& st = self->state;
+  if (!st.in_process.empty()) {  // role all: the node's own id checks and errors
+    auto node = Place(self, req.spec());
+    if (!node.ok()) return ErrorReply<v1::SandboxReply>(node.status());
+    if (auto local = InProcess(self, *node)) return self->delegate(local, std::move(req));
+  }
   if (req.id().empty()) req.set_id("sb-" + RandomHex(12));
   const std::string id = req.id();
   if (auto it = st.sandbox_node.find(id); it != st.sandbox_node.end())
@@ -408,10 +454,11 @@ caf::result<v1::SessionReply> OpenSession(Self self, v1::OpenSessionRequest& req
   auto& st = self->state;
   const std::string name = req.name();
   if (st.session_node.count(name)) return ToSessionNode<v1::SessionReply>(self, name, req);
-  if (name.empty() || name.size() > 256)
-    return ErrorReply<v1::SessionReply>(Status::InvalidArgument("a session name must be 1 to 256 bytes"));
+  if (Status ok = CheckSessionName(name); !ok.ok()) return ErrorReply<v1::SessionReply>(ok);
   auto node = Place(self, req.spec());
   if (!node.ok()) return ErrorReply<v1::SessionReply>(node.status());
+  // A restartable one is opened as in a cluster: its steps come here.
+  if (auto local = InProcess(self, *node); local && !req.restartable()) return self->delegate(local, std::move(req));
   st.session_node[name] = *node;
   auto rp = self->make_response_promise<v1::SessionReply>();
   std::string n = *node;
@@ -523,6 +570,7 @@ void Restart(Self self, const std::string& name, const std::string& from) {
     return EndRestart(self, name, "its node " + from + " went down and no other node can take it: " +
                                       target.status().message());
   r.restarting_on = *target;
+  r.stale_on = from;
   st.ctx->log->warn("session {} was on node {}, which went down: opening it on node {} and re-running its {} step(s)",
                     name, from, *target, r.logged);
   std::string node = *target;
@@ -643,6 +691,8 @@ v1::JoinReply Join(Self self, v1::NodeJoin& j, caf::actor entry) {
   n.entry = entry;
   n.pending = 0;
   n.last_beat_ms = NowMs();
+  n.in_process = entry.node() == self->node();
+  if (n.in_process) st.in_process = id;
   st.node_of[entry.address()] = id;
   self->monitor(entry);
   // Reconcile the directory with what the node says it holds: what it
@@ -664,6 +714,15 @@ v1::JoinReply Join(Self self, v1::NodeJoin& j, caf::actor entry) {
     }
   }
   for (const auto& se : held_se) {
+    if (auto away = st.closed_away.find(se); away != st.closed_away.end() && away->second == id) {
+      // Its trainer closed it (restartable, moved away) while this node was down.
+      v1::CloseSessionRequest close;
+      close.set_name(se);
+      close.set_reason("it was closed by its trainer while this node was down");
+      st.ctx->log->info("session {} was closed while node {} was down: closing its copy there", se, id);
+      self->request(entry, kCallTimeout, std::move(close)).then([](v1::SessionReply&) {}, [](caf::error&) {});
+      continue;
+    }
     auto [it, fresh] = st.session_node.emplace(se, id);
     if (fresh) {
       ++added;
@@ -676,6 +735,14 @@ v1::JoinReply Join(Self self, v1::NodeJoin& j, caf::actor entry) {
       close.set_reason("it was restarted on node " + it->second + " while this node was down");
       st.ctx->log->info("session {} is on node {} now: closing the stale copy on node {}", se, it->second, id);
       self->request(entry, kCallTimeout, std::move(close)).then([](v1::SessionReply&) {}, [](caf::error&) {});
+    }
+  }
+  for (auto it = st.closed_away.begin(); it != st.closed_away.end();) {
+    if (it->second == id) {  // closed above, or it no longer holds it
+      b.Delete(state::Table::kPlacements, ClosedAwayKey(it->first));
+      it = st.closed_away.erase(it);
+    } else {
+      ++it;
     }
   }
   for (auto it = st.sandbox_node.begin(); it != st.sandbox_node.end();) {
@@ -698,8 +765,10 @@ v1::JoinReply Join(Self self, v1::NodeJoin& j, caf::actor entry) {
   }
   Persist(self, std::move(b));
   PersistNode(self, n);
-  st.ctx->log->info("node {} {} from {}: {} sandboxes, {} sessions, {} slots, kinds [{}]{}", id,
-                    rejoin ? "rejoined" : "joined", j.node().sdk_address(), j.sandboxes_size(), j.sessions_size(),
+  st.ctx->log->info("node {} {} {}: {} sandboxes, {} sessions, {} slots, kinds [{}]{}", id,
+                    rejoin ? "rejoined" : "joined",
+                    n.in_process ? std::string("in this process") : "from " + j.node().sdk_address(),
+                    j.sandboxes_size(), j.sessions_size(),
                     j.load().slots(), [&] {
                       std::string k;
                       for (const auto& s : j.node().kinds()) k += (k.empty() ? "" : ",") + s;
@@ -770,8 +839,10 @@ void Beat(Self self, const std::string& id, v1::NodeLoad& load) {
 void Tick(Self self) {
   auto& st = self->state;
   int64_t now = NowMs();
+  // (A node in this process cannot be cut off: its actor's end is seen by
+  // the monitor, and a busy node's late heartbeat must not fail its calls.)
   for (auto& [id, n] : st.nodes)
-    if (n.up() && now - n.last_beat_ms > st.ctx->down_after_ms)
+    if (n.up() && !n.in_process && now - n.last_beat_ms > st.ctx->down_after_ms)
       MarkDown(self, n, "no heartbeat for " + std::to_string((now - n.last_beat_ms) / 1000.0).substr(0, 3) + " s");
   self->delayed_send(self, std::chrono::milliseconds(std::max(100, st.ctx->heartbeat_ms / 2)),
                      Continuation{[self] { Tick(self); }});
@@ -793,6 +864,7 @@ void Load(Self self) {
   s = st.ctx->store->ScanFrom(state::Table::kPlacements, "", "", [&](const std::string& k, const std::string& v) {
     if (k.size() > 2 && k[0] == 'b' && k[1] == '/') st.sandbox_node[k.substr(2)] = v;
     else if (k.size() > 2 && k[0] == 's' && k[1] == '/') st.session_node[k.substr(2)] = v;
+    else if (k.size() > 2 && k[0] == 'c' && k[1] == '/') st.closed_away[k.substr(2)] = v;
     return true;
   });
   if (!s.ok()) st.ctx->log->error("controller: reading the placements table: {}", s.message());
@@ -809,6 +881,14 @@ void Load(Self self) {
   });
   st.ctx->log->info("controller {}: {} nodes known (down until they rejoin), {} sandboxes and {} sessions in the directory",
                     st.ctx->id, st.nodes.size(), st.sandbox_node.size(), st.session_node.size());
+}
+
+// Image calls to a controller without a registry of its own (role all):
+// the in-process node's registry answers them.
+template <class Reply, class Request>
+caf::result<Reply> NoRegistry(Self self, Request& req) {
+  if (auto local = InProcess(self)) return self->delegate(local, std::move(req));
+  return ErrorReply<Reply>(Status::Unimplemented("no image registry here"));
 }
 
 controller_actor::behavior_type ControllerActor(Self self, std::shared_ptr<ControllerContext> ctx) {
@@ -835,6 +915,7 @@ controller_actor::behavior_type ControllerActor(Self self, std::shared_ptr<Contr
       [self](v1::RunRequest& req) -> caf::result<v1::RunReply> {
         auto node = Place(self, req.spec());
         if (!node.ok()) return ErrorReply<v1::RunReply>(node.status());
+        if (auto local = InProcess(self, *node)) return self->delegate(local, std::move(req));
         auto rp = self->make_response_promise<v1::RunReply>();
         auto timeout = ExecTimeout(req.exec());
         Forward<v1::RunReply>(self, *node, "a run", std::move(req), timeout,
@@ -867,25 +948,30 @@ controller_actor::behavior_type ControllerActor(Self self, std::shared_ptr<Contr
         // (a session that could not go on is closed here even if its node
         // no longer has it).
         auto it = self->state.session_node.find(req.name());
-        auto rp = self->make_response_promise<v1::SessionReply>();
         std::string name = req.name();
         auto forget = [self, name] {
           state::WriteBatch b;
           ForgetRestartable(self, name, &b);
           Persist(self, std::move(b));
         };
+        // One that could not go on is closed here at once: its trainer does
+        // not wait on a node (maybe just back, busy re-adopting) for a copy
+        // that has nothing left to do; that copy is closed after the answer.
         bool failed = !re->second.failed.empty();
-        if (it == self->state.session_node.end()) {
+        if (failed || it == self->state.session_node.end()) {
           forget();
+          if (it != self->state.session_node.end())
+            Forward<v1::SessionReply>(self, it->second, "session " + name, std::move(req), kCallTimeout,
+                                      [](v1::SessionReply) {});
           return ErrorReply<v1::SessionReply>(Status::Ok());
         }
+        // (The promise takes the request's answer over: made only here, where
+        // it is the answer; a value returned after it would be dropped.)
+        auto rp = self->make_response_promise<v1::SessionReply>();
         std::string node = it->second;
         Forward<v1::SessionReply>(self, node, "session " + name, std::move(req), kCallTimeout,
-                                  [self, rp, node, failed, forget](v1::SessionReply r) mutable {
-                                    if (r.status().code() == v1::Status::OK || failed) {
-                                      forget();
-                                      if (failed) r.mutable_status()->Clear();
-                                    }
+                                  [self, rp, node, forget](v1::SessionReply r) mutable {
+                                    if (r.status().code() == v1::Status::OK) forget();
                                     Decorate(self, node, &r);
                                     rp.deliver(std::move(r));
                                   });
@@ -896,6 +982,10 @@ controller_actor::behavior_type ControllerActor(Self self, std::shared_ptr<Contr
       [self](v1::AnnotateBatch& batch) {
         // The SDK sends a session's annotations to its node; any that come
         // here are forwarded one by one and answered the same way.
+        if (auto local = InProcess(self)) {
+          self->delegate(local, std::move(batch));
+          return;
+        }
         auto sender = caf::actor_cast<caf::actor>(self->current_sender());
         if (!sender) return;
         for (auto& call : *batch.mutable_calls()) {
@@ -917,7 +1007,11 @@ controller_actor::behavior_type ControllerActor(Self self, std::shared_ptr<Contr
                                  std::move(*call.mutable_request()), kCallTimeout, answer);
         }
       },
-      [](const v1::Hello&) {},  // owners are tracked by the nodes their sandboxes are on
+      // Owners are tracked by the nodes their sandboxes are on; in role all
+      // the trainer's connection is to this controller, so its Hello goes on.
+      [self](const v1::Hello& hello) {
+        if (auto local = InProcess(self)) self->delegate(local, hello);
+      },
       [self](v1::ListStepsRequest& req) -> caf::result<v1::StepsReply> {
         auto re = self->state.restartable.find(req.session());
         if (re == self->state.restartable.end()) return ToSessionNode<v1::StepsReply>(self, req.session(), req);
@@ -938,7 +1032,7 @@ controller_actor::behavior_type ControllerActor(Self self, std::shared_ptr<Contr
       },
       // Images: this controller's registry; nodes fetch from it (EnsureImage).
       [self](v1::RegisterImageRequest& req) -> caf::result<v1::ImageReply> {
-        if (!self->state.images) return ErrorReply<v1::ImageReply>(Status::Unimplemented("no image registry here"));
+        if (!self->state.images) return NoRegistry<v1::ImageReply>(self, req);
         auto rp = self->make_response_promise<v1::ImageReply>();
         self->request(self->state.images, caf::infinite, std::move(req))
             .then([self, rp](v1::ImageReply& r) mutable {
@@ -948,15 +1042,15 @@ controller_actor::behavior_type ControllerActor(Self self, std::shared_ptr<Contr
         return rp;
       },
       [self](v1::GetImageRequest& req) -> caf::result<v1::ImageReply> {
-        if (!self->state.images) return ErrorReply<v1::ImageReply>(Status::Unimplemented("no image registry here"));
+        if (!self->state.images) return NoRegistry<v1::ImageReply>(self, req);
         return self->delegate(self->state.images, std::move(req));
       },
       [self](v1::ListImagesRequest& req) -> caf::result<v1::ImagesReply> {
-        if (!self->state.images) return ErrorReply<v1::ImagesReply>(Status::Unimplemented("no image registry here"));
+        if (!self->state.images) return NoRegistry<v1::ImagesReply>(self, req);
         return self->delegate(self->state.images, std::move(req));
       },
       [self](v1::RemoveImageRequest& req) -> caf::result<v1::ImageReply> {
-        if (!self->state.images) return ErrorReply<v1::ImageReply>(Status::Unimplemented("no image registry here"));
+        if (!self->state.images) return NoRegistry<v1::ImageReply>(self, req);
         auto rp = self->make_response_promise<v1::ImageReply>();
         std::string name = req.name();
         self->request(self->state.images, caf::infinite, std::move(req))

@@ -25,6 +25,7 @@ struct NodeEntry {
   caf::actor entry;  // the node's entry actor (a proxy); null while down
   int64_t last_beat_ms = 0;
   uint64_t pending = 0;  // placed on it since its last heartbeat
+  bool in_process = false;  // role all: the node in this controller's process
   // Calls forwarded to it and not yet answered: failed at once (naming the
   // node) when it goes down, instead of at the trainer's deadline.
   std::unordered_map<uint64_t, std::function<void(const Status&)>> waiting;
@@ -40,6 +41,7 @@ struct Restartable {
   std::string restarting_on;  // the node it is being re-run on
   std::string failed;         // why it cannot go on ("" while it can)
   uint32_t moves = 0;
+  std::string stale_on;  // the node it left when that went down: it may come back with a copy
 };
 
 struct ControllerState {
@@ -48,6 +50,10 @@ struct ControllerState {
   std::map<std::string, NodeEntry> nodes;  // by node id
   std::unordered_map<caf::actor_addr, std::string> node_of;
   std::unordered_map<std::string, std::string> sandbox_node, session_node;
+  std::string in_process;  // the id of the node in this process (role all), if one joined
+  // Restartable sessions closed while a node that held a copy was down
+  // (name -> that node): the copy is closed when the node rejoins.
+  std::unordered_map<std::string, std::string> closed_away;
   std::vector<std::unique_ptr<drivers::Kind>> kinds = drivers::AllKinds();  // for kind auto
   image_worker_actor images;  // this controller's image registry (off its thread)
   std::unordered_map<std::string, v1::ImageManifest> image_by_name;  // what it holds

@@ -402,8 +402,7 @@ session_actor::behavior_type SessionActor(Self self, std::shared_ptr<NodeContext
 
 using namespace session_detail;
 
-Status CheckOpenRequest(const NodeContext& ctx, const v1::OpenSessionRequest& req) {
-  const std::string& name = req.name();
+Status CheckSessionName(const std::string& name) {
   if (name.empty()) return Status::InvalidArgument("session name is empty (use job/prompt/sample)");
   if (name.size() > 512)
     return Status::InvalidArgument("session name is " + std::to_string(name.size()) + " bytes; the limit is 512");
@@ -417,6 +416,12 @@ Status CheckOpenRequest(const NodeContext& ctx, const v1::OpenSessionRequest& re
     return Status::InvalidArgument("session name '" + name.substr(0, 64) +
                                    "' must be characters of [A-Za-z0-9._/:@+=-], not starting with '-' or '/' "
                                    "(e.g. job/prompt/sample)");
+  return Status::Ok();
+}
+
+Status CheckOpenRequest(const NodeContext& ctx, const v1::OpenSessionRequest& req) {
+  const std::string& name = req.name();
+  if (Status s = CheckSessionName(name); !s.ok()) return s;
   if (req.more_sandboxes_size() + 1 > kMaxSandboxes)
     return Status::InvalidArgument("session " + name + ": " + std::to_string(req.more_sandboxes_size() + 1) +
                                    " sandboxes; the limit is " + std::to_string(kMaxSandboxes));

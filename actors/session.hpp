@@ -77,6 +77,9 @@ session_actor SpawnSession(caf::local_actor* parent, std::shared_ptr<NodeContext
 v1::StepsReply ListStepsFromStore(NodeContext& ctx, const v1::SessionRecord& rec, uint64_t from,
                                   uint32_t limit);
 
+// A session's name: 1 to 512 bytes of [A-Za-z0-9._/:@+=-], not starting
+// with '-' or '/' (a controller checks it too, with the same words).
+Status CheckSessionName(const std::string& name);
 // Checks an open request: the name, every role and spec. Does not check
 // whether the kinds can run here (the session actor does).
 Status CheckOpenRequest(const NodeContext& ctx, const v1::OpenSessionRequest& req);

@@ -1,9 +1,10 @@
 // Cluster macro benchmark with real processes on this machine: sandbox
 // creations through a controller with 1 and with 3 nodes, next to the same
-// creations against a direct dsecd --role all, each set up fresh by the
-// bench:
+// creations against one dsecd --role all (a controller with its node in
+// the same process: no network hop), each set up fresh by the bench:
 //
 //   build/bin/cluster_bench [--kind fncall|container] [--creates 2000] [--concurrency 32] [--memory 10000]
+//                           [--setups 0 1 3] [--tls]
 //
 // Prints, from this one run:
 //   - creations/s (each create answered, then its sandbox destroyed after
@@ -169,12 +170,16 @@ int main(int argc, char** argv) {
   std::string kind = "fncall";
   int creates = 2000, conc = 32, latency = 300, memory = 10000;
   bool tls = false;
-  CLI::App app{"cluster_bench: creations through a controller with 1 and 3 nodes vs a direct dsecd --role all"};
+  std::vector<int> setups{0, 1, 3};
+  CLI::App app{"cluster_bench: creations through a controller with 1 and 3 nodes vs one dsecd --role all"};
   app.add_option("--kind", kind, "fncall or container")->check(CLI::IsMember({"fncall", "container"}))->capture_default_str();
   app.add_option("--creates", creates, "creates per setup")->capture_default_str();
   app.add_option("--concurrency", conc, "creates in flight")->capture_default_str();
   app.add_option("--latency", latency, "creates one at a time, for p50/p99")->capture_default_str();
   app.add_option("--memory", memory, "fncall sandboxes for the controller's memory figure (0: skip)")
+      ->capture_default_str();
+  app.add_option("--setups", setups, "which setups: 0 (dsecd --role all), 1 and 3 (a controller and that many nodes)")
+      ->check(CLI::IsMember({0, 1, 3}))
       ->capture_default_str();
   app.add_flag("--tls", tls, "every dsecd with --tls (anonymous): trainers' and nodes' connections over TLS");
   CLI11_PARSE(app, argc, argv);
@@ -197,7 +202,7 @@ int main(int argc, char** argv) {
               tls ? "; every connection TLS (dsecd --tls)" : "");
   std::printf("%-22s %12s %10s %10s %16s\n", "setup", "creates/s", "p50 ms", "p99 ms", "entry CPU/create");
   int rc = 0;
-  for (int n : {0, 1, 3}) {
+  for (int n : setups) {
     Setup s;
     if (!Start(n, rootfs, tls, &s)) {
       rc = 1;
@@ -226,7 +231,7 @@ int main(int argc, char** argv) {
     auto p = Percentiles(lat);
     std::string name = n == 0 ? "dsecd --role all" : "controller + " + std::to_string(n) + " node" + (n > 1 ? "s" : "");
     std::printf("%-22s %12.0f %10.2f %10.2f %13.0f us%s\n", name.c_str(), made.size() / secs, p.p50, p.p99,
-                cpu / creates * 1e6, n == 0 ? " (the node itself)" : "");
+                cpu / creates * 1e6, n == 0 ? " (its controller and node)" : "");
     if (failed) std::printf("  %d creates failed, the first: %s\n", failed, err.c_str());
     if (n == 3 && memory > 0) {
       auto fn = dsec::FncallSpec();

@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <future>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -361,6 +362,21 @@ int Run(const Flags& f, dsec::drivers::Registry& kinds) {
   dsec::state::GroupCommitter committer(store->get());
   if (f.role == "controller")
     return RunController(f, store->get(), &committer, data, node_id, boot, *token, *sdk_token);
+  // Role all: a controller with this one node in its process (the same
+  // placement, directory and join as a cluster's). Its store is its own:
+  // its tables (nodes, placements, the steps of restartable sessions)
+  // share names and keys with the node's.
+  std::unique_ptr<dsec::state::Store> controller_store;
+  std::unique_ptr<dsec::state::GroupCommitter> controller_committer;
+  if (f.role == "all") {
+    auto cs = dsec::state::OpenRocksStore(data + "/controller");
+    if (!cs.ok()) {
+      log->error("{}", cs.status().message());
+      return 3;
+    }
+    controller_store = std::move(*cs);
+    controller_committer = std::make_unique<dsec::state::GroupCommitter>(controller_store.get());
+  }
   std::string cluster_secret;
   if (f.role == "node") {
     auto secret = dsec::ReadFileToString(dsec::AbsolutePath(f.cluster_secret_file));
@@ -464,7 +480,36 @@ int Run(const Flags& f, dsec::drivers::Registry& kinds) {
                    [&](caf::error& e) { log->warn("node did not answer its first status: {}", sys.render(e)); });
     }
     auto entry = caf::actor_cast<dsec::entry_actor>(node);
-    caf::actor link;  // role node: to the controller
+    caf::actor link;  // to the controller (role node), or to the one in this process (role all)
+    dsec::controller_actor controller;  // role all
+    std::shared_ptr<dsec::ControllerContext> cctx;
+    if (f.role == "all") {
+      cctx = std::make_shared<dsec::ControllerContext>();
+      cctx->id = node_id;
+      cctx->boot = boot;
+      cctx->sdk_token = *sdk_token;
+      cctx->heartbeat_ms = f.heartbeat_ms;
+      cctx->down_after_ms = f.down_after_ms;
+      cctx->store = controller_store.get();
+      cctx->committer = controller_committer.get();
+      cctx->log = dsec::Logger("controller");
+      // Its addresses stay empty: the console and the HTTP server are the
+      // node's, and its SDK port is the one below.
+      // No image registry of its own: the node's is the one (no second copy).
+      controller = dsec::SpawnController(sys, cctx);
+      entry = caf::actor_cast<dsec::entry_actor>(controller);  // trainers reach the controller
+      // The node joins the controller before any port opens: a trainer's
+      // first call (or its Hello after a restart) finds it there.
+      auto joined = std::make_shared<std::promise<void>>();
+      auto once = std::make_shared<std::once_flag>();
+      dsec::LinkOptions lo;
+      lo.in_process = caf::actor_cast<caf::actor>(controller);
+      lo.slots = f.slots;
+      lo.on_joined = [joined, once] { std::call_once(*once, [&] { joined->set_value(); }); };
+      link = dsec::SpawnClusterLink(sys, node, ctx, std::move(lo));
+      if (joined->get_future().wait_for(std::chrono::seconds(60)) != std::future_status::ready)
+        log->error("the node did not join the controller in this process within 60 s (its log says why)");
+    }
     // Both ports are behind the front door: nothing of a peer reaches BASP
     // or the console's command loop before it has shown its token.
     // The hint goes to strangers too: no paths in it.
@@ -549,6 +594,7 @@ int Run(const Flags& f, dsec::drivers::Registry& kinds) {
     }
     if (link) caf::anon_send_exit(link, caf::exit_reason::user_shutdown);
     caf::anon_send_exit(console.broker, caf::exit_reason::user_shutdown);
+    if (controller) caf::anon_send_exit(controller, caf::exit_reason::user_shutdown);
     caf::anon_send_exit(node, caf::exit_reason::user_shutdown);
     // The spawner kills its runners and removes its cgroups; runs still in
     // flight end with a platform error the trainer sees (or never sees, if
@@ -557,6 +603,7 @@ int Run(const Flags& f, dsec::drivers::Registry& kinds) {
     kinds.StopAll();
   }  // ~actor_system: waits for every actor
   kinds.Release();  // before the image store they use
+  if (controller_committer) controller_committer->Stop();
   committer.Stop();
   log->info("stopped");
   return rc;
@@ -578,7 +625,7 @@ int main(int argc, char** argv) {
   app.add_option("--cluster-secret", f.cluster_secret_file,
                  "the secret nodes prove they share with the controller (controller: created when absent, default "
                  "<data-dir>/cluster.secret; node: required, a copy of the controller's)");
-  app.add_option("--slots", f.slots, "node: sandboxes it takes, for placement (0: its memory / 64 MiB)")
+  app.add_option("--slots", f.slots, "node: sandboxes it takes, for placement (0: its memory / 64 MiB; role all: no limit)")
       ->capture_default_str();
   app.add_option("--heartbeat-ms", f.heartbeat_ms, "controller: how often nodes send their heartbeat")
       ->check(CLI::Range(50, 60000))

@@ -524,19 +524,33 @@ TEST_F(Cluster, ARestartableSessionGoesOnOnAnotherNodeAndANotReplayableStepStops
   ASSERT_FALSE(stopped.ok());
   EXPECT_THAT(stopped.status().message(), HasSubstr("not replayable"));
   EXPECT_THAT(stopped.status().message(), HasSubstr(ids_[0]));
-  // Node 0 back: the copy it still holds of the moved session is closed.
+  // Its trainer closes it while node 0 is still down and once no node
+  // holds it (the node it was re-opened on closed it there): answered at
+  // once (a close no node could answer for once went unanswered).
+  ASSERT_TRUE(WaitUntil([&] { return !controller_->Admin("inspect stop-" + tag).value("ok", true); },
+                        std::chrono::seconds(10)))
+      << controller_->Admin("inspect stop-" + tag).dump();
+  auto closed2 = s2->Close();
+  EXPECT_TRUE(closed2.ok()) << closed2.ToString();
+  // Node 0 back: the copies it still holds are closed, the moved one's and
+  // the one closed while it was down (neither comes back as a session).
   ASSERT_TRUE(nodes_[0]->Restart().ok());
   ASSERT_TRUE(WaitUntil([&] { return NodeState(ids_[0]) == "up"; }, std::chrono::seconds(20)));
-  EXPECT_TRUE(WaitUntil(
-      [&] {
-        auto stale = nodes_[0]->Admin("inspect restart-" + tag);
-        return stale.is_object() && stale.contains("session") && stale["session"].is_object() &&
-               stale["session"].value("close_reason", "").find("restarted on node") != std::string::npos;
-      },
-      std::chrono::seconds(10)))
-      << nodes_[0]->Admin("inspect restart-" + tag).dump();
-  EXPECT_TRUE(s1->Close().ok());
-  EXPECT_TRUE(s2->Close().ok());
+  auto closed_on_node0 = [&](const std::string& name, const std::string& why) {
+    return WaitUntil(
+        [&] {
+          auto stale = nodes_[0]->Admin("inspect " + name);
+          return stale.is_object() && stale.contains("session") && stale["session"].is_object() &&
+                 stale["session"].value("close_reason", "").find(why) != std::string::npos;
+        },
+        std::chrono::seconds(10));
+  };
+  EXPECT_TRUE(closed_on_node0("restart-" + tag, "restarted on node")) << nodes_[0]->Admin("inspect restart-" + tag).dump();
+  EXPECT_TRUE(closed_on_node0("stop-" + tag, "closed by its trainer while this node was down"))
+      << nodes_[0]->Admin("inspect stop-" + tag).dump();
+  EXPECT_FALSE(controller_->Admin("inspect stop-" + tag).value("ok", true)) << "the closed session came back";
+  auto closed1 = s1->Close();
+  EXPECT_TRUE(closed1.ok()) << closed1.ToString();
 }
 
 // Many calls at once through the callback forms; each result by index.

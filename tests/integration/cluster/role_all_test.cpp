@@ -1,0 +1,109 @@
+// dsecd --role all (the default) is a controller with one node in its own
+// process: the same placement, directory, join and heartbeats as a
+// cluster's, with no port between them. Trainers reach the controller; it
+// delegates calls for the node (the trainer stays their sender), and keeps
+// the log's copy of a restartable session as it does in a cluster. Killed
+// with -9 and restarted, the node rejoins its controller with what it holds.
+#include <gmock/gmock.h>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <string>
+
+#include "harness/daemon.hpp"
+#include "runtime/files.hpp"
+#include "tests/support/cluster_probes.hpp"
+#include "tests/support/container_fixture.hpp"
+#include "tests/support/probes.hpp"
+
+namespace dsec::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+class RoleAll : public ContainerTest {
+ protected:
+  // What dsecd's log says (since its first start).
+  static std::string Log() {
+    auto text = ReadFileToString(daemon_->log_path());
+    return text.ok() ? *text : std::string();
+  }
+  // Whether dsecd's log (written by another process, flushed in its own
+  // time) comes to say `line` within 10 s.
+  static bool Logs(const std::string& line) {
+    return WaitUntil([&] { return Log().find(line) != std::string::npos; }, std::chrono::seconds(10));
+  }
+};
+
+v1::ExecRequest Line(uint64_t i) {
+  return Command({"/bin/sh", "-c", "echo step $0 >> /tmp/log; cat /tmp/log", std::to_string(i)});
+}
+
+TEST_F(RoleAll, IsAControllerWithOneInProcessNodeThatRejoinsAfterAKill9) {
+  const std::string node = daemon_->Admin("status").value("node", "");
+  ASSERT_FALSE(node.empty());
+  // The node joined the controller in this process before dsecd was ready.
+  EXPECT_TRUE(Logs("node " + node + " joined in this process")) << Log();
+  EXPECT_TRUE(Logs("cluster: joined controller " + node + " in this process")) << Log();
+  struct stat st {};
+  EXPECT_EQ(::stat((daemon_->data_dir() + "/controller").c_str(), &st), 0) << "the controller's own store";
+
+  // A plain sandbox: placed on the node, its calls delegated to it.
+  auto sb = Make();
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  auto hi = sb->Exec(Command({"/bin/sh", "-c", "echo hi > /tmp/f; cat /tmp/f"}));
+  ASSERT_TRUE(hi.ok()) << hi.status().ToString();
+  EXPECT_EQ(hi->stdout(), "hi\n");
+
+  // A restartable session: the controller's word is on its record (only
+  // a controller sets these), and it keeps the log's copy.
+  std::string name = "role-all-" + std::to_string(::getpid());
+  SessionOptions so;
+  so.restartable = true;
+  auto s = client_->OpenSession(name, ContainerSpec(kImage), so);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_TRUE(s->record().restartable());
+  EXPECT_EQ(s->record().node_id(), node);
+  for (uint64_t i = 0; i < 2; ++i) {
+    auto step = s->Step(i, Line(i));
+    ASSERT_TRUE(step.ok()) << step.status().ToString();
+  }
+
+  // kill -9 and a restart on the same data dir: the node rejoins its
+  // controller with the sandbox and the session it holds.
+  daemon_->Kill9();
+  ASSERT_TRUE(daemon_->Restart().ok());
+  EXPECT_TRUE(Logs("node " + node + " rejoined in this process")) << Log();
+  auto again = sb->Exec(Command({"cat", "/tmp/f"}));
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->stdout(), "hi\n");
+  auto next = s->Step(2, Line(2));
+  ASSERT_TRUE(next.ok()) << next.status().ToString();
+  EXPECT_EQ(next->step().result().stdout(), "step 0\nstep 1\nstep 2\n");
+  auto steps = s->Steps();
+  ASSERT_TRUE(steps.ok()) << steps.status().ToString();
+  EXPECT_EQ(steps->steps_size(), 3);
+  auto closed = s->Close();
+  EXPECT_TRUE(closed.ok()) << closed.ToString();
+  Destroy(*sb);
+}
+
+// A kind the node cannot run: the node's own reason reaches the trainer,
+// not a list of nodes (the controller leaves the node's kinds to it).
+TEST_F(RoleAll, AKindTheNodeLacksIsRefusedWithTheNodesReason) {
+  auto status = daemon_->Admin("status");
+  std::vector<std::string> kinds;
+  for (const auto& k : status.value("kinds", nlohmann::json::array())) kinds.push_back(k.get<std::string>());
+  v1::SandboxSpec spec = ContainerSpec(kImage);
+  spec.set_kind(v1::KIND_VM);
+  if (std::find(kinds.begin(), kinds.end(), "vm") != kinds.end()) spec.set_image("no-such-image");
+  auto sb = client_->Create(spec);
+  ASSERT_FALSE(sb.ok());
+  EXPECT_THAT(sb.status().message(), ::testing::Not(HasSubstr("no node can take")));
+  EXPECT_THAT(sb.status().message(),
+              ::testing::AnyOf(HasSubstr("not available on this host"), HasSubstr("no-such-image")));
+}
+
+}  // namespace
+}  // namespace dsec::testing
