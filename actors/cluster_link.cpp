@@ -76,9 +76,14 @@ void Fill(Self self, v1::NodeRecord* rec, v1::NodeLoad* load) {
   const auto& o = st.ctx->options;
   if (rec) {
     rec->set_id(o.node_id);
-    rec->set_sdk_address(o.sdk_address);
-    rec->set_admin_address(o.admin_address);
-    rec->set_http_address(o.http_address);
+    // In process (role all) it joins before dsecd's ports open, and its
+    // trainers reach it through the controller's: no addresses of its own
+    // (nor a read of them while the main thread sets them).
+    if (!st.o.in_process) {
+      rec->set_sdk_address(o.sdk_address);
+      rec->set_admin_address(o.admin_address);
+      rec->set_http_address(o.http_address);
+    }
     rec->set_boot_count(o.boot);
     rec->set_version(DSEC_VERSION);
     std::vector<std::string> kinds, unavailable;

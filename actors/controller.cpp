@@ -43,7 +43,8 @@ using Clock = std::chrono::steady_clock;
 std::string SandboxKey(const std::string& id) { return "b/" + id; }
 std::string SessionKey(const std::string& name) { return "s/" + name; }
 std::string RestartableKey(const std::string& name) { return "r/" + name; }
-std::string ClosedAwayKey(const std::string& name) { return "c/" + name; }
+// A node id has no '/': "c/NODE/NAME" splits at the first one after "c/".
+std::string ClosedAwayKey(const std::string& node, const std::string& name) { return "c/" + node + "/" + name; }
 
 std::string Clock_(int64_t ms) {
   time_t t = static_cast<time_t>(ms / 1000);
@@ -72,21 +73,22 @@ void PersistNode(Self self, const NodeEntry& n) {
 }
 
 // Drops restartable session `name`'s entry and its log's copy (into `b`).
-// A node it left, still down, may come back with a copy: that is closed
-// at its rejoin (closed_away), not taken for a session of its own.
+// A node that held it and is down (one it left, or the one it was on) may
+// come back with a copy: that is closed at its rejoin (closed_away), not
+// taken for a session of its own.
 void ForgetRestartable(Self self, const std::string& name, state::WriteBatch* b) {
   auto& st = self->state;
   b->Delete(state::Table::kPlacements, RestartableKey(name));
   b->DeletePrefix(state::Table::kSteps, state::StepPrefix(name));
   auto it = st.restartable.find(name);
   if (it == st.restartable.end()) return;
-  const std::string& away = it->second.stale_on;
-  if (!away.empty()) {
-    auto n = st.nodes.find(away);
-    if (n != st.nodes.end() && !n->second.up()) {
-      st.closed_away[name] = away;
-      b->Put(state::Table::kPlacements, ClosedAwayKey(name), away);
-    }
+  std::set<std::string> held = std::move(it->second.left);
+  if (auto on = st.session_node.find(name); on != st.session_node.end()) held.insert(on->second);
+  for (const auto& node : held) {
+    auto n = st.nodes.find(node);
+    if (n == st.nodes.end() || n->second.up()) continue;
+    st.closed_away[node].insert(name);
+    b->Put(state::Table::kPlacements, ClosedAwayKey(node, name), "");
   }
   st.restartable.erase(it);
 }
@@ -477,6 +479,18 @@ caf::result<v1::SessionReply> OpenSession(Self self, v1::OpenSessionRequest& req
                             [self, rp, n, name, restartable](v1::SessionReply r) mutable {
                               auto& st = self->state;
                               state::WriteBatch b;
+                              if (r.status().code() == v1::Status::OK && restartable &&
+                                  r.session().step_count() > 0 && !st.restartable.count(name)) {
+                                // It was open already, not restartable (the
+                                // directory had not heard of it): its log
+                                // has no copy here to go on from.
+                                ToProto(Status::FailedPrecondition(
+                                            "session " + name + " is already open and was not opened restartable (" +
+                                            std::to_string(r.session().step_count()) +
+                                            " steps logged without a copy here); a session is made restartable "
+                                            "when it is first opened: use a new name"),
+                                        r.mutable_status());
+                              }
                               if (r.status().code() == v1::Status::OK) {
                                 if (restartable) {
                                   st.restartable[name].open = *restartable;
@@ -565,12 +579,12 @@ void Restart(Self self, const std::string& name, const std::string& from) {
   auto& st = self->state;
   auto& r = st.restartable[name];
   if (!r.failed.empty() || !r.restarting_on.empty()) return;
+  r.left.insert(from);
   auto target = Place(self, r.open.spec());
   if (!target.ok())
     return EndRestart(self, name, "its node " + from + " went down and no other node can take it: " +
                                       target.status().message());
   r.restarting_on = *target;
-  r.stale_on = from;
   st.ctx->log->warn("session {} was on node {}, which went down: opening it on node {} and re-running its {} step(s)",
                     name, from, *target, r.logged);
   std::string node = *target;
@@ -713,16 +727,42 @@ v1::JoinReply Join(Self self, v1::NodeJoin& j, caf::actor entry) {
                         it->second);
     }
   }
-  for (const auto& se : held_se) {
-    if (auto away = st.closed_away.find(se); away != st.closed_away.end() && away->second == id) {
-      // Its trainer closed it (restartable, moved away) while this node was down.
-      v1::CloseSessionRequest close;
-      close.set_name(se);
-      close.set_reason("it was closed by its trainer while this node was down");
-      st.ctx->log->info("session {} was closed while node {} was down: closing its copy there", se, id);
-      self->request(entry, kCallTimeout, std::move(close)).then([](v1::SessionReply&) {}, [](caf::error&) {});
-      continue;
+  // Restartable sessions their trainers closed while this node was down:
+  // its copies are closed (the mark goes once one is; one it no longer
+  // holds goes now).
+  std::unordered_set<std::string> closed_here;
+  if (auto away = st.closed_away.find(id); away != st.closed_away.end()) {
+    for (const auto& name : away->second) {
+      if (held_se.count(name)) {
+        closed_here.insert(name);
+        continue;
+      }
+      b.Delete(state::Table::kPlacements, ClosedAwayKey(id, name));
     }
+    away->second = closed_here;
+    if (away->second.empty()) st.closed_away.erase(away);
+  }
+  for (const auto& se : closed_here) {
+    v1::CloseSessionRequest close;
+    close.set_name(se);
+    close.set_reason("it was closed by its trainer while this node was down");
+    st.ctx->log->info("session {} was closed while node {} was down: closing its copy there", se, id);
+    self->request(entry, kCallTimeout, std::move(close))
+        .then(
+            [self, id, se](v1::SessionReply& r) {
+              if (r.status().code() != v1::Status::OK && r.status().code() != v1::Status::NOT_FOUND) return;
+              auto& st = self->state;
+              auto away = st.closed_away.find(id);
+              if (away == st.closed_away.end() || !away->second.erase(se)) return;
+              if (away->second.empty()) st.closed_away.erase(away);
+              state::WriteBatch gone;
+              gone.Delete(state::Table::kPlacements, ClosedAwayKey(id, se));
+              Persist(self, std::move(gone));
+            },
+            [](caf::error&) {});  // kept: closed at its next rejoin
+  }
+  for (const auto& se : held_se) {
+    if (closed_here.count(se)) continue;
     auto [it, fresh] = st.session_node.emplace(se, id);
     if (fresh) {
       ++added;
@@ -735,14 +775,6 @@ v1::JoinReply Join(Self self, v1::NodeJoin& j, caf::actor entry) {
       close.set_reason("it was restarted on node " + it->second + " while this node was down");
       st.ctx->log->info("session {} is on node {} now: closing the stale copy on node {}", se, it->second, id);
       self->request(entry, kCallTimeout, std::move(close)).then([](v1::SessionReply&) {}, [](caf::error&) {});
-    }
-  }
-  for (auto it = st.closed_away.begin(); it != st.closed_away.end();) {
-    if (it->second == id) {  // closed above, or it no longer holds it
-      b.Delete(state::Table::kPlacements, ClosedAwayKey(it->first));
-      it = st.closed_away.erase(it);
-    } else {
-      ++it;
     }
   }
   for (auto it = st.sandbox_node.begin(); it != st.sandbox_node.end();) {
@@ -864,7 +896,10 @@ void Load(Self self) {
   s = st.ctx->store->ScanFrom(state::Table::kPlacements, "", "", [&](const std::string& k, const std::string& v) {
     if (k.size() > 2 && k[0] == 'b' && k[1] == '/') st.sandbox_node[k.substr(2)] = v;
     else if (k.size() > 2 && k[0] == 's' && k[1] == '/') st.session_node[k.substr(2)] = v;
-    else if (k.size() > 2 && k[0] == 'c' && k[1] == '/') st.closed_away[k.substr(2)] = v;
+    else if (k.size() > 2 && k[0] == 'c' && k[1] == '/') {
+      size_t slash = k.find('/', 2);
+      if (slash != std::string::npos) st.closed_away[k.substr(2, slash - 2)].insert(k.substr(slash + 1));
+    }
     return true;
   });
   if (!s.ok()) st.ctx->log->error("controller: reading the placements table: {}", s.message());

@@ -9,7 +9,9 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <set>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "actors/cluster.hpp"
@@ -41,7 +43,9 @@ struct Restartable {
   std::string restarting_on;  // the node it is being re-run on
   std::string failed;         // why it cannot go on ("" while it can)
   uint32_t moves = 0;
-  std::string stale_on;  // the node it left when that went down: it may come back with a copy
+  // The nodes it left when they went down: each may come back with a copy
+  // (kept in memory only: a controller restarted in between forgets them).
+  std::set<std::string> left;
 };
 
 struct ControllerState {
@@ -52,8 +56,8 @@ struct ControllerState {
   std::unordered_map<std::string, std::string> sandbox_node, session_node;
   std::string in_process;  // the id of the node in this process (role all), if one joined
   // Restartable sessions closed while a node that held a copy was down
-  // (name -> that node): the copy is closed when the node rejoins.
-  std::unordered_map<std::string, std::string> closed_away;
+  // (node -> names): the copy is closed when the node rejoins.
+  std::unordered_map<std::string, std::unordered_set<std::string>> closed_away;
   std::vector<std::unique_ptr<drivers::Kind>> kinds = drivers::AllKinds();  // for kind auto
   image_worker_actor images;  // this controller's image registry (off its thread)
   std::unordered_map<std::string, v1::ImageManifest> image_by_name;  // what it holds

@@ -89,6 +89,26 @@ TEST_F(RoleAll, IsAControllerWithOneInProcessNodeThatRejoinsAfterAKill9) {
   Destroy(*sb);
 }
 
+// A session opened plain cannot be re-opened restartable: the controller
+// has no copy of the log it has (it delegated its steps), and says so.
+TEST_F(RoleAll, APlainSessionIsNotMadeRestartableByAReopen) {
+  std::string name = "role-all-plain-" + std::to_string(::getpid());
+  auto s = client_->OpenSession(name, ContainerSpec(kImage));
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_FALSE(s->record().restartable());
+  ASSERT_TRUE(s->Step(0, Line(0)).ok());
+  SessionOptions so;
+  so.restartable = true;
+  auto again = client_->OpenSession(name, ContainerSpec(kImage), so);
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.status().code(), Status::Code::kFailedPrecondition);
+  EXPECT_THAT(again.status().message(), HasSubstr("not opened restartable"));
+  auto next = s->Step(1, Line(1));
+  ASSERT_TRUE(next.ok()) << next.status().ToString();
+  EXPECT_EQ(next->step().result().stdout(), "step 0\nstep 1\n") << "the session goes on as it was";
+  EXPECT_TRUE(s->Close().ok());
+}
+
 // A kind the node cannot run: the node's own reason reaches the trainer,
 // not a list of nodes (the controller leaves the node's kinds to it).
 TEST_F(RoleAll, AKindTheNodeLacksIsRefusedWithTheNodesReason) {
