@@ -28,8 +28,9 @@ class Store;
 class GroupCommitter;
 }  // namespace state
 
-// Beyond the node's interface (which the controller answers for the whole
-// cluster: the SDK entry, the console's admin commands, the HTTP server's):
+// The controller answers the entry interface (the table of calls) for the
+// whole cluster, and the admin commands (the console's, the HTTP
+// server's). Beyond those:
 //   (join_atom, NodeJoin, node)       a node's link, first on each
 //                                     connection -> JoinReply
 //   (beat_atom, node id, NodeLoad)    its heartbeat, every heartbeat_ms
@@ -39,9 +40,12 @@ class GroupCommitter;
 using join_atom = caf::atom_constant<caf::atom("join")>;
 using beat_atom = caf::atom_constant<caf::atom("beat")>;
 using rejoin_atom = caf::atom_constant<caf::atom("rejoin")>;
-using controller_actor = node_actor::extend<
-    caf::replies_to<join_atom, v1::NodeJoin, caf::actor>::with<v1::JoinReply>,
-    caf::reacts_to<beat_atom, std::string, v1::NodeLoad>>;
+//   Continuation                      from its own callbacks only
+using controller_actor = entry_actor::extend<
+    caf::replies_to<admin_atom, std::string, std::vector<std::string>>::with<std::string>,
+    caf::replies_to<join_atom, cluster::v1::NodeJoin, caf::actor>::with<cluster::v1::JoinReply>,
+    caf::reacts_to<beat_atom, std::string, cluster::v1::NodeLoad>,
+    caf::reacts_to<Continuation>>;
 
 struct ControllerContext {
   std::string id;                 // the controller's own id (meta table)

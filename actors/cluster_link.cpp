@@ -71,7 +71,7 @@ void Retry(Self self, const std::string& why) {
 }
 
 // What this node is and has: the parts its actor does not know.
-void Fill(Self self, v1::NodeRecord* rec, v1::NodeLoad* load) {
+void Fill(Self self, cluster::v1::NodeRecord* rec, cluster::v1::NodeLoad* load) {
   auto& st = self->state;
   const auto& o = st.ctx->options;
   if (rec) {
@@ -106,7 +106,7 @@ void Fill(Self self, v1::NodeRecord* rec, v1::NodeLoad* load) {
       });
 }
 
-void Joined(Self self, v1::JoinReply& r) {
+void Joined(Self self, cluster::v1::JoinReply& r) {
   auto& st = self->state;
   if (r.status().code() != v1::Status::OK) {
     st.ctx->log->error("cluster: the controller {} refused this node: {}", Where(self), r.status().message());
@@ -131,13 +131,13 @@ void Join(Self self) {
   auto& st = self->state;
   self->request(st.node, std::chrono::seconds(30), cluster_info_atom::value)
       .then(
-          [self](v1::NodeJoin& j) {
+          [self](cluster::v1::NodeJoin& j) {
             auto& st = self->state;
             if (!st.controller) return;
             Fill(self, j.mutable_node(), j.mutable_load());
             self->request(st.controller, std::chrono::seconds(30), join_atom::value, std::move(j),
                           caf::actor_cast<caf::actor>(st.node))
-                .then([self](v1::JoinReply& r) { Joined(self, r); },
+                .then([self](cluster::v1::JoinReply& r) { Joined(self, r); },
                       [self](caf::error& e) { Retry(self, "join: " + caf::to_string(e)); });
           },
           [self](caf::error& e) { Retry(self, "the node did not say what it holds: " + caf::to_string(e)); });
@@ -245,7 +245,7 @@ caf::behavior Link(Self self, node_actor node, std::shared_ptr<NodeContext> ctx,
         if (!st.joined || generation != st.generation) return;  // an older loop
         self->request(st.node, std::chrono::seconds(10), cluster_load_atom::value)
             .then(
-                [self](v1::NodeLoad& load) {
+                [self](cluster::v1::NodeLoad& load) {
                   auto& st = self->state;
                   if (!st.joined) return;
                   Fill(self, nullptr, &load);

@@ -242,7 +242,7 @@ struct Conn {
 
 struct ConsoleState {
   ConsoleOptions opts;
-  node_actor node;
+  admin_actor node;
   std::map<connection_handle, Conn> conns;
   uint64_t next_gen = 0;
   std::shared_ptr<spdlog::logger> log;
@@ -364,7 +364,7 @@ void OnData(Broker self, connection_handle h, const char* data, size_t n) {
   Pump(self, h);
 }
 
-caf::behavior ConsoleBroker(Broker self, node_actor node, ConsoleOptions opts) {
+caf::behavior ConsoleBroker(Broker self, admin_actor node, ConsoleOptions opts) {
   auto& st = self->state;
   st.opts = std::move(opts);
   st.node = std::move(node);
@@ -394,7 +394,7 @@ caf::behavior ConsoleBroker(Broker self, node_actor node, ConsoleOptions opts) {
 
 }  // namespace
 
-Console SpawnConsole(caf::actor_system& sys, node_actor node, const ConsoleOptions& options) {
+Console SpawnConsole(caf::actor_system& sys, admin_actor node, const ConsoleOptions& options) {
   Console c;
   c.broker = sys.middleman().spawn_broker(ConsoleBroker, std::move(node), options);
   c.gate = std::make_unique<Gate>(c.broker, options);

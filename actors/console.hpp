@@ -18,7 +18,7 @@
 #include <memory>
 #include <string>
 
-#include "actors/node.hpp"
+#include "actors/admin.hpp"
 #include "runtime/front_door.hpp"
 
 namespace dsec {
@@ -35,6 +35,7 @@ struct Console {
   std::unique_ptr<HandshakeProtocol> gate;
 };
 
-Console SpawnConsole(caf::actor_system& sys, node_actor node, const ConsoleOptions& options);
+// `node`: the node or the controller whose commands it serves.
+Console SpawnConsole(caf::actor_system& sys, admin_actor node, const ConsoleOptions& options);
 
 }  // namespace dsec

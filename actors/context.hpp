@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "drivers/limits.hpp"
+#include "runtime/clock.hpp"
 #include "drivers/registry.hpp"
 #include "state/group_commit.hpp"
 #include "state/store.hpp"
@@ -72,6 +73,5 @@ struct NodeContext {
   FrontDoor* door = nullptr;            // dsecd's ports (counters for `stats`); may be null
 };
 
-int64_t NowMs();
 
 }  // namespace dsec

@@ -19,6 +19,7 @@
 #include "actors/controller_state.hpp"
 #include "actors/context.hpp"
 #include "actors/error_reply.hpp"
+#include "actors/sandbox_list.hpp"
 #include "actors/session.hpp"
 #include "drivers/registry.hpp"
 #include "dsec/status_proto.hpp"
@@ -68,7 +69,7 @@ void Persist(Self self, state::WriteBatch b) {
 
 void PersistNode(Self self, const NodeEntry& n) {
   state::WriteBatch b;
-  state::TypedTable<v1::ClusterNode>(self->state.ctx->store, state::Table::kNodes).Put(&b, n.rec.node().id(), n.rec);
+  state::TypedTable<cluster::v1::ClusterNode>(self->state.ctx->store, state::Table::kNodes).Put(&b, n.rec.node().id(), n.rec);
   Persist(self, std::move(b));
 }
 
@@ -116,7 +117,7 @@ void MarkDown(Self self, NodeEntry& n, const std::string& why) {
   n.entry = nullptr;
   n.pending = 0;
   n.rec.set_state("down");
-  n.rec.set_down_ms(NowMs());
+  n.rec.set_down_ms(WallClockMs());
   n.rec.set_down_reason(why);
   self->state.ctx->log->warn("node {} ({}) is down: {}; its sandboxes and sessions are reported lost until it rejoins",
                              n.rec.node().id(), n.rec.node().sdk_address(), why);
@@ -255,7 +256,7 @@ caf::result<Reply> ToSessionNode(Self self, const std::string& name, Request& re
 
 // What a node's heartbeat says it holds, "name@digest": this controller's
 // image by that name (same digest), or any by that name when it has none.
-bool HoldsImage(const ControllerState& st, const v1::ClusterNode& rec, const std::string& image) {
+bool HoldsImage(const ControllerState& st, const cluster::v1::ClusterNode& rec, const std::string& image) {
   auto known = st.image_by_name.find(image);
   for (const auto& i : rec.load().images()) {
     if (i.size() <= image.size() || i.compare(0, image.size(), image) != 0 || i[image.size()] != '@') continue;
@@ -672,10 +673,10 @@ caf::result<v1::StepReply> RestartableStep(Self self, Restartable& r, v1::StepRe
 
 // ---- nodes ----
 
-v1::JoinReply Join(Self self, v1::NodeJoin& j, caf::actor entry) {
+cluster::v1::JoinReply Join(Self self, cluster::v1::NodeJoin& j, caf::actor entry) {
   auto& st = self->state;
   const std::string id = j.node().id();
-  v1::JoinReply reply;
+  cluster::v1::JoinReply reply;
   if (!ValidId(id) || !entry) {
     ToProto(Status::InvalidArgument("a join needs the node's id ([a-z0-9-], 1 to 64 bytes) and its entry actor"),
             reply.mutable_status());
@@ -698,13 +699,13 @@ v1::JoinReply Join(Self self, v1::NodeJoin& j, caf::actor entry) {
   n.rec.mutable_load()->clear_ended_sandboxes();
   n.rec.mutable_load()->clear_ended_sessions();
   n.rec.set_state(n.rec.draining() ? "draining" : "up");
-  if (!n.rec.joined_ms()) n.rec.set_joined_ms(NowMs());
-  n.rec.set_last_seen_ms(NowMs());
+  if (!n.rec.joined_ms()) n.rec.set_joined_ms(WallClockMs());
+  n.rec.set_last_seen_ms(WallClockMs());
   n.rec.clear_down_reason();
   n.rec.set_down_ms(0);
   n.entry = entry;
   n.pending = 0;
-  n.last_beat_ms = NowMs();
+  n.last_beat_ms = WallClockMs();
   n.in_process = entry.node() == self->node();
   if (n.in_process) st.in_process = id;
   st.node_of[entry.address()] = id;
@@ -816,7 +817,7 @@ v1::JoinReply Join(Self self, v1::NodeJoin& j, caf::actor entry) {
   return reply;
 }
 
-void Beat(Self self, const std::string& id, v1::NodeLoad& load) {
+void Beat(Self self, const std::string& id, cluster::v1::NodeLoad& load) {
   auto& st = self->state;
   auto it = st.nodes.find(id);
   auto sender = self->current_sender();
@@ -833,7 +834,7 @@ void Beat(Self self, const std::string& id, v1::NodeLoad& load) {
   }
   auto& n = it->second;
   if (!sender || sender->node() != n.entry.node()) return;  // not from that node
-  n.last_beat_ms = NowMs();
+  n.last_beat_ms = WallClockMs();
   n.rec.set_last_seen_ms(n.last_beat_ms);
   n.pending = 0;
   state::WriteBatch b;
@@ -870,7 +871,7 @@ void Beat(Self self, const std::string& id, v1::NodeLoad& load) {
 
 void Tick(Self self) {
   auto& st = self->state;
-  int64_t now = NowMs();
+  int64_t now = WallClockMs();
   // (A node in this process cannot be cut off: its actor's end is seen by
   // the monitor, and a busy node's late heartbeat must not fail its calls.)
   for (auto& [id, n] : st.nodes)
@@ -882,8 +883,8 @@ void Tick(Self self) {
 
 void Load(Self self) {
   auto& st = self->state;
-  auto s = state::TypedTable<v1::ClusterNode>(st.ctx->store, state::Table::kNodes)
-               .Scan("", [&](const std::string& key, v1::ClusterNode&& r) {
+  auto s = state::TypedTable<cluster::v1::ClusterNode>(st.ctx->store, state::Table::kNodes)
+               .Scan("", [&](const std::string& key, cluster::v1::ClusterNode&& r) {
                  if (r.node().id().empty()) return true;  // not a cluster row
                  auto& n = st.nodes[key];
                  n.rec = std::move(r);
@@ -926,6 +927,203 @@ caf::result<Reply> NoRegistry(Self self, Request& req) {
   return ErrorReply<Reply>(Status::Unimplemented("no image registry here"));
 }
 
+// ---- the table's calls (wire/calls.hpp) -------------------------------------
+
+// How long a call forwarded to a node may take: a run's own limit and a
+// margin, or kCallTimeout.
+template <class Req>
+std::chrono::milliseconds Timeout(const Req&) { return kCallTimeout; }
+std::chrono::milliseconds Timeout(const v1::ExecRequest& req) { return ExecTimeout(req); }
+std::chrono::milliseconds Timeout(const v1::StepRequest& req) { return ExecTimeout(req.exec()); }
+
+caf::result<v1::RunReply> Handle(Self self, v1::RunRequest& req) {
+  auto node = Place(self, req.spec());
+  if (!node.ok()) return ErrorReply<v1::RunReply>(node.status());
+  if (auto local = InProcess(self, *node)) return self->delegate(local, std::move(req));
+  auto rp = self->make_response_promise<v1::RunReply>();
+  auto timeout = ExecTimeout(req.exec());
+  Forward<v1::RunReply>(self, *node, "a run", std::move(req), timeout,
+                        [rp](v1::RunReply r) mutable { rp.deliver(std::move(r)); });
+  return rp;
+}
+
+caf::result<v1::SandboxReply> Handle(Self self, v1::CreateRequest& req) { return Create(self, req); }
+caf::result<v1::SessionReply> Handle(Self self, v1::OpenSessionRequest& req) { return OpenSession(self, req); }
+
+caf::result<v1::StepReply> Handle(Self self, v1::StepRequest& req) {
+  auto re = self->state.restartable.find(req.session());
+  if (re != self->state.restartable.end()) return RestartableStep(self, re->second, req);
+  auto timeout = ExecTimeout(req.exec());
+  return ToSessionNode<v1::StepReply>(self, req.session(), req, timeout);
+}
+
+caf::result<v1::SessionReply> Handle(Self self, v1::CloseSessionRequest& req) {
+  auto re = self->state.restartable.find(req.name());
+  if (re == self->state.restartable.end()) return ToSessionNode<v1::SessionReply>(self, req.name(), req);
+  // A restartable session: closed on its node, and its copy here goes
+  // (a session that could not go on is closed here even if its node
+  // no longer has it).
+  auto it = self->state.session_node.find(req.name());
+  std::string name = req.name();
+  auto forget = [self, name] {
+    state::WriteBatch b;
+    ForgetRestartable(self, name, &b);
+    Persist(self, std::move(b));
+  };
+  // One that could not go on is closed here at once: its trainer does
+  // not wait on a node (maybe just back, busy re-adopting) for a copy
+  // that has nothing left to do; that copy is closed after the answer.
+  bool failed = !re->second.failed.empty();
+  if (failed || it == self->state.session_node.end()) {
+    forget();
+    if (it != self->state.session_node.end())
+      Forward<v1::SessionReply>(self, it->second, "session " + name, std::move(req), kCallTimeout,
+                                [](v1::SessionReply) {});
+    return ErrorReply<v1::SessionReply>(Status::Ok());
+  }
+  // (The promise takes the request's answer over: made only here, where
+  // it is the answer; a value returned after it would be dropped.)
+  auto rp = self->make_response_promise<v1::SessionReply>();
+  std::string node = it->second;
+  Forward<v1::SessionReply>(self, node, "session " + name, std::move(req), kCallTimeout,
+                            [self, rp, node, forget](v1::SessionReply r) mutable {
+                              if (r.status().code() == v1::Status::OK) forget();
+                              Decorate(self, node, &r);
+                              rp.deliver(std::move(r));
+                            });
+  return rp;
+}
+
+void Handle(Self self, v1::AnnotateBatch& batch) {
+  // The SDK sends a session's annotations to its node; any that come
+  // here are forwarded one by one and answered the same way.
+  if (auto local = InProcess(self)) {
+    self->delegate(local, std::move(batch));
+    return;
+  }
+  auto sender = caf::actor_cast<caf::actor>(self->current_sender());
+  if (!sender) return;
+  for (auto& call : *batch.mutable_calls()) {
+    uint64_t id = call.call_id();
+    auto answer = [self, sender, id](v1::StepReply r) {
+      v1::AnnotateResults out;
+      auto* one = out.add_results();
+      one->set_call_id(id);
+      *one->mutable_reply() = std::move(r);
+      caf::anon_send(sender, std::move(out));
+    };
+    auto it = self->state.session_node.find(call.request().session());
+    if (it == self->state.session_node.end()) {
+      answer(ErrorReply<v1::StepReply>(
+          Status::NotFound("no session '" + call.request().session() + "' in this cluster")));
+      continue;
+    }
+    Forward<v1::StepReply>(self, it->second, "session " + call.request().session(),
+                           std::move(*call.mutable_request()), kCallTimeout, answer);
+  }
+}
+
+// Owners are tracked by the nodes their sandboxes are on; in role all the
+// trainer's connection is to this controller, so its Hello goes on.
+void Handle(Self self, v1::Hello& hello) {
+  if (auto local = InProcess(self)) self->delegate(local, hello);
+}
+
+caf::result<v1::StepsReply> Handle(Self self, v1::ListStepsRequest& req) {
+  auto re = self->state.restartable.find(req.session());
+  if (re == self->state.restartable.end()) return ToSessionNode<v1::StepsReply>(self, req.session(), req);
+  // A restarted session's node holds the re-run; the log is the copy.
+  auto it = self->state.session_node.find(req.session());
+  if (it == self->state.session_node.end())
+    return ErrorReply<v1::StepsReply>(Status::NotFound("no session '" + req.session() + "' in this cluster"));
+  auto rp = self->make_response_promise<v1::StepsReply>();
+  std::string name = req.session();
+  Forward<v1::StepsReply>(self, it->second, "session " + name, std::move(req), kCallTimeout,
+                          [self, rp, name](v1::StepsReply r) mutable {
+                            for (auto& step : *r.mutable_steps())
+                              if (auto copy = CopiedStep(self, name, step.index()); copy.ok())
+                                step = std::move(*copy);
+                            rp.deliver(std::move(r));
+                          });
+  return rp;
+}
+
+// Images: this controller's registry; nodes fetch from it (EnsureImage).
+caf::result<v1::ImageReply> Handle(Self self, v1::RegisterImageRequest& req) {
+  if (!self->state.images) return NoRegistry<v1::ImageReply>(self, req);
+  auto rp = self->make_response_promise<v1::ImageReply>();
+  self->request(self->state.images, caf::infinite, std::move(req))
+      .then([self, rp](v1::ImageReply& r) mutable {
+        if (r.status().code() == v1::Status::OK) self->state.image_by_name[r.image().name()] = r.image();
+        rp.deliver(std::move(r));
+      });
+  return rp;
+}
+
+caf::result<v1::ImageReply> Handle(Self self, v1::RemoveImageRequest& req) {
+  if (!self->state.images) return NoRegistry<v1::ImageReply>(self, req);
+  auto rp = self->make_response_promise<v1::ImageReply>();
+  std::string name = req.name();
+  self->request(self->state.images, caf::infinite, std::move(req))
+      .then([self, rp, name](v1::ImageReply& r) mutable {
+        if (r.status().code() == v1::Status::OK) self->state.image_by_name.erase(name);
+        rp.deliver(std::move(r));
+      });
+  return rp;
+}
+
+// Every node's sandboxes: the same page asked of each node that is up,
+// merged (a node that is down is not asked: its sandboxes come back with it).
+caf::result<v1::ListSandboxesReply> Handle(Self self, v1::ListSandboxesRequest& req) {
+  if (Status s = CheckListRequest(req); !s.ok()) return ErrorReply<v1::ListSandboxesReply>(s);
+  if (auto local = InProcess(self); local && self->state.nodes.size() == 1) return self->delegate(local, std::move(req));
+  std::vector<std::string> up;
+  for (const auto& [id, n] : self->state.nodes)
+    if (n.up() && (req.node().empty() || req.node() == id)) up.push_back(id);
+  if (up.empty() && !req.node().empty() && !self->state.nodes.count(req.node()))
+    return ErrorReply<v1::ListSandboxesReply>(
+        Status::NotFound("no node '" + req.node() + "' in this cluster (dsecctl nodes lists them)"));
+  if (up.empty()) return v1::ListSandboxesReply();
+  struct Gather {
+    caf::typed_response_promise<v1::ListSandboxesReply> rp;
+    v1::ListSandboxesRequest req;
+    std::vector<v1::ListSandboxesReply> pages;
+    size_t waiting = 0;
+  };
+  auto g = std::make_shared<Gather>();
+  g->rp = self->make_response_promise<v1::ListSandboxesReply>();
+  g->req = req;
+  g->waiting = up.size();
+  for (const auto& node : up) {
+    Forward<v1::ListSandboxesReply>(self, node, "a list of node " + node + "'s sandboxes", req, kCallTimeout,
+                                    [self, g, node](v1::ListSandboxesReply page) {
+                                      if (auto* a = SdkAddress(self, node))
+                                        for (auto& r : *page.mutable_sandboxes()) r.set_node_address(*a);
+                                      g->pages.push_back(std::move(page));
+                                      if (--g->waiting == 0) g->rp.deliver(MergeListPages(g->req, std::move(g->pages)));
+                                    });
+  }
+  return g->rp;
+}
+
+// The rest, by route: to the node that holds the sandbox or the session;
+// images to this controller's registry (or, in role all, the node's).
+template <class Req>
+caf::result<calls::ReplyOf<Req>> Handle(Self self, Req& req) {
+  using C = typename calls::CallOf<Req>::type;
+  using Reply = typename C::Reply;
+  if constexpr (C::route == calls::Route::kSandbox) {
+    return ToSandboxNode<Reply>(self, C::Key(req), req, Timeout(req));
+  } else if constexpr (C::route == calls::Route::kSession) {
+    return ToSessionNode<Reply>(self, C::Key(req), req, Timeout(req));
+  } else if constexpr (C::route == calls::Route::kImages) {
+    if (!self->state.images) return NoRegistry<Reply>(self, req);
+    return self->delegate(self->state.images, std::move(req));
+  } else {
+    static_assert(sizeof(Req) == 0, "the controller has no handler for this call (wire/calls.hpp)");
+  }
+}
+
 controller_actor::behavior_type ControllerActor(Self self, std::shared_ptr<ControllerContext> ctx) {
   self->state.ctx = std::move(ctx);
   Load(self);
@@ -946,168 +1144,16 @@ controller_actor::behavior_type ControllerActor(Self self, std::shared_ptr<Contr
     if (n != st.nodes.end()) MarkDown(self, n->second, "connection lost (" + caf::to_string(dm.reason) + ")");
   });
   self->send(self, Continuation{[self] { Tick(self); }});
-  return {
-      [self](v1::RunRequest& req) -> caf::result<v1::RunReply> {
-        auto node = Place(self, req.spec());
-        if (!node.ok()) return ErrorReply<v1::RunReply>(node.status());
-        if (auto local = InProcess(self, *node)) return self->delegate(local, std::move(req));
-        auto rp = self->make_response_promise<v1::RunReply>();
-        auto timeout = ExecTimeout(req.exec());
-        Forward<v1::RunReply>(self, *node, "a run", std::move(req), timeout,
-                              [rp](v1::RunReply r) mutable { rp.deliver(std::move(r)); });
-        return rp;
-      },
-      [self](v1::CreateRequest& req) { return Create(self, req); },
-      [self](v1::ExecRequest& req) {
-        auto timeout = ExecTimeout(req);
-        return ToSandboxNode<v1::ExecReply>(self, req.sandbox_id(), req, timeout);
-      },
-      [self](v1::DestroyRequest& req) { return ToSandboxNode<v1::SandboxReply>(self, req.sandbox_id(), req); },
-      [self](v1::GetSandboxRequest& req) { return ToSandboxNode<v1::SandboxReply>(self, req.sandbox_id(), req); },
-      [self](v1::PauseRequest& req) { return ToSandboxNode<v1::SandboxReply>(self, req.sandbox_id(), req); },
-      [self](v1::ResumeRequest& req) { return ToSandboxNode<v1::SandboxReply>(self, req.sandbox_id(), req); },
-      [self](v1::ReadFileRequest& req) { return ToSandboxNode<v1::FileReply>(self, req.sandbox_id(), req); },
-      [self](v1::WriteFileRequest& req) { return ToSandboxNode<v1::FileReply>(self, req.sandbox_id(), req); },
-      [self](v1::ListFilesRequest& req) { return ToSandboxNode<v1::FileReply>(self, req.sandbox_id(), req); },
-      [self](v1::OpenSessionRequest& req) { return OpenSession(self, req); },
-      [self](v1::StepRequest& req) -> caf::result<v1::StepReply> {
-        auto re = self->state.restartable.find(req.session());
-        if (re != self->state.restartable.end()) return RestartableStep(self, re->second, req);
-        auto timeout = ExecTimeout(req.exec());
-        return ToSessionNode<v1::StepReply>(self, req.session(), req, timeout);
-      },
-      [self](v1::CloseSessionRequest& req) -> caf::result<v1::SessionReply> {
-        auto re = self->state.restartable.find(req.name());
-        if (re == self->state.restartable.end()) return ToSessionNode<v1::SessionReply>(self, req.name(), req);
-        // A restartable session: closed on its node, and its copy here goes
-        // (a session that could not go on is closed here even if its node
-        // no longer has it).
-        auto it = self->state.session_node.find(req.name());
-        std::string name = req.name();
-        auto forget = [self, name] {
-          state::WriteBatch b;
-          ForgetRestartable(self, name, &b);
-          Persist(self, std::move(b));
-        };
-        // One that could not go on is closed here at once: its trainer does
-        // not wait on a node (maybe just back, busy re-adopting) for a copy
-        // that has nothing left to do; that copy is closed after the answer.
-        bool failed = !re->second.failed.empty();
-        if (failed || it == self->state.session_node.end()) {
-          forget();
-          if (it != self->state.session_node.end())
-            Forward<v1::SessionReply>(self, it->second, "session " + name, std::move(req), kCallTimeout,
-                                      [](v1::SessionReply) {});
-          return ErrorReply<v1::SessionReply>(Status::Ok());
-        }
-        // (The promise takes the request's answer over: made only here, where
-        // it is the answer; a value returned after it would be dropped.)
-        auto rp = self->make_response_promise<v1::SessionReply>();
-        std::string node = it->second;
-        Forward<v1::SessionReply>(self, node, "session " + name, std::move(req), kCallTimeout,
-                                  [self, rp, node, forget](v1::SessionReply r) mutable {
-                                    if (r.status().code() == v1::Status::OK) forget();
-                                    Decorate(self, node, &r);
-                                    rp.deliver(std::move(r));
-                                  });
-        return rp;
-      },
-      [self](v1::GetSessionRequest& req) { return ToSessionNode<v1::SessionReply>(self, req.name(), req); },
-      [self](v1::AnnotateStepRequest& req) { return ToSessionNode<v1::StepReply>(self, req.session(), req); },
-      [self](v1::AnnotateBatch& batch) {
-        // The SDK sends a session's annotations to its node; any that come
-        // here are forwarded one by one and answered the same way.
-        if (auto local = InProcess(self)) {
-          self->delegate(local, std::move(batch));
-          return;
-        }
-        auto sender = caf::actor_cast<caf::actor>(self->current_sender());
-        if (!sender) return;
-        for (auto& call : *batch.mutable_calls()) {
-          uint64_t id = call.call_id();
-          auto answer = [self, sender, id](v1::StepReply r) {
-            v1::AnnotateResults out;
-            auto* one = out.add_results();
-            one->set_call_id(id);
-            *one->mutable_reply() = std::move(r);
-            caf::anon_send(sender, std::move(out));
-          };
-          auto it = self->state.session_node.find(call.request().session());
-          if (it == self->state.session_node.end()) {
-            answer(ErrorReply<v1::StepReply>(
-                Status::NotFound("no session '" + call.request().session() + "' in this cluster")));
-            continue;
-          }
-          Forward<v1::StepReply>(self, it->second, "session " + call.request().session(),
-                                 std::move(*call.mutable_request()), kCallTimeout, answer);
-        }
-      },
-      // Owners are tracked by the nodes their sandboxes are on; in role all
-      // the trainer's connection is to this controller, so its Hello goes on.
-      [self](const v1::Hello& hello) {
-        if (auto local = InProcess(self)) self->delegate(local, hello);
-      },
-      [self](v1::ListStepsRequest& req) -> caf::result<v1::StepsReply> {
-        auto re = self->state.restartable.find(req.session());
-        if (re == self->state.restartable.end()) return ToSessionNode<v1::StepsReply>(self, req.session(), req);
-        // A restarted session's node holds the re-run; the log is the copy.
-        auto it = self->state.session_node.find(req.session());
-        if (it == self->state.session_node.end())
-          return ErrorReply<v1::StepsReply>(Status::NotFound("no session '" + req.session() + "' in this cluster"));
-        auto rp = self->make_response_promise<v1::StepsReply>();
-        std::string name = req.session();
-        Forward<v1::StepsReply>(self, it->second, "session " + name, std::move(req), kCallTimeout,
-                                [self, rp, name](v1::StepsReply r) mutable {
-                                  for (auto& step : *r.mutable_steps())
-                                    if (auto copy = CopiedStep(self, name, step.index()); copy.ok())
-                                      step = std::move(*copy);
-                                  rp.deliver(std::move(r));
-                                });
-        return rp;
-      },
-      // Images: this controller's registry; nodes fetch from it (EnsureImage).
-      [self](v1::RegisterImageRequest& req) -> caf::result<v1::ImageReply> {
-        if (!self->state.images) return NoRegistry<v1::ImageReply>(self, req);
-        auto rp = self->make_response_promise<v1::ImageReply>();
-        self->request(self->state.images, caf::infinite, std::move(req))
-            .then([self, rp](v1::ImageReply& r) mutable {
-              if (r.status().code() == v1::Status::OK) self->state.image_by_name[r.image().name()] = r.image();
-              rp.deliver(std::move(r));
-            });
-        return rp;
-      },
-      [self](v1::GetImageRequest& req) -> caf::result<v1::ImageReply> {
-        if (!self->state.images) return NoRegistry<v1::ImageReply>(self, req);
-        return self->delegate(self->state.images, std::move(req));
-      },
-      [self](v1::ListImagesRequest& req) -> caf::result<v1::ImagesReply> {
-        if (!self->state.images) return NoRegistry<v1::ImagesReply>(self, req);
-        return self->delegate(self->state.images, std::move(req));
-      },
-      [self](v1::RemoveImageRequest& req) -> caf::result<v1::ImageReply> {
-        if (!self->state.images) return NoRegistry<v1::ImageReply>(self, req);
-        auto rp = self->make_response_promise<v1::ImageReply>();
-        std::string name = req.name();
-        self->request(self->state.images, caf::infinite, std::move(req))
-            .then([self, rp, name](v1::ImageReply& r) mutable {
-              if (r.status().code() == v1::Status::OK) self->state.image_by_name.erase(name);
-              rp.deliver(std::move(r));
-            });
-        return rp;
-      },
-      [](fetch_image_atom, v1::ImageManifest&, caf::actor&) {
-        return ErrorReply<v1::ImageReply>(Status::FailedPrecondition("a controller does not fetch images"));
-      },
+  // The table's calls (wire/calls.hpp), each to its Handle above.
+  auto table = calls::Handlers(calls::All{}, [self](auto& req) { return Handle(self, req); });
+  return calls::MakeBehavior<controller_actor::behavior_type>(
+      std::move(table),
       [self](admin_atom, const std::string& cmd, const std::vector<std::string>& args) -> caf::result<std::string> {
         return Admin(self, cmd, args);
       },
-      [](lost_atom, const std::string&, const std::string&) {},
       [](Continuation& c) { c.fn(); },
-      [](cluster_info_atom) { return v1::NodeJoin(); },  // a controller holds nothing itself
-      [](cluster_load_atom) { return v1::NodeLoad(); },
-      [self](join_atom, v1::NodeJoin& j, caf::actor& entry) { return Join(self, j, std::move(entry)); },
-      [self](beat_atom, const std::string& id, v1::NodeLoad& load) { Beat(self, id, load); },
-  };
+      [self](join_atom, cluster::v1::NodeJoin& j, caf::actor& entry) { return Join(self, j, std::move(entry)); },
+      [self](beat_atom, const std::string& id, cluster::v1::NodeLoad& load) { Beat(self, id, load); });
 }
 
 }  // namespace

@@ -122,7 +122,7 @@ std::string Status_(Self self) {
                    {"boot", c.boot},
                    {"role", "controller"},
                    {"version", DSEC_VERSION},
-                   {"uptime_s", (NowMs() - st.started_ms) / 1000},
+                   {"uptime_s", (WallClockMs() - st.started_ms) / 1000},
                    {"sdk", c.sdk_address},
                    {"admin", c.admin_address},
                    {"http", c.http_address.empty() ? json(nullptr) : json(c.http_address)},
@@ -142,7 +142,7 @@ std::string Metrics(Self self) {
   metrics::Line(&out, "dsec_node_info",
                 metrics::Labels({{"node", st.ctx->id}, {"role", "controller"}, {"version", DSEC_VERSION}}), 1);
   metrics::Describe(&out, "dsec_uptime_seconds", "gauge", "Seconds since this dsecd started.");
-  metrics::Line(&out, "dsec_uptime_seconds", "", static_cast<double>(NowMs() - st.started_ms) / 1000);
+  metrics::Line(&out, "dsec_uptime_seconds", "", static_cast<double>(WallClockMs() - st.started_ms) / 1000);
   metrics::Describe(&out, "dsec_cluster_nodes", "gauge", "Nodes this controller knows, by state.");
   std::map<std::string, int> by_state{{"up", 0}, {"draining", 0}, {"down", 0}};
   for (const auto& [id, n] : st.nodes) by_state[n.up() ? (n.rec.draining() ? "draining" : "up") : "down"]++;
@@ -190,7 +190,7 @@ caf::result<std::string> Overview(Self self) {
       if (rec["state"] == "down") node["down_reason"] = rec.value("down_reason", "");
       nodes.push_back(std::move(node));
     }
-    rp.deliver(Dump(json{{"ok", true}, {"role", "controller"}, {"now_ms", NowMs()}, {"sessions", sessions},
+    rp.deliver(Dump(json{{"ok", true}, {"role", "controller"}, {"now_ms", WallClockMs()}, {"sessions", sessions},
                          {"nodes", nodes}}));
   });
   return rp;

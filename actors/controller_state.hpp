@@ -23,7 +23,7 @@
 namespace dsec::controller_detail {
 
 struct NodeEntry {
-  v1::ClusterNode rec;
+  cluster::v1::ClusterNode rec;
   caf::actor entry;  // the node's entry actor (a proxy); null while down
   int64_t last_beat_ms = 0;
   uint64_t pending = 0;  // placed on it since its last heartbeat
@@ -63,7 +63,7 @@ struct ControllerState {
   std::unordered_map<std::string, v1::ImageManifest> image_by_name;  // what it holds
   uint64_t next_call = 0;
   uint64_t placed = 0;
-  int64_t started_ms = NowMs();
+  int64_t started_ms = WallClockMs();
   static constexpr const char* name = "controller";
 };
 

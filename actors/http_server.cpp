@@ -9,7 +9,7 @@
 #include <mutex>
 #include <thread>
 
-#include "actors/node.hpp"
+#include "actors/admin.hpp"
 
 namespace dsec {
 
@@ -40,7 +40,7 @@ struct HttpServer::Impl {
     HttpRequest req;
   };
   caf::actor_system& sys;
-  node_actor node;
+  admin_actor node;
   std::unique_ptr<HttpGate> gate;
   std::mutex mu;
   std::condition_variable cv;
@@ -48,7 +48,7 @@ struct HttpServer::Impl {
   bool stopping = false;
   std::thread worker;
 
-  Impl(caf::actor_system& s, node_actor n) : sys(s), node(std::move(n)) {
+  Impl(caf::actor_system& s, admin_actor n) : sys(s), node(std::move(n)) {
     gate = std::make_unique<HttpGate>(std::vector<std::string>{"/", "/metrics", "/status.json"},
                                       [this](UniqueFd fd, HttpRequest req) { Enqueue(std::move(fd), std::move(req)); });
     worker = std::thread([this] { Loop(); });
@@ -123,7 +123,7 @@ struct HttpServer::Impl {
   }
 };
 
-HttpServer::HttpServer(caf::actor_system& sys, node_actor node) : impl_(std::make_unique<Impl>(sys, std::move(node))) {}
+HttpServer::HttpServer(caf::actor_system& sys, admin_actor node) : impl_(std::make_unique<Impl>(sys, std::move(node))) {}
 HttpServer::~HttpServer() { Stop(); }
 HandshakeProtocol* HttpServer::gate() { return impl_->gate.get(); }
 void HttpServer::Stop() { impl_->Stop(); }

@@ -12,7 +12,7 @@
 #include <memory>
 #include <string>
 
-#include "actors/node.hpp"
+#include "actors/admin.hpp"
 #include "runtime/http_gate.hpp"
 
 namespace dsec {
@@ -20,7 +20,7 @@ namespace dsec {
 class HttpServer {
  public:
   static constexpr size_t kMaxQueued = 64;
-  HttpServer(caf::actor_system& sys, node_actor node);
+  HttpServer(caf::actor_system& sys, admin_actor node);
   ~HttpServer();  // Stop()
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;

@@ -20,4 +20,13 @@ SandboxEnd NextEnd(const v1::SandboxRecord& r, bool busy) {
   return e;
 }
 
+void ShowEnd(v1::SandboxRecord* r, const std::unordered_map<std::string, int64_t>& gone_since) {
+  auto g = gone_since.find(r->owner());
+  r->set_owner_gone_ms(!r->owner().empty() && g != gone_since.end() ? g->second : 0);
+  auto end = NextEnd(*r, false);
+  r->set_expires_ms(end.at_ms);
+  r->set_expires_because(end.because);
+  r->set_expiry_action(end.action);
+}
+
 }  // namespace dsec

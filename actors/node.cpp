@@ -6,6 +6,8 @@
 
 #include "actors/node_state.hpp"
 #include "actors/error_reply.hpp"
+#include "actors/lifetime.hpp"
+#include "actors/sandbox_list.hpp"
 #include "dsec/status_proto.hpp"
 #include "runtime/files.hpp"
 #include "runtime/metrics.hpp"
@@ -52,13 +54,15 @@ std::function<void()> SessionGone(NodeSelf self, const std::string& name) {
   };
 }
 
-// A sandbox actor for `rec`, in the directory (with its owner's claim).
-void Spawn(NodeSelf self, const v1::SandboxRecord& rec, std::function<void()> readopted = nullptr) {
+// A sandbox actor for `row`, in the directory (with its owner's claim).
+void Spawn(NodeSelf self, store::v1::SandboxRow row, std::function<void()> readopted = nullptr) {
   auto& st = self->state;
-  st.dir.Claim(rec.owner(), rec.id(), NowMs());
-  auto a = SpawnSandbox(self, st.ctx, rec, SandboxGone(self, rec.id()), st.dir.Connected(rec.owner()),
-                        std::move(readopted));
-  st.dir.PutSandbox(rec.id(), a);
+  const v1::SandboxRecord& rec = row.record();
+  std::string id = rec.id();
+  st.dir.Claim(rec.owner(), id, WallClockMs());
+  bool connected = st.dir.Connected(rec.owner());
+  auto a = SpawnSandbox(self, st.ctx, std::move(row), SandboxGone(self, id), connected, std::move(readopted));
+  st.dir.PutSandbox(id, a);
 }
 
 // Like Spawn for sandboxes: a closing session is forgotten before its close
@@ -232,7 +236,7 @@ void SweptSessions(NodeSelf self, const std::vector<ClosedSession>& closed) {
 void SweepSessions(NodeSelf self) {
   auto& ctx = *self->state.ctx;
   auto handle = caf::actor_cast<node_actor>(self);
-  int64_t cutoff = NowMs() - int64_t{ctx.options.session_retention_s} * 1000;
+  int64_t cutoff = WallClockMs() - int64_t{ctx.options.session_retention_s} * 1000;
   self->spawn<caf::detached>([handle, self, store = ctx.store, log = ctx.log, cutoff] {
     std::vector<ClosedSession> closed;
     Status s = state::TypedTable<v1::SessionRecord>(store, state::Table::kSessions)
@@ -261,8 +265,8 @@ void SweepSessions(NodeSelf self) {
 void Restore(NodeSelf self) {
   auto restored = self->state.host->Restore();
   auto handle = caf::actor_cast<node_actor>(self);
-  for (const auto& rec : restored.sandboxes)
-    Spawn(self, rec, [handle, self] { Post(handle, [self] { self->state.host->Readopted(); }); });
+  for (auto& row : restored.sandboxes)
+    Spawn(self, std::move(row), [handle, self] { Post(handle, [self] { self->state.host->Readopted(); }); });
   for (const auto& rec : restored.sessions) SpawnSessionActor(self, rec);
 }
 
@@ -282,7 +286,7 @@ void OnDown(NodeSelf self, caf::down_msg& dm) {
       st.dir.Unclaim(*id);  // quit without a destroy (a creation that failed)
       return;
     }
-    if (auto rec = st.supervisor->SandboxDied(*id, why)) Spawn(self, *rec);
+    if (auto row = st.supervisor->SandboxDied(*id, why)) Spawn(self, std::move(*row));
     return;
   }
   if (auto name = st.dir.DropSessionActor(dm.source)) {
@@ -332,7 +336,7 @@ void OnHello(NodeSelf self, const v1::Hello& hello) {
 // True when `dm` was about an SDK client.
 bool ClientDown(NodeSelf self, const caf::down_msg& dm) {
   bool last = false;
-  auto client = self->state.dir.DropConnection(dm.source, NowMs(), &last);
+  auto client = self->state.dir.DropConnection(dm.source, WallClockMs(), &last);
   if (!client) return false;
   if (last) TellOwned(self, *client, false);
   return true;
@@ -400,6 +404,139 @@ caf::result<v1::RunReply> HandleRun(NodeSelf self, v1::RunRequest& req) {
   return rp;
 }
 
+// ---- the table's calls (wire/calls.hpp) -------------------------------------
+
+caf::result<v1::RunReply> Handle(NodeSelf self, v1::RunRequest& req) { return HandleRun(self, req); }
+
+caf::result<v1::SandboxReply> Handle(NodeSelf self, v1::CreateRequest& req) {
+  auto& st = self->state;
+  auto placing = std::chrono::steady_clock::now();
+  auto d = st.host->Admit(req.spec());
+  if (!d.ok()) return ErrorReply<v1::SandboxReply>(d.status());
+  Status s;
+  if (!req.id().empty()) {
+    if (s = CheckSandboxId(req.id()); !s.ok()) {
+      st.host->Rejected();
+      return ErrorReply<v1::SandboxReply>(s);
+    }
+    // Taken: say so, with the sandbox as it is (a session re-creating
+    // its sandbox after a restart learns it is already there).
+    if (auto taken = st.dir.FindSandbox(req.id())) {
+      auto rp = self->make_response_promise<v1::SandboxReply>();
+      std::string id = req.id();
+      self->request(taken, std::chrono::seconds(30), v1::GetSandboxRequest{})
+          .then(
+              [rp, id](v1::SandboxReply& r) mutable {
+                ToProto(Status::AlreadyExists("sandbox id '" + id + "' is taken"), r.mutable_status());
+                rp.deliver(std::move(r));
+              },
+              [rp, id](caf::error& e) mutable {
+                rp.deliver(ErrorReply<v1::SandboxReply>(Status::Unavailable(
+                    "sandbox id '" + id + "' is taken and did not answer: " + caf::to_string(e))));
+              });
+      return rp;
+    }
+  }
+  v1::SandboxRecord rec;
+  rec.set_id(req.id().empty() ? "sb-" + RandomHex(12) : req.id());
+  *rec.mutable_spec() = req.spec();
+  if (rec.spec().kind() == v1::KIND_UNSPECIFIED || rec.spec().kind() == v1::KIND_AUTO)
+    rec.mutable_spec()->set_kind((*d)->kind());
+  rec.set_accelerator((*d)->accelerator());
+  rec.set_phase(v1::SANDBOX_PHASE_PENDING);
+  rec.set_node_id(st.ctx->options.node_id);
+  rec.set_created_ms(WallClockMs());
+  if (s = SetLifetime(self, req, **d, &rec); !s.ok()) {
+    st.host->Rejected();
+    return ErrorReply<v1::SandboxReply>(s);
+  }
+  st.dir.Reuse(rec.id());  // a new sandbox by that name
+  // Placed: on this node, of this kind (a controller decides among nodes).
+  metrics::PlacementSeconds().Observe(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - placing).count());
+  std::string id = rec.id();
+  store::v1::SandboxRow row;
+  *row.mutable_record() = std::move(rec);
+  Spawn(self, std::move(row));
+  NoteForController(&st.started_sandboxes, id);
+  return self->delegate(st.dir.FindSandbox(id), std::move(req));
+}
+
+caf::result<v1::SessionReply> Handle(NodeSelf self, v1::OpenSessionRequest& req) {
+  auto& st = self->state;
+  Status s = CheckOpenRequest(*st.ctx, req);
+  if (!s.ok()) return ErrorReply<v1::SessionReply>(s);
+  Result<v1::SessionRecord> stored = Status::NotFound("");
+  if (auto a = OpenSessionActor(self, req.name(), &stored)) return self->delegate(a, std::move(req));
+  if (stored.ok()) {
+    v1::SessionReply r = ErrorReply<v1::SessionReply>(NotOpen(*stored));
+    *r.mutable_session() = std::move(*stored);
+    return r;
+  }
+  if (stored.status().code() != Status::Code::kNotFound) return ErrorReply<v1::SessionReply>(stored.status());
+  v1::SessionRecord rec;
+  rec.set_name(req.name());
+  return self->delegate(SpawnSessionActor(self, rec), std::move(req));
+}
+
+// This node's sandboxes, a page at a time: the store's rows as a listing
+// shows them (ShowEnd), read on a thread of its own.
+caf::result<v1::ListSandboxesReply> Handle(NodeSelf self, v1::ListSandboxesRequest& req) {
+  if (Status s = CheckListRequest(req); !s.ok()) return ErrorReply<v1::ListSandboxesReply>(s);
+  auto rp = self->make_response_promise<v1::ListSandboxesReply>();
+  auto handle = caf::actor_cast<node_actor>(self);
+  auto& st = self->state;
+  self->spawn<caf::detached>([handle, rp, store = st.ctx->store, gone = st.dir.gone_since(), req]() mutable {
+    auto page = ListFromStore(store, req, [&gone](v1::SandboxRecord* r) { ShowEnd(r, gone); });
+    Post(handle, [rp, page = std::move(page)]() mutable { rp.deliver(std::move(page)); });
+  });
+  return rp;
+}
+
+void Handle(NodeSelf self, v1::AnnotateBatch& batch) { AnnotateBatch(self, batch); }
+void Handle(NodeSelf self, v1::Hello& hello) { OnHello(self, hello); }
+
+// A call for a session that has no actor (closed, failed, never opened):
+// answered from its record in the store, or with why it cannot be.
+template <class Req>
+calls::ReplyOf<Req> FromStore(NodeSelf, Req&, Result<v1::SessionRecord>& stored) {
+  return ErrorReply<calls::ReplyOf<Req>>(stored.ok() ? NotOpen(*stored) : stored.status());
+}
+v1::StepsReply FromStore(NodeSelf self, v1::ListStepsRequest& req, Result<v1::SessionRecord>& stored) {
+  if (!stored.ok()) return ErrorReply<v1::StepsReply>(stored.status());
+  return ListStepsFromStore(*self->state.ctx, *stored, req.from(), req.limit());
+}
+// Closing a closed session is a no-op; getting one shows it.
+v1::SessionReply SessionFromStore(Result<v1::SessionRecord>& stored) {
+  v1::SessionReply r = ErrorReply<v1::SessionReply>(stored.status());
+  if (stored.ok()) *r.mutable_session() = std::move(*stored);
+  return r;
+}
+v1::SessionReply FromStore(NodeSelf, v1::CloseSessionRequest&, Result<v1::SessionRecord>& stored) {
+  return SessionFromStore(stored);
+}
+v1::SessionReply FromStore(NodeSelf, v1::GetSessionRequest&, Result<v1::SessionRecord>& stored) {
+  return SessionFromStore(stored);
+}
+
+// The rest, by route: to the sandbox's actor, to the session's, to the
+// image worker. A call the table routes elsewhere needs a handler above.
+template <class Req>
+caf::result<calls::ReplyOf<Req>> Handle(NodeSelf self, Req& req) {
+  using C = typename calls::CallOf<Req>::type;
+  if constexpr (C::route == calls::Route::kSandbox) {
+    return ToSandbox<typename C::Reply>(self, req);
+  } else if constexpr (C::route == calls::Route::kSession) {
+    Result<v1::SessionRecord> stored = Status::NotFound("");
+    if (auto a = OpenSessionActor(self, C::Key(req), &stored)) return self->delegate(a, std::move(req));
+    return FromStore(self, req, stored);
+  } else if constexpr (C::route == calls::Route::kImages) {
+    return self->delegate(self->state.images, std::move(req));
+  } else {
+    static_assert(sizeof(Req) == 0, "the node has no handler for this call (wire/calls.hpp)");
+  }
+}
+
 node_actor::behavior_type NodeActor(NodeSelf self, std::shared_ptr<NodeContext> ctx) {
   auto& st = self->state;
   st.ctx = std::move(ctx);
@@ -417,127 +554,10 @@ node_actor::behavior_type NodeActor(NodeSelf self, std::shared_ptr<NodeContext> 
   Restore(self);
   SweepSessions(self);
   st.images = SpawnImageWorker(self, st.ctx);
-  return {
-      [self](v1::RunRequest& req) -> caf::result<v1::RunReply> { return HandleRun(self, req); },
-      [self](v1::CreateRequest& req) -> caf::result<v1::SandboxReply> {
-        auto& st = self->state;
-        auto placing = std::chrono::steady_clock::now();
-        auto d = st.host->Admit(req.spec());
-        if (!d.ok()) return ErrorReply<v1::SandboxReply>(d.status());
-        Status s;
-        if (!req.id().empty()) {
-          if (s = CheckSandboxId(req.id()); !s.ok()) {
-            st.host->Rejected();
-            return ErrorReply<v1::SandboxReply>(s);
-          }
-          // Taken: say so, with the sandbox as it is (a session re-creating
-          // its sandbox after a restart learns it is already there).
-          if (auto taken = st.dir.FindSandbox(req.id())) {
-            auto rp = self->make_response_promise<v1::SandboxReply>();
-            std::string id = req.id();
-            self->request(taken, std::chrono::seconds(30), v1::GetSandboxRequest{})
-                .then(
-                    [rp, id](v1::SandboxReply& r) mutable {
-                      ToProto(Status::AlreadyExists("sandbox id '" + id + "' is taken"), r.mutable_status());
-                      rp.deliver(std::move(r));
-                    },
-                    [rp, id](caf::error& e) mutable {
-                      rp.deliver(ErrorReply<v1::SandboxReply>(Status::Unavailable(
-                          "sandbox id '" + id + "' is taken and did not answer: " + caf::to_string(e))));
-                    });
-            return rp;
-          }
-        }
-        v1::SandboxRecord rec;
-        rec.set_id(req.id().empty() ? "sb-" + RandomHex(12) : req.id());
-        *rec.mutable_spec() = req.spec();
-        if (rec.spec().kind() == v1::KIND_UNSPECIFIED || rec.spec().kind() == v1::KIND_AUTO)
-          rec.mutable_spec()->set_kind((*d)->kind());
-        rec.set_accelerator((*d)->accelerator());
-        rec.set_phase(v1::SANDBOX_PHASE_PENDING);
-        rec.set_node_id(st.ctx->options.node_id);
-        rec.set_created_ms(NowMs());
-        if (s = SetLifetime(self, req, **d, &rec); !s.ok()) {
-          st.host->Rejected();
-          return ErrorReply<v1::SandboxReply>(s);
-        }
-        st.dir.Reuse(rec.id());  // a new sandbox by that name
-        // Placed: on this node, of this kind (a controller decides among nodes).
-        metrics::PlacementSeconds().Observe(
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - placing).count());
-        Spawn(self, rec);
-        NoteForController(&st.started_sandboxes, rec.id());
-        return self->delegate(st.dir.FindSandbox(rec.id()), std::move(req));
-      },
-      [self](v1::ExecRequest& req) { return ToSandbox<v1::ExecReply>(self, req); },
-      [self](v1::DestroyRequest& req) { return ToSandbox<v1::SandboxReply>(self, req); },
-      [self](v1::GetSandboxRequest& req) { return ToSandbox<v1::SandboxReply>(self, req); },
-      [self](v1::PauseRequest& req) { return ToSandbox<v1::SandboxReply>(self, req); },
-      [self](v1::ResumeRequest& req) { return ToSandbox<v1::SandboxReply>(self, req); },
-      [self](v1::ReadFileRequest& req) { return ToSandbox<v1::FileReply>(self, req); },
-      [self](v1::WriteFileRequest& req) { return ToSandbox<v1::FileReply>(self, req); },
-      [self](v1::ListFilesRequest& req) { return ToSandbox<v1::FileReply>(self, req); },
-      [self](v1::OpenSessionRequest& req) -> caf::result<v1::SessionReply> {
-        auto& st = self->state;
-        Status s = CheckOpenRequest(*st.ctx, req);
-        if (!s.ok()) return ErrorReply<v1::SessionReply>(s);
-        Result<v1::SessionRecord> stored = Status::NotFound("");
-        if (auto a = OpenSessionActor(self, req.name(), &stored)) return self->delegate(a, std::move(req));
-        if (stored.ok()) {
-          v1::SessionReply r = ErrorReply<v1::SessionReply>(NotOpen(*stored));
-          *r.mutable_session() = std::move(*stored);
-          return r;
-        }
-        if (stored.status().code() != Status::Code::kNotFound) return ErrorReply<v1::SessionReply>(stored.status());
-        v1::SessionRecord rec;
-        rec.set_name(req.name());
-        return self->delegate(SpawnSessionActor(self, rec), std::move(req));
-      },
-      [self](v1::StepRequest& req) -> caf::result<v1::StepReply> {
-        Result<v1::SessionRecord> stored = Status::NotFound("");
-        if (auto a = OpenSessionActor(self, req.session(), &stored)) return self->delegate(a, std::move(req));
-        return ErrorReply<v1::StepReply>(stored.ok() ? NotOpen(*stored) : stored.status());
-      },
-      [self](v1::AnnotateStepRequest& req) -> caf::result<v1::StepReply> {
-        Result<v1::SessionRecord> stored = Status::NotFound("");
-        if (auto a = OpenSessionActor(self, req.session(), &stored)) return self->delegate(a, std::move(req));
-        return ErrorReply<v1::StepReply>(stored.ok() ? NotOpen(*stored) : stored.status());
-      },
-      [self](v1::AnnotateBatch& batch) { AnnotateBatch(self, batch); },
-      [self](const v1::Hello& hello) { OnHello(self, hello); },
-      [self](v1::ListStepsRequest& req) -> caf::result<v1::StepsReply> {
-        Result<v1::SessionRecord> stored = Status::NotFound("");
-        if (auto a = OpenSessionActor(self, req.session(), &stored)) return self->delegate(a, std::move(req));
-        if (!stored.ok()) return ErrorReply<v1::StepsReply>(stored.status());
-        return ListStepsFromStore(*self->state.ctx, *stored, req.from(), req.limit());
-      },
-      [self](v1::CloseSessionRequest& req) -> caf::result<v1::SessionReply> {
-        Result<v1::SessionRecord> stored = Status::NotFound("");
-        if (auto a = OpenSessionActor(self, req.name(), &stored)) return self->delegate(a, std::move(req));
-        // Closing a closed session is a no-op.
-        v1::SessionReply r = ErrorReply<v1::SessionReply>(stored.status());
-        if (stored.ok()) *r.mutable_session() = std::move(*stored);
-        return r;
-      },
-      [self](v1::GetSessionRequest& req) -> caf::result<v1::SessionReply> {
-        Result<v1::SessionRecord> stored = Status::NotFound("");
-        if (auto a = OpenSessionActor(self, req.name(), &stored)) return self->delegate(a, std::move(req));
-        v1::SessionReply r = ErrorReply<v1::SessionReply>(stored.status());
-        if (stored.ok()) *r.mutable_session() = std::move(*stored);
-        return r;
-      },
-      [self](v1::RegisterImageRequest& req) -> caf::result<v1::ImageReply> {
-        return self->delegate(self->state.images, std::move(req));
-      },
-      [self](v1::GetImageRequest& req) -> caf::result<v1::ImageReply> {
-        return self->delegate(self->state.images, std::move(req));
-      },
-      [self](v1::ListImagesRequest& req) -> caf::result<v1::ImagesReply> {
-        return self->delegate(self->state.images, std::move(req));
-      },
-      [self](v1::RemoveImageRequest& req) -> caf::result<v1::ImageReply> {
-        return self->delegate(self->state.images, std::move(req));
-      },
+  // The table's calls (wire/calls.hpp), each to its Handle above.
+  auto table = calls::Handlers(calls::All{}, [self](auto& req) { return Handle(self, req); });
+  return calls::MakeBehavior<node_actor::behavior_type>(
+      std::move(table),
       [self](admin_atom, const std::string& cmd, const std::vector<std::string>& args)
           -> caf::result<std::string> { return HandleAdmin(self, cmd, args); },
       [self](lost_atom, const std::string& id, const std::string& why) {
@@ -548,8 +568,8 @@ node_actor::behavior_type NodeActor(NodeSelf self, std::shared_ptr<NodeContext> 
       [self](cluster_load_atom) { return ClusterLoad(self); },
       [self](fetch_image_atom a, v1::ImageManifest& m, caf::actor& source) -> caf::result<v1::ImageReply> {
         return self->delegate(self->state.images, a, std::move(m), std::move(source));
-      },
-  };
+      }
+  );
 }
 
 }  // namespace

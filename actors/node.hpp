@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "actors/admin.hpp"
 #include "actors/continuation.hpp"
 #include "actors/image_worker.hpp"
 #include "wire/wire.hpp"
@@ -19,7 +20,6 @@ namespace dsec {
 
 struct NodeContext;
 
-using admin_atom = caf::atom_constant<caf::atom("admin")>;
 
 // Beyond the entry interface:
 //   (admin_atom, command, args) -> one JSON object (as text) for the console:
@@ -40,8 +40,8 @@ using node_actor = entry_actor::extend<
     caf::replies_to<admin_atom, std::string, std::vector<std::string>>::with<std::string>,
     caf::reacts_to<lost_atom, std::string, std::string>,
     caf::reacts_to<Continuation>,
-    caf::replies_to<cluster_info_atom>::with<v1::NodeJoin>,
-    caf::replies_to<cluster_load_atom>::with<v1::NodeLoad>,
+    caf::replies_to<cluster_info_atom>::with<cluster::v1::NodeJoin>,
+    caf::replies_to<cluster_load_atom>::with<cluster::v1::NodeLoad>,
     caf::replies_to<fetch_image_atom, v1::ImageManifest, caf::actor>::with<v1::ImageReply>>;
 
 // Spawns the node; it restores sandboxes and sessions from the store before

@@ -27,11 +27,7 @@ std::string Error(const std::string& msg) { return Dump(json{{"ok", false}, {"er
 // node knows since when its owner is gone; an exec running now is not
 // known here, so an idle end may be shown that the exec postpones).
 json SandboxSummary(const std::unordered_map<std::string, int64_t>& gone_since, v1::SandboxRecord r) {
-  if (auto g = gone_since.find(r.owner()); !r.owner().empty() && g != gone_since.end())
-    r.set_owner_gone_ms(g->second);
-  else
-    r.set_owner_gone_ms(0);
-  auto end = NextEnd(r, false);
+  ShowEnd(&r, gone_since);
   json j{{"id", r.id()},
          {"kind", KindName(r.spec().kind())},
          {"image", r.spec().image().empty() ? "host" : r.spec().image()},
@@ -40,10 +36,10 @@ json SandboxSummary(const std::unordered_map<std::string, int64_t>& gone_since, 
          {"restarts", r.restarts()},
          {"owner", r.owner().empty() ? json(nullptr) : json(r.owner())},
          {"session", r.session().empty() ? json(nullptr) : json(r.session())}};
-  if (end.at_ms) {
-    j["expires_in_s"] = std::max<int64_t>(0, (end.at_ms - NowMs() + 999) / 1000);
-    j["expires_because"] = end.because;
-    j["expiry_action"] = end.action;
+  if (r.expires_ms()) {
+    j["expires_in_s"] = std::max<int64_t>(0, (r.expires_ms() - WallClockMs() + 999) / 1000);
+    j["expires_because"] = r.expires_because();
+    j["expiry_action"] = r.expiry_action();
   } else {
     j["expires_in_s"] = nullptr;
   }
@@ -101,7 +97,7 @@ std::string Status_(NodeSelf self) {
               {"boot", ctx.options.boot},
               {"role", "all"},
               {"version", DSEC_VERSION},
-              {"uptime_s", (NowMs() - st.host->started_ms()) / 1000},
+              {"uptime_s", (WallClockMs() - st.host->started_ms()) / 1000},
               {"sdk", ctx.options.sdk_address},
               {"admin", ctx.options.admin_address},
               {"http", ctx.options.http_address.empty() ? json(nullptr) : json(ctx.options.http_address)},
@@ -126,8 +122,9 @@ struct LsFilter {
 std::string ScanLs(state::Store* store, const std::unordered_map<std::string, int64_t>& gone, const json& runs,
                    const LsFilter& filter) {
   json sandboxes = json::array(), sessions = json::array();
-  (void)state::TypedTable<v1::SandboxRecord>(store, state::Table::kSandboxes)
-      .Scan("", [&](const std::string&, v1::SandboxRecord&& r) {
+  (void)state::TypedTable<store::v1::SandboxRow>(store, state::Table::kSandboxes)
+      .Scan("", [&](const std::string&, store::v1::SandboxRow&& row) {
+        auto& r = *row.mutable_record();
         if (filter.Keeps(r)) sandboxes.push_back(SandboxSummary(gone, std::move(r)));
         return sandboxes.size() < 10000;
       });
@@ -155,7 +152,7 @@ caf::result<std::string> Ls(NodeSelf self, const std::vector<std::string>& args)
       return Error("usage: ls [--node N] [--kind K] [--state S] ('" + args[i] + "' is not one of them)");
   }
   json runs = json::array();
-  int64_t now = NowMs();
+  int64_t now = WallClockMs();
   for (const auto& [id, info] : st.host->runs())
     runs.push_back(json{{"id", id}, {"argv0", info.argv0}, {"age_ms", now - info.started_ms}});
   return OffThread(self, [store = st.ctx->store, gone = st.dir.gone_since(), runs = std::move(runs), filter] {
@@ -205,7 +202,7 @@ std::string Metrics(NodeSelf self) {
   metrics::Line(&out, "dsec_node_info",
                 metrics::Labels({{"node", st.ctx->options.node_id}, {"role", "all"}, {"version", DSEC_VERSION}}), 1);
   metrics::Describe(&out, "dsec_uptime_seconds", "gauge", "Seconds since this dsecd started.");
-  metrics::Line(&out, "dsec_uptime_seconds", "", static_cast<double>(NowMs() - st.host->started_ms()) / 1000);
+  metrics::Line(&out, "dsec_uptime_seconds", "", static_cast<double>(WallClockMs() - st.host->started_ms()) / 1000);
   metrics::Describe(&out, "dsec_sessions_open", "gauge", "Open rollout sessions on this node.");
   metrics::Line(&out, "dsec_sessions_open", "", static_cast<double>(st.dir.sessions().size()));
   metrics::Describe(&out, "dsec_runs_in_flight", "gauge", "One-shot runs (fncall) in flight.");
@@ -246,7 +243,7 @@ caf::result<std::string> Overview(NodeSelf self) {
             {"role", "all"},
             {"boot", ctx.options.boot},
             {"version", DSEC_VERSION},
-            {"uptime_s", (NowMs() - st.host->started_ms()) / 1000},
+            {"uptime_s", (WallClockMs() - st.host->started_ms()) / 1000},
             {"sdk", ctx.options.sdk_address},
             {"admin", ctx.options.admin_address},
             {"http", ctx.options.http_address},
@@ -261,8 +258,9 @@ caf::result<std::string> Overview(NodeSelf self) {
   size_t sessions = st.dir.sessions().size();
   return OffThread(self, [store = ctx.store, node = std::move(node), sessions]() mutable {
     json list = json::array();
-    (void)state::TypedTable<v1::SandboxRecord>(store, state::Table::kSandboxes)
-        .Scan("", [&](const std::string&, v1::SandboxRecord&& r) {
+    (void)state::TypedTable<store::v1::SandboxRow>(store, state::Table::kSandboxes)
+        .Scan("", [&](const std::string&, store::v1::SandboxRow&& row) {
+          auto& r = *row.mutable_record();
           json j{{"id", r.id()},
                  {"kind", KindName(r.spec().kind())},
                  {"image", r.spec().image().empty() ? "host" : r.spec().image()},
@@ -273,7 +271,7 @@ caf::result<std::string> Overview(NodeSelf self) {
           return list.size() < 500;
         });
     node["sandbox_list"] = std::move(list);
-    return Dump(json{{"ok", true}, {"role", "all"}, {"now_ms", NowMs()}, {"sessions", sessions},
+    return Dump(json{{"ok", true}, {"role", "all"}, {"now_ms", WallClockMs()}, {"sessions", sessions},
                      {"nodes", json::array({std::move(node)})}});
   });
 }
@@ -302,9 +300,9 @@ caf::result<std::string> AskChild(NodeSelf self, const Child& child, bool kill, 
 
 }  // namespace
 
-v1::NodeJoin ClusterInfo(NodeSelf self) {
+cluster::v1::NodeJoin ClusterInfo(NodeSelf self) {
   auto& st = self->state;
-  v1::NodeJoin j;
+  cluster::v1::NodeJoin j;
   for (const auto& [id, a] : st.dir.sandboxes()) j.add_sandboxes(id);
   for (const auto& [name, a] : st.dir.sessions()) j.add_sessions(name);
   // What ended before the join is no longer in the lists above.
@@ -315,9 +313,9 @@ v1::NodeJoin ClusterInfo(NodeSelf self) {
   return j;
 }
 
-v1::NodeLoad ClusterLoad(NodeSelf self) {
+cluster::v1::NodeLoad ClusterLoad(NodeSelf self) {
   auto& st = self->state;
-  v1::NodeLoad l;
+  cluster::v1::NodeLoad l;
   l.set_sandboxes(st.dir.sandboxes().size());
   l.set_sessions(st.dir.sessions().size());
   for (auto& id : st.ended_sandboxes) l.add_ended_sandboxes(std::move(id));
@@ -339,8 +337,8 @@ caf::result<std::string> HandleAdmin(NodeSelf self, const std::string& cmd,
   if (cmd == "nodes") {
     return OffThread(self, [store = st.ctx->store] {
       json nodes = json::array();
-      (void)state::TypedTable<v1::NodeRecord>(store, state::Table::kNodes)
-          .Scan("", [&](const std::string&, v1::NodeRecord&& r) {
+      (void)state::TypedTable<cluster::v1::NodeRecord>(store, state::Table::kNodes)
+          .Scan("", [&](const std::string&, cluster::v1::NodeRecord&& r) {
             nodes.push_back(ProtoJson(r));
             return true;
           });
@@ -360,12 +358,20 @@ caf::result<std::string> HandleAdmin(NodeSelf self, const std::string& cmd,
     if (auto r = st.host->runs().find(id); r != st.host->runs().end()) {
       if (!kill)
         return json{{"ok", true}, {"run", {{"id", id}, {"argv0", r->second.argv0},
-                                           {"age_ms", NowMs() - r->second.started_ms}}}}
+                                           {"age_ms", WallClockMs() - r->second.started_ms}}}}
             .dump(-1, ' ', false, json::error_handler_t::replace);
       // One-shot runs (HandleRun); execs in sandboxes go through their actors.
       Status s = st.host->KillRun(id, "killed by an operator (admin console)");
       if (!s.ok()) return Error(s.message());
       return Dump(json{{"ok", true}, {"killed", id}});
+    }
+    if (auto sb = st.dir.FindSandbox(id); sb && !kill) {
+      // Its own account: the record and its driver's state, decoded.
+      auto rp = self->make_response_promise<std::string>();
+      self->request(sb, std::chrono::seconds(5), describe_atom::value)
+          .then([rp](const std::string& j) mutable { rp.deliver("{\"ok\":true,\"sandbox\":" + j + "}"); },
+                [rp, id](caf::error& e) mutable { rp.deliver(Error("sandbox " + id + ": " + caf::to_string(e))); });
+      return rp;
     }
     if (auto sb = st.dir.FindSandbox(id)) {
       v1::DestroyRequest destroy;

@@ -7,24 +7,24 @@
 namespace dsec {
 
 Status WriteNodeRecord(const NodeContext& ctx) {
-  v1::NodeRecord nr;
+  cluster::v1::NodeRecord nr;
   nr.set_id(ctx.options.node_id);
   nr.set_sdk_address(ctx.options.sdk_address);
   nr.set_admin_address(ctx.options.admin_address);
   nr.set_boot_count(ctx.options.boot);
-  nr.set_started_ms(NowMs());
+  nr.set_started_ms(WallClockMs());
   nr.set_version(DSEC_VERSION);
   std::vector<std::string> available, unavailable;
   ctx.kinds->Kinds(&available, &unavailable);
   for (auto& k : available) nr.add_kinds(k);
   for (auto& u : unavailable) nr.add_unavailable(u);
   state::WriteBatch b;
-  state::TypedTable<v1::NodeRecord>(ctx.store, state::Table::kNodes).Put(&b, ctx.options.node_id, nr);
+  state::TypedTable<cluster::v1::NodeRecord>(ctx.store, state::Table::kNodes).Put(&b, ctx.options.node_id, nr);
   return ctx.committer->WriteSync(std::move(b));
 }
 
 NodeHost::NodeHost(std::shared_ptr<NodeContext> ctx, PostFn post)
-    : ctx_(std::move(ctx)), post_(std::move(post)), started_ms_(NowMs()) {}
+    : ctx_(std::move(ctx)), post_(std::move(post)), started_ms_(WallClockMs()) {}
 
 Result<drivers::Driver*> NodeHost::Admit(const v1::SandboxSpec& spec) {
   auto d = ctx_->kinds->DriverFor(spec);
@@ -60,7 +60,7 @@ void NodeHost::Run(v1::RunRequest& req, std::function<void(v1::RunReply)> done) 
     return reject(Status::ResourceExhausted("node has " + std::to_string(runs_.size()) +
                                             " runs in flight (the limit); retry later"));
   std::string id = "run-" + std::to_string(ctx.options.boot) + "-" + std::to_string(++next_run_);
-  runs_[id] = RunInfo{req.exec().argv(0), NowMs(), *d};
+  runs_[id] = RunInfo{req.exec().argv(0), WallClockMs(), *d};
   v1::ExecRequest exec = std::move(*req.mutable_exec());
   *exec.mutable_limits() = *limits;
   v1::SandboxRecord sandbox;
@@ -99,18 +99,19 @@ NodeHost::Restored NodeHost::Restore() {
   size_t dropped = 0, closed = 0, corrupt = 0;  // one corrupt row must not keep the others from coming back
   state::WriteBatch cleanup;
   auto s1 = ctx.store->Scan(state::Table::kSandboxes, "", [&](const std::string& key, const std::string& raw) {
-    v1::SandboxRecord rec;
-    if (!rec.ParseFromString(raw)) {
-      ctx.log->error("restore: sandboxes row '{}' is not a SandboxRecord; skipped", key);
+    store::v1::SandboxRow row;
+    if (!row.ParseFromString(raw) || row.record().id() != key) {
+      ctx.log->error("restore: sandboxes row '{}' is not a SandboxRow; skipped", key);
       ++corrupt;
       return true;
     }
-    if (rec.phase() == v1::SANDBOX_PHASE_STOPPED || rec.phase() == v1::SANDBOX_PHASE_STOPPING) {
+    auto phase = row.record().phase();
+    if (phase == v1::SANDBOX_PHASE_STOPPED || phase == v1::SANDBOX_PHASE_STOPPING) {
       cleanup.Delete(state::Table::kSandboxes, key);
       ++dropped;
       return true;
     }
-    out.sandboxes.push_back(std::move(rec));
+    out.sandboxes.push_back(std::move(row));
     return true;
   });
   auto s2 = ctx.store->Scan(state::Table::kSessions, "", [&](const std::string& key, const std::string& raw) {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "actors/context.hpp"
+#include "dsec/store/v1/records.pb.h"
 #include "wire/wire.hpp"
 
 namespace dsec {
@@ -58,7 +59,7 @@ class NodeHost {
   // actors; each sandbox's driver re-adopts it and then the router calls
   // Readopted. Once all have, drivers drop what no record claims.
   struct Restored {
-    std::vector<v1::SandboxRecord> sandboxes;
+    std::vector<store::v1::SandboxRow> sandboxes;
     std::vector<v1::SessionRecord> sessions;
   };
   Restored Restore();

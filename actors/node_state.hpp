@@ -53,8 +53,8 @@ inline constexpr size_t kMaxEndedReport = 1 << 20;
 inline void NoteForController(std::vector<std::string>* list, const std::string& id) {
   if (list->size() < kMaxEndedReport) list->push_back(id);
 }
-v1::NodeJoin ClusterInfo(NodeSelf self);
-v1::NodeLoad ClusterLoad(NodeSelf self);
+cluster::v1::NodeJoin ClusterInfo(NodeSelf self);
+cluster::v1::NodeLoad ClusterLoad(NodeSelf self);
 
 // Admin console commands (node_admin.cpp).
 caf::result<std::string> HandleAdmin(NodeSelf self, const std::string& cmd,

@@ -1,6 +1,8 @@
 #include "actors/sandbox.hpp"
 
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -10,6 +12,7 @@
 #include "actors/lifetime.hpp"
 #include "dsec/status_proto.hpp"
 #include "runtime/metrics.hpp"
+#include "runtime/proto_json.hpp"
 #include "state/table.hpp"
 
 namespace dsec {
@@ -19,6 +22,7 @@ namespace {
 struct SandboxState {
   std::shared_ptr<NodeContext> ctx;
   v1::SandboxRecord rec;
+  std::string driver_state;  // the driver's own (SandboxRow.driver_state)
   drivers::Driver* driver = nullptr;
   Status driver_status;  // why driver is null
   uint64_t next_exec = 0;
@@ -102,14 +106,32 @@ v1::SandboxReply Reply(const Status& status, const SandboxState& st) {
   return r;
 }
 
+// The sandbox's row in the store, from `rec` (the record as it stands, or
+// a variant of it).
+void PutRow(const SandboxState& st, const v1::SandboxRecord& rec, state::WriteBatch* b) {
+  store::v1::SandboxRow row;
+  *row.mutable_record() = rec;
+  row.set_driver_state(st.driver_state);
+  state::TypedTable<store::v1::SandboxRow>(st.ctx->store, state::Table::kSandboxes).Put(b, rec.id(), row);
+}
+
+// The record as a get shows it: with its disk use (one ioctl on the quota
+// tree: cheap enough to read on every look).
+v1::SandboxReply Looked(const SandboxState& st) {
+  auto reply = Reply(Status::Ok(), st);
+  bool up = st.rec.phase() == v1::SANDBOX_PHASE_RUNNING || st.rec.phase() == v1::SANDBOX_PHASE_PAUSED;
+  if (st.driver && up)
+    if (auto used = st.driver->DiskUsage(st.rec); used.ok()) reply.mutable_sandbox()->set_disk_used_bytes(*used);
+  return reply;
+}
+
 // Checkpoints the record, then runs `then` on the actor with the outcome.
 void Checkpoint(Self self, std::function<void(const Status&)> then) {
   auto& st = self->state;
-  st.rec.set_updated_ms(NowMs());
+  st.rec.set_updated_ms(WallClockMs());
   CountPhase(st);
   state::WriteBatch b;
-  state::TypedTable<v1::SandboxRecord>(st.ctx->store, state::Table::kSandboxes)
-      .Put(&b, st.rec.id(), st.rec);
+  PutRow(st, st.rec, &b);
   auto handle = caf::actor_cast<sandbox_actor>(self);
   st.ctx->committer->Submit(std::move(b), [handle, then](const Status& s) {
     Post(handle, [then, s] { then(s); });
@@ -196,7 +218,7 @@ void DoPause(Self self, bool paused, std::string why, std::function<void(const S
       st.rec.set_phase(want);
       st.rec.set_pause_reason(paused_reason(want, why));
       // A resumed sandbox starts a new idle period.
-      if (want == v1::SANDBOX_PHASE_RUNNING) st.rec.set_last_active_ms(NowMs());
+      if (want == v1::SANDBOX_PHASE_RUNNING) st.rec.set_last_active_ms(WallClockMs());
       Checkpoint(self, [self, done](const Status& w) mutable {
         done(w.Annotate("sandbox " + self->state.rec.id() + ": checkpoint"));
         ArmExpiry(self);
@@ -233,7 +255,7 @@ void StartDestroy(Self self, std::string why, std::function<void(const Status&)>
   st.rec.set_phase(v1::SANDBOX_PHASE_STOPPING);
   auto handle = caf::actor_cast<sandbox_actor>(self);
   st.after_runs = [self, handle, why, done]() mutable {
-    self->state.driver->Destroy(self->state.rec, [handle, self, why, done](const Status& s) mutable {
+    self->state.driver->Destroy(self->state.rec, self->state.driver_state, [handle, self, why, done](const Status& s) mutable {
       Post(handle, [self, why, done, s]() mutable {
         auto& st = self->state;
         if (!s.ok()) {
@@ -243,7 +265,7 @@ void StartDestroy(Self self, std::string why, std::function<void(const Status&)>
           st.destroying = false;
           st.rec.set_phase(v1::SANDBOX_PHASE_FAILED);
           st.rec.set_error("destroy failed: " + s.message() + "; destroy it again");
-          st.end_retry_ms = NowMs() + 60'000;
+          st.end_retry_ms = WallClockMs() + 60'000;
           st.ctx->log->warn("sandbox {}: {}", st.rec.id(), st.rec.error());
           Checkpoint(self, [self, done, s](const Status& w) mutable {
             if (!w.ok()) self->state.ctx->log->error("sandbox {}: checkpoint: {}", self->state.rec.id(), w.message());
@@ -286,7 +308,7 @@ void StartDestroy(Self self, std::string why, std::function<void(const Status&)>
 void Expire(Self self) {
   auto& st = self->state;
   End e = NextEnd(st);
-  int64_t now = NowMs();
+  int64_t now = WallClockMs();
   if (e.at_ms == 0) return;
   if (e.at_ms > now) return ArmExpiry(self);
   std::string why;
@@ -303,7 +325,7 @@ void Expire(Self self) {
       if (s.ok()) return;
       auto& st = self->state;
       st.ctx->log->warn("sandbox {}: pause after idling: {}; trying again in a minute", st.rec.id(), s.message());
-      st.idle_retry_ms = NowMs() + 60'000;
+      st.idle_retry_ms = WallClockMs() + 60'000;
     });
     return;
   }
@@ -318,7 +340,7 @@ void ArmExpiry(Self self) {
   if (st.readopting) return;  // armed once it is done
   End e = NextEnd(st);
   if (e.at_ms == 0) return;
-  int64_t now = NowMs();
+  int64_t now = WallClockMs();
   int64_t at = std::min(e.at_ms, now + kMaxTimerWait);
   // One armed timer that fires no later than needed is enough.
   if (st.armed_at_ms && st.armed_at_ms <= at) return;
@@ -338,7 +360,7 @@ void ArmExpiry(Self self) {
 // may still be running in the sandbox).
 void WriteActivity(Self self, bool busy) {
   auto& st = self->state;
-  int64_t now = NowMs();
+  int64_t now = WallClockMs();
   st.active_written_until = now + 1000;
   st.busy_written = busy;
   v1::SandboxRecord ahead = st.rec;
@@ -346,7 +368,7 @@ void WriteActivity(Self self, bool busy) {
   ahead.set_busy(busy);
   ahead.set_updated_ms(now);
   state::WriteBatch b;
-  state::TypedTable<v1::SandboxRecord>(st.ctx->store, state::Table::kSandboxes).Put(&b, ahead.id(), ahead);
+  PutRow(st, ahead, &b);
   st.ctx->committer->Submit(std::move(b), [](const Status&) {});
 }
 
@@ -354,7 +376,7 @@ void WriteActivity(Self self, bool busy) {
 // write a second, plus one when a call that ran longer than a second ends.
 void Touch(Self self) {
   auto& st = self->state;
-  int64_t now = NowMs();
+  int64_t now = WallClockMs();
   st.rec.set_last_active_ms(now);
   st.idle_retry_ms = 0;
   bool busy = !st.running.empty() || !st.file_callers.empty();
@@ -370,6 +392,212 @@ void Touch(Self self) {
     }
   }
   ArmExpiry(self);
+}
+
+caf::result<v1::SandboxReply> Handle(Self self, v1::CreateRequest&) {
+  auto& st = self->state;
+  if (st.rec.phase() != v1::SANDBOX_PHASE_PENDING)
+    return Reply(Status::FailedPrecondition("sandbox " + st.rec.id() + " already exists"), st);
+  if (!st.driver) return Reply(st.driver_status, st);
+  // The sandbox-wide limits (memory, pids, cpu) are fixed at creation:
+  // the record shows the values in force, defaults filled in.
+  auto lim = drivers::EffectiveLimits(st.ctx->options.limits, st.rec.spec(), v1::ExecRequest{});
+  if (!lim.ok()) {
+    self->quit();
+    return Reply(lim.status().Annotate("sandbox " + st.rec.id()), st);
+  }
+  auto* sl = st.rec.mutable_spec()->mutable_limits();
+  if (!sl->memory_bytes()) sl->set_memory_bytes(lim->memory_bytes());
+  if (!sl->pids()) sl->set_pids(lim->pids());
+  if (!sl->cpu_millis()) sl->set_cpu_millis(lim->cpu_millis());
+  if (!sl->disk_bytes()) sl->set_disk_bytes(lim->disk_bytes());
+  auto rp = self->make_response_promise<v1::SandboxReply>();
+  st.rec.set_phase(v1::SANDBOX_PHASE_STARTING);
+  CountPhase(st);
+  auto handle = caf::actor_cast<sandbox_actor>(self);
+  st.driver->Create(st.rec, [handle, self, rp](Result<std::string> created) mutable {
+    Post(handle, [self, rp, created = std::move(created)]() mutable {
+      auto& st = self->state;
+      Status s = created.status();
+      const std::string kind = metrics::Labels({{"kind", KindName(st.rec.spec().kind())}});
+      if (!s.ok()) {
+        // Nothing was written: the sandbox never existed.
+        metrics::SandboxCreateFailures().At(kind).Add();
+        st.rec.set_phase(v1::SANDBOX_PHASE_FAILED);
+        st.rec.set_error(s.message());
+        rp.deliver(Reply(s, st));
+        self->quit();
+        return;
+      }
+      metrics::SandboxesCreated().At(kind).Add();
+      st.rec.set_phase(v1::SANDBOX_PHASE_RUNNING);
+      st.driver_state = std::move(*created);
+      st.rec.set_last_active_ms(WallClockMs());
+      // Acknowledge only once the new phase is durable.
+      Checkpoint(self, [self, rp](const Status& w) mutable {
+        Status out = w.Annotate("sandbox " + self->state.rec.id() + ": checkpoint");
+        rp.deliver(Reply(out, self->state));
+        if (!out.ok()) return self->quit();
+        ArmExpiry(self);
+      });
+    });
+  });
+  return rp;
+}
+
+caf::result<v1::ExecReply> Handle(Self self, v1::ExecRequest& req) {
+  auto& st = self->state;
+  v1::ExecReply reply;
+  if (!st.driver) {
+    ToProto(st.driver_status.Annotate("sandbox " + st.rec.id()), reply.mutable_status());
+    return reply;
+  }
+  if (Status serving = NotServing(self, false); !serving.ok()) {
+    ToProto(serving, reply.mutable_status());
+    return reply;
+  }
+  Status ok = drivers::CheckExecRequest(st.ctx->options.limits, req);
+  if (ok.ok() && !req.idempotency_key().empty() && !st.driver->traits().stateful)
+    ok = Status::InvalidArgument(std::string("an idempotency_key needs a sandbox with state; every ") +
+                                 st.driver->name() + " exec is a fresh run");
+  if (ok.ok() && req.stream() && !st.driver->traits().streaming)
+    ok = Status::Unimplemented(std::string(st.driver->name()) +
+                               " sandboxes cannot stream output: each exec is one fresh run whose output "
+                               "comes back whole when it ends (call Exec, or use a container sandbox)");
+  if (ok.ok()) ok = st.driver->CheckExecLimits(st.rec, req.limits());
+  auto limits = ok.ok() ? drivers::EffectiveLimits(st.ctx->options.limits, st.rec.spec(), req)
+                        : Result<v1::Limits>(ok);
+  if (!limits.ok()) {
+    ToProto(limits.status().Annotate("sandbox " + st.rec.id()), reply.mutable_status());
+    return reply;
+  }
+  *req.mutable_limits() = *limits;
+  // Streamed pieces go to the sender; read it first, for the response
+  // promise takes it over (current_sender() is null after this).
+  auto to = req.stream() ? caf::actor_cast<caf::actor>(self->current_sender()) : caf::actor{};
+  auto rp = self->make_response_promise<v1::ExecReply>();
+  // Unique across restarts of this actor (restarts() grows with each).
+  std::string run_id = st.rec.id() + "/" + std::to_string(st.rec.restarts()) + "." +
+                       std::to_string(++st.next_exec);
+  st.running.insert(run_id);
+  st.exec_callers.emplace(run_id, rp);
+  Touch(self);
+  auto handle = caf::actor_cast<sandbox_actor>(self);
+  auto started = std::chrono::steady_clock::now();
+  auto finished = [handle, self, rp, run_id, started](Result<v1::ExecResult> r) mutable {
+    Post(handle, [self, rp, run_id, started, r = std::move(r)]() mutable {
+      v1::ExecReply reply;
+      auto& st = self->state;
+      if (!st.exec_seconds)
+        st.exec_seconds = &metrics::ExecSeconds().At(metrics::Labels({{"kind", KindName(st.rec.spec().kind())}}));
+      st.exec_seconds->Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+      st.running.erase(run_id);
+      st.exec_callers.erase(run_id);
+      st.rec.set_exec_count(st.rec.exec_count() + 1);
+      if (!st.destroying) Touch(self);
+      if (r.ok()) {
+        *reply.mutable_result() = std::move(*r);
+        reply.mutable_result()->set_sandbox_id(st.rec.id());
+      } else {
+        ToProto(r.status().Annotate("sandbox " + st.rec.id()), reply.mutable_status());
+      }
+      rp.deliver(std::move(reply));
+      if (st.running.empty() && st.after_runs) {
+        auto next = std::move(st.after_runs);
+        st.after_runs = nullptr;
+        next();
+      }
+    });
+  };
+  if (!req.stream()) {
+    st.driver->Exec(st.rec, run_id, req, std::move(finished));
+    return rp;
+  }
+  // Pieces go to whoever asked, from this actor, so they arrive before
+  // the reply (one sender, one receiver: CAF keeps the order).
+  uint64_t stream_id = req.stream_id();
+  st.driver->ExecStreaming(
+      st.rec, run_id, req,
+      [handle, to, stream_id](const v1::ExecOutput& out) {
+        Post(handle, [to, stream_id, piece = v1::ExecOutput(out)]() mutable {
+          piece.set_stream_id(stream_id);
+          if (to) caf::anon_send(to, std::move(piece));
+        });
+      },
+      std::move(finished));
+  return rp;
+}
+
+caf::result<v1::SandboxReply> Handle(Self self, v1::PauseRequest& req) {
+  return SetPaused(self, true);
+}
+
+caf::result<v1::SandboxReply> Handle(Self self, v1::ResumeRequest& req) {
+  return SetPaused(self, false);
+}
+
+// Its lifetime from now: destroyed timeout_s from now, within the node's
+// maximum ttl (from now), written before the answer.
+caf::result<v1::SandboxReply> Handle(Self self, v1::SetTimeoutRequest& req) {
+  auto& st = self->state;
+  const auto& o = st.ctx->options;
+  const std::string what = "sandbox " + st.rec.id();
+  if (!st.rec.session().empty())
+    return Reply(Status::FailedPrecondition(what + " belongs to session " + st.rec.session() +
+                                            " and ends with it (close the session to end it sooner)"),
+                 st);
+  if (st.destroying) return Reply(Status::FailedPrecondition(what + " is being destroyed"), st);
+  if (req.timeout_s() == 0)
+    return Reply(Status::InvalidArgument(what + ": a timeout of 0 s; give 1 or more (Destroy ends it now)"), st);
+  if (o.sandbox_max_ttl_s && req.timeout_s() > o.sandbox_max_ttl_s)
+    return Reply(Status::InvalidArgument(what + ": a timeout of " + std::to_string(req.timeout_s()) +
+                                         " s is above this node's maximum of " + std::to_string(o.sandbox_max_ttl_s) +
+                                         " s (dsecd --sandbox-max-ttl)"),
+                 st);
+  int64_t deadline = WallClockMs() + int64_t{req.timeout_s()} * 1000;
+  st.rec.set_ttl_deadline_ms(deadline);
+  // The record's ttl: its whole lifetime, from its creation to the new end.
+  int64_t ttl_s = (deadline - st.rec.created_ms() + 999) / 1000;
+  st.rec.mutable_spec()->set_ttl_s(static_cast<uint32_t>(std::clamp<int64_t>(ttl_s, 1, UINT32_MAX)));
+  auto rp = self->make_response_promise<v1::SandboxReply>();
+  Checkpoint(self, [self, rp](const Status& w) mutable {
+    rp.deliver(Reply(w.Annotate("sandbox " + self->state.rec.id() + ": checkpoint"), self->state));
+    ArmExpiry(self);
+  });
+  return rp;
+}
+
+caf::result<v1::FileReply> Handle(Self self, v1::ReadFileRequest& req) {
+  return FileOp(self, req.path(), [req](Self s, drivers::FileCallback cb) {
+    s->state.driver->ReadFile(s->state.rec, req, std::move(cb));
+  });
+}
+
+caf::result<v1::FileReply> Handle(Self self, v1::WriteFileRequest& req) {
+  return FileOp(self, req.path(), [req](Self s, drivers::FileCallback cb) {
+    s->state.driver->WriteFile(s->state.rec, req, std::move(cb));
+  });
+}
+
+caf::result<v1::FileReply> Handle(Self self, v1::ListFilesRequest& req) {
+  return FileOp(self, req.path(), [req](Self s, drivers::FileCallback cb) {
+    s->state.driver->ListFiles(s->state.rec, req, std::move(cb));
+  });
+}
+
+caf::result<v1::SandboxReply> Handle(Self self, v1::DestroyRequest& req) {
+  auto& st = self->state;
+  if (!st.driver) return Reply(st.driver_status, st);
+  if (st.destroying)
+    return Reply(Status::FailedPrecondition("sandbox " + st.rec.id() + " is already being destroyed"), st);
+  auto rp = self->make_response_promise<v1::SandboxReply>();
+  std::string why = req.reason().empty() ? "destroyed on request" : req.reason().substr(0, 256);
+  StartDestroy(self, why, [self, rp](const Status& s) mutable { rp.deliver(Reply(s, self->state)); });
+  return rp;
+}
+
+caf::result<v1::SandboxReply> Handle(Self self, v1::GetSandboxRequest& req) {
+  return Looked(self->state);
 }
 
 sandbox_actor::behavior_type Behavior(Self self) {
@@ -400,177 +628,16 @@ sandbox_actor::behavior_type Behavior(Self self) {
       rp.deliver(std::move(reply));
     }
   });
-  return {
-      [self](const v1::CreateRequest&) -> caf::result<v1::SandboxReply> {
-        auto& st = self->state;
-        if (st.rec.phase() != v1::SANDBOX_PHASE_PENDING)
-          return Reply(Status::FailedPrecondition("sandbox " + st.rec.id() + " already exists"), st);
-        if (!st.driver) return Reply(st.driver_status, st);
-        // The sandbox-wide limits (memory, pids, cpu) are fixed at creation:
-        // the record shows the values in force, defaults filled in.
-        auto lim = drivers::EffectiveLimits(st.ctx->options.limits, st.rec.spec(), v1::ExecRequest{});
-        if (!lim.ok()) {
-          self->quit();
-          return Reply(lim.status().Annotate("sandbox " + st.rec.id()), st);
-        }
-        auto* sl = st.rec.mutable_spec()->mutable_limits();
-        if (!sl->memory_bytes()) sl->set_memory_bytes(lim->memory_bytes());
-        if (!sl->pids()) sl->set_pids(lim->pids());
-        if (!sl->cpu_millis()) sl->set_cpu_millis(lim->cpu_millis());
-        if (!sl->disk_bytes()) sl->set_disk_bytes(lim->disk_bytes());
-        auto rp = self->make_response_promise<v1::SandboxReply>();
-        st.rec.set_phase(v1::SANDBOX_PHASE_STARTING);
-        CountPhase(st);
-        auto handle = caf::actor_cast<sandbox_actor>(self);
-        st.driver->Create(st.rec, [handle, self, rp](Result<std::string> created) mutable {
-          Post(handle, [self, rp, created = std::move(created)]() mutable {
-            auto& st = self->state;
-            Status s = created.status();
-            const std::string kind = metrics::Labels({{"kind", KindName(st.rec.spec().kind())}});
-            if (!s.ok()) {
-              // Nothing was written: the sandbox never existed.
-              metrics::SandboxCreateFailures().At(kind).Add();
-              st.rec.set_phase(v1::SANDBOX_PHASE_FAILED);
-              st.rec.set_error(s.message());
-              rp.deliver(Reply(s, st));
-              self->quit();
-              return;
-            }
-            metrics::SandboxesCreated().At(kind).Add();
-            st.rec.set_phase(v1::SANDBOX_PHASE_RUNNING);
-            st.rec.set_driver_state(*created);
-            st.rec.set_last_active_ms(NowMs());
-            // Acknowledge only once the new phase is durable.
-            Checkpoint(self, [self, rp](const Status& w) mutable {
-              Status out = w.Annotate("sandbox " + self->state.rec.id() + ": checkpoint");
-              rp.deliver(Reply(out, self->state));
-              if (!out.ok()) return self->quit();
-              ArmExpiry(self);
-            });
-          });
-        });
-        return rp;
-      },
-      [self](v1::ExecRequest& req) -> caf::result<v1::ExecReply> {
-        auto& st = self->state;
-        if (st.readopting) return Defer<v1::ExecReply>(self, req);
-        v1::ExecReply reply;
-        if (!st.driver) {
-          ToProto(st.driver_status.Annotate("sandbox " + st.rec.id()), reply.mutable_status());
-          return reply;
-        }
-        if (Status serving = NotServing(self, false); !serving.ok()) {
-          ToProto(serving, reply.mutable_status());
-          return reply;
-        }
-        Status ok = drivers::CheckExecRequest(st.ctx->options.limits, req);
-        if (ok.ok() && !req.idempotency_key().empty() && !st.driver->traits().stateful)
-          ok = Status::InvalidArgument(std::string("an idempotency_key needs a sandbox with state; every ") +
-                                       st.driver->name() + " exec is a fresh run");
-        if (ok.ok() && req.stream() && !st.driver->traits().streaming)
-          ok = Status::Unimplemented(std::string(st.driver->name()) +
-                                     " sandboxes cannot stream output: each exec is one fresh run whose output "
-                                     "comes back whole when it ends (call Exec, or use a container sandbox)");
-        if (ok.ok()) ok = st.driver->CheckExecLimits(st.rec, req.limits());
-        auto limits = ok.ok() ? drivers::EffectiveLimits(st.ctx->options.limits, st.rec.spec(), req)
-                              : Result<v1::Limits>(ok);
-        if (!limits.ok()) {
-          ToProto(limits.status().Annotate("sandbox " + st.rec.id()), reply.mutable_status());
-          return reply;
-        }
-        *req.mutable_limits() = *limits;
-        // Streamed pieces go to the sender; read it first, for the response
-        // promise takes it over (current_sender() is null after this).
-        auto to = req.stream() ? caf::actor_cast<caf::actor>(self->current_sender()) : caf::actor{};
-        auto rp = self->make_response_promise<v1::ExecReply>();
-        // Unique across restarts of this actor (restarts() grows with each).
-        std::string run_id = st.rec.id() + "/" + std::to_string(st.rec.restarts()) + "." +
-                             std::to_string(++st.next_exec);
-        st.running.insert(run_id);
-        st.exec_callers.emplace(run_id, rp);
-        Touch(self);
-        auto handle = caf::actor_cast<sandbox_actor>(self);
-        auto started = std::chrono::steady_clock::now();
-        auto finished = [handle, self, rp, run_id, started](Result<v1::ExecResult> r) mutable {
-          Post(handle, [self, rp, run_id, started, r = std::move(r)]() mutable {
-            v1::ExecReply reply;
-            auto& st = self->state;
-            if (!st.exec_seconds)
-              st.exec_seconds = &metrics::ExecSeconds().At(metrics::Labels({{"kind", KindName(st.rec.spec().kind())}}));
-            st.exec_seconds->Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
-            st.running.erase(run_id);
-            st.exec_callers.erase(run_id);
-            st.rec.set_exec_count(st.rec.exec_count() + 1);
-            if (!st.destroying) Touch(self);
-            if (r.ok()) {
-              *reply.mutable_result() = std::move(*r);
-              reply.mutable_result()->set_sandbox_id(st.rec.id());
-            } else {
-              ToProto(r.status().Annotate("sandbox " + st.rec.id()), reply.mutable_status());
-            }
-            rp.deliver(std::move(reply));
-            if (st.running.empty() && st.after_runs) {
-              auto next = std::move(st.after_runs);
-              st.after_runs = nullptr;
-              next();
-            }
-          });
-        };
-        if (!req.stream()) {
-          st.driver->Exec(st.rec, run_id, req, std::move(finished));
-          return rp;
-        }
-        // Pieces go to whoever asked, from this actor, so they arrive before
-        // the reply (one sender, one receiver: CAF keeps the order).
-        uint64_t stream_id = req.stream_id();
-        st.driver->ExecStreaming(
-            st.rec, run_id, req,
-            [handle, to, stream_id](const v1::ExecOutput& out) {
-              Post(handle, [to, stream_id, piece = v1::ExecOutput(out)]() mutable {
-                piece.set_stream_id(stream_id);
-                if (to) caf::anon_send(to, std::move(piece));
-              });
-            },
-            std::move(finished));
-        return rp;
-      },
-      [self](const v1::PauseRequest& req) -> caf::result<v1::SandboxReply> {
-        if (self->state.readopting) return Defer<v1::SandboxReply>(self, req);
-        return SetPaused(self, true);
-      },
-      [self](const v1::ResumeRequest& req) -> caf::result<v1::SandboxReply> {
-        if (self->state.readopting) return Defer<v1::SandboxReply>(self, req);
-        return SetPaused(self, false);
-      },
-      [self](const v1::ReadFileRequest& req) -> caf::result<v1::FileReply> {
-        if (self->state.readopting) return Defer<v1::FileReply>(self, req);
-        return FileOp(self, req.path(), [req](Self s, drivers::FileCallback cb) {
-          s->state.driver->ReadFile(s->state.rec, req, std::move(cb));
-        });
-      },
-      [self](const v1::WriteFileRequest& req) -> caf::result<v1::FileReply> {
-        if (self->state.readopting) return Defer<v1::FileReply>(self, req);
-        return FileOp(self, req.path(), [req](Self s, drivers::FileCallback cb) {
-          s->state.driver->WriteFile(s->state.rec, req, std::move(cb));
-        });
-      },
-      [self](const v1::ListFilesRequest& req) -> caf::result<v1::FileReply> {
-        if (self->state.readopting) return Defer<v1::FileReply>(self, req);
-        return FileOp(self, req.path(), [req](Self s, drivers::FileCallback cb) {
-          s->state.driver->ListFiles(s->state.rec, req, std::move(cb));
-        });
-      },
-      [self](const v1::DestroyRequest& req) -> caf::result<v1::SandboxReply> {
-        auto& st = self->state;
-        if (st.readopting) return Defer<v1::SandboxReply>(self, req);
-        if (!st.driver) return Reply(st.driver_status, st);
-        if (st.destroying)
-          return Reply(Status::FailedPrecondition("sandbox " + st.rec.id() + " is already being destroyed"), st);
-        auto rp = self->make_response_promise<v1::SandboxReply>();
-        std::string why = req.reason().empty() ? "destroyed on request" : req.reason().substr(0, 256);
-        StartDestroy(self, why, [self, rp](const Status& s) mutable { rp.deliver(Reply(s, self->state)); });
-        return rp;
-      },
+  // The table's calls for a sandbox (wire/calls.hpp): each to its Handle;
+  // while the driver re-adopts the sandbox after a restart, they wait.
+  auto table = calls::Handlers(SandboxCalls{}, [self](auto& req) -> caf::result<calls::ReplyOf<std::decay_t<decltype(req)>>> {
+    using Req = std::decay_t<decltype(req)>;
+    if constexpr (calls::CallOf<Req>::type::route == calls::Route::kSandbox)
+      if (self->state.readopting) return Defer<calls::ReplyOf<Req>>(self, req);
+    return Handle(self, req);
+  });
+  return calls::MakeBehavior<sandbox_actor::behavior_type>(
+      std::move(table),
       [self](lost_atom, const std::string& why) {
         // The sandbox ended by itself: failed, saying why (the record
         // stays for its owner to see), and what is left of it is removed.
@@ -586,28 +653,26 @@ sandbox_actor::behavior_type Behavior(Self self) {
         });
         auto log = st.ctx->log;
         std::string id = st.rec.id();
-        st.driver->Destroy(st.rec, [log, id](const Status& s) {
+        st.driver->Destroy(st.rec, st.driver_state, [log, id](const Status& s) {
           if (!s.ok()) log->warn("sandbox {}: removing what is left after it failed: {}", id, s.message());
         });
       },
       [self](owner_atom, bool present) {
         auto& st = self->state;
-        st.rec.set_owner_gone_ms(present ? 0 : NowMs());
+        st.rec.set_owner_gone_ms(present ? 0 : WallClockMs());
         ArmExpiry(self);
       },
-      [self](const v1::GetSandboxRequest& req) -> caf::result<v1::SandboxReply> {
-        if (self->state.readopting) return Defer<v1::SandboxReply>(self, req);
-        auto reply = Reply(Status::Ok(), self->state);
+      [self](describe_atom) {
         auto& st = self->state;
-        // One ioctl on the quota tree: cheap enough to read on every look.
-        bool up = st.rec.phase() == v1::SANDBOX_PHASE_RUNNING || st.rec.phase() == v1::SANDBOX_PHASE_PAUSED;
-        if (st.driver && up)
-          if (auto used = st.driver->DiskUsage(st.rec); used.ok()) reply.mutable_sandbox()->set_disk_used_bytes(*used);
-        return reply;
+        auto j = ProtoJson(Looked(st).sandbox());
+        std::string state = st.driver ? st.driver->DescribeState(st.driver_state) : std::string();
+        j["driver_state"] = state.empty() ? nlohmann::json(nullptr) : nlohmann::json::parse(state, nullptr, false);
+        if (st.readopting) j["readopting"] = true;
+        return DumpJson(j);
       },
       [self](Continuation& c) { c.fn(); },
-      [self](crash_atom) { InjectCrash(self->state.ctx->options.test_hooks); },
-  };
+      [self](crash_atom) { InjectCrash(self->state.ctx->options.test_hooks); }
+  );
 }
 
 // The driver's answer to Readopt: a sandbox it could not take back is
@@ -630,18 +695,19 @@ void Readopted(Self self, const Status& s) {
 }
 
 sandbox_actor::behavior_type SandboxActor(Self self, std::shared_ptr<NodeContext> ctx,
-                                          v1::SandboxRecord record, std::function<void(const std::string&)> gone,
+                                          store::v1::SandboxRow row, std::function<void(const std::string&)> gone,
                                           bool owner_present, std::function<void()> readopted) {
   auto& st = self->state;
   st.ctx = std::move(ctx);
-  st.rec = std::move(record);
+  st.rec = std::move(*row.mutable_record());
+  st.driver_state = std::move(*row.mutable_driver_state());
   st.gone = std::move(gone);
   // An owner not connected now is gone from now on (after a restart: from
   // the restart, so it has the whole lease to come back).
-  st.rec.set_owner_gone_ms(owner_present || st.rec.owner().empty() ? 0 : NowMs());
+  st.rec.set_owner_gone_ms(owner_present || st.rec.owner().empty() ? 0 : WallClockMs());
   // A call was running when the last one stopped (it may still run in the
   // sandbox, which outlives dsecd): active from now.
-  if (st.rec.busy()) st.rec.set_last_active_ms(std::max(st.rec.last_active_ms(), NowMs()));
+  if (st.rec.busy()) st.rec.set_last_active_ms(std::max(st.rec.last_active_ms(), WallClockMs()));
   st.rec.set_busy(false);
   st.active_written_until = st.rec.last_active_ms();
   auto d = st.ctx->kinds->DriverFor(st.rec.spec());
@@ -663,7 +729,7 @@ sandbox_actor::behavior_type SandboxActor(Self self, std::shared_ptr<NodeContext
       Post(handle, [self, s] { Readopted(self, s); });
       readopted();
     };
-    if (st.driver) st.driver->Readopt(st.rec, std::move(answer));
+    if (st.driver) st.driver->Readopt(st.rec, st.driver_state, std::move(answer));
     else answer(st.driver_status);
   } else if (readopted) {
     readopted();
@@ -676,9 +742,9 @@ sandbox_actor::behavior_type SandboxActor(Self self, std::shared_ptr<NodeContext
 }  // namespace
 
 sandbox_actor SpawnSandbox(caf::local_actor* parent, std::shared_ptr<NodeContext> ctx,
-                           v1::SandboxRecord record, std::function<void(const std::string&)> gone,
+                           store::v1::SandboxRow row, std::function<void(const std::string&)> gone,
                            bool owner_present, std::function<void()> readopted) {
-  return parent->spawn<caf::monitored>(SandboxActor, std::move(ctx), std::move(record), std::move(gone),
+  return parent->spawn<caf::monitored>(SandboxActor, std::move(ctx), std::move(row), std::move(gone),
                                        owner_present, std::move(readopted));
 }
 

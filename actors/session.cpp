@@ -53,7 +53,7 @@ void Persist(Self self, state::WriteBatch batch, std::function<void(const Status
 
 void PutRecord(Self self, state::WriteBatch* b) {
   auto& st = self->state;
-  st.rec.set_updated_ms(NowMs());
+  st.rec.set_updated_ms(WallClockMs());
   state::TypedTable<v1::SessionRecord>(st.ctx->store, state::Table::kSessions).Put(b, st.rec.name(), st.rec);
 }
 
@@ -180,8 +180,8 @@ void CloseSession(Self self, std::string reason, SessionPromise* rp) {
   v1::SessionRecord closed = st.rec;
   closed.set_phase(v1::SESSION_PHASE_CLOSED);
   closed.set_close_reason(reason);
-  closed.set_closed_ms(NowMs());
-  closed.set_updated_ms(NowMs());
+  closed.set_closed_ms(WallClockMs());
+  closed.set_updated_ms(WallClockMs());
   state::WriteBatch b;
   state::TypedTable<v1::SessionRecord>(st.ctx->store, state::Table::kSessions).Put(&b, closed.name(), closed);
   Persist(self, std::move(b), [self, closed, answer](const Status& w) {
@@ -230,7 +230,7 @@ caf::result<v1::SessionReply> OpenNew(Self self, const v1::OpenSessionRequest& r
     return Reply(can.Annotate("session " + req.name()), st.rec);
   }
   rec.set_phase(v1::SESSION_PHASE_OPEN);
-  rec.set_created_ms(NowMs());
+  rec.set_created_ms(WallClockMs());
   rec.set_lease_s(req.lease_s() ? req.lease_s() : ctx.options.session_lease_s);
   bool ready = true;
   for (const auto& sb : rec.sandboxes()) ready = ready && sb.id().empty();
@@ -276,6 +276,68 @@ bool SameSpecs(const v1::OpenSessionRequest& req, const v1::SessionRecord& rec) 
   return true;
 }
 
+caf::result<v1::SessionReply> Handle(Self self, v1::OpenSessionRequest& req) {
+  auto& st = self->state;
+  Attach(self);
+  if (st.opening) {
+    auto rp = self->make_response_promise<v1::SessionReply>();
+    st.deferred.push_back([self, req, rp]() mutable {
+      auto& rec = self->state.rec;
+      if (rec.phase() == v1::SESSION_PHASE_FAILED) {
+        rp.deliver(
+            Reply(Status::Unavailable("session " + rec.name() + " could not be opened: " + rec.error()), rec));
+        return;
+      }
+      rp.deliver(Reply(SameSpecs(req, rec)
+                           ? Status::Ok()
+                           : Status::FailedPrecondition("session " + rec.name() +
+                                                        " already exists with different specs; re-open it with "
+                                                        "the same specs or use a new name"),
+                       rec));
+    });
+    return rp;
+  }
+  if (st.rec.phase() == v1::SESSION_PHASE_UNSPECIFIED) return OpenNew(self, req);
+  if (Status s = Serving(self); !s.ok()) return Reply(s, st.rec);
+  // Re-open: idempotent, as long as the specs are the same ones.
+  if (!SameSpecs(req, st.rec))
+    return Reply(Status::FailedPrecondition("session " + st.rec.name() +
+                                            " already exists with different specs; re-open it with the "
+                                            "same specs or use a new name"),
+                 st.rec);
+  return Reply(Status::Ok(), st.rec);
+}
+
+caf::result<v1::StepReply> Handle(Self self, v1::StepRequest& req) {
+  auto& st = self->state;
+  Attach(self);
+  auto rp = self->make_response_promise<v1::StepReply>();
+  if (st.opening)
+    st.deferred.push_back([self, req, rp]() mutable { HandleStep(self, req, rp); });
+  else
+    HandleStep(self, req, rp);
+  return rp;
+}
+
+caf::result<v1::StepReply> Handle(Self self, v1::AnnotateStepRequest& req) {
+  Attach(self);
+  auto rp = self->make_response_promise<v1::StepReply>();
+  StartAnnotate(self, req, [rp](v1::StepReply r) mutable { rp.deliver(std::move(r)); });
+  return rp;
+}
+
+v1::StepsReply Handle(Self self, v1::ListStepsRequest& req) {
+  return ListStepsFromStore(*self->state.ctx, self->state.rec, req.from(), req.limit());
+}
+
+caf::result<v1::SessionReply> Handle(Self self, v1::CloseSessionRequest& req) {
+  auto rp = self->make_response_promise<v1::SessionReply>();
+  CloseSession(self, req.reason().empty() ? "closed by the trainer" : req.reason().substr(0, 256), &rp);
+  return rp;
+}
+
+v1::SessionReply Handle(Self self, v1::GetSessionRequest&) { return Reply(Status::Ok(), self->state.rec); }
+
 session_actor::behavior_type Behavior(Self self) {
   // A crash answers the trainers waiting for the running step at once, so
   // they re-send it to the restarted actor (which collects the run already
@@ -292,72 +354,19 @@ session_actor::behavior_type Behavior(Self self) {
     auto& st = self->state;
     if (st.trainers.erase(dm.source) && st.trainers.empty()) ArmLease(self);
   });
-  return {
-      [self](const v1::OpenSessionRequest& req) -> caf::result<v1::SessionReply> {
-        auto& st = self->state;
-        Attach(self);
-        if (st.opening) {
-          auto rp = self->make_response_promise<v1::SessionReply>();
-          st.deferred.push_back([self, req, rp]() mutable {
-            auto& rec = self->state.rec;
-            if (rec.phase() == v1::SESSION_PHASE_FAILED) {
-              rp.deliver(
-                  Reply(Status::Unavailable("session " + rec.name() + " could not be opened: " + rec.error()), rec));
-              return;
-            }
-            rp.deliver(Reply(SameSpecs(req, rec)
-                                 ? Status::Ok()
-                                 : Status::FailedPrecondition("session " + rec.name() +
-                                                              " already exists with different specs; re-open it with "
-                                                              "the same specs or use a new name"),
-                             rec));
-          });
-          return rp;
-        }
-        if (st.rec.phase() == v1::SESSION_PHASE_UNSPECIFIED) return OpenNew(self, req);
-        if (Status s = Serving(self); !s.ok()) return Reply(s, st.rec);
-        // Re-open: idempotent, as long as the specs are the same ones.
-        if (!SameSpecs(req, st.rec))
-          return Reply(Status::FailedPrecondition("session " + st.rec.name() +
-                                                  " already exists with different specs; re-open it with the "
-                                                  "same specs or use a new name"),
-                       st.rec);
-        return Reply(Status::Ok(), st.rec);
-      },
-      [self](const v1::StepRequest& req) -> caf::result<v1::StepReply> {
-        auto& st = self->state;
-        Attach(self);
-        auto rp = self->make_response_promise<v1::StepReply>();
-        if (st.opening)
-          st.deferred.push_back([self, req, rp]() mutable { HandleStep(self, req, rp); });
-        else
-          HandleStep(self, req, rp);
-        return rp;
-      },
-      [self](const v1::AnnotateStepRequest& req) -> caf::result<v1::StepReply> {
-        Attach(self);
-        auto rp = self->make_response_promise<v1::StepReply>();
-        StartAnnotate(self, req, [rp](v1::StepReply r) mutable { rp.deliver(std::move(r)); });
-        return rp;
-      },
+  // The table's calls for a session (wire/calls.hpp): each to its Handle.
+  auto table = calls::Handlers(SessionCalls{}, [self](auto& req) { return Handle(self, req); });
+  return calls::MakeBehavior<session_actor::behavior_type>(
+      std::move(table),
       [self](LocalAnnotate& call) {
         // From the node on behalf of a batch: the batch's sender is the
         // trainer, attached through the node like any other caller.
         Attach(self);
         StartAnnotate(self, call.req, std::move(call.done));
       },
-      [self](const v1::ListStepsRequest& req) -> v1::StepsReply {
-        return ListStepsFromStore(*self->state.ctx, self->state.rec, req.from(), req.limit());
-      },
-      [self](const v1::CloseSessionRequest& req) -> caf::result<v1::SessionReply> {
-        auto rp = self->make_response_promise<v1::SessionReply>();
-        CloseSession(self, req.reason().empty() ? "closed by the trainer" : req.reason().substr(0, 256), &rp);
-        return rp;
-      },
-      [self](const v1::GetSessionRequest&) { return Reply(Status::Ok(), self->state.rec); },
       [self](Continuation& c) { c.fn(); },
-      [self](crash_atom) { InjectCrash(self->state.ctx->options.test_hooks); },
-  };
+      [self](crash_atom) { InjectCrash(self->state.ctx->options.test_hooks); }
+  );
 }
 
 session_actor::behavior_type SessionActor(Self self, std::shared_ptr<NodeContext> ctx, entry_actor node,

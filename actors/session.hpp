@@ -42,26 +42,24 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(dsec::LocalAnnotate)
 
 namespace dsec {
 
-// Messages, and when they are legal:
+// The table's calls for a session (wire/calls.hpp: routes kNewSession and
+// kSession), and when they are legal:
 //   OpenSessionRequest  first message after spawn for a new session; later
 //                       ones are idempotent re-opens (same specs required)
 //   StepRequest         while open
 //   AnnotateStepRequest while open, for a logged (or running) step
-//   LocalAnnotate       the same from the node (a call of an AnnotateBatch):
-//                       answered through its `done`, on the session's thread
 //   ListStepsRequest    any time
 //   CloseSessionRequest while open; the actor quits after replying
 //   GetSessionRequest   any time
+// And the actor's own:
+//   LocalAnnotate       an AnnotateStepRequest from the node (a call of an
+//                       AnnotateBatch): answered through its `done`, on the
+//                       session's thread
 //   Continuation        from the actor's own callbacks only
 //   crash_atom          test hook
-using session_actor = caf::typed_actor<
-    caf::replies_to<v1::OpenSessionRequest>::with<v1::SessionReply>,
-    caf::replies_to<v1::StepRequest>::with<v1::StepReply>,
-    caf::replies_to<v1::AnnotateStepRequest>::with<v1::StepReply>,
+using SessionCalls = calls::CallsTo<calls::Route::kNewSession, calls::Route::kSession>;
+using session_actor = calls::ActorOf<SessionCalls>::type::extend<
     caf::reacts_to<LocalAnnotate>,
-    caf::replies_to<v1::ListStepsRequest>::with<v1::StepsReply>,
-    caf::replies_to<v1::CloseSessionRequest>::with<v1::SessionReply>,
-    caf::replies_to<v1::GetSessionRequest>::with<v1::SessionReply>,
     caf::reacts_to<Continuation>,
     caf::reacts_to<crash_atom>>;
 

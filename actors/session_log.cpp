@@ -125,13 +125,13 @@ void LogStep(Self self, const v1::StepRequest& req, int64_t started, Result<v1::
   *step.mutable_meta() = req.meta();
   step.set_not_replayable(req.not_replayable());
   step.set_started_ms(started);
-  step.set_finished_ms(NowMs());
+  step.set_finished_ms(WallClockMs());
   state::WriteBatch b;
   state::TypedTable<v1::StepRecord>(st.ctx->store, state::Table::kSteps)
       .Put(&b, state::StepKey(st.rec.name(), index), step);
   v1::SessionRecord next = st.rec;
   next.set_step_count(index + 1);
-  next.set_updated_ms(NowMs());
+  next.set_updated_ms(WallClockMs());
   state::TypedTable<v1::SessionRecord>(st.ctx->store, state::Table::kSessions).Put(&b, next.name(), next);
   Persist(self, std::move(b), [self, step = std::move(step), next, finish](const Status& w) mutable {
     if (!w.ok()) {
@@ -175,7 +175,7 @@ void Execute(Self self, const v1::StepRequest& req, StepPromise rp) {
   st.running = true;
   st.running_req = req;
   st.waiters.push_back(std::move(rp));
-  int64_t started = NowMs();
+  int64_t started = WallClockMs();
   if (role->id().empty()) {
     // A fncall role: every step is a fresh one-shot run.
     auto d = st.ctx->kinds->DriverFor(role->spec());

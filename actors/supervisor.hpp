@@ -13,6 +13,7 @@
 
 #include "actors/context.hpp"
 #include "actors/supervision.hpp"
+#include "dsec/store/v1/records.pb.h"
 #include "wire/wire.hpp"
 
 namespace dsec {
@@ -24,7 +25,7 @@ class Supervisor {
   // The record to restart sandbox `id` from after its actor died with
   // `why` (its restart count raised, or failed when it died too often), or
   // nullopt: it has no checkpoint and stays down.
-  std::optional<v1::SandboxRecord> SandboxDied(const std::string& id, const std::string& why);
+  std::optional<store::v1::SandboxRow> SandboxDied(const std::string& id, const std::string& why);
   std::optional<v1::SessionRecord> SessionDied(const std::string& name, const std::string& why);
   // The child ended normally (or was destroyed): its history goes.
   void SandboxEnded(const std::string& id);
@@ -34,8 +35,8 @@ class Supervisor {
   uint64_t gave_up() const { return gave_up_; }    // children left failed
 
  private:
-  template <class Record>
-  std::optional<Record> Died(const std::string& tag, const std::string& key, const std::string& why);
+  template <class Row>
+  std::optional<Row> Died(const std::string& tag, const std::string& key, const std::string& why);
 
   std::shared_ptr<NodeContext> ctx_;
   RestartIntensity intensity_;

@@ -15,8 +15,9 @@ namespace dsec::drivers {
 
 using StatusCallback = std::function<void(const Status&)>;
 using ExecCallback = std::function<void(Result<v1::ExecResult>)>;
-// Create's result: the driver's own state to keep in the record
-// (SandboxRecord.driver_state; what Readopt needs after a restart).
+// Create's result: the driver's own state, kept with the record in the
+// store (store::v1::SandboxRow.driver_state) and handed back to Destroy and
+// Readopt (what they need after a restart).
 using CreateCallback = std::function<void(Result<std::string>)>;
 // A piece of a streamed exec's output (stream_id left for the caller).
 using OutputCallback = std::function<void(const v1::ExecOutput&)>;
@@ -74,7 +75,8 @@ class Driver {
                              const v1::ExecRequest& req, OutputCallback on_output, ExecCallback done);
   // Stops a run in flight; its ExecCallback reports how it ended.
   virtual Status Kill(const std::string& run_id, const std::string& reason) = 0;
-  virtual void Destroy(const v1::SandboxRecord& sandbox, StatusCallback done) = 0;
+  // `driver_state`: what Create returned for it.
+  virtual void Destroy(const v1::SandboxRecord& sandbox, const std::string& driver_state, StatusCallback done) = 0;
   // Files of a sandbox with state. Paths were checked (CheckSandboxPath).
   // The defaults answer Unimplemented, naming the kind.
   virtual void ReadFile(const v1::SandboxRecord& sandbox, const v1::ReadFileRequest& req, FileCallback done);
@@ -90,7 +92,7 @@ class Driver {
 
   // After a daemon restart: reconnect to a sandbox from its record (`done`
   // Ok), or say why it is gone. Returns at once, like every call here.
-  virtual void Readopt(const v1::SandboxRecord& sandbox, StatusCallback done) = 0;
+  virtual void Readopt(const v1::SandboxRecord& sandbox, const std::string& driver_state, StatusCallback done) = 0;
   // After every Readopt has called back: what the driver still holds that
   // no record claims (a sandbox whose creation a crash cut short) is
   // removed. Returns at once (the driver sweeps on its own thread); called
@@ -101,6 +103,11 @@ class Driver {
   // What runs its sandboxes' guests: "kvm" or "tcg" for the VM kinds, ""
   // for kinds on the host's kernel. Written in each new sandbox's record.
   virtual std::string accelerator() const { return ""; }
+
+  // A sandbox's driver state (what Create returned) as a one-line JSON
+  // object for the console's `inspect`; "" when the kind keeps none or it
+  // does not parse.
+  virtual std::string DescribeState(const std::string& driver_state) const { return ""; }
 
   // One-line JSON object of driver statistics for the admin console.
   virtual std::string StatsJson() const = 0;

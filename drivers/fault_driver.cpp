@@ -138,8 +138,8 @@ void FaultDriver::ExecStreaming(const v1::SandboxRecord& sb, const std::string& 
        [done](const Status& s) { done(s); });
 }
 
-void FaultDriver::Destroy(const v1::SandboxRecord& sb, StatusCallback done) {
-  Gate(Op::kDestroy, [this, sb, done] { base_->Destroy(sb, done); }, done);
+void FaultDriver::Destroy(const v1::SandboxRecord& sb, const std::string& driver_state, StatusCallback done) {
+  Gate(Op::kDestroy, [this, sb, driver_state, done] { base_->Destroy(sb, driver_state, done); }, done);
 }
 
 void FaultDriver::ReadFile(const v1::SandboxRecord& sb, const v1::ReadFileRequest& req, FileCallback done) {
@@ -158,8 +158,8 @@ void FaultDriver::Pause(const v1::SandboxRecord& sb, bool paused, StatusCallback
   Gate(Op::kPause, [this, sb, paused, done] { base_->Pause(sb, paused, done); }, done);
 }
 
-void FaultDriver::Readopt(const v1::SandboxRecord& sb, StatusCallback done) {
-  Gate(Op::kReadopt, [this, sb, done] { base_->Readopt(sb, done); }, done);
+void FaultDriver::Readopt(const v1::SandboxRecord& sb, const std::string& driver_state, StatusCallback done) {
+  Gate(Op::kReadopt, [this, sb, driver_state, done] { base_->Readopt(sb, driver_state, done); }, done);
 }
 
 void FaultDriver::Stop() {

@@ -59,15 +59,16 @@ class FaultDriver final : public Driver {
   void ExecStreaming(const v1::SandboxRecord& sb, const std::string& run_id, const v1::ExecRequest& req,
                      OutputCallback on_output, ExecCallback done) override;
   Status Kill(const std::string& run_id, const std::string& reason) override { return base_->Kill(run_id, reason); }
-  void Destroy(const v1::SandboxRecord& sb, StatusCallback done) override;
+  void Destroy(const v1::SandboxRecord& sb, const std::string& driver_state, StatusCallback done) override;
   void ReadFile(const v1::SandboxRecord& sb, const v1::ReadFileRequest& req, FileCallback done) override;
   void WriteFile(const v1::SandboxRecord& sb, const v1::WriteFileRequest& req, FileCallback done) override;
   void ListFiles(const v1::SandboxRecord& sb, const v1::ListFilesRequest& req, FileCallback done) override;
   void Pause(const v1::SandboxRecord& sb, bool paused, StatusCallback done) override;
   Result<uint64_t> DiskUsage(const v1::SandboxRecord& sb) const override { return base_->DiskUsage(sb); }
-  void Readopt(const v1::SandboxRecord& sb, StatusCallback done) override;
+  void Readopt(const v1::SandboxRecord& sb, const std::string& driver_state, StatusCallback done) override;
   void Restored() override { base_->Restored(); }
   std::string StatsJson() const override { return base_->StatsJson(); }
+  std::string DescribeState(const std::string& s) const override { return base_->DescribeState(s); }
   std::string accelerator() const override { return base_->accelerator(); }
   void Stop() override;
 

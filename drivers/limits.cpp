@@ -143,8 +143,28 @@ Status CheckSpec(const LimitPolicy& p, const v1::SandboxSpec& spec) {
   if (spec.workdir().find('\0') != std::string::npos || spec.workdir().size() > 4096)
     return Status::InvalidArgument("spec: workdir contains a NUL byte or is longer than 4096 bytes");
   if (spec.image().size() > 256) return Status::InvalidArgument("spec: image name longer than 256 bytes");
-  for (const auto& [k, v] : spec.labels())
-    if (k.size() + v.size() > 4096) return Status::InvalidArgument("spec: label '" + k.substr(0, 64) + "' is too long");
+  return CheckLabels(spec);
+}
+
+Status CheckLabels(const v1::SandboxSpec& spec) {
+  if (static_cast<size_t>(spec.labels_size()) > kMaxLabels)
+    return Status::InvalidArgument("spec: " + std::to_string(spec.labels_size()) + " labels, above the maximum of " +
+                                   std::to_string(kMaxLabels));
+  size_t bytes = 0;
+  for (const auto& [k, v] : spec.labels()) {
+    bool printable = !k.empty() && k.size() <= 256;
+    for (unsigned char c : k) printable = printable && c > 0x20 && c < 0x7f && c != '=';
+    if (!printable)
+      return Status::InvalidArgument("spec: label key '" + k.substr(0, 64) +
+                                     "' must be 1-256 bytes of printable ASCII, without spaces or '='");
+    if (v.size() > 4096)
+      return Status::InvalidArgument("spec: the value of label '" + k + "' is " + std::to_string(v.size()) +
+                                     " bytes, above the maximum of 4096");
+    bytes += k.size() + v.size();
+  }
+  if (bytes > kMaxLabelBytes)
+    return Status::InvalidArgument("spec: labels take " + std::to_string(bytes) + " bytes, above the maximum of " +
+                                   std::to_string(kMaxLabelBytes));
   return Status::Ok();
 }
 

@@ -32,7 +32,14 @@ Result<v1::Limits> EffectiveLimits(const LimitPolicy& policy, const v1::SandboxS
 Status CheckExecRequest(const LimitPolicy& policy, const v1::ExecRequest& exec);
 
 // Checks what a spec adds to every exec: its env (names, NULs, total size
-// against max_argv_env_bytes) and its workdir.
+// against max_argv_env_bytes) and its workdir; and its labels (CheckLabels).
 Status CheckSpec(const LimitPolicy& policy, const v1::SandboxSpec& spec);
+
+// A spec's labels (its metadata) within their bounds: at most kMaxLabels
+// keys; a key 1-256 bytes of printable ASCII without '='; a value at most
+// 4096 bytes; kMaxLabelBytes in all. InvalidArgument naming the key.
+inline constexpr size_t kMaxLabels = 64;
+inline constexpr size_t kMaxLabelBytes = 16 << 10;
+Status CheckLabels(const v1::SandboxSpec& spec);
 
 }  // namespace dsec::drivers

@@ -53,7 +53,7 @@ caf::behavior SimNode(caf::stateful_actor<SimNodeState>* self, std::string id, c
         return r;
       },
       [self, controller](pulse_atom) {
-        dsec::v1::NodeLoad load;
+        dsec::cluster::v1::NodeLoad load;
         load.set_sandboxes(self->state.sandboxes);
         load.set_slots(2500);
         load.add_images("img@sha256:sim");
@@ -109,7 +109,7 @@ int main(int argc, char** argv) {
     for (int i = 0; i < nodes; ++i) {
       std::string id = "sim-" + std::to_string(i);
       auto a = sys.spawn(SimNode, id, caf::actor_cast<caf::actor>(controller));
-      dsec::v1::NodeJoin j;
+      dsec::cluster::v1::NodeJoin j;
       j.mutable_node()->set_id(id);
       j.mutable_node()->set_sdk_address("10.0.0." + std::to_string(i) + ":7400");
       j.mutable_node()->add_kinds("container");
@@ -117,7 +117,7 @@ int main(int argc, char** argv) {
       j.mutable_load()->add_images("img@sha256:sim");
       bool ok = false;
       self->request(controller, std::chrono::seconds(10), dsec::join_atom::value, j, a)
-          .receive([&](dsec::v1::JoinReply& r) { ok = r.status().code() == dsec::v1::Status::OK; },
+          .receive([&](dsec::cluster::v1::JoinReply& r) { ok = r.status().code() == dsec::v1::Status::OK; },
                    [&](caf::error& e) { std::fprintf(stderr, "join: %s\n", sys.render(e).c_str()); });
       if (!ok) return 1;
       sims.push_back(a);

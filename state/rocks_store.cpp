@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "state/migrate.hpp"
 #include "state/store.hpp"
 #include "state/store_internal.hpp"
 
@@ -213,8 +214,11 @@ Result<std::unique_ptr<Store>> OpenRocksStore(const std::string& path,
       if (h->GetName() == name) tables[i] = h;
     }
   }
-  return std::unique_ptr<Store>(
-      new RocksStore(path, std::move(db), std::move(handles), tables));
+  std::unique_ptr<Store> store(new RocksStore(path, std::move(db), std::move(handles), tables));
+  // A read-only open (dsec-replay beside a running dsecd) reads the store as
+  // it is: what it reads (sessions, steps) is the same in every format.
+  if (!options.read_only) DSEC_RETURN_IF_ERROR(MigrateStore(store.get()));
+  return store;
 }
 
 }  // namespace dsec::state

@@ -230,7 +230,7 @@ int RunController(const Flags& f, dsec::state::Store* store, dsec::state::GroupC
     ConfigureCafFor(f, cfg);
     caf::actor_system sys{cfg};
     auto controller = dsec::SpawnController(sys, ctx);
-    auto as_node = caf::actor_cast<dsec::node_actor>(controller);
+    auto as_admin = caf::actor_cast<dsec::admin_actor>(controller);
     dsec::SdkDoor sdk_door(sys, caf::actor_cast<dsec::entry_actor>(controller), sdk_token,
                            "the controller's token is in <data-dir>/sdk.token or its --sdk-token-file",
                            DriverLog("door"));
@@ -242,8 +242,8 @@ int RunController(const Flags& f, dsec::state::Store* store, dsec::state::GroupC
     cluster_door.set_tls(f.tls);
     dsec::ConsoleOptions copts;
     copts.token = admin_token;
-    auto console = dsec::SpawnConsole(sys, as_node, copts);
-    dsec::HttpServer http(sys, as_node);
+    auto console = dsec::SpawnConsole(sys, as_admin, copts);
+    dsec::HttpServer http(sys, as_admin);
     std::vector<dsec::FrontDoorListener> doors;
     doors.push_back(TokenListener(sdk_host, sdk_port, &sdk_door, f));
     doors.push_back(ConsoleListener(admin_host, admin_port, console.gate.get(), copts.max_line));

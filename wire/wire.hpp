@@ -1,7 +1,8 @@
 // CAF glue shared by dsecd and the SDK: protobuf messages as CAF message
 // types (bytes on the wire only; passed by reference locally), the entry
-// actor's interface, and RegisterTypes, which every binary calls with the
-// same names (an unregistered type fails silently over the network).
+// actor's interface (the table of calls, wire/calls.hpp), and
+// RegisterTypes, which every binary calls with the same names (an
+// unregistered type fails silently over the network).
 #pragma once
 
 #include <caf/all.hpp>
@@ -10,6 +11,8 @@
 #include <string>
 #include <type_traits>
 
+#include "dsec/cluster/v1/cluster.pb.h"
+#include "wire/calls.hpp"
 #include "dsec/v1/service.pb.h"
 #include "dsec/v1/types.pb.h"
 
@@ -49,51 +52,21 @@ auto inspect(Inspector& f, T& x) -> decltype(::dsec::wire::InspectProtobuf(f, x)
 }
 }  // namespace dsec::v1
 
+namespace dsec::cluster::v1 {
+// The same for the cluster protocol's messages.
+template <class Inspector, class T>
+auto inspect(Inspector& f, T& x) -> decltype(::dsec::wire::InspectProtobuf(f, x)) {
+  return ::dsec::wire::InspectProtobuf(f, x);
+}
+}  // namespace dsec::cluster::v1
+
 namespace dsec {
 
-// The SDK entry point: what a trainer can ask a node (role all) for. Each
-// request type names its operation; every reply carries a dsec.v1.Status.
-//   RunRequest          one-shot fncall run                   -> RunReply
-//   CreateRequest       create a sandbox                      -> SandboxReply
-//   ExecRequest         exec in sandbox exec.sandbox_id       -> ExecReply
-//   DestroyRequest      destroy a sandbox                     -> SandboxReply
-//   GetSandboxRequest   a sandbox's record                    -> SandboxReply
-//   PauseRequest / ResumeRequest  freeze / thaw a sandbox     -> SandboxReply
-//   ReadFileRequest / WriteFileRequest / ListFilesRequest     -> FileReply
-//   (a streamed ExecRequest also sends v1::ExecOutput messages to its sender)
-//   OpenSessionRequest  open (or re-open) a rollout session   -> SessionReply
-//   StepRequest         run / fast-forward one step           -> StepReply
-//   CloseSessionRequest close a session                       -> SessionReply
-//   GetSessionRequest   a session's record                    -> SessionReply
-//   AnnotateStepRequest attach reward/tokens/notes to a step  -> StepReply
-//   AnnotateBatch       many annotations, one-way  -> AnnotateResults messages to its sender
-//   Hello               one-way, first on every SDK connection: the client's id (owner of its sandboxes)
-//   ListStepsRequest    a session's record and logged steps   -> StepsReply
-//   RegisterImageRequest  register a built EROFS image        -> ImageReply
-//   GetImageRequest / ListImagesRequest / RemoveImageRequest  -> ImageReply / ImagesReply / ImageReply
-using entry_actor = caf::typed_actor<
-    caf::replies_to<v1::RunRequest>::with<v1::RunReply>,
-    caf::replies_to<v1::CreateRequest>::with<v1::SandboxReply>,
-    caf::replies_to<v1::ExecRequest>::with<v1::ExecReply>,
-    caf::replies_to<v1::DestroyRequest>::with<v1::SandboxReply>,
-    caf::replies_to<v1::GetSandboxRequest>::with<v1::SandboxReply>,
-    caf::replies_to<v1::PauseRequest>::with<v1::SandboxReply>,
-    caf::replies_to<v1::ResumeRequest>::with<v1::SandboxReply>,
-    caf::replies_to<v1::ReadFileRequest>::with<v1::FileReply>,
-    caf::replies_to<v1::WriteFileRequest>::with<v1::FileReply>,
-    caf::replies_to<v1::ListFilesRequest>::with<v1::FileReply>,
-    caf::replies_to<v1::OpenSessionRequest>::with<v1::SessionReply>,
-    caf::replies_to<v1::StepRequest>::with<v1::StepReply>,
-    caf::replies_to<v1::CloseSessionRequest>::with<v1::SessionReply>,
-    caf::replies_to<v1::GetSessionRequest>::with<v1::SessionReply>,
-    caf::replies_to<v1::AnnotateStepRequest>::with<v1::StepReply>,
-    caf::reacts_to<v1::AnnotateBatch>,  // answered with AnnotateResults messages
-    caf::reacts_to<v1::Hello>,          // one-way: the SDK client on this connection
-    caf::replies_to<v1::ListStepsRequest>::with<v1::StepsReply>,
-    caf::replies_to<v1::RegisterImageRequest>::with<v1::ImageReply>,
-    caf::replies_to<v1::GetImageRequest>::with<v1::ImageReply>,
-    caf::replies_to<v1::ListImagesRequest>::with<v1::ImagesReply>,
-    caf::replies_to<v1::RemoveImageRequest>::with<v1::ImageReply>>;
+// The SDK entry point: every call of the table (wire/calls.hpp), which a
+// node and a controller both answer. Every reply carries a dsec.v1.Status;
+// a streamed ExecRequest also sends v1::ExecOutput messages to its sender,
+// and an AnnotateBatch is answered with v1::AnnotateResults messages.
+using entry_actor = calls::ActorOf<calls::All>::type;
 
 // Registers every type that crosses the wire. Call on the config of every
 // dsec process before constructing the actor_system.

@@ -8,15 +8,12 @@
 
 #include "drivers/agent/agent.pb.h"
 #include "drivers/verdict.hpp"
+#include "runtime/clock.hpp"
 
 namespace dsec::drivers {
 
 namespace {
 
-int64_t NowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 // The agent's account of an exec (fields 1-14 of run::Outcome) with what
 // only the host knows added: OOM kills (the container's memory cgroup), a
@@ -129,7 +126,7 @@ void AgentDriver::StartExec(const v1::SandboxRecord& sb, const std::string& run_
         {
           std::lock_guard<std::mutex> lk(box->idle_mu);
           --box->active;
-          box->last_active_ms = NowMs();
+          box->last_active_ms = SteadyClockMs();
         }
         std::string kill_reason;
         {

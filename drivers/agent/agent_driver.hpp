@@ -1,5 +1,5 @@
 // What every kind whose sandboxes are served by dsec-agent shares
-// (containers now; microVMs and VMs next): exec with its defaults, the
+// (containers, microVMs and VMs): exec with its defaults, the
 // table of runs in flight and their kills, streamed output, files, the
 // per-exec limit check, and the verdicts (drivers/verdict.hpp). A kind
 // derives from AgentDriver, starts and stops its boxes, connects each box's

@@ -15,7 +15,9 @@
 
 #include "drivers/spawner/spawner.pb.h"
 #include "drivers/images/image_store.hpp"
+#include "runtime/clock.hpp"
 #include "runtime/files.hpp"
+#include "runtime/proto_json.hpp"
 #include "runtime/unique_fd.hpp"
 
 namespace dsec::drivers {
@@ -85,10 +87,6 @@ struct ContainerDriver::Box : AgentBox {
 
 namespace {
 
-int64_t NowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 }  // namespace
 
@@ -356,7 +354,7 @@ Result<std::string> ContainerDriver::CreateNow(const v1::SandboxRecord& sb) {
                  std::to_string(ms(t_spawned - t_sent)) + " ms, agent handshake " +
                  std::to_string(ms(t_done - t_spawned)) + " ms)");
   }
-  box->last_active_ms = NowMs();
+  box->last_active_ms = SteadyClockMs();
   {
     std::lock_guard<std::mutex> lk(mu_);
     boxes_[id] = box;
@@ -382,7 +380,7 @@ std::shared_ptr<AgentBox> ContainerDriver::FindBox(const std::string& id) const 
 
 Status ContainerDriver::Wake(Box& b) {
   std::lock_guard<std::mutex> lk(b.idle_mu);
-  b.last_active_ms = NowMs();
+  b.last_active_ms = SteadyClockMs();
   if (!b.idle_frozen) return Status::Ok();
   b.idle_frozen = false;
   return b.groups->Freeze(b.cgroup_rel, false);
@@ -402,7 +400,7 @@ void ContainerDriver::IdleLoop() {
       std::lock_guard<std::mutex> lk(mu_);
       for (const auto& [id, b] : boxes_) boxes.push_back(b);
     }
-    int64_t now = NowMs();
+    int64_t now = SteadyClockMs();
     for (const auto& b : boxes) {
       std::lock_guard<std::mutex> lk(b->idle_mu);
       if (b->idle_frozen || b->user_paused || b->active > 0 || !b->groups) continue;
@@ -439,7 +437,7 @@ void ContainerDriver::Pause(const v1::SandboxRecord& sb, bool paused, StatusCall
       if (st.ok()) {
         box->user_paused = paused;
         box->idle_frozen = false;
-        box->last_active_ms = NowMs();
+        box->last_active_ms = SteadyClockMs();
       }
     }
     if (st.ok() && paused) ++paused_;
@@ -447,7 +445,7 @@ void ContainerDriver::Pause(const v1::SandboxRecord& sb, bool paused, StatusCall
   });
 }
 
-void ContainerDriver::Destroy(const v1::SandboxRecord& sb, StatusCallback done) {
+void ContainerDriver::Destroy(const v1::SandboxRecord& sb, const std::string&, StatusCallback done) {
   // The image's hold goes with the box (DestroyNow): a container this
   // process never held (not re-adopted, or destroyed before) has none to
   // give back, whatever its record says.
@@ -514,13 +512,18 @@ Result<container::ContainerState> ContainerDriver::ParseState(const std::string&
   return state;
 }
 
-void ContainerDriver::Readopt(const v1::SandboxRecord& sb, StatusCallback done) {
-  Work([this, sb, done = std::move(done)] { done(ReadoptNow(sb)); });
+std::string ContainerDriver::DescribeState(const std::string& driver_state) const {
+  auto state = ParseState(driver_state);
+  return state.ok() ? DumpJson(ProtoJson(*state)) : std::string();
 }
 
-Status ContainerDriver::ReadoptNow(const v1::SandboxRecord& sb) {
+void ContainerDriver::Readopt(const v1::SandboxRecord& sb, const std::string& driver_state, StatusCallback done) {
+  Work([this, sb, driver_state, done = std::move(done)] { done(ReadoptNow(sb, driver_state)); });
+}
+
+Status ContainerDriver::ReadoptNow(const v1::SandboxRecord& sb, const std::string& driver_state) {
   // Unreadable: its dir stays a leftover, which RestoredNow removes.
-  auto state = ParseState(sb.driver_state());
+  auto state = ParseState(driver_state);
   if (!state.ok()) return state.status().Annotate("container " + sb.id());
   (void)ClaimLeftover(sb.id());  // its dir is its own from here, kept or removed
   auto box = std::make_shared<Box>();
@@ -556,7 +559,7 @@ Status ContainerDriver::ReadoptNow(const v1::SandboxRecord& sb) {
   bool paused = sb.phase() == v1::SANDBOX_PHASE_PAUSED;
   if (paused && connected.ok()) connected = groups_->Freeze(box->cgroup_rel, true);
   box->user_paused = paused;
-  box->last_active_ms = NowMs();
+  box->last_active_ms = SteadyClockMs();
   if (!connected.ok()) {
     mounts_->Release(box->digest);
     return fail(connected);

@@ -66,15 +66,16 @@ class ContainerDriver : public AgentDriver {
   Status CanHandle(const v1::SandboxSpec& spec) const override;
   void Create(const v1::SandboxRecord& sandbox, CreateCallback done) override;
   void Pause(const v1::SandboxRecord& sandbox, bool paused, StatusCallback done) override;
-  void Destroy(const v1::SandboxRecord& sandbox, StatusCallback done) override;
-  void Readopt(const v1::SandboxRecord& sandbox, StatusCallback done) override;
+  void Destroy(const v1::SandboxRecord& sandbox, const std::string& driver_state, StatusCallback done) override;
+  void Readopt(const v1::SandboxRecord& sandbox, const std::string& driver_state, StatusCallback done) override;
   Result<uint64_t> DiskUsage(const v1::SandboxRecord& sandbox) const override;
   void Restored() override;
   std::string StatsJson() const override;
+  std::string DescribeState(const std::string& driver_state) const override;
 
   // Image mounts, for the registry's "in use" check.
   std::vector<std::string> ImageUsers(const std::string& digest) const;
-  // A record's driver_state (ContainerState; a JSON object from older dsecs).
+  // A sandbox's driver state (ContainerState; a JSON object from older dsecs).
   static Result<container::ContainerState> ParseState(const std::string& raw);
   // Stops the worker and the spawner; containers keep running.
   void Stop() override;
@@ -85,7 +86,7 @@ class ContainerDriver : public AgentDriver {
   void Work(std::function<void()> job);  // on the worker thread
   void OnEvent(spawner::Event& ev);
   Result<std::string> CreateNow(const v1::SandboxRecord& sb);
-  Status ReadoptNow(const v1::SandboxRecord& sb);
+  Status ReadoptNow(const v1::SandboxRecord& sb, const std::string& driver_state);
   void RestoredNow();
   // At start, before any container of this run: the last run's kept dirs
   // and groups, and its sandbox dirs as leftovers (see leftovers_).

@@ -116,7 +116,7 @@ void FncallDriver::Create(const v1::SandboxRecord& sandbox, CreateCallback done)
   else done(st);
 }
 
-void FncallDriver::Destroy(const v1::SandboxRecord&, StatusCallback done) { done(Status::Ok()); }
+void FncallDriver::Destroy(const v1::SandboxRecord&, const std::string&, StatusCallback done) { done(Status::Ok()); }
 
 void FncallDriver::Exec(const v1::SandboxRecord& sandbox, const std::string& run_id,
                         const v1::ExecRequest& req, ExecCallback done) {

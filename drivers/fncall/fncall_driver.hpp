@@ -62,8 +62,8 @@ class FncallDriver : public Driver {
   void Exec(const v1::SandboxRecord& sandbox, const std::string& run_id,
             const v1::ExecRequest& req, ExecCallback done) override;
   Status Kill(const std::string& run_id, const std::string& reason) override;
-  void Destroy(const v1::SandboxRecord& sandbox, StatusCallback done) override;
-  void Readopt(const v1::SandboxRecord& sandbox, StatusCallback done) override { done(Available()); }
+  void Destroy(const v1::SandboxRecord& sandbox, const std::string& driver_state, StatusCallback done) override;
+  void Readopt(const v1::SandboxRecord&, const std::string&, StatusCallback done) override { done(Available()); }
   std::string StatsJson() const override;
 
   // Sends Shutdown, waits for the spawner to clean up and exit, fails what is

@@ -10,6 +10,7 @@
 #include <memory>
 
 #include "runtime/files.hpp"
+#include "dsec/store/v1/records.pb.h"
 #include "state/table.hpp"
 
 namespace dsec::images {
@@ -128,8 +129,9 @@ Status ImageStore::Register(const v1::ImageManifest& manifest, bool replace) {
 
 std::vector<std::string> ImageStore::Users(const std::string& name) const {
   std::vector<std::string> users;
-  (void)state::TypedTable<v1::SandboxRecord>(store_, state::Table::kSandboxes)
-      .Scan("", [&](const std::string&, v1::SandboxRecord&& r) {
+  (void)state::TypedTable<store::v1::SandboxRow>(store_, state::Table::kSandboxes)
+      .Scan("", [&](const std::string&, store::v1::SandboxRow&& row) {
+        auto& r = *row.mutable_record();
         if (r.spec().image() == name && r.phase() != v1::SANDBOX_PHASE_STOPPED) users.push_back("sandbox " + r.id());
         return true;
       });

@@ -1,5 +1,6 @@
 // dsec-spawner's event loop: the protocol with dsecd, signals, and the life of a
-// run from "go" to its Outcome. The warm pool lives in spawner_pool.cpp.
+// run from "go" to its Outcome. The warm pools live in runner_pool.cpp (fncall
+// runners) and container_pool.cpp (container inits).
 #include "drivers/spawner/spawner_internal.hpp"
 
 namespace dsec::fncall {

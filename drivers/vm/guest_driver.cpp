@@ -8,16 +8,14 @@
 #include <nlohmann/json.hpp>
 
 #include "drivers/vm/vm_state.pb.h"
+#include "runtime/clock.hpp"
 #include "runtime/files.hpp"
+#include "runtime/proto_json.hpp"
 
 namespace dsec::drivers {
 
 namespace {
 
-int64_t NowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 constexpr uint64_t kMiB = 1ull << 20;
 // A worker waits out a boot (QEMU does the work): up to this many boots at
@@ -93,7 +91,7 @@ void GuestDriver::ReclaimLoop() {
       std::lock_guard<std::mutex> b(mu_);
       for (const auto& [id, box] : boxes_) boxes.push_back(box);
     }
-    int64_t now = NowMs();
+    int64_t now = SteadyClockMs();
     for (const auto& box : boxes) {
       {
         std::lock_guard<std::mutex> b(box->idle_mu);
@@ -231,7 +229,7 @@ Result<std::shared_ptr<AgentBox>> GuestDriver::RunningBox(const std::string& id)
                                " is not running on this node (its agent is not connected)");
   {
     std::lock_guard<std::mutex> lk(box->idle_mu);
-    box->last_active_ms = NowMs();
+    box->last_active_ms = SteadyClockMs();
   }
   return std::shared_ptr<AgentBox>(box);
 }
@@ -268,7 +266,7 @@ Result<std::string> GuestDriver::CreateNow(const v1::SandboxRecord& sb) {
   }
   box->id = id;
   box->limits = sb.spec().limits();
-  box->last_active_ms = NowMs();
+  box->last_active_ms = SteadyClockMs();
   {
     std::lock_guard<std::mutex> lk(mu_);
     boxes_[id] = box;
@@ -379,7 +377,7 @@ std::shared_ptr<GuestDriver::Box> GuestDriver::TakeFromPool(const std::string& k
     {
       std::lock_guard<std::mutex> lk(mu_);
       auto& pool = pools_[key];
-      pool.used_ms = NowMs();
+      pool.used_ms = SteadyClockMs();
       if (pool.ready.empty()) return nullptr;
       box = pool.ready.front();
       pool.ready.pop_front();
@@ -464,12 +462,12 @@ Status GuestDriver::DestroyNow(const std::string& id, const std::string& mid, pi
   return Status::Ok();
 }
 
-void GuestDriver::Destroy(const v1::SandboxRecord& sb, StatusCallback done) {
+void GuestDriver::Destroy(const v1::SandboxRecord& sb, const std::string& driver_state, StatusCallback done) {
   auto box = Find(sb.id());
   pid_t pid = box ? box->pid : 0;
   std::string mid = box ? box->mid : sb.id();
   dsec::vm::VmState state;
-  if (!box && state.ParseFromString(sb.driver_state())) {
+  if (!box && state.ParseFromString(driver_state)) {
     pid = state.pid();
     if (!state.dir().empty()) mid = state.dir().substr(state.dir().rfind('/') + 1);
   }
@@ -511,18 +509,23 @@ void GuestDriver::Pause(const v1::SandboxRecord& sb, bool paused, StatusCallback
   });
 }
 
-void GuestDriver::Readopt(const v1::SandboxRecord& sb, StatusCallback done) {
-  WorkOn(sb.id(), [this, sb, done = std::move(done)] {
-    Status s = ReadoptNow(sb);
+std::string GuestDriver::DescribeState(const std::string& driver_state) const {
+  dsec::vm::VmState state;
+  return state.ParseFromString(driver_state) ? DumpJson(ProtoJson(state)) : std::string();
+}
+
+void GuestDriver::Readopt(const v1::SandboxRecord& sb, const std::string& driver_state, StatusCallback done) {
+  WorkOn(sb.id(), [this, sb, driver_state, done = std::move(done)] {
+    Status s = ReadoptNow(sb, driver_state);
     if (s.ok()) ++readopted_;
     done(s);
   });
 }
 
-Status GuestDriver::ReadoptNow(const v1::SandboxRecord& sb) {
+Status GuestDriver::ReadoptNow(const v1::SandboxRecord& sb, const std::string& driver_state) {
   const std::string kind = kind_name_;
   dsec::vm::VmState state;
-  if (!state.ParseFromString(sb.driver_state()) || state.dir().empty())
+  if (!state.ParseFromString(driver_state) || state.dir().empty())
     return Status::FailedPrecondition(kind + " " + sb.id() + ": its driver state is not a VmState");
   auto box = std::make_shared<Box>();
   box->id = sb.id();
@@ -559,7 +562,7 @@ Status GuestDriver::ReadoptNow(const v1::SandboxRecord& sb) {
   }
   if (!connected.ok()) return fail(connected.Annotate(kind + " " + sb.id() + ": re-adopt"));
   box->paused = paused;
-  box->last_active_ms = NowMs();
+  box->last_active_ms = SteadyClockMs();
   {
     std::lock_guard<std::mutex> lk(mu_);
     boxes_[sb.id()] = box;

@@ -75,10 +75,11 @@ class GuestDriver : public AgentDriver {
   Status CanHandle(const v1::SandboxSpec& spec) const override;
   void Create(const v1::SandboxRecord& sandbox, CreateCallback done) override;
   void Pause(const v1::SandboxRecord& sandbox, bool paused, StatusCallback done) override;
-  void Destroy(const v1::SandboxRecord& sandbox, StatusCallback done) override;
-  void Readopt(const v1::SandboxRecord& sandbox, StatusCallback done) override;
+  void Destroy(const v1::SandboxRecord& sandbox, const std::string& driver_state, StatusCallback done) override;
+  void Readopt(const v1::SandboxRecord& sandbox, const std::string& driver_state, StatusCallback done) override;
   void Restored() override;
   std::string StatsJson() const override;
+  std::string DescribeState(const std::string& driver_state) const override;
   std::string accelerator() const override { return accel_; }
   void Stop() override;
 
@@ -169,7 +170,7 @@ class GuestDriver : public AgentDriver {
   // Stops every pooled guest (dsecd stops; a guest in no record would be
   // swept at the next start anyway).
   void DrainPools();
-  Status ReadoptNow(const v1::SandboxRecord& sb);
+  Status ReadoptNow(const v1::SandboxRecord& sb, const std::string& driver_state);
   // StopMachine, then the VM's dir and, for sandbox `id` ("" for a pooled
   // guest), its box. Ok when nothing of it is left.
   Status DestroyNow(const std::string& id, const std::string& mid, pid_t pid);

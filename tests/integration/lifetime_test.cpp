@@ -9,26 +9,22 @@
 #include <set>
 #include <thread>
 
+#include "runtime/clock.hpp"
 #include "tests/support/container_fixture.hpp"
 
 namespace dsec::testing {
 namespace {
 
 using ::testing::HasSubstr;
-using Clock = std::chrono::system_clock;
-
-int64_t NowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now().time_since_epoch()).count();
-}
 
 // Polls until sandbox `id` is gone (NotFound): the time it was first seen
 // gone (epoch ms), or 0 when it is still there at `deadline_ms`.
 int64_t WhenGone(Client& c, const std::string& id, int64_t deadline_ms, std::string* why = nullptr) {
-  while (NowMs() < deadline_ms) {
+  while (WallClockMs() < deadline_ms) {
     auto sb = c.Attach(id);
     if (!sb.ok() && sb.status().code() == Status::Code::kNotFound) {
       if (why) *why = sb.status().message();
-      return NowMs();
+      return WallClockMs();
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));  // polling for the sandbox to go
   }
@@ -37,9 +33,9 @@ int64_t WhenGone(Client& c, const std::string& id, int64_t deadline_ms, std::str
 
 // Polls until the sandbox's phase is `phase`: when, or 0 at the deadline.
 int64_t WhenPhase(const Sandbox& sb, v1::SandboxPhase phase, int64_t deadline_ms) {
-  while (NowMs() < deadline_ms) {
+  while (WallClockMs() < deadline_ms) {
     auto r = sb.Get();
-    if (r.ok() && r->phase() == phase) return NowMs();
+    if (r.ok() && r->phase() == phase) return WallClockMs();
     std::this_thread::sleep_for(std::chrono::milliseconds(20));  // polling for the phase
   }
   return 0;
@@ -179,13 +175,13 @@ TEST_F(Lifetime, TheSandboxesOfAKilledClientGoAfterTheLeaseAndDetachedOnesStay) 
     EXPECT_EQ(r->expires_because(), "ttl");
   }
   (*child)->Kill9();
-  int64_t killed = NowMs();
+  int64_t killed = WallClockMs();
   for (const auto& id : owned) {
     int64_t gone = WhenGone(*client_, id, killed + 10000);
     ASSERT_GT(gone, 0) << id << " still there 10 s after its owner died (lease 2 s)";
     EXPECT_GE(gone - killed, 1900) << id << " went before the lease was over";
   }
-  EXPECT_LE(NowMs() - killed, 2000 + 1000 + 1500) << "the last went more than a second after the lease (+ polling)";
+  EXPECT_LE(WallClockMs() - killed, 2000 + 1000 + 1500) << "the last went more than a second after the lease (+ polling)";
   for (const auto& id : owned) EXPECT_EQ(Remains(id), "") << id;
   for (const auto& id : detached) {
     auto sb = client_->Attach(id);
@@ -221,7 +217,7 @@ TEST_F(LifetimeRestart, EndsHoldAcrossAKill9AndAReconnectingOwnerKeepsItsSandbox
   d->Kill9();
   std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // dsecd stays down past `past`'s ttl
   ASSERT_TRUE(d->Restart().ok());
-  int64_t restarted = NowMs();
+  int64_t restarted = WallClockMs();
   int64_t gone = WhenGone(*c, past->id(), restarted + 5000);
   ASSERT_GT(gone, 0) << "a ttl that passed while dsecd was down";
   EXPECT_LE(gone - restarted, 1000) << "ms after the restart";

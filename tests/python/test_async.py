@@ -41,7 +41,7 @@ def test_every_async_call(container_daemon: Daemon) -> None:
             assert c.connected and c.connections == 1 and len(c.client_id) == 32
             r = await c.run("echo $X", env={"X": "y"}, timeout=5)
             assert r.text == "y\n"
-            async with await c.create(kind="container", image=IMAGE) as sb:
+            async with await c.create(kind="container", image=IMAGE, labels={"case": "async"}) as sb:
                 assert (await sb.get()).phase == "running"
                 await sb.write_file("/work/a.txt", "one\n", make_parents=True)
                 assert await sb.read_file("/work/a.txt") == b"one\n"
@@ -55,6 +55,10 @@ def test_every_async_call(container_daemon: Daemon) -> None:
                 await sb.pause()
                 assert (await sb.get()).phase == "paused"
                 await sb.resume()
+                ends = await sb.set_timeout(600)
+                assert ends.expires_because == "ttl" and ends.expires_ms > 0
+                page = await c.list_sandboxes(labels={"case": "async"}, state="running", kind="container")
+                assert [r.id for r in page.sandboxes] == [sb.id] and page.next_page_token == ""
                 same = await c.attach(sb.id)
                 assert (await same.exec("cat /work/a.txt")).text == "one\n"
                 sid = sb.id

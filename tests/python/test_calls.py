@@ -185,3 +185,33 @@ def test_records_compare_print_and_turn_into_dicts(client: dsec.Client) -> None:
     with pytest.raises(TypeError, match="no field 'timeout'"):
         dsec.Limits(timeout=5)
     assert set(dsec.KINDS) >= {"fncall", "container", "microvm", "vm", "auto"}
+
+
+def test_set_timeout_and_list_sandboxes(client: dsec.Client) -> None:
+    made = [client.create(kind="fncall", labels={"case": "list", "n": str(i)}) for i in range(5)]
+    try:
+        rec = made[0].set_timeout(120)
+        assert rec.expires_because == "ttl" and rec.spec.ttl_s >= 120
+        with pytest.raises(dsec.InvalidArgument, match="1 or more"):
+            made[0].set_timeout(0)
+        with pytest.raises(dsec.InvalidArgument, match="--sandbox-max-ttl"):
+            made[0].set_timeout(30 * 24 * 3600)
+        ids, token = [], ""
+        while True:
+            page = client.list_sandboxes(labels={"case": "list"}, state=["running"], kind="fncall", limit=2,
+                                         page_token=token)
+            assert isinstance(page, dsec.SandboxPage) and len(page.sandboxes) <= 2
+            ids += [r.id for r in page.sandboxes]
+            token = page.next_page_token
+            if not token:
+                break
+        assert ids == sorted(sb.id for sb in made)
+        assert client.list_sandboxes(labels={"case": "list", "n": "3"}).sandboxes[0].id == made[3].id
+        with pytest.raises(dsec.InvalidArgument, match="not one this server gave"):
+            client.list_sandboxes(page_token="nonsense")
+        with pytest.raises(TypeError):
+            client.list_sandboxes(state=3)
+    finally:
+        for sb in made:
+            sb.destroy()
+

@@ -107,14 +107,10 @@ std::string ContainerTest::FreezerState(const std::string& id) {
 }
 
 int ContainerTest::InitPid(const Sandbox& sb) {
-  auto rec = sb.Get();
-  if (!rec.ok()) {
-    ADD_FAILURE() << sb.id() << ": " << rec.status().ToString();
-    return 0;
-  }
-  container::ContainerState state;
-  int pid = state.ParseFromString(rec->driver_state()) ? state.init_pid() : 0;
-  if (pid <= 0) ADD_FAILURE() << sb.id() << ": no init pid in the driver state " << state.ShortDebugString();
+  // The console's inspect shows the driver's state, decoded.
+  auto j = daemon_->Admin("inspect " + sb.id());
+  int pid = j.value("ok", false) ? j["sandbox"]["driver_state"].value("init_pid", 0) : 0;
+  if (pid <= 0) ADD_FAILURE() << sb.id() << ": no init pid in the console's inspect: " << j.dump();
   return pid;
 }
 

@@ -64,7 +64,8 @@ class ContainerTest : public ::testing::Test {
   // (any hierarchy, v1 or v2); "" when nothing is left.
   static std::string Remains(const std::string& sandbox_id);
   // The host pid of the container's init (its agent), from the driver's
-  // state; 0 (and a test failure recorded) when there is none.
+  // state (the console's inspect); 0 (and a test failure recorded) when
+  // there is none.
   static int InitPid(const Sandbox& sb);
   // The container's freezer.state ("THAWED", "FROZEN"; "" when it has no
   // group); under cgroup v2, the same read off cgroup.events.

@@ -92,6 +92,11 @@ class Sandbox {
   // Freeze every process (memory kept, no CPU used) / continue them.
   Status Pause() const;
   Status Resume() const;
+  // Its lifetime from now: it is destroyed `seconds` from now, sooner or
+  // later than its ttl said, within the node's maximum ttl (dsecd
+  // --sandbox-max-ttl). Its record comes back with the new end
+  // (expires_ms). A session's sandboxes end with the session: refused.
+  Result<v1::SandboxRecord> SetTimeout(uint32_t seconds) const;
   // Files (container kinds). Paths are absolute, without "..", and resolve
   // inside the sandbox.
   Result<std::string> ReadFile(const std::string& path, uint64_t max_bytes = 0) const;
@@ -107,6 +112,7 @@ class Sandbox {
   void DestroyAsync(DoneStatus done) const;
   void PauseAsync(DoneStatus done) const;
   void ResumeAsync(DoneStatus done) const;
+  void SetTimeoutAsync(uint32_t seconds, Done<v1::SandboxRecord> done) const;
   void ReadFileAsync(const std::string& path, uint64_t max_bytes, Done<std::string> done) const;
   void WriteFileAsync(const std::string& path, const std::string& content, uint32_t mode, bool make_parents,
                       DoneStatus done) const;
@@ -232,6 +238,12 @@ class Client {
   Result<Sandbox> Create(const v1::SandboxSpec& spec, const CreateOptions& options);
   // A handle to an existing sandbox (NotFound when the node has none by that id).
   Result<Sandbox> Attach(const std::string& sandbox_id);
+  // Sandboxes that match every filter of `filter` (phases, kinds, image,
+  // labels, owner, created after, session: v1::ListSandboxesRequest), one
+  // page in the order of their ids; a controller lists every node's. For
+  // the next page, pass the reply's next_page_token as filter.page_token
+  // ("" after the last page).
+  Result<v1::ListSandboxesReply> ListSandboxes(const v1::ListSandboxesRequest& filter = {});
 
   // Opens a session by name, or re-opens it (idempotent with the same specs).
   // Its sandboxes exist when this returns.
@@ -250,6 +262,7 @@ class Client {
   // Callback forms (see Done).
   void CreateAsync(const v1::SandboxSpec& spec, const CreateOptions& options, Done<Sandbox> done);
   void AttachAsync(const std::string& sandbox_id, Done<Sandbox> done);
+  void ListSandboxesAsync(const v1::ListSandboxesRequest& filter, Done<v1::ListSandboxesReply> done);
   void OpenSessionAsync(const std::string& name, const v1::SandboxSpec& spec, const SessionOptions& options,
                         Done<Session> done);
   void AttachSessionAsync(const std::string& name, Done<Session> done);

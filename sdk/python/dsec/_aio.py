@@ -17,9 +17,9 @@ from typing import Any, List, Mapping, Optional, Union
 
 from . import _args, _core
 from ._errors import NotFound
-from ._client import Chunk, _Connection, _chunks, _content, _flag, _mode, _nonneg
-from ._records import (ExecResult, FileList, ImageManifest, SandboxRecord, SessionRecord, StepMeta, StepRecord,
-                       StepReply)
+from ._client import Chunk, _Connection, _chunks, _content, _flag, _mode, _nonneg, _positive_seconds
+from ._records import (ExecResult, FileList, ImageManifest, SandboxPage, SandboxRecord, SessionRecord, StepMeta,
+                       StepRecord, StepReply)
 
 
 def _settle(fut: "asyncio.Future[Any]", failed: bool, value: Any) -> None:
@@ -119,6 +119,10 @@ class AsyncSandbox:
 
     async def resume(self) -> None:
         await _call(self._sb.resume)
+
+    async def set_timeout(self, seconds: float) -> SandboxRecord:
+        """See dsec.Sandbox.set_timeout."""
+        return await _call(self._sb.set_timeout, _positive_seconds(seconds))
 
     async def read_file(self, path: _args.PathArg, *, max_bytes: int = 0) -> bytes:
         return await _call(self._sb.read_file, _args.path(path), _nonneg(max_bytes, "max_bytes"))
@@ -237,6 +241,16 @@ class AsyncClient(_Connection):
 
     async def attach(self, sandbox_id: str) -> AsyncSandbox:
         return AsyncSandbox(self, await _call(self._c.attach, _args.name(sandbox_id, "sandbox id")))
+
+    async def list_sandboxes(self, *, state: Any = None, kind: Any = None, image: Optional[str] = None,
+                             labels: Optional[Mapping[str, str]] = None, owner: Optional[str] = None,
+                             created_after: Optional[float] = None, session: Optional[str] = None,
+                             node: Optional[str] = None, limit: int = 0, page_token: str = "") -> SandboxPage:
+        """See dsec.Client.list_sandboxes."""
+        f = _args.list_filter(state=state, kind=kind, image=image, labels=labels, owner=owner,
+                              created_after=created_after, session=session, node=node, limit=limit,
+                              page_token=page_token)
+        return await _call(self._c.list_sandboxes, f)
 
     async def open_session(self, name: str, *, kind: Optional[str] = None, image: Optional[str] = None,
                            sandboxes: Optional[Mapping[str, Any]] = None, lease: Optional[float] = None,

@@ -284,3 +284,40 @@ def more_sandboxes(value: Any) -> Dict[str, Dict[str, Any]]:
 
 _SPEC_ARGS = frozenset(["kind", "image", "limits", "timeout", "memory", "network", "env", "workdir", "labels",
                         "isolation", "ttl", "idle_timeout", "on_idle"])
+
+
+def _names(value: Any, what: str) -> List[str]:
+    """One name or a list of them (str each)."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, (list, tuple, set, frozenset)):
+        raise TypeError(f"dsec: {what} is a str or a list of str, not {type(value).__name__}")
+    return [text(v, f"{what}[{i}]") for i, v in enumerate(value)]
+
+
+def list_filter(*, state: Any = None, kind: Any = None, image: Any = None, labels: Any = None, owner: Any = None,
+                created_after: Any = None, session: Any = None, node: Any = None, limit: Any = 0,
+                page_token: Any = "") -> Dict[str, Any]:
+    """A ListSandboxesRequest as a dict; `created_after` in seconds since the epoch (a float, as time.time())."""
+    out: Dict[str, Any] = {"phases": _names(state, "state"), "kinds": _names(kind, "kind")}
+    if image is not None:
+        out["image"] = text(image, "image")
+    if labels is not None:
+        out["labels"] = string_map(labels, "labels")
+    if owner is not None:
+        out["owner"] = text(owner, "owner")
+    if created_after is not None:
+        v = _seconds(created_after, "created_after")
+        if v < 0:
+            raise InvalidArgument(f"created_after must not be negative (got {created_after!r})")
+        out["created_after_ms"] = int(v * 1000)
+    if session is not None:
+        out["session"] = text(session, "session")
+    if node is not None:
+        out["node"] = text(node, "node")
+    out["limit"] = count(limit, "limit", U32)
+    out["page_token"] = text(page_token, "page_token")
+    return out
+

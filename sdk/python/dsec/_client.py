@@ -12,9 +12,9 @@ import weakref
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Union
 
 from . import _args, _core
-from ._errors import NotFound
-from ._records import (ExecResult, FileList, ImageManifest, SandboxRecord, SessionRecord, StepMeta, StepRecord,
-                       StepReply, StepsPage)
+from ._errors import InvalidArgument, NotFound
+from ._records import (ExecResult, FileList, ImageManifest, SandboxPage, SandboxRecord, SessionRecord, StepMeta,
+                       StepRecord, StepReply, StepsPage)
 
 _live: "weakref.WeakSet[_core.Client]" = weakref.WeakSet()
 
@@ -43,6 +43,14 @@ def connect(address: Optional[str] = None, *, token: Optional[str] = None, token
                         rpc_timeout_s=secs(rpc_timeout, "rpc_timeout", 30.0), threads=int(threads))
     _live.add(core)
     return core
+
+
+def _positive_seconds(value: Any) -> int:
+    """A timeout: whole seconds, 1 or more (rounded up)."""
+    v = _args.whole_seconds(value, "seconds")
+    if not v:
+        raise InvalidArgument(f"seconds must be 1 or more (got {value!r}); destroy() ends a sandbox now")
+    return v
 
 
 class Chunk:
@@ -142,6 +150,11 @@ class Sandbox:
 
     def resume(self) -> None:
         self._sb.resume(None)
+
+    def set_timeout(self, seconds: float) -> SandboxRecord:
+        """Ends the sandbox `seconds` from now, sooner or later than its ttl said
+        (within the node's maximum); its record comes back with the new end."""
+        return self._sb.set_timeout(_positive_seconds(seconds), None)
 
     def read_file(self, path: _args.PathArg, *, max_bytes: int = 0) -> bytes:
         """A file's content (absolute path inside the sandbox; max_bytes 0: up to 64 MiB)."""
@@ -322,6 +335,21 @@ class Client(_Connection):
     def attach(self, sandbox_id: str) -> Sandbox:
         """A handle to an existing sandbox (dsec.NotFound if there is none)."""
         return Sandbox(self, self._c.attach(_args.name(sandbox_id, "sandbox id"), None))
+
+    def list_sandboxes(self, *, state: Any = None, kind: Any = None, image: Optional[str] = None,
+                       labels: Optional[Mapping[str, str]] = None, owner: Optional[str] = None,
+                       created_after: Optional[float] = None, session: Optional[str] = None,
+                       node: Optional[str] = None, limit: int = 0, page_token: str = "") -> SandboxPage:
+        """One page of the sandboxes that match every filter given, in the order of their ids.
+
+        state and kind take a name or a list ("running", ["container", "microvm"]);
+        labels must all match; created_after is seconds since the epoch. limit 0
+        means 100 (at most 1000); pass the page's next_page_token as page_token
+        for the next one. A controller lists every node's."""
+        f = _args.list_filter(state=state, kind=kind, image=image, labels=labels, owner=owner,
+                              created_after=created_after, session=session, node=node, limit=limit,
+                              page_token=page_token)
+        return self._c.list_sandboxes(f, None)
 
     def open_session(self, name: str, *, kind: Optional[str] = None, image: Optional[str] = None,
                      sandboxes: Optional[Mapping[str, Any]] = None, lease: Optional[float] = None,

@@ -130,7 +130,6 @@ class SandboxRecord(Record):
     error: str
     exec_count: int
     restarts: int
-    driver_state: bytes
     owner: str
     lease_s: int
     session: str
@@ -302,6 +301,15 @@ class StepReply(Record):
     def replayed(self) -> bool:
         """Answered from the log (it had run before); the program did not run again."""
         return self.fast_forwarded
+
+
+class SandboxPage(Record):
+    """A page of Client.list_sandboxes: the records, and where the next page
+    starts (pass it as page_token; "" after the last page)."""
+
+    _message = "dsec.v1.ListSandboxesReply"
+    sandboxes: List[SandboxRecord]
+    next_page_token: str
 
 
 class StepsPage(Record):

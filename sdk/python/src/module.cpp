@@ -608,6 +608,13 @@ PYBIND11_MODULE(_core, m) {
            [](const PySandbox& s, pb::object aio) {
              return Issue<Status>(s.core, aio, [&s](Client&, DoneStatus d) { s.sb.ResumeAsync(std::move(d)); }, None);
            })
+      .def("set_timeout",
+           [](const PySandbox& s, uint32_t seconds, pb::object aio) {
+             return Issue<Result<v1::SandboxRecord>>(
+                 s.core, aio,
+                 [&s, seconds](Client&, Done<v1::SandboxRecord> d) { s.sb.SetTimeoutAsync(seconds, std::move(d)); },
+                 [](Result<v1::SandboxRecord>& r) { return ToPy(*r); });
+           })
       .def("read_file",
            [](const PySandbox& s, std::string path, uint64_t max_bytes, pb::object aio) {
              return Issue<Result<std::string>>(
@@ -734,6 +741,14 @@ PYBIND11_MODULE(_core, m) {
              return Issue<Result<Sandbox>>(
                  core, aio, [id](Client& c, Done<Sandbox> d) { c.AttachAsync(id, std::move(d)); },
                  [weak = std::weak_ptr<Core>(core)](Result<Sandbox>& r) { return pb::cast(PySandbox{Strong(weak), *r}); });
+           })
+      .def("list_sandboxes",
+           [](const CoreRef& core, pb::object filter, pb::object aio) {
+             auto req = Proto<v1::ListSandboxesRequest>(filter, "filter");
+             return Issue<Result<v1::ListSandboxesReply>>(
+                 core, aio,
+                 [req](Client& c, Done<v1::ListSandboxesReply> d) { c.ListSandboxesAsync(req, std::move(d)); },
+                 [](Result<v1::ListSandboxesReply>& r) { return ToPy(*r); });
            })
       .def("open_session",
            [](const CoreRef& core, std::string name, pb::object spec, pb::dict more, uint32_t lease_s,

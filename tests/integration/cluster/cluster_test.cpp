@@ -22,6 +22,8 @@
 #include <mutex>
 #include <optional>
 #include <random>
+#include <set>
+#include <sstream>
 
 #include "actors/cluster.hpp"
 #include "harness/daemon.hpp"
@@ -177,6 +179,85 @@ TEST_F(Cluster, ContainersLandOnEveryNodeInProportionToItsSlotsAndAnswerFromTher
   EXPECT_TRUE(inspect.value("ok", false)) << inspect.dump();
   EXPECT_EQ(inspect["sandbox"].value("id", ""), made[0].id());
   for (const auto& sb : made) EXPECT_TRUE(sb.Destroy().ok());
+}
+
+// ListSandboxes through the controller, as an operator pages through it:
+// `dsecctl ls --label k=v --state running --limit 10` and then
+// --page-token, page after page, lists every match once, in id order, from
+// every node, and nothing else.
+TEST_F(Cluster, DsecctlLsPagesThroughAThousandSandboxesOfEveryNode) {
+  constexpr int kCount = 1000, kOthers = 40;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::set<std::string> want;
+  std::vector<Sandbox> made;
+  int answered = 0;
+  std::vector<std::string> errors;
+  for (int i = 0; i < kCount + kOthers; ++i) {
+    v1::SandboxSpec spec = FncallSpec();
+    (*spec.mutable_labels())["batch"] = i < kCount ? "paged" : "other";
+    client_->CreateAsync(spec, CreateOptions{}, [&, i](Result<Sandbox> sb) {
+      std::lock_guard<std::mutex> lk(mu);
+      if (sb.ok()) {
+        made.push_back(*sb);
+        if (i < kCount) want.insert(sb->id());
+      } else {
+        errors.push_back(sb.status().ToString());
+      }
+      ++answered;
+      cv.notify_all();
+    });
+  }
+  {
+    std::unique_lock<std::mutex> lk(mu);
+    cv.wait(lk, [&] { return answered == kCount + kOthers; });
+  }
+  ASSERT_TRUE(errors.empty()) << errors.size() << " creations failed, first: " << errors[0];
+  std::vector<std::string> listed;
+  std::set<std::string> nodes;
+  std::string token;
+  int pages = 0;
+  for (; pages < 200; ++pages) {
+    std::vector<std::string> argv = {BinDir() + "/dsecctl", "--data-dir", controller_->data_dir(), "ls",
+                                     "--label", "batch=paged", "--state", "running", "--limit", "10"};
+    if (!token.empty()) argv.insert(argv.end(), {"--page-token", token});
+    auto r = RunProcess(argv);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    std::istringstream lines(r.out);
+    std::string line;
+    std::getline(lines, line);
+    EXPECT_EQ(line.rfind("ID ", 0), 0u) << "a table with its header: " << line;
+    int rows = 0;
+    while (std::getline(lines, line)) {
+      std::istringstream cols(line);
+      std::string id, kind, image, state, node;
+      cols >> id >> kind >> image >> state >> node;
+      EXPECT_EQ(state, "running") << line;
+      EXPECT_NE(line.find("batch=paged"), std::string::npos) << line;
+      listed.push_back(id);
+      nodes.insert(node);
+      ++rows;
+    }
+    EXPECT_LE(rows, 10);
+    auto at = r.err.find("--page-token ");
+    if (at == std::string::npos) break;
+    token = r.err.substr(at + 13);
+    while (!token.empty() && (token.back() == '\n' || token.back() == ' ')) token.pop_back();
+  }
+  EXPECT_EQ(pages + 1, kCount / 10) << "pages of 10";
+  EXPECT_TRUE(std::is_sorted(listed.begin(), listed.end())) << "in id order across pages";
+  EXPECT_EQ(std::set<std::string>(listed.begin(), listed.end()).size(), listed.size()) << "each once";
+  EXPECT_EQ(std::set<std::string>(listed.begin(), listed.end()), want);
+  EXPECT_GE(nodes.size(), 2u) << "the controller lists every node's";
+  std::atomic<int> destroyed{0};
+  for (const auto& sb : made) sb.DestroyAsync([&](Status st) {
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    std::lock_guard<std::mutex> lk(mu);
+    ++destroyed;
+    cv.notify_all();
+  });
+  std::unique_lock<std::mutex> lk(mu);
+  cv.wait(lk, [&] { return destroyed == static_cast<int>(made.size()); });
 }
 
 TEST_F(Cluster, ASessionsStepsRunOnItsNodeAndTheLogIsThere) {
@@ -688,15 +769,15 @@ TEST_F(Cluster, GarbageAndHostileMessagesToTheControllerChangeNothing) {
   auto ctl = sdk::ConnectEntry(sys, host, port, *secret, std::chrono::seconds(5), 2 /* door::kCluster */);
   ASSERT_TRUE(ctl.ok()) << ctl.status().ToString();
   caf::scoped_actor self{sys};
-  auto ask_join = [&](v1::NodeJoin j, caf::actor entry) {
-    v1::JoinReply reply;
+  auto ask_join = [&](cluster::v1::NodeJoin j, caf::actor entry) {
+    cluster::v1::JoinReply reply;
     self->request(*ctl, std::chrono::seconds(10), join_atom::value, std::move(j), entry)
-        .receive([&](v1::JoinReply& r) { reply = std::move(r); },
+        .receive([&](cluster::v1::JoinReply& r) { reply = std::move(r); },
                  [&](caf::error& e) { ADD_FAILURE() << sys.render(e); });
     return reply;
   };
   auto bogus = sys.spawn([](caf::event_based_actor*) -> caf::behavior { return {[](int) {}}; });
-  v1::NodeJoin j;
+  cluster::v1::NodeJoin j;
   EXPECT_NE(ask_join(j, bogus).status().code(), v1::Status::OK) << "a join without an id";
   j.mutable_node()->set_id(std::string(100000, 'x'));
   EXPECT_NE(ask_join(j, bogus).status().code(), v1::Status::OK) << "a join with a 100 000-byte id";
@@ -707,7 +788,7 @@ TEST_F(Cluster, GarbageAndHostileMessagesToTheControllerChangeNothing) {
   j.mutable_node()->set_id(ids_[1]);
   EXPECT_EQ(ask_join(j, bogus).status().code(), v1::Status::ALREADY_EXISTS) << "another process taking a node's id";
   for (int i = 0; i < 200; ++i) {
-    v1::NodeLoad load;
+    cluster::v1::NodeLoad load;
     for (int k = 0; k < 50; ++k) {
       load.add_ended_sandboxes("sb-" + std::to_string(rng()));
       load.add_started_sandboxes(std::to_string(rng()));

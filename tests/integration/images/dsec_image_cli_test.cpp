@@ -9,6 +9,7 @@
 #include "drivers/images/image_store.hpp"
 #include "dsec/client.hpp"
 #include "state/store.hpp"
+#include "dsec/store/v1/records.pb.h"
 #include "state/table.hpp"
 #include "tests/integration/images/image_support.hpp"
 
@@ -154,7 +155,9 @@ TEST_F(DsecImageCli, OfflineImageInUseCannotBeRemoved) {
     rec.mutable_spec()->set_image("busy");
     rec.set_phase(phase);
     state::WriteBatch b;
-    state::TypedTable<v1::SandboxRecord>(db->get(), state::Table::kSandboxes).Put(&b, rec.id(), rec);
+    store::v1::SandboxRow row;
+    *row.mutable_record() = rec;
+    state::TypedTable<store::v1::SandboxRow>(db->get(), state::Table::kSandboxes).Put(&b, rec.id(), row);
     ASSERT_TRUE((*db)->Write(b, true).ok());
   };
   put(v1::SANDBOX_PHASE_RUNNING);

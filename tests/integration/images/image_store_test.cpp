@@ -1,5 +1,6 @@
 // The image store: manifests in the images table, EROFS files on disk,
 // names, sharing one file per content, images in use.
+#include "dsec/store/v1/records.pb.h"
 #include "tests/integration/images/image_builder_fixture.hpp"
 
 namespace dsec::testing {
@@ -37,7 +38,9 @@ class ImageStoreTest : public ImageBuilderTest {
     r.mutable_spec()->set_image(image);
     r.set_phase(phase);
     state::WriteBatch b;
-    state::TypedTable<v1::SandboxRecord>(db_.get(), state::Table::kSandboxes).Put(&b, id, r);
+    store::v1::SandboxRow row;
+    *row.mutable_record() = r;
+    state::TypedTable<store::v1::SandboxRow>(db_.get(), state::Table::kSandboxes).Put(&b, id, row);
     ASSERT_TRUE(db_->Write(b, true).ok());
   }
   void DeleteSandbox(const std::string& id) {

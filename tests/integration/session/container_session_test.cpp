@@ -190,6 +190,22 @@ TEST_F(ContainerSessions, CloseRemovesTheSandboxAndKeepsTheLog) {
   EXPECT_THAT(reopen.status().message(), HasSubstr("open a new session name"));
 }
 
+// A session's sandboxes end with the session: a timeout of their own is
+// refused, saying so, and changes nothing.
+TEST_F(ContainerSessions, ItsSandboxTakesNoTimeoutOfItsOwn) {
+  auto s = client_->OpenSession("cs/timeout/0", Spec());
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  auto sb = s->sandbox();
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  auto r = sb->SetTimeout(60);
+  EXPECT_EQ(r.status().code(), Status::Code::kFailedPrecondition) << r.status().ToString();
+  EXPECT_THAT(r.status().message(), HasSubstr("belongs to session cs/timeout/0 and ends with it"));
+  auto rec = sb->Get();
+  ASSERT_TRUE(rec.ok()) << rec.status().ToString();
+  EXPECT_EQ(rec->ttl_deadline_ms(), 0);
+  EXPECT_TRUE(s->Close().ok());
+}
+
 TEST_F(ContainerSessions, ASessionOutlivesItsTrainerByTheLeaseThenCloses) {
   const std::string name = "cs/lease/0";
   std::string id;

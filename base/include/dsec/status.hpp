@@ -10,7 +10,7 @@
 
 namespace dsec {
 
-class Status {
+class [[nodiscard]] Status {
  public:
   enum class Code : int {
     kOk = 0,
@@ -72,7 +72,7 @@ inline bool operator==(const Status& a, const Status& b) {
 
 // Either a value or a non-ok Status.
 template <class T>
-class Result {
+class [[nodiscard]] Result {
  public:
   Result(T value) : v_(std::move(value)) {}  // NOLINT: implicit by design
   Result(Status status) : v_(std::move(status)) {  // NOLINT

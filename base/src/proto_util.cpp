@@ -3,6 +3,8 @@
 #include <google/protobuf/descriptor.h>
 
 #include <cctype>
+#include <string>
+#include <unordered_map>
 
 namespace dsec {
 
@@ -50,52 +52,47 @@ void ToProto(const Status& s, v1::Status* out) {
   out->set_message(s.message());
 }
 
-const char* VerdictName(v1::Verdict v) {
-  switch (v) {
-    case v1::VERDICT_OK: return "ok";
-    case v1::VERDICT_RUNTIME_ERROR: return "runtime_error";
-    case v1::VERDICT_TIME_LIMIT: return "time_limit";
-    case v1::VERDICT_MEMORY_LIMIT: return "memory_limit";
-    case v1::VERDICT_OUTPUT_LIMIT: return "output_limit";
-    case v1::VERDICT_PLATFORM_ERROR: return "platform_error";
-    default: return "unspecified";
+namespace {
+
+// Each value's short name (EnumShortName), made once per enum type: the
+// names come from the schema, so a new value is named without a switch.
+class ShortNames {
+ public:
+  explicit ShortNames(const google::protobuf::EnumDescriptor* type) {
+    for (int i = 0; i < type->value_count(); ++i)
+      by_value_.emplace(type->value(i)->number(), EnumShortName(type->value(i)));
   }
+  const char* Get(int value) const {
+    auto it = by_value_.find(value);
+    return it == by_value_.end() ? "unknown" : it->second.c_str();
+  }
+
+ private:
+  std::unordered_map<int, std::string> by_value_;
+};
+
+}  // namespace
+
+const char* VerdictName(v1::Verdict v) {
+  static const ShortNames names(v1::Verdict_descriptor());
+  return names.Get(v);
 }
 
 const char* KindName(v1::Kind k) {
-  switch (k) {
-    case v1::KIND_FNCALL: return "fncall";
-    case v1::KIND_CONTAINER: return "container";
-    case v1::KIND_MICROVM: return "microvm";
-    case v1::KIND_VM: return "vm";
-    case v1::KIND_AUTO: return "auto";
-    default: return "auto";
-  }
+  static const ShortNames names(v1::Kind_descriptor());
+  return names.Get(k == v1::KIND_UNSPECIFIED ? v1::KIND_AUTO : k);  // unspecified means auto (types.proto)
 }
 
 const char* PhaseName(v1::SandboxPhase p) {
-  switch (p) {
-    case v1::SANDBOX_PHASE_PENDING: return "pending";
-    case v1::SANDBOX_PHASE_STARTING: return "starting";
-    case v1::SANDBOX_PHASE_RUNNING: return "running";
-    case v1::SANDBOX_PHASE_PAUSED: return "paused";
-    case v1::SANDBOX_PHASE_STOPPING: return "stopping";
-    case v1::SANDBOX_PHASE_STOPPED: return "stopped";
-    case v1::SANDBOX_PHASE_FAILED: return "failed";
-    default: return "unspecified";
-  }
+  static const ShortNames names(v1::SandboxPhase_descriptor());
+  return names.Get(p);
 }
 
 bool ParseKind(const std::string& s, v1::Kind* out) {
-  static const std::pair<const char*, v1::Kind> kKinds[] = {
-      {"fncall", v1::KIND_FNCALL}, {"container", v1::KIND_CONTAINER},
-      {"microvm", v1::KIND_MICROVM}, {"vm", v1::KIND_VM}, {"auto", v1::KIND_AUTO}};
-  for (const auto& [name, k] : kKinds)
-    if (s == name) {
-      *out = k;
-      return true;
-    }
-  return false;
+  const auto* v = EnumByName(v1::Kind_descriptor(), s);
+  if (!v || v->number() == v1::KIND_UNSPECIFIED || s.empty()) return false;
+  *out = static_cast<v1::Kind>(v->number());
+  return true;
 }
 
 }  // namespace dsec

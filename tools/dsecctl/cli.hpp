@@ -1,0 +1,100 @@
+// dsecctl's shared parts (tools/dsecctl/): the flags every command takes,
+// specs and execs built from flags, the SDK connection and the admin
+// console, and results printed as a local program's with docker run's exit
+// codes. main.cpp defines the commands; sandboxes.cpp lists sandboxes.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <google/protobuf/message.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dsec/client.hpp"
+
+namespace dsec::ctl {
+
+inline constexpr int kPlatformError = 125;
+
+// $name, or `fallback` when it is unset or empty.
+std::string Env(const char* name, const std::string& fallback);
+
+struct Common {
+  std::string addr = Env("DSEC_ADDR", "");    // empty: <data-dir>/dsecd.json, else 127.0.0.1:7400
+  std::string admin = Env("DSEC_ADMIN", "");  // empty: <data-dir>/dsecd.json, else 127.0.0.1:7401
+  std::string data_dir = Env("DSEC_DATA_DIR", "./dsec-data");
+  std::string token = Env("DSEC_TOKEN", "");
+  std::string token_file;
+  std::string sdk_token_file;
+  double connect_timeout_s = 5;
+};
+
+struct LimitFlags {
+  std::string kind = "fncall";
+  std::string image;
+  double timeout_s = 0;
+  double cpu_time_s = 0;
+  std::string memory;
+  std::string output_limit;
+  std::string disk;
+  uint32_t pids = 0;
+  double cpus = 0;
+  std::vector<std::string> env;
+  std::string cwd;
+  std::vector<std::string> labels;  // KEY=VALUE (create, session open)
+};
+
+struct LifetimeFlags {
+  std::string ttl, idle_timeout, on_idle;
+};
+
+// --kind/--image (unless `spec_only`: an exec's own limits) and the limits.
+void AddLimitFlags(CLI::App* c, LimitFlags* l, bool spec_only = false);
+void AddLifetimeFlags(CLI::App* c, LifetimeFlags* l);
+// "64m", "1g", ... -> bytes; "90", "10m", "2h", "1d" -> seconds. False
+// when the text is not one.
+bool ParseSize(const std::string& s, uint64_t* out);
+bool ParseDuration(const std::string& s, uint32_t* out);
+// Each fills its part from flags; "" or what is wrong (for Fail(..., 2)).
+std::string ApplyLifetime(const LifetimeFlags& l, v1::SandboxSpec* spec);
+std::string ApplyLimits(const LimitFlags& l, v1::Limits* lim);
+std::string BuildSpec(const LimitFlags& l, v1::SandboxSpec* spec);
+std::string BuildExec(const LimitFlags& l, const std::vector<std::string>& cmd, v1::ExecRequest* exec);
+// "KEY=VALUE" flags into a map; "" or which one is not one.
+std::string ParseLabels(const std::vector<std::string>& kvs, const char* flag,
+                        google::protobuf::Map<std::string, std::string>* out);
+
+// Says "dsecctl: msg" on stderr; returns `code`.
+int Fail(const std::string& msg, int code = kPlatformError);
+// A client for the SDK port, or null with *rc set (the reason said).
+std::unique_ptr<Client> ConnectOrDie(const Common& c, int* rc);
+std::string ReadAllStdin(size_t max);
+// The one JSON shape (runtime/proto_json.hpp), pretty, with a newline.
+std::string ToJson(const google::protobuf::Message& m);
+// dsecctl's exit code for a result (as docker run's); `say` gets why, for
+// the non-zero ones a human should read about.
+int ExitCode(const v1::ExecResult& r, const std::function<void(const std::string&)>& say);
+// Prints a result like a local program would and returns the exit code.
+int Report(const v1::ExecResult& r, bool json);
+// `dsecctl session show`: the record and its steps, one line each (or JSON).
+int ShowSession(const Session& session, bool json);
+// One admin console command; its reply printed (pretty JSON, or as is).
+int Admin(const Common& c, const std::string& line, bool raw);
+// `dsecctl cp`.
+int Copy(const Common& c, const std::string& src, const std::string& dst);
+
+// `dsecctl ls`: sandboxes as a table (or JSON), filtered, a page at a time.
+struct LsFlags {
+  std::vector<std::string> states, kinds, labels;
+  std::string image, owner, session, node, since;
+  uint32_t limit = 0;  // 0: every match
+  std::string page_token;
+  bool json = false;
+};
+void AddLsFlags(CLI::App* c, LsFlags* f);
+int ListSandboxes(const Common& c, const LsFlags& f);
+
+}  // namespace dsec::ctl

@@ -1,0 +1,307 @@
+// dsecctl: sandbox commands through the SDK (run, create, exec, rm, pause,
+// resume, cp, timeout, ls, session) and admin commands through the admin
+// console (status, nodes, sessions, inspect, kill, stats, drain). `dsecctl
+// run` behaves like `docker run`: the program's own exit code; 124 time
+// limit; 128+N killed by signal N (137 for the memory and output limits,
+// which kill); 125 platform error; 126/127 not executable / not found.
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "dsec/client.hpp"
+#include "dsec/status_proto.hpp"
+#include "tools/dsecctl/cli.hpp"
+
+using namespace dsec::ctl;  // NOLINT: this file is dsecctl's main
+
+int main(int argc, char** argv) {
+  CLI::App app{"dsecctl: run sandboxes and operate dsecd"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", DSEC_VERSION);
+  Common c;
+  // Global flags work after the subcommand too (dsecctl run --addr A -- cmd).
+  app.fallthrough();
+  app.add_option("--addr", c.addr,
+                 "dsecd SDK entry host:port ($DSEC_ADDR; default: <data-dir>/dsecd.json of a running dsecd, "
+                 "else 127.0.0.1:7400)");
+  app.add_option("--admin", c.admin,
+                 "admin console host:port ($DSEC_ADMIN; default: <data-dir>/dsecd.json, else 127.0.0.1:7401)");
+  app.add_option("--data-dir", c.data_dir,
+                 "dsecd's data dir: its dsecd.json (addresses), sdk.token and admin.token ($DSEC_DATA_DIR)")
+      ->capture_default_str();
+  app.add_option("--token", c.token, "admin token ($DSEC_TOKEN)");
+  app.add_option("--token-file", c.token_file, "file holding the admin token (default <data-dir>/admin.token)");
+  app.add_option("--sdk-token-file", c.sdk_token_file,
+                 "file holding the SDK token ($DSEC_SDK_TOKEN; default <data-dir>/sdk.token)");
+  app.add_option("--connect-timeout", c.connect_timeout_s, "seconds to wait for dsecd")->capture_default_str();
+
+  LimitFlags run_l;
+  std::vector<std::string> run_cmd;
+  bool run_json = false, no_stdin = false;
+  auto* run = app.add_subcommand("run", "run a command in a fresh sandbox and exit with its status");
+  AddLimitFlags(run, &run_l);
+  run->add_flag("--json", run_json, "print the whole result as JSON");
+  run->add_flag("--no-stdin", no_stdin, "do not pass stdin (it is passed when not a terminal)");
+  run->add_option("command", run_cmd, "the command and its arguments (after --)")->required();
+
+  LimitFlags create_l;
+  LifetimeFlags create_life;
+  auto* create = app.add_subcommand("create",
+                                    "create a sandbox; prints its id. It outlives this command (detached): it "
+                                    "ends at its ttl, its idle timeout, or dsecctl rm");
+  AddLimitFlags(create, &create_l);
+  AddLifetimeFlags(create, &create_life);
+  std::string create_id;
+  create->add_option("--id", create_id, "name the sandbox ([a-z0-9-], at most 64 bytes; default: made up)");
+
+  LimitFlags exec_l;
+  std::string exec_id;
+  std::vector<std::string> exec_cmd;
+  bool exec_json = false;
+  auto* exec = app.add_subcommand("exec", "run a command in an existing sandbox");
+  exec->add_option("id", exec_id, "sandbox id")->required();
+  AddLimitFlags(exec, &exec_l, true);
+  exec->add_flag("--json", exec_json, "print the whole result as JSON");
+  exec->add_option("command", exec_cmd, "the command (after --)")->required();
+
+  std::vector<std::string> rm_ids;
+  auto* rm = app.add_subcommand("rm", "destroy sandboxes");
+  rm->add_option("ids", rm_ids, "sandbox ids")->required();
+
+  std::string timeout_id, timeout_for;
+  auto* timeout = app.add_subcommand(
+      "timeout", "end a sandbox this long from now, sooner or later than its ttl said (within the node's maximum)");
+  timeout->add_option("id", timeout_id, "sandbox id")->required();
+  timeout->add_option("duration", timeout_for, "from now: 90, 90s, 10m, 2h, 1d")->required();
+
+  std::vector<std::string> pause_ids, resume_ids;
+  auto* pause = app.add_subcommand("pause", "freeze every process of sandboxes (memory kept, no CPU)");
+  pause->add_option("ids", pause_ids, "sandbox ids")->required();
+  auto* resume = app.add_subcommand("resume", "continue paused sandboxes");
+  resume->add_option("ids", resume_ids, "sandbox ids")->required();
+
+  std::string cp_src, cp_dst;
+  auto* cp = app.add_subcommand("cp",
+                                "copy a file into or out of a sandbox: cp ID:/path LOCAL, cp LOCAL ID:/path "
+                                "(LOCAL may be - for stdin/stdout). Sandbox paths are absolute and resolve "
+                                "inside the sandbox; '..' is refused.");
+  cp->add_option("src", cp_src, "ID:/path or a local file")->required();
+  cp->add_option("dst", cp_dst, "ID:/path or a local file")->required();
+
+  // Sessions.
+  auto* session = app.add_subcommand("session", "rollout sessions");
+  session->require_subcommand(1);
+  std::string s_name;
+  LimitFlags s_l;
+  uint32_t s_lease = 0;
+  auto* s_open = session->add_subcommand("open",
+                                         "open (or re-open) a session; prints its record. The session and its "
+                                         "sandbox outlive the last command by the lease.");
+  s_open->add_option("name", s_name, "job/prompt/sample")->required();
+  AddLimitFlags(s_open, &s_l);
+  s_open->add_option("--lease", s_lease, "seconds the session lives on without a trainer (default: the node's)");
+  uint64_t s_index = 0;
+  std::vector<std::string> s_cmd;
+  LimitFlags s_step_l;
+  std::string s_role;
+  double s_reward = 0;
+  bool s_json = false;
+  auto* s_step = session->add_subcommand("step",
+                                         "run step INDEX (or answer it from the log if it ran before); prints "
+                                         "the output and exits like dsecctl run");
+  s_step->add_option("name", s_name, "the session (job/prompt/sample)")->required();
+  s_step->add_option("index", s_index,
+                     "the step's number, from 0: the log's length runs it, a lower one is answered from the log")
+      ->required();
+  AddLimitFlags(s_step, &s_step_l, true);
+  s_step->add_option("--sandbox", s_role, "the session's sandbox to run in (default agent)");
+  auto* reward_opt = s_step->add_option("--reward", s_reward, "reward to log with the step");
+  s_step->add_flag("--json", s_json, "print the step record as JSON");
+  s_step->add_option("command", s_cmd, "the command (after --)")->required();
+  auto* s_show = session->add_subcommand("show", "a session's record and its steps, one line each");
+  s_show->add_option("name", s_name, "the session (job/prompt/sample)")->required();
+  s_show->add_flag("--json", s_json, "the record and every step as JSON");
+  auto* s_close = session->add_subcommand("close", "close a session");
+  s_close->add_option("name", s_name, "the session (job/prompt/sample)")->required();
+
+  // Admin commands.
+  bool raw = false;
+  std::string admin_id;
+  auto* status = app.add_subcommand("status", "node status (admin console)");
+  auto* nodes = app.add_subcommand("nodes", "node records (admin console)");
+  auto* ls = app.add_subcommand("ls", "sandboxes: a table, filtered (a controller lists every node's)");
+  LsFlags ls_f;
+  AddLsFlags(ls, &ls_f);
+  auto* sessions_cmd = app.add_subcommand("sessions", "rollout sessions: phase, steps, sandboxes (admin console)");
+  auto* stats = app.add_subcommand("stats", "counters (admin console)");
+  auto* inspect = app.add_subcommand("inspect", "one sandbox, session or run (admin console)");
+  inspect->add_option("id", admin_id, "a sandbox id, session name or run id (dsecctl ls lists them)")->required();
+  auto* kill = app.add_subcommand("kill", "stop a run, destroy a sandbox, close a session (admin console)");
+  kill->add_option("id", admin_id, "a sandbox id, session name or run id (dsecctl ls lists them)")->required();
+  std::string drain_node;
+  auto* drain = app.add_subcommand("drain", "no new placements on a node; its sandboxes keep working (controller)");
+  drain->add_option("node", drain_node, "the node's id (dsecctl nodes lists them)")->required();
+  auto* undrain = app.add_subcommand("undrain", "place on a drained node again (controller)");
+  undrain->add_option("node", drain_node, "the node's id")->required();
+  for (auto* a : {status, nodes, sessions_cmd, stats, inspect, kill, drain, undrain})
+    a->add_flag("--raw", raw, "print the reply line as is");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
+  }
+
+  if (*status) return Admin(c, "status", raw);
+  if (*nodes) return Admin(c, "nodes", raw);
+  if (*ls) return ListSandboxes(c, ls_f);
+  if (*drain) return Admin(c, "drain " + drain_node, raw);
+  if (*undrain) return Admin(c, "undrain " + drain_node, raw);
+  if (*sessions_cmd) return Admin(c, "sessions", raw);
+  if (*stats) return Admin(c, "stats", raw);
+  if (*inspect) return Admin(c, "inspect " + admin_id, raw);
+  if (*kill) return Admin(c, "kill " + admin_id, raw);
+
+  int rc = 0;
+  if (*run) {
+    dsec::v1::SandboxSpec spec;
+    dsec::v1::ExecRequest req;
+    if (auto e = BuildSpec(run_l, &spec); !e.empty()) return Fail(e, 2);
+    if (auto e = BuildExec(run_l, run_cmd, &req); !e.empty()) return Fail(e, 2);
+    if (!no_stdin && !::isatty(0)) {
+      std::string in = ReadAllStdin(64u << 20);
+      req.set_stdin(std::move(in));
+    }
+    auto client = ConnectOrDie(c, &rc);
+    if (!client) return rc;
+    auto r = client->Run(spec, req);
+    if (!r.ok()) return Fail(r.status().message());
+    return Report(*r, run_json);
+  }
+  if (*create) {
+    dsec::v1::SandboxSpec spec;
+    if (auto e = BuildSpec(create_l, &spec); !e.empty()) return Fail(e, 2);
+    if (auto e = ApplyLifetime(create_life, &spec); !e.empty()) return Fail(e, 2);
+    auto client = ConnectOrDie(c, &rc);
+    if (!client) return rc;
+    dsec::CreateOptions co;
+    co.id = create_id;
+    co.detached = true;  // this process ends now; the sandbox must not
+    auto sb = client->Create(spec, co);
+    if (!sb.ok()) return Fail(sb.status().message());
+    std::cout << sb->id() << "\n";
+    return 0;
+  }
+  if (*exec) {
+    dsec::v1::ExecRequest req;
+    if (auto e = ApplyLimits(exec_l, req.mutable_limits()); !e.empty()) return Fail(e, 2);
+    if (auto e = BuildExec(exec_l, exec_cmd, &req); !e.empty()) return Fail(e, 2);
+    if (!::isatty(0)) req.set_stdin(ReadAllStdin(64u << 20));
+    auto client = ConnectOrDie(c, &rc);
+    if (!client) return rc;
+    auto sb = client->Attach(exec_id);
+    if (!sb.ok()) return Fail(sb.status().message());
+    if (exec_json) {
+      auto r = sb->Exec(req);
+      if (!r.ok()) return Fail(r.status().message());
+      return Report(*r, true);
+    }
+    // Output as the command writes it (a long build, a test run).
+    auto r = sb->ExecStream(req, [](const dsec::v1::ExecOutput& o) {
+      if (!o.stdout().empty()) {
+        std::fwrite(o.stdout().data(), 1, o.stdout().size(), stdout);
+        std::fflush(stdout);
+      }
+      if (!o.stderr().empty()) {
+        std::fwrite(o.stderr().data(), 1, o.stderr().size(), stderr);
+        std::fflush(stderr);
+      }
+    });
+    // A kind that cannot stream (fncall) refuses before running anything:
+    // run it whole instead.
+    if (!r.ok() && r.status().code() == dsec::Status::Code::kUnimplemented) r = sb->Exec(req);
+    if (!r.ok()) return Fail(r.status().message());
+    return Report(*r, false);
+  }
+  if (*pause || *resume) {
+    auto client = ConnectOrDie(c, &rc);
+    if (!client) return rc;
+    for (const auto& id : *pause ? pause_ids : resume_ids) {
+      auto sb = client->Attach(id);
+      dsec::Status st = !sb.ok() ? sb.status() : *pause ? sb->Pause() : sb->Resume();
+      if (!st.ok()) rc = Fail(st.message(), 1);
+      else std::cout << id << "\n";
+    }
+    return rc;
+  }
+  if (*cp) return Copy(c, cp_src, cp_dst);
+  if (*timeout) {
+    uint32_t secs = 0;
+    if (!ParseDuration(timeout_for, &secs) || secs == 0)
+      return Fail("'" + timeout_for + "' is not a duration of 1 s or more (e.g. 90, 10m, 2h, 1d)", 2);
+    auto client = ConnectOrDie(c, &rc);
+    if (!client) return rc;
+    auto sb = client->Attach(timeout_id);
+    auto rec = sb.ok() ? sb->SetTimeout(secs) : dsec::Result<dsec::v1::SandboxRecord>(sb.status());
+    if (!rec.ok()) return Fail(rec.status().message(), 1);
+    std::printf("%s ends in %u s (%s)\n", timeout_id.c_str(), secs, rec->expires_because().c_str());
+    return 0;
+  }
+  if (*rm) {
+    auto client = ConnectOrDie(c, &rc);
+    if (!client) return rc;
+    for (const auto& id : rm_ids) {
+      auto sb = client->Attach(id);
+      dsec::Status st = sb.ok() ? sb->Destroy() : sb.status();
+      if (!st.ok()) rc = Fail(st.message(), 1);
+      else std::cout << id << "\n";
+    }
+    return rc;
+  }
+  if (*session) {
+    auto client = ConnectOrDie(c, &rc);
+    if (!client) return rc;
+    if (*s_open) {
+      dsec::v1::SandboxSpec spec;
+      if (auto e = BuildSpec(s_l, &spec); !e.empty()) return Fail(e, 2);
+      dsec::SessionOptions options;
+      options.lease_s = s_lease;
+      auto s = client->OpenSession(s_name, spec, options);
+      if (!s.ok()) return Fail(s.status().message());
+      std::cout << ToJson(s->record());
+      return 0;
+    }
+    auto session = client->AttachSession(s_name);
+    if (!session.ok()) return Fail(session.status().message());
+    if (*s_step) {
+      dsec::v1::ExecRequest req;
+      if (auto e = ApplyLimits(s_step_l, req.mutable_limits()); !e.empty()) return Fail(e, 2);
+      if (auto e = BuildExec(s_step_l, s_cmd, &req); !e.empty()) return Fail(e, 2);
+      if (!::isatty(0)) req.set_stdin(ReadAllStdin(64u << 20));
+      dsec::StepOptions options;
+      options.sandbox = s_role;
+      if (*reward_opt) options.meta.set_reward(s_reward);
+      auto r = session->Step(s_index, req, options);
+      if (!r.ok()) return Fail(r.status().message());
+      if (r->fast_forwarded())
+        std::fprintf(stderr, "dsecctl: step %llu answered from the log (not run again)\n",
+                     static_cast<unsigned long long>(s_index));
+      if (!s_json) return Report(r->step().result(), false);
+      std::cout << ToJson(r->step());
+      return ExitCode(r->step().result(), [](const std::string&) {});
+    }
+    if (*s_show) return ShowSession(*session, s_json);
+    if (*s_close) {
+      auto st = session->Close();
+      if (!st.ok()) return Fail(st.message());
+      return 0;
+    }
+  }
+  return 0;
+}
