@@ -19,7 +19,7 @@
 #include <memory>
 #include <unistd.h>
 
-#include "actors/cluster.hpp"
+#include "actors/controller/controller.hpp"
 #include "perf/bench_util.hpp"
 #include "runtime/files.hpp"
 #include "runtime/log.hpp"

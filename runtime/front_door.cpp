@@ -348,6 +348,17 @@ FrontDoor::FrontDoor(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 FrontDoor::~FrontDoor() { Stop(); }
 
+namespace {
+
+template <class Listeners>
+auto* Named(Listeners& all, const std::string& name) {
+  for (auto& l : all)
+    if (l.opts.name == name) return &l;
+  return static_cast<decltype(&all[0])>(nullptr);
+}
+
+}  // namespace
+
 Result<std::unique_ptr<FrontDoor>> FrontDoor::Start(std::vector<FrontDoorListener> listeners, LogFn log) {
   auto impl = std::make_unique<Impl>();
   impl->log = std::move(log);
@@ -363,6 +374,8 @@ Result<std::unique_ptr<FrontDoor>> FrontDoor::Start(std::vector<FrontDoorListene
     Impl::Listener l;
     l.opts = listeners[i];
     if (!l.opts.protocol) return Status::InvalidArgument("front door: listener without a protocol");
+    if (l.opts.name.empty() || Named(impl->listeners, l.opts.name))
+      return Status::InvalidArgument("front door: listener '" + l.opts.name + "' needs a name of its own");
     auto fd = Listen(l.opts.host, l.opts.port);
     if (!fd.ok()) return fd.status();
     l.fd = std::move(*fd);
@@ -379,8 +392,17 @@ Result<std::unique_ptr<FrontDoor>> FrontDoor::Start(std::vector<FrontDoorListene
   return std::unique_ptr<FrontDoor>(new FrontDoor(std::move(impl)));
 }
 
-size_t FrontDoor::listeners() const { return impl_->listeners.size(); }
-uint16_t FrontDoor::port(size_t i) const { return i < impl_->listeners.size() ? impl_->listeners[i].port : 0; }
+uint16_t FrontDoor::port(const std::string& name) const {
+  const auto* l = Named(impl_->listeners, name);
+  return l ? l->port : 0;
+}
+
+std::string FrontDoor::address(const std::string& name) const {
+  const auto* l = Named(impl_->listeners, name);
+  return l ? l->opts.host + ":" + std::to_string(l->port) : "";
+}
+
+bool FrontDoor::has(const std::string& name) const { return Named(impl_->listeners, name) != nullptr; }
 
 void FrontDoor::Stop() {
   if (!impl_ || impl_->stopping.exchange(true)) return;
@@ -394,9 +416,10 @@ void FrontDoor::Stop() {
   }
 }
 
-FrontDoorStats FrontDoor::stats(size_t i) const {
+FrontDoorStats FrontDoor::stats(const std::string& name) const {
   std::lock_guard<std::mutex> lk(impl_->stats_mu);
-  return i < impl_->listeners.size() ? impl_->listeners[i].stats : FrontDoorStats{};
+  const auto* l = Named(impl_->listeners, name);
+  return l ? l->stats : FrontDoorStats{};
 }
 
 }  // namespace dsec

@@ -57,6 +57,7 @@ class HandshakeProtocol {
 };
 
 struct FrontDoorListener {
+  std::string name;                  // "sdk", "console", "http", "cluster": how it is found
   std::string host = "127.0.0.1";
   uint16_t port = 0;                 // 0: any free port
   HandshakeProtocol* protocol = nullptr;  // outlives the door
@@ -83,12 +84,15 @@ class FrontDoor {
   FrontDoor(const FrontDoor&) = delete;
   FrontDoor& operator=(const FrontDoor&) = delete;
 
-  // The bound port of listener `i` (as given to Start).
-  uint16_t port(size_t i) const;
-  size_t listeners() const;
+  // The bound port of the listener named `name` (0: none by that name),
+  // and "host:port" with it.
+  uint16_t port(const std::string& name) const;
+  std::string address(const std::string& name) const;
+  bool has(const std::string& name) const;
   // Stops accepting and closes every connection still in its handshake.
   void Stop();
-  FrontDoorStats stats(size_t i) const;
+  // The counters of the listener named `name` (zeros: none by that name).
+  FrontDoorStats stats(const std::string& name) const;
 
   struct Impl;
 

@@ -121,9 +121,9 @@ TEST(Docs, TheReadmeAndRunningCommandsRunAsWritten) {
   // What the commands left: the README's rollouts (left for their lease)
   // and anything else is removed before dsecd goes, so nothing outlives it.
   RunProcess({"/bin/sh", "-c",
-              "cd " + root + " && for s in $(build/bin/dsecctl ls --raw | python3 -c 'import json,sys; "
+              "cd " + root + " && for s in $(build/bin/dsecctl sessions --raw | python3 -c 'import json,sys; "
               "[print(x[\"name\"]) for x in json.load(sys.stdin)[\"sessions\"] if x[\"phase\"] == \"open\"]'); do "
-              "build/bin/dsecctl session close $s; done; for id in $(build/bin/dsecctl ls --raw | python3 -c "
+              "build/bin/dsecctl session close $s; done; for id in $(build/bin/dsecctl ls --json | python3 -c "
               "'import json,sys; [print(x[\"id\"]) for x in json.load(sys.stdin)[\"sandboxes\"]]'); do "
               "build/bin/dsecctl rm $id; done"});
   ::kill((*dsecd)->pid(), SIGTERM);

@@ -25,7 +25,7 @@
 #include <set>
 #include <sstream>
 
-#include "actors/cluster.hpp"
+#include "actors/controller/controller.hpp"
 #include "harness/daemon.hpp"
 #include "sdk/src/client_agent.hpp"
 #include "wire/wire.hpp"

@@ -1,7 +1,7 @@
 // The router's directory: which actor serves a sandbox or session, why an
 // ended sandbox ended, and which SDK client owns what. Real actors (of a
 // real actor system) give the addresses; nothing is sent to them.
-#include "actors/directory.hpp"
+#include "actors/node/directory.hpp"
 
 #include <gtest/gtest.h>
 

@@ -11,8 +11,8 @@
 #include <future>
 #include <memory>
 
-#include "actors/context.hpp"
-#include "actors/session.hpp"
+#include "actors/node/context.hpp"
+#include "actors/node/session.hpp"
 #include "wire/wire.hpp"
 #include "dsec/status_proto.hpp"
 #include "state/fault_store.hpp"

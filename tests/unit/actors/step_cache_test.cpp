@@ -1,6 +1,6 @@
 // StepCache: lookups, replacement, least-recently-used eviction within the
 // byte budget, and records too large to cache.
-#include "actors/step_cache.hpp"
+#include "actors/node/step_cache.hpp"
 
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 // Restart intensity (MaxR restarts in MaxT), driven with explicit time
 // points: the test owns the clock, nothing sleeps.
-#include "actors/supervision.hpp"
+#include "actors/node/supervision.hpp"
 
 #include <gtest/gtest.h>
 

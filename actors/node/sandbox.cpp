@@ -1,0 +1,378 @@
+#include "actors/node/sandbox.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <unordered_map>
+#include <unordered_set>
+
+
+#include "actors/node/sandbox_state.hpp"
+#include "actors/crash.hpp"
+#include "actors/node/lifetime.hpp"
+#include "dsec/status_proto.hpp"
+#include "runtime/metrics.hpp"
+#include "runtime/proto_json.hpp"
+#include "state/table.hpp"
+
+namespace dsec {
+
+namespace {
+
+using namespace sandbox_detail;  // NOLINT: the actor's other half
+
+caf::result<v1::SandboxReply> Handle(Self self, v1::CreateRequest&) {
+  auto& st = self->state;
+  if (st.rec.phase() != v1::SANDBOX_PHASE_PENDING)
+    return Reply(Status::FailedPrecondition("sandbox " + st.rec.id() + " already exists"), st);
+  if (!st.driver) return Reply(st.driver_status, st);
+  // The sandbox-wide limits (memory, pids, cpu) are fixed at creation:
+  // the record shows the values in force, defaults filled in.
+  auto lim = drivers::EffectiveLimits(st.ctx->options.limits, st.rec.spec(), v1::ExecRequest{});
+  if (!lim.ok()) {
+    self->quit();
+    return Reply(lim.status().Annotate("sandbox " + st.rec.id()), st);
+  }
+  auto* sl = st.rec.mutable_spec()->mutable_limits();
+  if (!sl->memory_bytes()) sl->set_memory_bytes(lim->memory_bytes());
+  if (!sl->pids()) sl->set_pids(lim->pids());
+  if (!sl->cpu_millis()) sl->set_cpu_millis(lim->cpu_millis());
+  if (!sl->disk_bytes()) sl->set_disk_bytes(lim->disk_bytes());
+  auto rp = self->make_response_promise<v1::SandboxReply>();
+  st.rec.set_phase(v1::SANDBOX_PHASE_STARTING);
+  CountPhase(st);
+  auto handle = caf::actor_cast<sandbox_actor>(self);
+  st.driver->Create(st.rec, [handle, self, rp](Result<std::string> created) mutable {
+    Post(handle, [self, rp, created = std::move(created)]() mutable {
+      auto& st = self->state;
+      Status s = created.status();
+      const std::string kind = metrics::Labels({{"kind", KindName(st.rec.spec().kind())}});
+      if (!s.ok()) {
+        // Nothing was written: the sandbox never existed.
+        metrics::SandboxCreateFailures().At(kind).Add();
+        st.rec.set_phase(v1::SANDBOX_PHASE_FAILED);
+        st.rec.set_error(s.message());
+        rp.deliver(Reply(s, st));
+        self->quit();
+        return;
+      }
+      metrics::SandboxesCreated().At(kind).Add();
+      st.rec.set_phase(v1::SANDBOX_PHASE_RUNNING);
+      st.driver_state = std::move(*created);
+      st.rec.set_last_active_ms(WallClockMs());
+      // Acknowledge only once the new phase is durable.
+      Checkpoint(self, [self, rp](const Status& w) mutable {
+        Status out = w.Annotate("sandbox " + self->state.rec.id() + ": checkpoint");
+        rp.deliver(Reply(out, self->state));
+        if (!out.ok()) return self->quit();
+        ArmExpiry(self);
+      });
+    });
+  });
+  return rp;
+}
+
+caf::result<v1::ExecReply> Handle(Self self, v1::ExecRequest& req) {
+  auto& st = self->state;
+  v1::ExecReply reply;
+  if (!st.driver) {
+    ToProto(st.driver_status.Annotate("sandbox " + st.rec.id()), reply.mutable_status());
+    return reply;
+  }
+  if (Status serving = NotServing(self, false); !serving.ok()) {
+    ToProto(serving, reply.mutable_status());
+    return reply;
+  }
+  Status ok = drivers::CheckExecRequest(st.ctx->options.limits, req);
+  if (ok.ok() && !req.idempotency_key().empty() && !st.driver->traits().stateful)
+    ok = Status::InvalidArgument(std::string("an idempotency_key needs a sandbox with state; every ") +
+                                 st.driver->name() + " exec is a fresh run");
+  if (ok.ok() && req.stream() && !st.driver->traits().streaming)
+    ok = Status::Unimplemented(std::string(st.driver->name()) +
+                               " sandboxes cannot stream output: each exec is one fresh run whose output "
+                               "comes back whole when it ends (call Exec, or use a container sandbox)");
+  if (ok.ok()) ok = st.driver->CheckExecLimits(st.rec, req.limits());
+  auto limits = ok.ok() ? drivers::EffectiveLimits(st.ctx->options.limits, st.rec.spec(), req)
+                        : Result<v1::Limits>(ok);
+  if (!limits.ok()) {
+    ToProto(limits.status().Annotate("sandbox " + st.rec.id()), reply.mutable_status());
+    return reply;
+  }
+  *req.mutable_limits() = *limits;
+  // Streamed pieces go to the sender; read it first, for the response
+  // promise takes it over (current_sender() is null after this).
+  auto to = req.stream() ? caf::actor_cast<caf::actor>(self->current_sender()) : caf::actor{};
+  auto rp = self->make_response_promise<v1::ExecReply>();
+  // Unique across restarts of this actor (restarts() grows with each).
+  std::string run_id = st.rec.id() + "/" + std::to_string(st.rec.restarts()) + "." +
+                       std::to_string(++st.next_exec);
+  st.running.insert(run_id);
+  st.exec_callers.emplace(run_id, rp);
+  Touch(self);
+  auto handle = caf::actor_cast<sandbox_actor>(self);
+  auto started = std::chrono::steady_clock::now();
+  auto finished = [handle, self, rp, run_id, started](Result<v1::ExecResult> r) mutable {
+    Post(handle, [self, rp, run_id, started, r = std::move(r)]() mutable {
+      v1::ExecReply reply;
+      auto& st = self->state;
+      if (!st.exec_seconds)
+        st.exec_seconds = &metrics::ExecSeconds().At(metrics::Labels({{"kind", KindName(st.rec.spec().kind())}}));
+      st.exec_seconds->Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+      st.running.erase(run_id);
+      st.exec_callers.erase(run_id);
+      st.rec.set_exec_count(st.rec.exec_count() + 1);
+      if (!st.destroying) Touch(self);
+      if (r.ok()) {
+        *reply.mutable_result() = std::move(*r);
+        reply.mutable_result()->set_sandbox_id(st.rec.id());
+      } else {
+        ToProto(r.status().Annotate("sandbox " + st.rec.id()), reply.mutable_status());
+      }
+      rp.deliver(std::move(reply));
+      if (st.running.empty() && st.after_runs) {
+        auto next = std::move(st.after_runs);
+        st.after_runs = nullptr;
+        next();
+      }
+    });
+  };
+  if (!req.stream()) {
+    st.driver->Exec(st.rec, run_id, req, std::move(finished));
+    return rp;
+  }
+  // Pieces go to whoever asked, from this actor, so they arrive before
+  // the reply (one sender, one receiver: CAF keeps the order).
+  uint64_t stream_id = req.stream_id();
+  st.driver->ExecStreaming(
+      st.rec, run_id, req,
+      [handle, to, stream_id](const v1::ExecOutput& out) {
+        Post(handle, [to, stream_id, piece = v1::ExecOutput(out)]() mutable {
+          piece.set_stream_id(stream_id);
+          if (to) caf::anon_send(to, std::move(piece));
+        });
+      },
+      std::move(finished));
+  return rp;
+}
+
+caf::result<v1::SandboxReply> Handle(Self self, v1::PauseRequest& req) {
+  return SetPaused(self, true);
+}
+
+caf::result<v1::SandboxReply> Handle(Self self, v1::ResumeRequest& req) {
+  return SetPaused(self, false);
+}
+
+// Its lifetime from now: destroyed timeout_s from now, within the node's
+// maximum ttl (from now), written before the answer.
+caf::result<v1::SandboxReply> Handle(Self self, v1::SetTimeoutRequest& req) {
+  auto& st = self->state;
+  const auto& o = st.ctx->options;
+  const std::string what = "sandbox " + st.rec.id();
+  if (!st.rec.session().empty())
+    return Reply(Status::FailedPrecondition(what + " belongs to session " + st.rec.session() +
+                                            " and ends with it (close the session to end it sooner)"),
+                 st);
+  if (st.destroying) return Reply(Status::FailedPrecondition(what + " is being destroyed"), st);
+  if (req.timeout_s() == 0)
+    return Reply(Status::InvalidArgument(what + ": a timeout of 0 s; give 1 or more (Destroy ends it now)"), st);
+  if (o.sandbox_max_ttl_s && req.timeout_s() > o.sandbox_max_ttl_s)
+    return Reply(Status::InvalidArgument(what + ": a timeout of " + std::to_string(req.timeout_s()) +
+                                         " s is above this node's maximum of " + std::to_string(o.sandbox_max_ttl_s) +
+                                         " s (dsecd --sandbox-max-ttl)"),
+                 st);
+  int64_t deadline = WallClockMs() + int64_t{req.timeout_s()} * 1000;
+  st.rec.set_ttl_deadline_ms(deadline);
+  // The record's ttl: its whole lifetime, from its creation to the new end.
+  int64_t ttl_s = (deadline - st.rec.created_ms() + 999) / 1000;
+  st.rec.mutable_spec()->set_ttl_s(static_cast<uint32_t>(std::clamp<int64_t>(ttl_s, 1, UINT32_MAX)));
+  auto rp = self->make_response_promise<v1::SandboxReply>();
+  Checkpoint(self, [self, rp](const Status& w) mutable {
+    rp.deliver(Reply(w.Annotate("sandbox " + self->state.rec.id() + ": checkpoint"), self->state));
+    ArmExpiry(self);
+  });
+  return rp;
+}
+
+caf::result<v1::FileReply> Handle(Self self, v1::ReadFileRequest& req) {
+  return FileOp(self, req.path(), [req](Self s, drivers::FileCallback cb) {
+    s->state.driver->ReadFile(s->state.rec, req, std::move(cb));
+  });
+}
+
+caf::result<v1::FileReply> Handle(Self self, v1::WriteFileRequest& req) {
+  return FileOp(self, req.path(), [req](Self s, drivers::FileCallback cb) {
+    s->state.driver->WriteFile(s->state.rec, req, std::move(cb));
+  });
+}
+
+caf::result<v1::FileReply> Handle(Self self, v1::ListFilesRequest& req) {
+  return FileOp(self, req.path(), [req](Self s, drivers::FileCallback cb) {
+    s->state.driver->ListFiles(s->state.rec, req, std::move(cb));
+  });
+}
+
+caf::result<v1::SandboxReply> Handle(Self self, v1::DestroyRequest& req) {
+  auto& st = self->state;
+  if (!st.driver) return Reply(st.driver_status, st);
+  if (st.destroying)
+    return Reply(Status::FailedPrecondition("sandbox " + st.rec.id() + " is already being destroyed"), st);
+  auto rp = self->make_response_promise<v1::SandboxReply>();
+  std::string why = req.reason().empty() ? "destroyed on request" : req.reason().substr(0, 256);
+  StartDestroy(self, why, [self, rp](const Status& s) mutable { rp.deliver(Reply(s, self->state)); });
+  return rp;
+}
+
+caf::result<v1::SandboxReply> Handle(Self self, v1::GetSandboxRequest& req) {
+  return Looked(self->state);
+}
+
+sandbox_actor::behavior_type Behavior(Self self) {
+  CountPhase(self->state);
+  // A crash answers the execs and file calls in flight at once (CAF 0.17
+  // would drop their promises and leave callers to their timeouts). A
+  // command may still run in the sandbox: an exec with an idempotency_key,
+  // sent again, gets that run's result instead of a second run.
+  ExitOnException(self, self->state.ctx->log, "sandbox " + self->state.rec.id(), [self](const std::string& what) {
+    auto& st = self->state;
+    auto callers = std::move(st.exec_callers);
+    st.exec_callers.clear();
+    for (auto& [run_id, rp] : callers) {
+      v1::ExecReply reply;
+      ToProto(Status::Unavailable("sandbox " + st.rec.id() + " crashed (" + what +
+                                  ") and is restarted from its checkpoint; the command may still be running there: "
+                                  "resend it with an idempotency_key to have it run once"),
+              reply.mutable_status());
+      rp.deliver(std::move(reply));
+    }
+    auto files = std::move(st.file_callers);
+    st.file_callers.clear();
+    for (auto& [id, rp] : files) {
+      v1::FileReply reply;
+      ToProto(Status::Unavailable("sandbox " + st.rec.id() + " crashed (" + what +
+                                  ") and is restarted from its checkpoint; retry the file call"),
+              reply.mutable_status());
+      rp.deliver(std::move(reply));
+    }
+  });
+  // The table's calls for a sandbox (wire/calls.hpp): each to its Handle;
+  // while the driver re-adopts the sandbox after a restart, they wait.
+  auto table = calls::Handlers(SandboxCalls{}, [self](auto& req) -> caf::result<calls::ReplyOf<std::decay_t<decltype(req)>>> {
+    using Req = std::decay_t<decltype(req)>;
+    if constexpr (calls::CallOf<Req>::type::route == calls::Route::kSandbox)
+      if (self->state.readopting) return Defer<calls::ReplyOf<Req>>(self, req);
+    return Handle(self, req);
+  });
+  return calls::MakeBehavior<sandbox_actor::behavior_type>(
+      std::move(table),
+      [self](lost_atom, const std::string& why) {
+        // The sandbox ended by itself: failed, saying why (the record
+        // stays for its owner to see), and what is left of it is removed.
+        auto& st = self->state;
+        bool up = st.rec.phase() == v1::SANDBOX_PHASE_RUNNING || st.rec.phase() == v1::SANDBOX_PHASE_PAUSED;
+        if (!st.driver || st.destroying || st.readopting || !up) return;
+        st.rec.set_phase(v1::SANDBOX_PHASE_FAILED);
+        st.rec.set_error(why.substr(0, 4096));
+        st.ctx->log->warn("sandbox {}: {}", st.rec.id(), st.rec.error());
+        for (const auto& id : st.running) (void)st.driver->Kill(id, "sandbox " + st.rec.id() + " failed (" + why + ")");
+        Checkpoint(self, [self](const Status& w) {
+          if (!w.ok()) self->state.ctx->log->error("sandbox {}: checkpoint: {}", self->state.rec.id(), w.message());
+        });
+        auto log = st.ctx->log;
+        std::string id = st.rec.id();
+        st.driver->Destroy(st.rec, st.driver_state, [log, id](const Status& s) {
+          if (!s.ok()) log->warn("sandbox {}: removing what is left after it failed: {}", id, s.message());
+        });
+      },
+      [self](owner_atom, bool present) {
+        auto& st = self->state;
+        st.rec.set_owner_gone_ms(present ? 0 : WallClockMs());
+        ArmExpiry(self);
+      },
+      [self](describe_atom) {
+        auto& st = self->state;
+        auto j = ProtoJson(Looked(st).sandbox());
+        std::string state = st.driver ? st.driver->DescribeState(st.driver_state) : std::string();
+        j["driver_state"] = state.empty() ? nlohmann::json(nullptr) : nlohmann::json::parse(state, nullptr, false);
+        if (st.readopting) j["readopting"] = true;
+        return DumpJson(j);
+      },
+      [self](Continuation& c) { c.fn(); },
+      [self](crash_atom) { InjectCrash(self->state.ctx->options.test_hooks); }
+  );
+}
+
+// The driver's answer to Readopt: a sandbox it could not take back is
+// failed (and says why); then the requests that waited run.
+void Readopted(Self self, const Status& s) {
+  auto& st = self->state;
+  st.readopting = false;
+  if (!s.ok()) {
+    st.rec.set_phase(v1::SANDBOX_PHASE_FAILED);
+    st.rec.set_error("not re-adopted after restart: " + s.message());
+    st.ctx->log->warn("sandbox {}: {}", st.rec.id(), st.rec.error());
+    Checkpoint(self, [self](const Status& w) {
+      if (!w.ok()) self->state.ctx->log->error("sandbox {}: checkpoint: {}", self->state.rec.id(), w.message());
+    });
+  }
+  ArmExpiry(self);
+  auto waiting = std::move(st.after_readopt);
+  st.after_readopt.clear();
+  for (auto& fn : waiting) fn();
+}
+
+sandbox_actor::behavior_type SandboxActor(Self self, std::shared_ptr<NodeContext> ctx,
+                                          store::v1::SandboxRow row, std::function<void(const std::string&)> gone,
+                                          bool owner_present, std::function<void()> readopted) {
+  auto& st = self->state;
+  st.ctx = std::move(ctx);
+  st.rec = std::move(*row.mutable_record());
+  st.driver_state = std::move(*row.mutable_driver_state());
+  st.gone = std::move(gone);
+  // An owner not connected now is gone from now on (after a restart: from
+  // the restart, so it has the whole lease to come back).
+  st.rec.set_owner_gone_ms(owner_present || st.rec.owner().empty() ? 0 : WallClockMs());
+  // A call was running when the last one stopped (it may still run in the
+  // sandbox, which outlives dsecd): active from now.
+  if (st.rec.busy()) st.rec.set_last_active_ms(std::max(st.rec.last_active_ms(), WallClockMs()));
+  st.rec.set_busy(false);
+  st.active_written_until = st.rec.last_active_ms();
+  auto d = st.ctx->kinds->DriverFor(st.rec.spec());
+  if (d.ok()) {
+    st.driver = *d;
+  } else {
+    // The record stays (a later start with the kind available re-adopts
+    // it); until then every operation says why it cannot be served.
+    st.driver_status = d.status();
+    st.ctx->log->warn("sandbox {}: {}", st.rec.id(), d.status().message());
+  }
+  bool up = st.rec.phase() == v1::SANDBOX_PHASE_RUNNING || st.rec.phase() == v1::SANDBOX_PHASE_PAUSED;
+  if (readopted && up) {
+    // After a daemon restart: the driver takes the sandbox back on its own
+    // thread (agents answer pings there); requests wait until it has.
+    st.readopting = true;
+    auto handle = caf::actor_cast<sandbox_actor>(self);
+    auto answer = [handle, self, readopted](const Status& s) {
+      Post(handle, [self, s] { Readopted(self, s); });
+      readopted();
+    };
+    if (st.driver) st.driver->Readopt(st.rec, st.driver_state, std::move(answer));
+    else answer(st.driver_status);
+  } else if (readopted) {
+    readopted();
+  }
+  // Restored: its ends come from its record (one already past acts now).
+  if (st.rec.phase() != v1::SANDBOX_PHASE_PENDING) ArmExpiry(self);
+  return Behavior(self);
+}
+
+}  // namespace
+
+sandbox_actor SpawnSandbox(caf::local_actor* parent, std::shared_ptr<NodeContext> ctx,
+                           store::v1::SandboxRow row, std::function<void(const std::string&)> gone,
+                           bool owner_present, std::function<void()> readopted) {
+  return parent->spawn<caf::monitored>(SandboxActor, std::move(ctx), std::move(row), std::move(gone),
+                                       owner_present, std::move(readopted));
+}
+
+}  // namespace dsec

@@ -1,0 +1,97 @@
+// Internal to the sandbox actor (sandbox.cpp: its calls; sandbox_life.cpp:
+// its checkpoints, pause and destroy, and when it ends): its state and what
+// the two halves share.
+#pragma once
+
+#include <caf/all.hpp>
+
+#include <functional>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "actors/node/context.hpp"
+#include "actors/node/lifetime.hpp"
+#include "actors/node/sandbox.hpp"
+#include "runtime/metrics.hpp"
+#include "state/store.hpp"
+
+namespace dsec::sandbox_detail {
+
+struct SandboxState {
+  std::shared_ptr<NodeContext> ctx;
+  v1::SandboxRecord rec;
+  std::string driver_state;  // the driver's own (SandboxRow.driver_state)
+  drivers::Driver* driver = nullptr;
+  Status driver_status;  // why driver is null
+  uint64_t next_exec = 0;
+  bool destroying = false;
+  std::unordered_set<std::string> running;  // run ids of execs in flight
+  // Their callers, so a crash can answer them (see Behavior).
+  std::unordered_map<std::string, caf::typed_response_promise<v1::ExecReply>> exec_callers;
+  std::unordered_map<uint64_t, caf::typed_response_promise<v1::FileReply>> file_callers;
+  uint64_t next_file_call = 0;
+  std::function<void()> after_runs;         // a destroy waiting for them to end
+  std::function<void(const std::string&)> gone;  // see SpawnSandbox
+  // Lifetime (see SpawnSandbox): the armed expiry timer's generation, and
+  // how far rec.last_active_ms was written ahead of the last activity.
+  // The armed timer's time (0: none). CAF 0.17 cannot cancel a delayed
+  // message, so a new one is sent only for an earlier end; one that fires
+  // before the (moved) end re-arms. Each waits at most kMaxTimerWait, so an
+  // ended actor is not held long by its timers.
+  int64_t armed_at_ms = 0;
+  int64_t active_written_until = 0;
+  bool busy_written = false;       // rec.busy as stored
+  bool pausing = false;            // a pause or resume is with the driver
+  std::function<void()> after_pause;  // a destroy waiting for it
+  int64_t idle_retry_ms = 0;       // a failed automatic pause is tried again then, not before
+  int64_t end_retry_ms = 0;        // a failed destroy: tried again then (its only end)
+  // After a restart, until the driver has re-adopted the sandbox: requests
+  // wait here (see Defer) and no end is armed.
+  bool readopting = false;
+  std::vector<std::function<void()>> after_readopt;
+  // This sandbox in dsec_sandboxes{kind,phase} while its actor lives.
+  metrics::PhaseGauge phase_gauge;
+  metrics::Histogram* exec_seconds = nullptr;  // dsec_exec_seconds{kind}, looked up once
+  static constexpr const char* name = "sandbox";
+};
+
+using Self = sandbox_actor::stateful_pointer<SandboxState>;
+
+// Its phase in dsec_sandboxes{kind,phase}.
+void CountPhase(SandboxState& st);
+// The record as shown: with its next end filled in.
+v1::SandboxRecord Shown(const SandboxState& st);
+v1::SandboxReply Reply(const Status& status, const SandboxState& st);
+// The record as a get shows it: with its disk use.
+v1::SandboxReply Looked(const SandboxState& st);
+// Checkpoints the record, then runs `then` on the actor with the outcome.
+void Checkpoint(Self self, std::function<void(const Status&)> then);
+// Why the sandbox cannot take an operation now, or Ok.
+Status NotServing(Self self, bool paused_ok);
+// A file call: checks the path and the phase, runs `call` on the driver and
+// answers on this actor.
+caf::result<v1::FileReply> FileOp(Self self, const std::string& path,
+                                  std::function<void(Self, drivers::FileCallback)> call);
+// Pause (freeze) or resume; the phase change is checkpointed before `done`.
+caf::result<v1::SandboxReply> SetPaused(Self self, bool paused);
+// Destroys the sandbox (execs in flight stopped and answered first); the
+// actor quits after `done`.
+void StartDestroy(Self self, std::string why, std::function<void(const Status&)> done);
+// Arms the timer for the next end (one at a time: a newer one supersedes).
+void ArmExpiry(Self self);
+// An exec or file call starts or ends: a new idle period.
+void Touch(Self self);
+
+// While the driver re-adopts the sandbox, a request waits; once that is
+// done it is sent to this actor again, for its caller.
+template <class Reply, class Request>
+caf::result<Reply> Defer(Self self, const Request& req) {
+  auto rp = self->make_response_promise<Reply>();
+  self->state.after_readopt.push_back(
+      [self, rp, req]() mutable { rp.delegate(caf::actor_cast<sandbox_actor>(self), std::move(req)); });
+  return rp;
+}
+
+}  // namespace dsec::sandbox_detail
