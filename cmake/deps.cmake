@@ -27,6 +27,7 @@ find_package(GTest CONFIG REQUIRED)      # GTest::gtest, GTest::gtest_main
 find_package(benchmark CONFIG REQUIRED)  # benchmark::benchmark
 find_package(nlohmann_json CONFIG REQUIRED)  # nlohmann_json::nlohmann_json
 find_package(CLI11 CONFIG REQUIRED)      # CLI11::CLI11
+find_package(Boost 1.74 REQUIRED)       # Boost::headers (Beast and Asio: the HTTP server, runtime/http_server.hpp)
 
 find_library(SECCOMP_STATIC libseccomp.a REQUIRED)
 find_library(PROTOBUF_LITE_STATIC libprotobuf-lite.a REQUIRED)

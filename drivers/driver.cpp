@@ -11,6 +11,50 @@ Status NoState(const Driver& d, const char* what) {
 
 }  // namespace
 
+const char* CapabilityName(Capability c) {
+  switch (c) {
+    case Capability::kFiles: return "files";
+    case Capability::kPause: return "pause";
+    case Capability::kStreaming: return "streaming";
+    case Capability::kSnapshot: return "snapshot";
+    case Capability::kFork: return "fork";
+  }
+  return "?";
+}
+
+bool Has(const KindTraits& t, Capability c) {
+  switch (c) {
+    case Capability::kFiles: return t.files;
+    case Capability::kPause: return t.pause;
+    case Capability::kStreaming: return t.streaming;
+    case Capability::kSnapshot: return t.snapshot;
+    case Capability::kFork: return t.fork;
+  }
+  return false;
+}
+
+Status CheckSandboxWideLimits(const char* kind, const v1::SandboxRecord& sb, const v1::Limits& asked) {
+  const v1::Limits& box = sb.spec().limits();
+  auto differs = [](uint64_t want, uint64_t have) { return want != 0 && want != have; };
+  const char* what = differs(asked.memory_bytes(), box.memory_bytes()) ? "memory"
+                     : differs(asked.pids(), box.pids())                 ? "pids"
+                     : differs(asked.cpu_millis(), box.cpu_millis())     ? "cpu"
+                     : differs(asked.disk_bytes(), box.disk_bytes())     ? "disk"
+                                                                         : nullptr;
+  if (!what) return Status::Ok();
+  return Status::InvalidArgument(std::string("the ") + what + " limit of " + kind + " " + sb.id() +
+                                 " is set for the whole " + kind + " when it is created (dsecctl create --" +
+                                 (std::string(what) == "cpu" ? "cpus" : what) + "); an exec cannot change it");
+}
+
+Status Require(const Driver& driver, Capability c) {
+  if (Has(driver.traits(), c)) return Status::Ok();
+  static const char* const kWhat[] = {"read or write files", "pause", "stream output", "snapshot", "fork"};
+  return Status::Unimplemented(std::string("sandbox kind '") + driver.name() + "' cannot " +
+                               kWhat[static_cast<int>(c)] + " (it has no '" + CapabilityName(c) +
+                               "' capability; `dsecctl status` lists each kind's)");
+}
+
 void Driver::ExecStreaming(const v1::SandboxRecord&, const std::string&, const v1::ExecRequest&, OutputCallback,
                            ExecCallback done) {
   done(Status::Unimplemented(std::string(name()) + " sandboxes cannot stream output"));

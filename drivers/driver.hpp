@@ -39,7 +39,23 @@ struct KindTraits {
   // Its sandboxes have a loopback of their own, up (services inside talk to
   // each other); without: only a loopback that is down. No route out either way.
   bool own_loopback = false;
+  // Its sandboxes write to a disk of their own, bounded by disk_bytes: the
+  // node's disk default applies to them, and their files are bounded by
+  // that disk rather than by a file size limit (limits.hpp).
+  bool own_disk = false;
+  // A kind for tests (fake): never chosen for `auto`, not listed where it
+  // was not started, and not a kind the security suites hold to isolation.
+  bool test_only = false;
+  // Optional capabilities of the calls to come (a kind without one answers
+  // Unimplemented naming itself and the capability: Require below).
+  bool snapshot = false;  // a named, read-only copy of a sandbox's state
+  bool fork = false;      // new sandboxes in a running one's current state
 };
+
+// What a call may need of a kind beyond the basics.
+enum class Capability { kFiles, kPause, kStreaming, kSnapshot, kFork };
+const char* CapabilityName(Capability c);  // "files", "pause", "streaming", "snapshot", "fork"
+bool Has(const KindTraits& traits, Capability c);
 
 class Driver {
  public:
@@ -114,6 +130,15 @@ class Driver {
   // dsecd is stopping: end what must not outlive it (runs in flight).
   virtual void Stop() {}
 };
+
+// For kinds whose memory, pids, CPU and disk limits hold for the whole
+// sandbox (set at create): InvalidArgument naming the first limit an exec
+// asks to change (a value that differs from the sandbox's).
+Status CheckSandboxWideLimits(const char* kind, const v1::SandboxRecord& sandbox, const v1::Limits& asked);
+
+// Ok when `driver`'s kind has `c`; else Unimplemented naming the kind and
+// the capability ("sandbox kind 'fncall' cannot snapshot ...").
+Status Require(const Driver& driver, Capability c);
 
 // A path for the file calls: absolute, no "..", no NUL, at most 4096 bytes.
 // InvalidArgument saying which rule it breaks.

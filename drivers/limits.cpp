@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "drivers/driver.hpp"
+
 namespace dsec::drivers {
 
 LimitPolicy LimitPolicy::Default() {
@@ -46,7 +48,7 @@ Status Pick(const char* field, T exec_v, T spec_v, T def_v, T max_v, T min_v, T*
 
 }  // namespace
 
-Result<v1::Limits> EffectiveLimits(const LimitPolicy& p, const v1::SandboxSpec& spec,
+Result<v1::Limits> EffectiveLimits(const LimitPolicy& p, const KindTraits& kind, const v1::SandboxSpec& spec,
                                    const v1::ExecRequest& exec) {
   const auto &e = exec.limits(), &s = spec.limits(), &d = p.defaults, &m = p.maxima;
   v1::Limits out;
@@ -70,16 +72,17 @@ Result<v1::Limits> EffectiveLimits(const LimitPolicy& p, const v1::SandboxSpec& 
   DSEC_RETURN_IF_ERROR(Pick("output_bytes", e.output_bytes(), s.output_bytes(), d.output_bytes(),
                             m.output_bytes(), uint64_t{1}, &u64));
   out.set_output_bytes(u64);
-  uint64_t file_size_default =
-      spec.kind() == v1::KIND_CONTAINER ? p.container_file_size_bytes : d.file_size_bytes();
+  // A kind with a disk of its own bounds files by that disk.
+  uint64_t file_size_default = kind.own_disk ? p.container_file_size_bytes : d.file_size_bytes();
   DSEC_RETURN_IF_ERROR(Pick("file_size_bytes", e.file_size_bytes(), s.file_size_bytes(), file_size_default,
                             m.file_size_bytes(), uint64_t{1}, &u64));
   out.set_file_size_bytes(u64);
   DSEC_RETURN_IF_ERROR(
       Pick("open_files", e.open_files(), s.open_files(), d.open_files(), m.open_files(), 16u, &u32));
   out.set_open_files(u32);
-  // A container needs a few MiB for what programs write at all (caches, logs).
-  uint64_t disk_default = spec.kind() == v1::KIND_CONTAINER ? d.disk_bytes() : 0;
+  // A disk of its own needs a few MiB for what programs write at all
+  // (caches, logs); other kinds have no disk limit unless asked.
+  uint64_t disk_default = kind.own_disk ? d.disk_bytes() : 0;
   DSEC_RETURN_IF_ERROR(Pick("disk_bytes", e.disk_bytes(), s.disk_bytes(), disk_default, m.disk_bytes(),
                             uint64_t{16} << 20, &u64));
   out.set_disk_bytes(u64);

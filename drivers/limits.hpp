@@ -9,6 +9,10 @@
 #include "dsec/v1/types.pb.h"
 
 namespace dsec::drivers {
+struct KindTraits;  // driver.hpp
+}
+
+namespace dsec::drivers {
 
 struct LimitPolicy {
   v1::Limits defaults;   // used where neither exec nor spec sets a value
@@ -23,9 +27,10 @@ struct LimitPolicy {
   static LimitPolicy Default();
 };
 
-// Merges exec over spec over defaults; InvalidArgument naming the field and
-// the maximum when a value is out of range.
-Result<v1::Limits> EffectiveLimits(const LimitPolicy& policy, const v1::SandboxSpec& spec,
+// Merges exec over spec over defaults (the kind's own where its traits have
+// them: KindTraits::own_disk); InvalidArgument naming the field and the
+// maximum when a value is out of range.
+Result<v1::Limits> EffectiveLimits(const LimitPolicy& policy, const KindTraits& kind, const v1::SandboxSpec& spec,
                                    const v1::ExecRequest& exec);
 
 // Checks the size of argv/env/stdin and that argv is not empty.

@@ -11,6 +11,7 @@ std::unique_ptr<Kind> FncallKind();
 std::unique_ptr<Kind> ContainerKind();
 std::unique_ptr<Kind> MicrovmKind();
 std::unique_ptr<Kind> VmKind();
+std::unique_ptr<Kind> FakeKind();
 
 std::vector<std::unique_ptr<Kind>> AllKinds() {
   std::vector<std::unique_ptr<Kind>> kinds;
@@ -18,6 +19,7 @@ std::vector<std::unique_ptr<Kind>> AllKinds() {
   kinds.push_back(ContainerKind());
   kinds.push_back(MicrovmKind());
   kinds.push_back(VmKind());
+  kinds.push_back(FakeKind());  // tests only: off unless dsecd --fake-kind
   return kinds;
 }
 
@@ -42,6 +44,7 @@ std::vector<v1::Kind> Missing(const std::vector<const Kind*>& have) {
   std::vector<v1::Kind> out;
   for (int k = v1::Kind_MIN; k <= v1::Kind_MAX; ++k) {
     if (!v1::Kind_IsValid(k) || k == v1::KIND_UNSPECIFIED || k == v1::KIND_AUTO) continue;
+    if (k == v1::KIND_FAKE) continue;  // a kind for tests is not missing where it was not asked for
     if (std::none_of(have.begin(), have.end(), [&](const Kind* h) { return h->kind() == k; }))
       out.push_back(static_cast<v1::Kind>(k));
   }
@@ -55,6 +58,7 @@ Result<v1::Kind> ChooseKind(const v1::SandboxSpec& spec, const std::vector<const
   const Kind* best = nullptr;
   for (const Kind* k : kinds) {
     const KindTraits& t = k->traits();
+    if (t.test_only) continue;  // named, never chosen
     if (Level(t.isolation) < Level(spec.isolation())) continue;
     if (t.host_image && !HostImage(spec)) continue;
     if (!best || Level(t.isolation) < Level(best->traits().isolation)) best = k;
@@ -160,6 +164,7 @@ void Registry::Kinds(std::vector<std::string>* available, std::vector<std::strin
   for (auto& e : entries_) {
     kinds.push_back(e.kind.get());
     Status st = e.driver ? e.driver->Available() : e.unavailable;
+    if (!st.ok() && e.kind->traits().test_only) continue;  // not a gap of this host: a kind for tests
     if (st.ok()) available->push_back(e.kind->name());
     else unavailable->push_back(std::string(e.kind->name()) + ": " + st.message());
   }

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "drivers/images/image_source.hpp"
 #include "drivers/driver.hpp"
 #include "drivers/fault_driver.hpp"
 #include "dsec/status.hpp"
@@ -25,8 +26,8 @@ struct DriverEnv {
   std::string cgroup_parent = "dsec";  // groups go under <controller>/<parent>/...
   uint32_t sandbox_uid = 65534;        // programs run as this user ...
   uint32_t sandbox_gid = 65534;        // ... and group
-  // The image registry (the node's images table).
-  std::function<Result<v1::ImageManifest>(const std::string& name)> find_image;
+  // Where images come from (the node's store); outlives the drivers.
+  const images::ImageSource* images = nullptr;
   // A sandbox ended by itself (a VM's QEMU exited, its guest kernel
   // panicked): the node marks it failed with `why` and destroys what is
   // left. Called from a driver thread; may be empty.

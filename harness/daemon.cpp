@@ -74,7 +74,38 @@ std::string TestGuestDir() {
   return bin.substr(0, bin.rfind('/')) + "/guest";
 }
 
-std::string EnsureTestGuest() {
+std::vector<std::string> CgroupRoots() {
+  std::vector<std::string> roots;
+  std::ifstream mounts("/proc/mounts");
+  for (std::string dev, dir, type, rest; mounts >> dev >> dir >> type && std::getline(mounts, rest);)
+    if ((type == "cgroup" || type == "cgroup2") && std::find(roots.begin(), roots.end(), dir) == roots.end())
+      roots.push_back(dir);
+  return roots;
+}
+
+namespace {
+
+// Whether this host can get the guest's kernel at all, asked of apt alone:
+// the package linux-image-cloud-amd64 depends on, downloaded into a
+// scratch dir. "" when it can; else why not.
+std::string KernelPackageGap() {
+  auto deps = RunProcess({"/bin/sh", "-c",
+                          "apt-cache depends linux-image-cloud-amd64 2>/dev/null | "
+                          "awk '/Depends: linux-image-/{print $2; exit}'"});
+  std::string pkg = deps.out;
+  while (!pkg.empty() && (pkg.back() == '\n' || pkg.back() == ' ')) pkg.pop_back();
+  if (pkg.empty()) return "apt knows no linux-image-cloud-amd64 (run apt-get update, or no Debian mirror is configured)";
+  char tmpl[] = "/tmp/dsec-kernel-probe-XXXXXX";
+  if (!::mkdtemp(tmpl)) return "mkdtemp";
+  auto got = RunProcess({"/bin/sh", "-c", std::string("cd ") + tmpl + " && apt-get download -q " + pkg}, "", 600);
+  RunProcess({"/bin/rm", "-rf", tmpl});
+  if (got.exit_code != 0) return "the Debian mirror does not give " + pkg + ": " + got.err;
+  return "";
+}
+
+}  // namespace
+
+GuestPrep EnsureTestGuest() {
   std::string dir = TestGuestDir();
   // Prepared, in the format this build's dsecd boots (else prepared again).
   auto ready = [&] {
@@ -82,19 +113,21 @@ std::string EnsureTestGuest() {
     return ::access((dir + "/vmlinux").c_str(), R_OK) == 0 && ::access((dir + "/base.cpio").c_str(), R_OK) == 0 &&
            txt.ok() && txt->find("format " + std::to_string(drivers::vm::kGuestFormat) + "\n") != std::string::npos;
   };
-  if (ready()) return "";
-  if (Status st = MakeDirs(dir, 0755); !st.ok()) return st.message();
+  if (ready()) return {};
+  if (Status st = MakeDirs(dir, 0755); !st.ok()) return {"", st.message()};
   UniqueFd lock(::open((dir + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
-  if (!lock || ::flock(lock.get(), LOCK_EX) < 0) return "cannot lock " + dir + ".lock";
-  if (ready()) return "";
+  if (!lock || ::flock(lock.get(), LOCK_EX) < 0) return {"", "cannot lock " + dir + ".lock"};
+  if (ready()) return {};
   std::string log = dir + ".log";
   int rc = RunToFile({BinDir() + "/dsec-image", "guest", "--dir", dir}, log);
-  if (rc != 0 || !ready()) {
-    auto text = ReadFileToString(log);
-    return "the VM guest could not be prepared in " + dir + " (dsec-image guest, exit " + std::to_string(rc) +
-           "): " + (text.ok() ? *text : std::string("no output"));
-  }
-  return "";
+  if (rc == 0 && ready()) return {};
+  auto text = ReadFileToString(log);
+  std::string why = "the VM guest could not be prepared in " + dir + " (dsec-image guest, exit " +
+                    std::to_string(rc) + "): " + (text.ok() ? *text : std::string("no output"));
+  // A host that cannot get the kernel skips; one that can and still has
+  // no guest found a fault of dsec-image's.
+  if (std::string gap = KernelPackageGap(); !gap.empty()) return {"no VM guest on this host: " + gap, ""};
+  return {"", why};
 }
 
 Result<std::unique_ptr<Child>> Child::Start(const std::vector<std::string>& argv) {
@@ -260,7 +293,14 @@ Status TestDaemon::Launch(const std::string& listen, const std::string& admin,
   posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
   posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
   posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
-  int rc = posix_spawn(&pid_, av[0], &fa, nullptr, av.data(), environ);
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  if (options_.own_process_group) {
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
+    posix_spawnattr_setpgroup(&attr, 0);
+  }
+  int rc = posix_spawn(&pid_, av[0], &fa, &attr, av.data(), environ);
+  posix_spawnattr_destroy(&attr);
   posix_spawn_file_actions_destroy(&fa);
   if (rc != 0) return Status::FromErrno(rc, "start " + args[0]);
   // Ready once it has written its endpoints.
@@ -315,9 +355,13 @@ void TestDaemon::Kill9() {
   }
 }
 
-int TestDaemon::Stop() {
+int TestDaemon::Stop() { return StopWith(SIGTERM, pid_); }
+
+int TestDaemon::Interrupt() { return StopWith(SIGINT, options_.own_process_group ? -pid_ : pid_); }
+
+int TestDaemon::StopWith(int sig, pid_t target) {
   if (pid_ <= 0) return -1;
-  ::kill(pid_, SIGTERM);
+  ::kill(target, sig);
   int status = 0;
   auto deadline = Clock::now() + std::chrono::seconds(30);
   while (::waitpid(pid_, &status, WNOHANG) == 0) {

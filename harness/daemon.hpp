@@ -23,9 +23,20 @@ std::string BinDir();
 // VMs with (--guest-dir): $DSEC_GUEST_DIR, else <bin>/../guest.
 std::string TestGuestDir();
 // Prepares TestGuestDir() once (dsec-image guest; apt-get download of
-// Debian's kernel package), under a lock, for every test process. "" when
-// it is ready; else why it cannot be (for a skip message).
-std::string EnsureTestGuest();
+// Debian's kernel package), under a lock, for every test process. Both
+// empty when it is ready. `skip`: the host cannot have it, as probed apart
+// from dsec (apt knows no such package, or the mirror does not give it);
+// `failure`: dsec-image guest failed on a host that can.
+struct GuestPrep {
+  std::string skip, failure;
+};
+GuestPrep EnsureTestGuest();
+
+// Every cgroup hierarchy's root on this host, as /proc/mounts has them: each
+// v1 controller's mount (memory, pids, cpu, ...) and each cgroup2 mount. A
+// check of what a test left looks in all of them, whichever version dsecd
+// uses here.
+std::vector<std::string> CgroupRoots();
 
 struct ProcResult {
   int exit_code = -1;  // 128+N when killed by signal N
@@ -72,6 +83,9 @@ struct TestDaemonOptions {
   std::string host = "127.0.0.1";
   // A controller's --cluster-listen at its first start (later starts keep its port).
   std::string cluster_listen = "127.0.0.1:0";
+  // dsecd leads a process group of its own, as a shell's foreground job
+  // does (Interrupt() sends its group a terminal's Ctrl-C).
+  bool own_process_group = false;
 };
 
 class TestDaemon {
@@ -87,6 +101,9 @@ class TestDaemon {
   void Kill9();
   // SIGTERM and wait (clean stop). Returns dsecd's exit code.
   int Stop();
+  // Ctrl-C in a terminal: SIGINT to dsecd's process group (with
+  // own_process_group; else to dsecd), and wait. Returns its exit code.
+  int Interrupt();
   // Starts again on the same data dir and the same ports; `more_args`:
   // dsecd flags for this start only (e.g. --test-fault).
   Status Restart(const std::vector<std::string>& more_args = {});
@@ -113,6 +130,8 @@ class TestDaemon {
  private:
   TestDaemon() = default;
   Status Launch(const std::string& listen, const std::string& admin, const std::vector<std::string>& more_args = {});
+  // Sends `sig` to `target` (dsecd, or -its group) and waits for dsecd.
+  int StopWith(int sig, pid_t target);
 
   Options options_;
   pid_t pid_ = -1;
@@ -124,6 +143,7 @@ class ConsoleConn {
  public:
   // From `source` (e.g. 127.0.0.2: another host, as the console's
   // per-address slow-down of wrong tokens sees it) when given.
+  // A failed connect shows as !ok() and as the reads' and writes' errors.
   explicit ConsoleConn(const std::string& addr, const std::string& source = "") { (void)c_.Connect(addr, source); }
   bool ok() const { return c_.connected(); }
   bool Send(const std::string& bytes) { return c_.Send(bytes).ok(); }

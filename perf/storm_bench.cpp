@@ -2,9 +2,13 @@
 // `dsecctl run` processes (each its own SDK connection: process start,
 // door handshake, BASP handshake, one run, exit), C at a time, against a
 // running dsecd: after an idle period, then again at once. Prints runs/s,
-// per-process latency and failures of each burst.
+// per-process latency and failures of each burst. Then the same-run
+// reference: --sequential runs one at a time (what one process costs, with
+// nothing queued behind it: its wall time, and dsecd's CPU per run read
+// from /proc for the pid in <data-dir>/dsecd.json).
 //
 //   storm_bench --data-dir D [--addr A] [--runs 2000] [--concurrency 64] [--idle 60] [--bursts 2]
+//               [--sequential 100]
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -21,8 +25,11 @@
 #include <thread>
 #include <vector>
 
-#include "perf/bench_util.hpp"
+#include <nlohmann/json.hpp>
+
 #include "harness/daemon.hpp"
+#include "perf/bench_util.hpp"
+#include "runtime/files.hpp"
 
 extern char** environ;
 
@@ -87,7 +94,7 @@ Burst RunBurst(const std::vector<std::string>& argv, int runs, int concurrency, 
 int main(int argc, char** argv) {
   CLI::App app{"storm_bench: many separate dsecctl processes, each its own connection, against a running dsecd"};
   std::string addr, data_dir = "./dsec-data", command = "true";
-  int runs = 2000, concurrency = 64, bursts = 2;
+  int runs = 2000, concurrency = 64, bursts = 2, sequential = 100;
   double idle_s = 60;
   app.add_option("--addr", addr, "dsecd SDK entry (default: <data-dir>/dsecd.json)");
   app.add_option("--data-dir", data_dir, "dsecd's data dir (address, SDK token)")->capture_default_str();
@@ -95,6 +102,8 @@ int main(int argc, char** argv) {
   app.add_option("--concurrency", concurrency, "processes at once")->capture_default_str();
   app.add_option("--idle", idle_s, "seconds dsecd is left idle before the first burst")->capture_default_str();
   app.add_option("--bursts", bursts, "bursts, back to back after the idle period")->capture_default_str();
+  app.add_option("--sequential", sequential, "then this many runs one at a time: the reference (0: none)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   std::vector<std::string> ctl = {dsec::testing::BinDir() + "/dsecctl", "--data-dir", data_dir};
@@ -112,6 +121,20 @@ int main(int argc, char** argv) {
     double max = b.ms.empty() ? 0 : *std::max_element(b.ms.begin(), b.ms.end());
     std::printf("%-6d %8d %8d %8.1f %10.1f %10.1f %10.1f\n", i, b.ok, b.failed, b.ok / b.seconds, p.p50, p.p99, max);
     for (const auto& [code, n] : b.exit_codes) std::printf("#   %d process(es) exited %d\n", n, code);
+    failed += b.failed;
+  }
+  if (sequential > 0) {
+    int dsecd = 0;
+    if (auto ep = dsec::ReadFileToString(data_dir + "/dsecd.json"); ep.ok())
+      dsecd = nlohmann::json::parse(*ep, nullptr, false).value("pid", 0);
+    double cpu0 = dsecd ? dsec::bench::CpuSeconds(dsecd) : 0;
+    auto b = RunBurst(ctl, sequential, 1, err_path);
+    double cpu_ms = dsecd ? (dsec::bench::CpuSeconds(dsecd) - cpu0) * 1000 / std::max(b.ok, 1) : 0;
+    auto p = dsec::bench::Percentiles(b.ms);
+    double max = b.ms.empty() ? 0 : *std::max_element(b.ms.begin(), b.ms.end());
+    std::printf("%-6s %8d %8d %8.1f %10.1f %10.1f %10.1f   <- the reference: one at a time\n", "seq", b.ok, b.failed,
+                b.ok / b.seconds, p.p50, p.p99, max);
+    if (dsecd) std::printf("# dsecd CPU per sequential run: %.2f ms (pid %d)\n", cpu_ms, dsecd);
     failed += b.failed;
   }
   if (failed) {

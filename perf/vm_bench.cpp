@@ -25,6 +25,13 @@
 //     memory they hold (sum of QEMU PSS, sampled every second), time-
 //     weighted over the window. Run it against a dsecd with
 //     --vm-reclaim-idle 0, then with the reclaimer on.
+//   - the same-run reference (--baseline N, default 4): N plain QEMU boots,
+//     one at a time, of the same kernel and initramfs dsecd boots (from
+//     --guest-dir, default <data-dir>/guest), with the accelerator dsecd's
+//     VMs got, the same machine type and memory, no devices, and busybox
+//     as the first program, which powers off at once: from exec to QEMU's
+//     exit (p50, p99). A cold create-to-first-exec above is that plus the
+//     image disk, the agent's start and its handshake, and dsecd's work.
 // The image (--image, default "bench") is built from the host's own sh,
 // true, cat and sleep with dsec-image when dsecd does not have it.
 #include <CLI/CLI.hpp>
@@ -91,7 +98,8 @@ int main(int argc, char** argv) {
   CLI::App app{"VM-kind macro benchmark against a running dsecd"};
   std::string addr, data_dir = "./dsec-data", image = "bench", conc = "1,8", kind = "microvm";
   int creates = 16, execs = 200, idle = 8, settle_s = 20, shared_mb = 0, readers = 8, pool_settle_s = 0,
-      window_s = 0;
+      window_s = 0, baseline = 4;
+  std::string guest_dir, qemu = "qemu-system-x86_64";
   app.add_option("--addr", addr, "dsecd SDK entry (default: <data-dir>/dsecd.json)");
   app.add_option("--data-dir", data_dir, "dsecd's data dir")->capture_default_str();
   app.add_option("--kind", kind, "microvm or vm")->capture_default_str();
@@ -110,6 +118,10 @@ int main(int argc, char** argv) {
   app.add_option("--pool-settle", pool_settle_s,
                  "measure creations from the warm pool: seconds for dsecd's pool (--vm-pool) to fill first (0: skip)")
       ->capture_default_str();
+  app.add_option("--baseline", baseline, "plain QEMU boots of the same kernel and initramfs: the reference (0: skip)")
+      ->capture_default_str();
+  app.add_option("--guest-dir", guest_dir, "the guest dsecd boots (default: <data-dir>/guest)");
+  app.add_option("--qemu", qemu, "QEMU for the reference")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   const std::string vm_root = data_dir + (kind == "vm" ? "/domains/" : "/vms/");
   auto qemu_memory = [&] {
@@ -203,6 +215,29 @@ int main(int argc, char** argv) {
                 pc.p99, pf.p50, pf.p99, failed.load());
     double rs = Parallel(static_cast<int>(made.size()), n, [&](int i) { (void)made[i].Destroy(); });
     std::printf("  removed %zu in %.1f s\n", made.size(), rs);
+  }
+  if (baseline > 0) {
+    if (guest_dir.empty()) guest_dir = data_dir + "/guest";
+    bool kvm = accel == "kvm";
+    std::vector<double> boot_ms;
+    int failed = 0;
+    for (int i = 0; i < baseline; ++i) {
+      auto t0 = Clock::now();
+      auto r = dsec::testing::RunProcess(
+          {qemu, "-M", kind == "vm" ? "q35" : "microvm,acpi=on,rtc=on", "-accel", kvm ? "kvm" : "tcg,tb-size=64",
+           "-cpu", kvm ? "host" : "max", "-m", "256", "-smp", "1", "-nodefaults", "-no-user-config", "-nographic",
+           "-no-reboot", "-kernel", guest_dir + "/vmlinux", "-initrd", guest_dir + "/base.cpio", "-append",
+           "console=ttyS0 quiet panic=-1 reboot=t rdinit=/bin/busybox -- poweroff -f"});
+      if (r.exit_code != 0) {
+        if (failed++ == 0) std::fprintf(stderr, "vm_bench: plain QEMU boot: exit %d: %s\n", r.exit_code, r.err.c_str());
+        continue;
+      }
+      boot_ms.push_back(Ms(t0, Clock::now()));
+    }
+    auto pb = Percentiles(boot_ms);
+    std::printf("reference: plain QEMU boot of the same kernel and initramfs to its first program and out (%s, %s), "
+                "one at a time: p50 %.0f ms p99 %.0f ms (%zu ok, %d failed)\n",
+                kind == "vm" ? "q35" : "microvm", kvm ? "kvm" : "tcg", pb.p50, pb.p99, boot_ms.size(), failed);
   }
   if (pool_settle_s > 0 && creates > 0) {
     if (auto prime = client.Create(spec); prime.ok()) {  // starts the refill

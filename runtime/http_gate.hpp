@@ -1,53 +1,45 @@
-// The HTTP port's side of the front door: reads one request head (request
-// line and headers, at most kMaxHead bytes, before the door's deadline),
-// answers what is wrong with it itself (400, 404, 405, 431, 505: a short
-// reply, then the connection is closed), and hands a well-formed GET or
-// HEAD of a known path to `serve` with its socket. One request per
-// connection (`Connection: close`). Plain C++, no CAF.
+// The HTTP port's side of the front door: reads a connection's first
+// request head (at most max_head bytes, before the door's deadline) through
+// Beast's parser, answers what is wrong with it itself (400 with the
+// parser's reason, 431 past max_head, 505 for a version other than 1.0 or
+// 1.1: a short reply, then the connection is closed), and hands the socket
+// of a well-formed head to `admitted` with every byte read so far (the head
+// and whatever followed it), for the HTTP server to parse again as its
+// first request. Routes, methods and bodies are the server's to judge
+// (runtime/http_server.hpp). Plain C++, no CAF.
 #pragma once
 
 #include <functional>
 #include <memory>
 #include <string>
-#include <vector>
 
 #include "runtime/front_door.hpp"
 
 namespace dsec {
 
-struct HttpRequest {
-  std::string method;  // GET or HEAD
-  std::string path;    // one of the gate's paths; the query string dropped
-  std::string peer;
-};
-
-// A complete response: status line, Content-Type, Content-Length,
-// Connection: close, and the body (left out for HEAD).
+// A complete response that closes the connection: status line,
+// Content-Type, Content-Length, Connection: close, and the body (left out
+// for HEAD). For answers given before (or instead of) the server.
 std::string HttpResponse(int code, const std::string& content_type, const std::string& body, bool head = false,
                          const std::string& extra_headers = "");
 
 class HttpGate final : public HandshakeProtocol {
  public:
   static constexpr size_t kMaxHead = 8192;
-  using Serve = std::function<void(UniqueFd fd, HttpRequest request)>;
-  // `paths`: what is served (anything else: 404). `serve` runs on the
-  // door's thread: hand the socket on, do not block.
-  HttpGate(std::vector<std::string> paths, Serve serve);
+  using Admitted = std::function<void(UniqueFd fd, std::string leftover, const std::string& peer)>;
+  // `admitted` runs on the door's thread: hand the socket on, do not block.
+  explicit HttpGate(Admitted admitted, size_t max_head = kMaxHead);
 
   const char* name() const override { return "http"; }
+  // One connection's judge (tests feed it directly: OnInput with the
+  // input so far).
   std::unique_ptr<Handshake> Begin(const std::string& peer, std::string* greeting) override;
   void Admit(UniqueFd fd, std::string leftover, const std::string& peer) override;
 
-  // The request head in `input` judged: kMore (not all there yet), kAdmit
-  // (serve it: *request filled) or kReject (reply: the error response).
-  // Exposed for tests.
-  Handshake::Step Judge(const std::string& input, bool eof, HttpRequest* request) const;
-
  private:
   class Conn;
-  std::vector<std::string> paths_;
-  Serve serve_;
-  HttpRequest admitted_;  // Admit follows the kAdmit of the same connection on the door's thread
+  Admitted admitted_;
+  size_t max_head_;
 };
 
 }  // namespace dsec

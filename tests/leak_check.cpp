@@ -67,8 +67,6 @@ void PrintTail(const std::string& path, size_t lines) {
   for (const auto& l : tail) std::printf("      | %s\n", l.c_str());
 }
 
-constexpr const char* kControllers[] = {"memory", "pids", "cpu", "cpuacct", "freezer"};
-
 // The output of a command (a shell line), "" when it cannot run.
 std::string Output(const std::string& command) {
   std::string out;
@@ -147,8 +145,7 @@ int Sweep() {
   auto daemons = LiveTestDaemons();
   // Containers first: they hold the mounts.
   if (daemons.empty()) {
-    for (const char* ctrl : kControllers) {
-      std::string root = std::string("/sys/fs/cgroup/") + ctrl;
+    for (const auto& root : dsec::testing::CgroupRoots()) {
       for (const auto& e : dsec::ListEntries(root))
         if (e.rfind("dsec-test", 0) == 0) {
           SweepGroup(root + "/" + e);
@@ -200,13 +197,15 @@ int main(int argc, char** argv) {
   // dsec-test and the dsec-test-* parents some tests use for themselves;
   // what is still in them (a container that outlived its test names the
   // test's daemon through its sandbox id).
-  for (const char* ctrl : kControllers) {
-    std::string root = std::string("/sys/fs/cgroup/") + ctrl;
+  // Every hierarchy, v1 and v2 (a v2 host, or the v2 guest, has one).
+  bool described = false;
+  for (const auto& root : dsec::testing::CgroupRoots()) {
     if (DIR* d = ::opendir(root.c_str())) {
       while (dirent* e = ::readdir(d))
         if (std::strncmp(e->d_name, "dsec-test", 9) == 0) {
           report("cgroup " + root + "/" + e->d_name);
-          if (std::strcmp(ctrl, "memory") == 0) DescribeGroup(root + "/" + e->d_name);
+          if (!described) DescribeGroup(root + "/" + e->d_name);
+          described = true;
         }
       ::closedir(d);
     }

@@ -23,6 +23,14 @@ std::string Error(const std::string& msg) { return Dump(json{{"ok", false}, {"er
 json NodeJson(const NodeEntry& n, const ControllerState& st) {
   json j = ProtoJson(n.rec);
   j["id"] = n.rec.node().id();
+  if (n.in_process) {
+    // Role all: the node in this process is reached at the controller's
+    // own ports (it joined before they opened).
+    const auto& c = *st.ctx;
+    j["node"]["sdk_address"] = c.sdk_address;
+    j["node"]["admin_address"] = c.admin_address;
+    j["node"]["http_address"] = c.http_address;
+  }
   j["state"] = n.up() ? (n.rec.draining() ? "draining" : "up") : "down";
   size_t sb = 0;
   for (const auto& [id, node] : st.sandbox_node) sb += node == n.rec.node().id();

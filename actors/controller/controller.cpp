@@ -143,7 +143,6 @@ caf::result<v1::SessionReply> OpenSession(Self self, v1::OpenSessionRequest& req
 template <class Req>
 std::chrono::milliseconds Timeout(const Req&) { return kCallTimeout; }
 std::chrono::milliseconds Timeout(const v1::ExecRequest& req) { return ExecTimeout(req); }
-std::chrono::milliseconds Timeout(const v1::StepRequest& req) { return ExecTimeout(req.exec()); }
 
 caf::result<v1::RunReply> Handle(Self self, v1::RunRequest& req) {
   auto node = Place(self, req.spec());
@@ -339,11 +338,14 @@ controller_actor::behavior_type ControllerActor(Self self, std::shared_ptr<Contr
   if (self->state.ctx->image_ctx) {
     self->state.images = SpawnImageWorker(self, self->state.ctx->image_ctx);
     self->link_to(self->state.images);
-    (void)state::TypedTable<v1::ImageManifest>(self->state.ctx->store, state::Table::kImages)
-        .Scan("", [&](const std::string& name, v1::ImageManifest&& m) {
-          self->state.image_by_name[name] = std::move(m);
-          return true;
-        });
+    Status loaded = state::TypedTable<v1::ImageManifest>(self->state.ctx->store, state::Table::kImages)
+                        .Scan("", [&](const std::string& name, v1::ImageManifest&& m) {
+                          self->state.image_by_name[name] = std::move(m);
+                          return true;
+                        });
+    if (!loaded.ok())
+      self->state.ctx->log->error("controller: its images (placement does not know them until re-registered): {}",
+                                  loaded.message());
   }
   self->set_down_handler([self](caf::down_msg& dm) {
     auto& st = self->state;

@@ -271,6 +271,13 @@ void Beat(Self self, const std::string& id, cluster::v1::NodeLoad& load) {
     }
   }
   Persist(self, std::move(b));
+  // What it can run now (a kind may have become available since the join).
+  if (load.kinds_size() || load.unavailable_size()) {
+    *n.rec.mutable_node()->mutable_kinds() = std::move(*load.mutable_kinds());
+    *n.rec.mutable_node()->mutable_unavailable() = std::move(*load.mutable_unavailable());
+  }
+  load.clear_kinds();
+  load.clear_unavailable();
   load.clear_ended_sandboxes();
   load.clear_ended_sessions();
   load.clear_started_sandboxes();
@@ -315,11 +322,13 @@ void Load(Self self) {
   s = st.ctx->store->ScanFrom(state::Table::kPlacements, "r/", "r/", [&](const std::string& k, const std::string& v) {
     Restartable r;
     if (!r.open.ParseFromString(v)) return true;
-    (void)st.ctx->store->ScanFrom(state::Table::kSteps, state::StepPrefix(k.substr(2)), state::StepPrefix(k.substr(2)),
-                                  [&](const std::string&, const std::string&) {
-                                    r.logged++;
-                                    return true;
-                                  });
+    Status counted = st.ctx->store->ScanFrom(state::Table::kSteps, state::StepPrefix(k.substr(2)),
+                                             state::StepPrefix(k.substr(2)), [&](const std::string&, const std::string&) {
+                                               r.logged++;
+                                               return true;
+                                             });
+    // Its copy's length unknown: it cannot be re-run, nor fast-forwarded from.
+    if (!counted.ok()) r.failed = "cannot go on: its log's copy could not be read (" + counted.message() + ")";
     st.restartable[k.substr(2)] = std::move(r);
     return true;
   });

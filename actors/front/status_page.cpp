@@ -1,9 +1,9 @@
-// The status page served at / by every dsecd (actors/http_server.hpp): one
+// The status page served at / by every dsecd (actors/front/status_http.hpp): one
 // HTML document with its style and script inline, no external assets. Its
 // script reads /status.json every 2 s and draws the nodes (their load) and
 // the sandboxes on them; every value goes into the page as text, never as
 // markup.
-#include "actors/front/http_server.hpp"
+#include "actors/front/status_http.hpp"
 
 namespace dsec {
 

@@ -86,10 +86,16 @@ void Fill(Self self, cluster::v1::NodeRecord* rec, cluster::v1::NodeLoad* load) 
     }
     rec->set_boot_count(o.boot);
     rec->set_version(DSEC_VERSION);
-    std::vector<std::string> kinds, unavailable;
-    st.ctx->kinds->Kinds(&kinds, &unavailable);
-    for (auto& k : kinds) rec->add_kinds(std::move(k));
-    for (auto& u : unavailable) rec->add_unavailable(std::move(u));
+  }
+  std::vector<std::string> kinds, unavailable;
+  st.ctx->kinds->Kinds(&kinds, &unavailable);
+  for (const auto& k : kinds) {
+    if (rec) rec->add_kinds(k);
+    load->add_kinds(k);
+  }
+  for (const auto& u : unavailable) {
+    if (rec) rec->add_unavailable(u);
+    load->add_unavailable(u);
   }
   auto h = metrics::ReadHostFigures();
   load->set_cpus(h.cpus);
@@ -99,11 +105,14 @@ void Fill(Self self, cluster::v1::NodeRecord* rec, cluster::v1::NodeLoad* load) 
   if (st.o.slots) load->set_slots(st.o.slots);
   else if (st.o.in_process) load->set_slots(std::numeric_limits<uint32_t>::max());
   else load->set_slots(std::max<uint64_t>(1, h.memory_total / (64ull << 20)));
-  (void)state::TypedTable<v1::ImageManifest>(st.ctx->store, state::Table::kImages)
-      .Scan("", [&](const std::string&, v1::ImageManifest&& m) {
-        load->add_images(m.name() + "@" + m.digest());
-        return load->images_size() < 10000;
-      });
+  Status scanned = state::TypedTable<v1::ImageManifest>(st.ctx->store, state::Table::kImages)
+                      .Scan("", [&](const std::string&, v1::ImageManifest&& m) {
+                        load->add_images(m.name() + "@" + m.digest());
+                        return load->images_size() < 10000;
+                      });
+  // The heartbeat goes on without them: placement then prefers other
+  // nodes, or sends the image again; the log says why.
+  if (!scanned.ok()) st.ctx->log->warn("cluster: this heartbeat lists no images: {}", scanned.message());
 }
 
 void Joined(Self self, cluster::v1::JoinReply& r) {

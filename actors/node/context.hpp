@@ -4,6 +4,7 @@
 
 #include <spdlog/logger.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -71,6 +72,9 @@ struct NodeContext {
   const drivers::Registry* kinds = nullptr;
   std::shared_ptr<spdlog::logger> log;
   FrontDoor* door = nullptr;            // dsecd's ports (counters for `stats`); may be null
+  // Requests held by sandboxes that are being re-adopted after a restart
+  // (console `status`: waiting_for_readopt).
+  std::shared_ptr<std::atomic<int64_t>> waiting_for_readopt = std::make_shared<std::atomic<int64_t>>(0);
 };
 
 

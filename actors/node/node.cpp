@@ -423,7 +423,7 @@ caf::result<v1::SandboxReply> Handle(NodeSelf self, v1::CreateRequest& req) {
     // its sandbox after a restart learns it is already there).
     if (auto taken = st.dir.FindSandbox(req.id())) {
       auto rp = self->make_response_promise<v1::SandboxReply>();
-      std::string id = req.id();
+      const std::string& id = req.id();
       self->request(taken, std::chrono::seconds(30), v1::GetSandboxRequest{})
           .then(
               [rp, id](v1::SandboxReply& r) mutable {

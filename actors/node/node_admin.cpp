@@ -53,8 +53,12 @@ json SessionSummary(const v1::SessionRecord& r) {
                                                               : "opening";
   json sandboxes = json::object();
   for (const auto& sb : r.sandboxes()) sandboxes[sb.role()] = sb.id();
-  json j{{"name", r.name()}, {"phase", phase}, {"steps", r.step_count()}, {"restarts", r.restarts()},
-         {"sandboxes", sandboxes}, {"lease_s", r.lease_s()}, {"updated_ms", r.updated_ms()}};
+  json j{{"name", r.name()},         {"phase", phase},
+         {"kind", KindName(r.spec().kind())},
+         {"image", r.spec().image().empty() ? "host" : r.spec().image()},
+         {"steps", r.step_count()},       {"restarts", r.restarts()},
+         {"sandboxes", sandboxes},        {"lease_s", r.lease_s()},
+         {"created_ms", r.created_ms()},  {"updated_ms", r.updated_ms()}};
   if (!r.close_reason().empty()) j["close_reason"] = r.close_reason();
   if (!r.error().empty()) j["error"] = r.error();
   return j;
@@ -78,13 +82,33 @@ caf::result<std::string> OffThread(NodeSelf self, std::function<std::string()> s
 std::string Sessions(state::Store* store) {
   json sessions = json::array();
   size_t open = 0;
-  (void)state::TypedTable<v1::SessionRecord>(store, state::Table::kSessions)
-      .Scan("", [&](const std::string&, v1::SessionRecord&& r) {
-        if (r.phase() == v1::SESSION_PHASE_OPEN) ++open;
-        sessions.push_back(SessionSummary(r));
-        return sessions.size() < 10000;
-      });
+  Status s = state::TypedTable<v1::SessionRecord>(store, state::Table::kSessions)
+                 .Scan("", [&](const std::string&, v1::SessionRecord&& r) {
+                   if (r.phase() == v1::SESSION_PHASE_OPEN) ++open;
+                   sessions.push_back(SessionSummary(r));
+                   return sessions.size() < 10000;
+                 });
+  if (!s.ok()) return Error("sessions: " + s.message());
   return Dump(json{{"ok", true}, {"open", open}, {"listed", sessions.size()}, {"sessions", sessions}});
+}
+
+// Each available kind's optional capabilities (drivers::Capability).
+json Capabilities(const NodeContext& ctx, const std::vector<std::string>& kinds) {
+  json caps = json::object();
+  for (const auto& name : kinds) {
+    v1::SandboxSpec spec;
+    v1::Kind k;
+    if (!ParseKind(name, &k)) continue;
+    spec.set_kind(k);
+    auto d = ctx.kinds->DriverFor(spec);
+    if (!d.ok()) continue;
+    json list = json::array();
+    for (auto c : {drivers::Capability::kFiles, drivers::Capability::kPause, drivers::Capability::kStreaming,
+                   drivers::Capability::kSnapshot, drivers::Capability::kFork})
+      if (drivers::Has((*d)->traits(), c)) list.push_back(drivers::CapabilityName(c));
+    caps[name] = list;
+  }
+  return caps;
 }
 
 std::string Status_(NodeSelf self) {
@@ -106,7 +130,9 @@ std::string Status_(NodeSelf self) {
               {"sessions", st.dir.sessions().size()},
               {"runs_in_flight", st.host->runs().size()},
               {"readopting", st.host->readopting()},
+              {"waiting_for_readopt", st.ctx->waiting_for_readopt->load()},
               {"kinds", kinds},
+              {"capabilities", Capabilities(ctx, kinds)},
               {"unavailable", unavailable}}
       .dump(-1, ' ', false, json::error_handler_t::replace);
 }
@@ -122,17 +148,20 @@ struct LsFilter {
 std::string ScanLs(state::Store* store, const std::unordered_map<std::string, int64_t>& gone, const json& runs,
                    const LsFilter& filter) {
   json sandboxes = json::array(), sessions = json::array();
-  (void)state::TypedTable<store::v1::SandboxRow>(store, state::Table::kSandboxes)
-      .Scan("", [&](const std::string&, store::v1::SandboxRow&& row) {
-        auto& r = *row.mutable_record();
-        if (filter.Keeps(r)) sandboxes.push_back(SandboxSummary(gone, std::move(r)));
-        return sandboxes.size() < 10000;
-      });
-  (void)state::TypedTable<v1::SessionRecord>(store, state::Table::kSessions)
-      .Scan("", [&](const std::string&, v1::SessionRecord&& r) {
-        sessions.push_back(SessionSummary(r));
-        return sessions.size() < 10000;
-      });
+  Status s = state::TypedTable<store::v1::SandboxRow>(store, state::Table::kSandboxes)
+                 .Scan("", [&](const std::string&, store::v1::SandboxRow&& row) {
+                   auto& r = *row.mutable_record();
+                   if (filter.Keeps(r)) sandboxes.push_back(SandboxSummary(gone, std::move(r)));
+                   return sandboxes.size() < 10000;
+                 });
+  if (s.ok())
+    s = state::TypedTable<v1::SessionRecord>(store, state::Table::kSessions)
+            .Scan("", [&](const std::string&, v1::SessionRecord&& r) {
+              sessions.push_back(SessionSummary(r));
+              return sessions.size() < 10000;
+            });
+  // A listing cut short by a store error is no listing: say so.
+  if (!s.ok()) return Error("ls: " + s.message());
   return Dump(json{{"ok", true}, {"sandboxes", sandboxes}, {"sessions", sessions}, {"runs", runs}});
 }
 
@@ -259,7 +288,7 @@ caf::result<std::string> Overview(NodeSelf self) {
   size_t sessions = st.dir.sessions().size();
   return OffThread(self, [store = ctx.store, node = std::move(node), sessions]() mutable {
     json list = json::array();
-    (void)state::TypedTable<store::v1::SandboxRow>(store, state::Table::kSandboxes)
+    Status scanned = state::TypedTable<store::v1::SandboxRow>(store, state::Table::kSandboxes)
         .Scan("", [&](const std::string&, store::v1::SandboxRow&& row) {
           auto& r = *row.mutable_record();
           json j{{"id", r.id()},
@@ -272,6 +301,7 @@ caf::result<std::string> Overview(NodeSelf self) {
           return list.size() < 500;
         });
     node["sandbox_list"] = std::move(list);
+    if (!scanned.ok()) node["sandbox_list_error"] = scanned.message();  // the page says why the list is short
     return Dump(json{{"ok", true}, {"role", "all"}, {"now_ms", WallClockMs()}, {"sessions", sessions},
                      {"nodes", json::array({std::move(node)})}});
   });
@@ -338,11 +368,12 @@ caf::result<std::string> HandleAdmin(NodeSelf self, const std::string& cmd,
   if (cmd == "nodes") {
     return OffThread(self, [store = st.ctx->store] {
       json nodes = json::array();
-      (void)state::TypedTable<cluster::v1::NodeRecord>(store, state::Table::kNodes)
-          .Scan("", [&](const std::string&, cluster::v1::NodeRecord&& r) {
-            nodes.push_back(ProtoJson(r));
-            return true;
-          });
+      Status s = state::TypedTable<cluster::v1::NodeRecord>(store, state::Table::kNodes)
+                     .Scan("", [&](const std::string&, cluster::v1::NodeRecord&& r) {
+                       nodes.push_back(ProtoJson(r));
+                       return true;
+                     });
+      if (!s.ok()) return Error("nodes: " + s.message());
       return Dump(json{{"ok", true}, {"nodes", nodes}});
     });
   }
@@ -421,6 +452,8 @@ caf::result<std::string> HandleAdmin(NodeSelf self, const std::string& cmd,
     }
     return Error("no sandbox or session '" + args[0] + "'");
   }
+  if (cmd == "crash" || cmd == "fault")
+    return Error(cmd + " is a test hook: this node runs without --test-hooks (tests only)");
   return Error("unknown command '" + cmd + "' (help lists the commands)");
 }
 

@@ -54,7 +54,7 @@ void NodeHost::Run(v1::RunRequest& req, std::function<void(v1::RunReply)> done) 
   if (s.ok() && !req.exec().idempotency_key().empty())
     s = Status::InvalidArgument("an idempotency_key needs a sandbox with state; a one-shot run is always fresh");
   if (!s.ok()) return reject(s);
-  auto limits = drivers::EffectiveLimits(ctx.options.limits, req.spec(), req.exec());
+  auto limits = drivers::EffectiveLimits(ctx.options.limits, (*d)->traits(), req.spec(), req.exec());
   if (!limits.ok()) return reject(limits.status());
   if (runs_.size() >= ctx.options.max_inflight_runs)
     return reject(Status::ResourceExhausted("node has " + std::to_string(runs_.size()) +

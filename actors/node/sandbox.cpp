@@ -21,18 +21,27 @@ namespace {
 
 using namespace sandbox_detail;  // NOLINT: the actor's other half
 
+// A creation that failed: the node forgets the sandbox before anyone hears
+// of the failure (a call right after it is NotFound, not a quitting
+// actor's silence), and the actor quits after its answer.
+v1::SandboxReply Unmade(Self self, const Status& why) {
+  auto& st = self->state;
+  st.rec.set_phase(v1::SANDBOX_PHASE_FAILED);
+  st.rec.set_error(why.message());
+  if (st.gone) st.gone("");
+  self->quit();
+  return Reply(why, st);
+}
+
 caf::result<v1::SandboxReply> Handle(Self self, v1::CreateRequest&) {
   auto& st = self->state;
   if (st.rec.phase() != v1::SANDBOX_PHASE_PENDING)
     return Reply(Status::FailedPrecondition("sandbox " + st.rec.id() + " already exists"), st);
-  if (!st.driver) return Reply(st.driver_status, st);
+  if (!st.driver) return Unmade(self, st.driver_status);
   // The sandbox-wide limits (memory, pids, cpu) are fixed at creation:
   // the record shows the values in force, defaults filled in.
-  auto lim = drivers::EffectiveLimits(st.ctx->options.limits, st.rec.spec(), v1::ExecRequest{});
-  if (!lim.ok()) {
-    self->quit();
-    return Reply(lim.status().Annotate("sandbox " + st.rec.id()), st);
-  }
+  auto lim = drivers::EffectiveLimits(st.ctx->options.limits, st.driver->traits(), st.rec.spec(), v1::ExecRequest{});
+  if (!lim.ok()) return Unmade(self, lim.status().Annotate("sandbox " + st.rec.id()));
   auto* sl = st.rec.mutable_spec()->mutable_limits();
   if (!sl->memory_bytes()) sl->set_memory_bytes(lim->memory_bytes());
   if (!sl->pids()) sl->set_pids(lim->pids());
@@ -50,10 +59,7 @@ caf::result<v1::SandboxReply> Handle(Self self, v1::CreateRequest&) {
       if (!s.ok()) {
         // Nothing was written: the sandbox never existed.
         metrics::SandboxCreateFailures().At(kind).Add();
-        st.rec.set_phase(v1::SANDBOX_PHASE_FAILED);
-        st.rec.set_error(s.message());
-        rp.deliver(Reply(s, st));
-        self->quit();
+        rp.deliver(Unmade(self, s));
         return;
       }
       metrics::SandboxesCreated().At(kind).Add();
@@ -62,10 +68,17 @@ caf::result<v1::SandboxReply> Handle(Self self, v1::CreateRequest&) {
       st.rec.set_last_active_ms(WallClockMs());
       // Acknowledge only once the new phase is durable.
       Checkpoint(self, [self, rp](const Status& w) mutable {
-        Status out = w.Annotate("sandbox " + self->state.rec.id() + ": checkpoint");
-        rp.deliver(Reply(out, self->state));
-        if (!out.ok()) return self->quit();
-        ArmExpiry(self);
+        auto& st = self->state;
+        if (w.ok()) {
+          rp.deliver(Reply(w, st));
+          return ArmExpiry(self);
+        }
+        // Not durable, so not made: what the driver made goes too (nobody
+        // will ask for it by a record).
+        st.driver->Destroy(st.rec, st.driver_state, [log = st.ctx->log, id = st.rec.id()](const Status& s) {
+          if (!s.ok()) log->warn("sandbox {}: removing it after its checkpoint failed: {}", id, s.message());
+        });
+        rp.deliver(Unmade(self, w.Annotate("sandbox " + st.rec.id() + ": checkpoint")));
       });
     });
   });
@@ -92,7 +105,7 @@ caf::result<v1::ExecReply> Handle(Self self, v1::ExecRequest& req) {
                                " sandboxes cannot stream output: each exec is one fresh run whose output "
                                "comes back whole when it ends (call Exec, or use a container sandbox)");
   if (ok.ok()) ok = st.driver->CheckExecLimits(st.rec, req.limits());
-  auto limits = ok.ok() ? drivers::EffectiveLimits(st.ctx->options.limits, st.rec.spec(), req)
+  auto limits = ok.ok() ? drivers::EffectiveLimits(st.ctx->options.limits, st.driver->traits(), st.rec.spec(), req)
                         : Result<v1::Limits>(ok);
   if (!limits.ok()) {
     ToProto(limits.status().Annotate("sandbox " + st.rec.id()), reply.mutable_status());
@@ -274,6 +287,7 @@ sandbox_actor::behavior_type Behavior(Self self) {
         st.rec.set_phase(v1::SANDBOX_PHASE_FAILED);
         st.rec.set_error(why.substr(0, 4096));
         st.ctx->log->warn("sandbox {}: {}", st.rec.id(), st.rec.error());
+        // A run that ended meanwhile is NotFound: its answer is on its way.
         for (const auto& id : st.running) (void)st.driver->Kill(id, "sandbox " + st.rec.id() + " failed (" + why + ")");
         Checkpoint(self, [self](const Status& w) {
           if (!w.ok()) self->state.ctx->log->error("sandbox {}: checkpoint: {}", self->state.rec.id(), w.message());

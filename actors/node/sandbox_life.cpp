@@ -233,6 +233,7 @@ void StartDestroy(Self self, std::string why, std::function<void(const Status&)>
   };
   auto go = [self, why] {
     auto& st = self->state;
+    // A run that ended meanwhile is NotFound: its answer is on its way.
     for (const auto& id : st.running) (void)st.driver->Kill(id, "sandbox " + st.rec.id() + " was destroyed (" + why + ")");
     if (st.running.empty()) {
       auto next = std::move(st.after_runs);

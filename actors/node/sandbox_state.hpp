@@ -89,8 +89,14 @@ void Touch(Self self);
 template <class Reply, class Request>
 caf::result<Reply> Defer(Self self, const Request& req) {
   auto rp = self->make_response_promise<Reply>();
-  self->state.after_readopt.push_back(
-      [self, rp, req]() mutable { rp.delegate(caf::actor_cast<sandbox_actor>(self), std::move(req)); });
+  // Counted while it waits: the count drops when the request is sent on,
+  // or dropped with the actor.
+  auto waiting = self->state.ctx->waiting_for_readopt;
+  ++*waiting;
+  std::shared_ptr<void> counted(nullptr, [waiting](void*) { --*waiting; });
+  self->state.after_readopt.push_back([self, rp, req, counted]() mutable {
+    rp.delegate(caf::actor_cast<sandbox_actor>(self), std::move(req));
+  });
   return rp;
 }
 

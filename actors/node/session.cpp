@@ -84,11 +84,7 @@ void OpenDone(Self self) {
 void LeaseCheck(Self self, uint64_t gen);
 
 // Milliseconds on the steady clock (lease arithmetic; never 0).
-int64_t SteadyMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
-             .count() +
-         1;
-}
+int64_t SteadyMs() { return SteadyClockMs() + 1; }
 
 void ScheduleLeaseCheck(Self self, uint64_t gen, std::chrono::milliseconds after) {
   self->delayed_send(caf::actor_cast<session_actor>(self), after,
@@ -244,6 +240,12 @@ caf::result<v1::SessionReply> OpenNew(Self self, const v1::OpenSessionRequest& r
       auto& st = self->state;
       st.rec.set_phase(v1::SESSION_PHASE_FAILED);
       st.rec.set_error(s.message());
+      // The node forgets this session before anyone hears: an open retried
+      // at once must not be handed to this quitting actor (as in a close).
+      if (auto gone = std::move(st.gone)) {
+        st.gone = nullptr;
+        gone();
+      }
       rp.deliver(Reply(s, st.rec));
       OpenDone(self);  // everyone who waited hears the failure
       Quit(self);

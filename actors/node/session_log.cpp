@@ -57,14 +57,16 @@ Result<StepCache::Ptr> LoggedStep(Self self, uint64_t index) {
   state::TypedTable<v1::StepRecord> steps(st.ctx->store, state::Table::kSteps);
   std::vector<StepCache::Ptr> ahead;
   size_t bytes = 0;
-  // Best effort: a failed or short scan leaves the lookup below to report.
-  (void)steps.ScanFrom(state::StepPrefix(st.rec.name()), state::StepKey(st.rec.name(), index),
+  // Read-ahead, best effort: a failed or short scan leaves the point lookup
+  // below to find the step or report the store's error itself.
+  Status ignored = steps.ScanFrom(state::StepPrefix(st.rec.name()), state::StepKey(st.rec.name(), index),
                        [&](const std::string&, v1::StepRecord&& rec) {
                          if (rec.index() >= st.rec.step_count()) return false;
                          bytes += rec.ByteSizeLong();
                          ahead.push_back(std::make_shared<v1::StepRecord>(std::move(rec)));
                          return ahead.size() < kReadAhead && bytes < st.steps.max_bytes() / 2;
                        });
+  (void)ignored;
   for (auto it = ahead.rbegin(); it != ahead.rend(); ++it)
     if (!st.annotated.count((*it)->index())) st.steps.Put(*it);
   if (!ahead.empty() && ahead.front()->index() == index) return ahead.front();
@@ -166,8 +168,10 @@ void Execute(Self self, const v1::StepRequest& req, StepPromise rp) {
   plain.clear_idempotency_key();  // the session sets its own
   plain.clear_stream();
   Status ok = drivers::CheckExecRequest(st.ctx->options.limits, plain);
-  auto limits =
-      ok.ok() ? drivers::EffectiveLimits(st.ctx->options.limits, role->spec(), req.exec()) : Result<v1::Limits>(ok);
+  auto driver = st.ctx->kinds->DriverFor(role->spec());
+  if (ok.ok() && !driver.ok()) ok = driver.status();
+  auto limits = ok.ok() ? drivers::EffectiveLimits(st.ctx->options.limits, (*driver)->traits(), role->spec(), req.exec())
+                        : Result<v1::Limits>(ok);
   if (!limits.ok()) {
     rp.deliver(StepError(limits.status().Annotate(name)));
     return;

@@ -52,7 +52,7 @@ void DestroySandboxes(Self self, std::function<void()> done) {
     if (sb.id().empty()) continue;
     v1::DestroyRequest req;
     req.set_sandbox_id(sb.id());
-    std::string id = sb.id();
+    const std::string& id = sb.id();
     auto one = [self, left, done, id](const Status& s) {
       if (!s.ok() && s.code() != Status::Code::kNotFound)
         self->state.ctx->log->warn("session {}: destroying sandbox {}: {}", self->state.rec.name(), id, s.message());

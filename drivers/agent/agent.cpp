@@ -150,7 +150,7 @@ int Agent::Main() {
     return 1;
   }
   if (opts_.ready_fd >= 0) {
-    (void)WriteFull(opts_.ready_fd, "ready\n", 6);
+    (void)WriteFull(opts_.ready_fd, "ready\n", 6);  // a parent that stopped waiting has nothing to learn
     ::close(opts_.ready_fd);
   }
   Loop();
@@ -405,7 +405,7 @@ void Agent::ProcessFrames(Conn& c) {
       if (pend.size() >= 2 * kSyncBytes && pend.substr(pend.size() - kSyncBytes, 8) == ask &&
           pend.substr(pend.size() - 2 * kSyncBytes, 8) == ask) {
         std::string last(pend.substr(pend.size() - kSyncBytes));
-        (void)c.dec.TakeRest();
+        (void)c.dec.TakeRest();  // what the old host sent before its sync: discarded
         CloseConn(c);
         VportScan(std::move(last));
       }

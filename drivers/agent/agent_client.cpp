@@ -254,17 +254,19 @@ uint64_t AgentClient::Send(agent::Request& req, std::shared_ptr<Pending> p) {
     return 0;
   }
   std::string reason;
+  std::shared_ptr<Pending> refused;  // answered out of the lock
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (closed_) {
       reason = close_reason_;
+      refused = std::move(p);
     } else {
       pending_[id] = std::move(p);
       AppendFrame(&outbox_, payload);
     }
   }
-  if (!reason.empty()) {
-    p->done(Status::Unavailable(name() + ": " + reason));
+  if (refused) {
+    refused->done(Status::Unavailable(name() + ": " + reason));
     return 0;
   }
   AgentLoop::Shared().Wake(this);

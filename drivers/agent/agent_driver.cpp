@@ -157,17 +157,7 @@ void AgentDriver::StartExec(const v1::SandboxRecord& sb, const std::string& run_
 }
 
 Status AgentDriver::CheckExecLimits(const v1::SandboxRecord& sb, const v1::Limits& asked) const {
-  const v1::Limits& box = sb.spec().limits();
-  auto differs = [](uint64_t want, uint64_t have) { return want != 0 && want != have; };
-  const char* what = differs(asked.memory_bytes(), box.memory_bytes()) ? "memory"
-                     : differs(asked.pids(), box.pids())                 ? "pids"
-                     : differs(asked.cpu_millis(), box.cpu_millis())     ? "cpu"
-                     : differs(asked.disk_bytes(), box.disk_bytes())     ? "disk"
-                                                                         : nullptr;
-  if (!what) return Status::Ok();
-  return Status::InvalidArgument(std::string("the ") + what + " limit of " + name() + " " + sb.id() +
-                                 " is set for the whole " + name() + " when it is created (dsecctl create --" +
-                                 (std::string(what) == "cpu" ? "cpus" : what) + "); an exec cannot change it");
+  return CheckSandboxWideLimits(name(), sb, asked);
 }
 
 Status AgentDriver::Kill(const std::string& run_id, const std::string& reason) {
@@ -217,7 +207,7 @@ void AgentDriver::ListFiles(const v1::SandboxRecord& sb, const v1::ListFilesRequ
   auto running = RunningBox(sb.id());
   if (!running.ok()) return done(running.status());
   auto box = *running;
-  std::string path = req.path();
+  const std::string& path = req.path();
   // The path itself first; a directory's entries next.
   box->agent->Stat(path, [box, path, done](Result<agent::FileInfo> st) {
     if (!st.ok()) return done(st.status());

@@ -142,22 +142,16 @@ Status MakeGroupDirs(const CgroupMounts& m, const std::string& rel) {
   return Status::Ok();
 }
 
-int64_t MonotonicMs() {
-  timespec ts{};
-  ::clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<int64_t>(ts.tv_sec) * 1000 + ts.tv_nsec / 1000000;
-}
-
 bool WaitForKilled(const std::function<bool()>& empty, int64_t start_ms) {
   while (!empty()) {
-    if (MonotonicMs() - start_ms >= kKilledLeaveMs) return false;
+    if (SteadyClockMs() - start_ms >= kKilledLeaveMs) return false;
     ::usleep(5000);  // killed processes leave the group asynchronously
   }
   return true;
 }
 
 void KillAndRemoveGroup(const CgroupMounts& m, const std::string& rel) {
-  int64_t start = MonotonicMs();
+  int64_t start = SteadyClockMs();
   if (!m.freezer.empty()) {
     std::string state = m.freezer + "/" + rel + "/freezer.state";
     int fd = ::open(state.c_str(), O_RDWR | O_CLOEXEC);
@@ -176,6 +170,8 @@ bool EmptyGroup(const CgroupMounts& m, const std::string& rel) {
   if (ReadProcs(first).empty()) return true;
   UniqueFd freezer;
   if (!m.freezer.empty()) freezer = OpenAt(m.freezer + "/" + rel, "freezer.state", O_RDWR);
+  // Freezing only keeps what is killed from forking meanwhile; the kill and
+  // the wait below decide, and report what is left.
   if (freezer) (void)WriteFd(freezer.get(), "FROZEN", "freezer.state", rel);
   for (const auto& h : m.Hierarchies())
     for (pid_t p : ReadProcs(h + "/" + rel)) ::kill(p, SIGKILL);
@@ -186,7 +182,7 @@ bool EmptyGroup(const CgroupMounts& m, const std::string& rel) {
           if (!ReadProcs(h + "/" + rel).empty()) return false;
         return true;
       },
-      MonotonicMs());
+      SteadyClockMs());
 }
 
 namespace {
@@ -262,7 +258,7 @@ int SweepStaleSpawnerGroups(const CgroupMounts& m, const std::string& parent) {
       stale.push_back(base + "/" + name);
     }
     for (const auto& dir : stale) {
-      KillAndRemoveTree(dir, MonotonicMs());
+      KillAndRemoveTree(dir, SteadyClockMs());
       ++removed;
     }
   }
@@ -339,9 +335,9 @@ Status CgroupSlot::Freeze(bool frozen) {
   for (int i = 1; i <= 5000; ++i) {
     if (ReadSmallFd(fd).rfind("FROZEN", 0) == 0) return Status::Ok();
     ::usleep(1000);
-    if (i % 100 == 0) (void)WriteFd(fd, "FROZEN", "freezer.state", rel_);
+    if (i % 100 == 0) (void)WriteFd(fd, "FROZEN", "freezer.state", rel_);  // the loop reads whether it took
   }
-  (void)WriteFd(fd, "THAWED", "freezer.state", rel_);
+  (void)WriteFd(fd, "THAWED", "freezer.state", rel_);  // best effort; the error below says what failed
   return Status::Unavailable("cgroup " + rel_ + ": did not freeze within 5 s (left running)");
 }
 
@@ -437,10 +433,10 @@ void CgroupSlot::Remove() {
   // Freeze first so nothing inside can fork while we kill it.
   if (!freezer_dir_.empty() && Freeze(true).ok()) {
     for (pid_t p : Pids()) ::kill(p, SIGKILL);
-    (void)Freeze(false);
+    (void)Freeze(false);  // killed tasks go whether thawed or not; the removal below reports what stays
   }
   CloseFiles();
-  int64_t start = MonotonicMs();
+  int64_t start = SteadyClockMs();
   for (const auto& d : dirs_) KillAndRemoveTree(d, start);
   dirs_.clear();
 }

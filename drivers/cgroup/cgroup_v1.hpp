@@ -17,6 +17,7 @@
 
 #include "drivers/cgroup/run_slot.hpp"
 #include "dsec/status.hpp"
+#include "runtime/clock.hpp"
 #include "runtime/unique_fd.hpp"
 
 namespace dsec::cgroup {
@@ -105,10 +106,8 @@ class CgroupSlot final : public RunSlot {
 // removed), 15 s at most: within the SDK's 30 s call timeout.
 constexpr int kKilledLeaveMs = 5000;
 // Calls `empty()` every 5 ms until it says true, for kKilledLeaveMs from
-// `start` at most; its last answer.
+// `start_ms` (SteadyClockMs() when the kill went out) at most; its last answer.
 bool WaitForKilled(const std::function<bool()>& empty, int64_t start_ms);
-// Now, in ms of the monotonic clock (for WaitForKilled's start).
-int64_t MonotonicMs();
 
 // Kills everything in <mount>/<rel> of every hierarchy (freezing it first
 // when a freezer is mounted) and removes the directories; waits for the

@@ -140,10 +140,10 @@ class GroupsV2 final : public Groups {
     } else {
       bool froze = CanFreeze() && Freeze(rel, true).ok();
       for (pid_t p : Pids(rel)) ::kill(p, SIGKILL);
-      if (froze) (void)Freeze(rel, false);
+      if (froze) (void)Freeze(rel, false);  // killed tasks go whether thawed or not; Pids says
     }
-    WaitForKilled([&] { return Pids(rel).empty(); }, MonotonicMs());
-    if (Frozen(rel)) (void)Freeze(rel, false);
+    WaitForKilled([&] { return Pids(rel).empty(); }, SteadyClockMs());
+    if (Frozen(rel)) (void)Freeze(rel, false);  // the answer is whether tasks are left, below
     return Pids(rel).empty();
   }
 
@@ -156,7 +156,7 @@ class GroupsV2 final : public Groups {
   void KillAndRemove(const std::string& rel) override {
     if (!Exists(rel)) return;
     for (const auto& sub : List(rel)) KillAndRemove(rel + "/" + sub);
-    (void)Empty(rel);
+    (void)Empty(rel);  // what it cannot empty keeps the group: rmdir fails and the next sweep tries again
     ::rmdir(Dir(rel).c_str());
   }
 

@@ -122,7 +122,7 @@ bool Groups::StopContainer(const std::string& rel, pid_t init_pid, bool frozen) 
   bool stopped = false;
   if (pidfd && ::syscall(SYS_pidfd_send_signal, pidfd.get(), SIGKILL, nullptr, 0) == 0) {
     // A frozen init takes the signal only once thawed.
-    if (frozen && CanFreeze()) (void)Freeze(rel, false);
+    if (frozen && CanFreeze()) (void)Freeze(rel, false);  // a failed thaw shows as the init not exiting, below
     // The init exits only after every other process of its namespace has
     // (on a loaded host that takes seconds: see kKilledLeaveMs).
     pollfd p{pidfd.get(), POLLIN, 0};

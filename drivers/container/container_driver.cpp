@@ -13,6 +13,7 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "drivers/container/etc_files.hpp"
 #include "drivers/spawner/spawner.pb.h"
 #include "drivers/images/image_store.hpp"
 #include "runtime/clock.hpp"
@@ -23,7 +24,11 @@
 namespace dsec::drivers {
 
 const KindTraits& ContainerDriver::Traits() {
-  static const KindTraits t = StatefulTraits(v1::ISOLATION_CONTAINER);
+  static const KindTraits t = [] {
+    KindTraits k = StatefulTraits(v1::ISOLATION_CONTAINER);
+    k.own_disk = true;  // its upper layer, on the sandbox disk (sandbox_disk.hpp)
+    return k;
+  }();
   return t;
 }
 
@@ -31,40 +36,7 @@ namespace {
 
 using nlohmann::json;
 
-
 std::string CgroupRel(const std::string& parent, const std::string& id) { return parent + "/c/" + id; }
-
-// What every OCI runtime gives a container: its own /etc/hosts (localhost
-// and its hostname), /etc/hostname and /etc/resolv.conf. Written in
-// <base>/run/etc/ and bound over the image's by the init (nothing of the
-// image is copied, and they are not part of the container's changes).
-constexpr const char* kEtcFiles[] = {"hosts", "hostname", "resolv.conf"};
-
-Status WriteEtcFiles(const std::string& base, const std::string& hostname, const v1::NetworkPolicy& net) {
-  std::string dir = base + "/run/etc";
-  if (::mkdir(dir.c_str(), 0755) < 0 && errno != EEXIST) return Status::FromErrno(errno, "mkdir " + dir);
-  std::string hosts =
-      "127.0.0.1\tlocalhost\n"
-      "::1\tlocalhost ip6-localhost ip6-loopback\n"
-      "fe00::0\tip6-localnet\n"
-      "ff00::0\tip6-mcastprefix\n"
-      "ff02::1\tip6-allnodes\n"
-      "ff02::2\tip6-allrouters\n"
-      "127.0.1.1\t" + hostname + "\n";
-  // Network off: no name server to ask (a lookup of anything but the
-  // names above fails at once instead of timing out).
-  std::string resolv = net.enabled() ? "" : "# dsec: this sandbox has no network (spec.network.enabled is false)\n";
-  resolv += "options timeout:1 attempts:1\n";
-  for (const auto& [name, content] : {std::pair<const char*, std::string>{"hosts", hosts},
-                                      {"hostname", hostname + "\n"},
-                                      {"resolv.conf", resolv}}) {
-    std::string path = dir + "/" + name;
-    UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644));
-    if (!fd || ::write(fd.get(), content.data(), content.size()) != static_cast<ssize_t>(content.size()))
-      return Status::FromErrno(errno, "write " + path);
-  }
-  return Status::Ok();
-}
 
 }  // namespace
 
@@ -84,11 +56,6 @@ struct ContainerDriver::Box : AgentBox {
   bool user_paused = false;  // frozen by Pause; only Resume thaws it
   uint64_t cpu_ns_at_check = 0;
 };
-
-namespace {
-
-
-}  // namespace
 
 ContainerDriver::ContainerDriver(ContainerOptions o) : opts_(std::move(o)) {
   if (opts_.agent_path.empty()) opts_.agent_path = SiblingExecutable("DSEC_AGENT", "dsec-agent");
@@ -198,7 +165,7 @@ void ContainerDriver::Stop() {
     std::lock_guard<std::mutex> lk(mu_);
     dirs.swap(free_dirs_);
   }
-  for (const auto& name : dirs) (void)RemoveSandboxDir(name);
+  for (const auto& name : dirs) Removed(RemoveSandboxDir(name), "a kept sandbox dir " + name);
   // The disk goes when no sandbox is left on it (containers outlive dsecd).
   if (disk_) disk_->Close();
   // The groups' parents go when no container is left in them (rmdir refuses
@@ -241,7 +208,7 @@ Status ContainerDriver::CanHandle(const v1::SandboxSpec& spec) const {
         "the built-in host image serves fncall runs");
   if (spec.network().enabled())
     return Status::Unimplemented("container networking (allow-lists) is not available yet; network stays off");
-  auto image = opts_.find_image(spec.image());
+  auto image = opts_.images->Get(spec.image());
   if (!image.ok()) return image.status();
   return Available();
 }
@@ -270,25 +237,28 @@ void ContainerDriver::Create(const v1::SandboxRecord& sb, CreateCallback done) {
 
 Result<std::string> ContainerDriver::CreateNow(const v1::SandboxRecord& sb) {
   const std::string& id = sb.id();
-  auto image = opts_.find_image(sb.spec().image());
+  auto image = opts_.images->Get(sb.spec().image());
   if (!image.ok()) return image.status();
   auto box = std::make_shared<Box>();
   box->id = id;
   box->digest = image->digest();
-  box->image_file = image->file();
+  auto file = opts_.images->Open(*image);
+  if (!file.ok()) return file.status();
+  box->image_file = *file;
+  image->set_file(*file);  // what the mount below uses
   box->cgroup_rel = CgroupRel(opts_.cgroup_parent, id);
   box->limits = sb.spec().limits();
   // A creation of this id that a crash cut short left its dir (a session
   // creates its sandboxes under ids it chose first): removed before anew.
   if (ClaimLeftover(id)) {
     Log(1, "container " + id + ": left over from a creation cut short by a restart; removed before creating it again");
-    (void)DestroyNow(id, "");
+    Removed(DestroyNow(id, ""), "container " + id + "'s leftover");
   }
   auto lower = mounts_->Acquire(*image);
   if (!lower.ok()) return lower.status();
   auto undo = [&](const Status& why) -> Result<std::string> {
     Log(2, "container " + id + ": creation failed: " + why.message());
-    (void)DestroyNow(id, box->digest);
+    Removed(DestroyNow(id, box->digest), "what container " + id + "'s creation left");
     return why.Annotate("sandbox " + id);
   };
   std::string base = SandboxDir(opts_.data_dir, id);
@@ -535,7 +505,7 @@ Status ContainerDriver::ReadoptNow(const v1::SandboxRecord& sb, const std::strin
   box->limits = sb.spec().limits();
   auto fail = [&](const Status& why) {
     // Gone or broken: clean up what is left of it; the record is marked failed.
-    (void)DestroyNow(sb.id(), "");
+    Removed(DestroyNow(sb.id(), ""), "what is left of container " + sb.id());
     return why;
   };
   v1::ImageManifest image;
@@ -554,7 +524,7 @@ Status ContainerDriver::ReadoptNow(const v1::SandboxRecord& sb, const std::strin
   // Frozen by Pause: frozen again after the handshake. Frozen by the idle
   // timer of the dsecd before: left thawed (the timer freezes it again).
   bool frozen = groups_->Frozen(box->cgroup_rel);
-  if (frozen) (void)groups_->Freeze(box->cgroup_rel, false);
+  if (frozen) (void)groups_->Freeze(box->cgroup_rel, false);  // one still frozen fails the handshake, saying so
   Status connected = ConnectAgent(*box);
   bool paused = sb.phase() == v1::SANDBOX_PHASE_PAUSED;
   if (paused && connected.ok()) connected = groups_->Freeze(box->cgroup_rel, true);
@@ -606,12 +576,18 @@ Result<uint64_t> ContainerDriver::DiskUsage(const v1::SandboxRecord& sb) const {
   return disk_->Usage(sb.id());
 }
 
+// Cleanup nobody waits for: a failure is logged (the next start's sweep
+// tries again) and never hides the answer the caller gets.
+void ContainerDriver::Removed(const Status& s, const std::string& what) {
+  if (!s.ok()) Log(2, "removing " + what + ": " + s.message() + " (the next start sweeps it)");
+}
+
 void ContainerDriver::SweepLastRun() {
   // Nothing of this run exists yet: what the last run kept for recycling
   // goes or is taken over, and the sandbox dirs it left are leftovers until
   // a Readopt claims one.
   for (const auto& name : ListSubdirs(opts_.data_dir + "/sandboxes")) {
-    if (name.rfind("free.", 0) == 0) (void)RemoveSandboxDir(name);
+    if (name.rfind("free.", 0) == 0) Removed(RemoveSandboxDir(name), "a kept sandbox dir " + name);
     else leftovers_.insert(name);
   }
   std::string prefix = group_tag_ + ".";
@@ -659,7 +635,7 @@ void ContainerDriver::RestoredNow() {
       removing_.insert(id);
     }
     Log(1, "container " + id + ": left over from before the restart with no running record; removed");
-    (void)DestroyNow(id, "");
+    Removed(DestroyNow(id, ""), "container " + id + "'s leftover");
     {
       std::lock_guard<std::mutex> lk(mu_);
       removing_.erase(id);

@@ -23,6 +23,7 @@
 #include "drivers/container/container_state.pb.h"
 #include "drivers/container/sandbox_disk.hpp"
 #include "drivers/cgroup/groups.hpp"
+#include "drivers/images/image_source.hpp"
 #include "drivers/images/mounts.hpp"
 #include "drivers/spawner/spawner_link.hpp"
 #include "runtime/worker_pool.hpp"
@@ -47,7 +48,7 @@ struct ContainerOptions {
   bool disk_limits = true;
   uint64_t disk_size_bytes = 64ull << 30;
   // The image registry (the node's images table).
-  std::function<Result<v1::ImageManifest>(const std::string& name)> find_image;
+  const images::ImageSource* images = nullptr;  // DriverEnv::images
   std::function<void(int level, const std::string& text)> log;
 };
 
@@ -87,6 +88,7 @@ class ContainerDriver : public AgentDriver {
   void OnEvent(spawner::Event& ev);
   Result<std::string> CreateNow(const v1::SandboxRecord& sb);
   Status ReadoptNow(const v1::SandboxRecord& sb, const std::string& driver_state);
+  void Removed(const Status& s, const std::string& what);
   void RestoredNow();
   // At start, before any container of this run: the last run's kept dirs
   // and groups, and its sandbox dirs as leftovers (see leftovers_).

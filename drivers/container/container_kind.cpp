@@ -38,7 +38,7 @@ class Container : public Kind {
     o.cgroup_parent = env.cgroup_parent;
     o.idle_freeze_ms = static_cast<int64_t>(idle_freeze_s_ * 1000);
     o.disk_limits = !no_disk_;
-    o.find_image = env.find_image;
+    o.images = env.images;
     if (env.log) o.log = env.log(name());
     auto d = ContainerDriver::Start(std::move(o));
     if (!d.ok()) return d.status();

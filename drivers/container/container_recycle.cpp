@@ -85,7 +85,7 @@ Status ContainerDriver::TakeDir(const std::string& id) {
   if (!free.empty()) {
     if (::rename(free.c_str(), base.c_str()) == 0) return Status::Ok();
     Log(2, "rename " + free + " to " + base + ": " + std::strerror(errno) + "; making a new dir instead");
-    (void)RemoveTreeRetrying(free);
+    if (Status s = RemoveTreeRetrying(free); !s.ok()) Log(2, "removing " + free + ": " + s.message());
   }
   if (disk_) DSEC_RETURN_IF_ERROR(disk_->MakeDir(id));
   for (const char* sub : {"", "/upper", "/work", "/run"}) DSEC_RETURN_IF_ERROR(MakeDirs(base + sub, 0700));

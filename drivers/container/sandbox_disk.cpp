@@ -98,7 +98,7 @@ Result<std::unique_ptr<SandboxDisk>> SandboxDisk::Open(SandboxDiskOptions o) {
                                           "of dsecd sets the disk up");
     // Kept dirs of an earlier run would only be hidden by the mount.
     for (const auto& name : ListEntries(dir))
-      (void)RunToFile({"/bin/rm", "-rf", "--one-file-system", dir + "/" + name}, "/dev/null");
+      (void)RunToFile({"/bin/rm", "-rf", "--one-file-system", dir + "/" + name}, "/dev/null");  // hidden either way
     struct stat st;
     if (::stat(o.image.c_str(), &st) < 0) {
       std::string mkfs = FindTool("mkfs.btrfs");

@@ -20,7 +20,6 @@
 #include "dsec/status.hpp"
 
 namespace dsec::spawner {
-class Outcome;
 class Event;
 }
 

@@ -101,7 +101,7 @@ void VmDriver::ConnectLoop() {
   std::unique_lock<std::mutex> lk(conn_mu_);
   while (!stop_connecting_) {
     lk.unlock();
-    (void)Conn();
+    (void)Conn();  // a failure is kept for Available() to say; tried again in 5 s
     lk.lock();
     conn_cv_.wait_for(lk, std::chrono::seconds(5), [this] { return stop_connecting_; });
   }
@@ -223,7 +223,8 @@ Status VmDriver::LaunchMachine(const Launch& l) {
     Log(1, "vm " + box.id + ": image file " + box.image_file + " is not a multiple of 2 MiB (built before dsec padded "
            "images; rebuild it to share its page cache): attached as a virtio-blk disk");
   std::string xml = DomainXml(l, pmem, size);
-  (void)WriteFileAtomic(box.dir + "/domain.xml", xml, 0600);  // for whoever debugs it
+  if (Status s = WriteFileAtomic(box.dir + "/domain.xml", xml, 0600); !s.ok())  // for whoever debugs it
+    Log(1, "vm " + box.id + ": " + s.message() + " (the domain starts without its copy there)");
   virDomainPtr dom = virDomainCreateXML(*conn, xml.c_str(), VIR_DOMAIN_NONE);
   if (!dom) return Status::Internal("libvirt could not start domain " + DomainName(box.mid) + ": " + LastError());
   DomainRef ref{dom};
@@ -286,6 +287,8 @@ Status VmDriver::StopMachine(const std::string& id, pid_t pid) {
     if (dom.d) {
       if (virDomainIsActive(dom.d) == 1 && virDomainDestroy(dom.d) < 0 && virDomainIsActive(dom.d) == 1)
         return Status::Internal("vm " + id + ": libvirt could not destroy domain " + name + ": " + LastError());
+      // Transient domains are dsec's; a persistent one (defined by hand) is
+      // undefined too, and if that fails it stays defined, stopped: harmless.
       if (virDomainIsPersistent(dom.d) == 1) (void)virDomainUndefine(dom.d);
     }
   }

@@ -1,6 +1,7 @@
 #include "drivers/images/builder.hpp"
 
 #include <archive.h>
+#include <cstdio>
 #include <archive_entry.h>
 #include <dirent.h>
 #include <fcntl.h>
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "drivers/images/image_store.hpp"
+#include "runtime/clock.hpp"
 #include "runtime/files.hpp"
 
 extern char** environ;
@@ -110,12 +112,13 @@ Status ApplyWhiteouts(const std::string& archive, const std::string& dest) {
       if (DIR* d = ::opendir(dir.c_str())) {
         std::vector<std::string> kids;
         while (dirent* de = ::readdir(d))
-          if (std::strcmp(de->d_name, ".") && std::strcmp(de->d_name, "..")) kids.push_back(de->d_name);
+          if (std::strcmp(de->d_name, ".") != 0 && std::strcmp(de->d_name, "..") != 0) kids.push_back(de->d_name);
         ::closedir(d);
-        for (const auto& k : kids) (void)RemoveTree(dir + "/" + k);
+        for (const auto& k : kids) DSEC_RETURN_IF_ERROR(RemoveTree(dir + "/" + k).Annotate("archive " + archive));
       }
     } else {
-      (void)RemoveTree(dir + "/" + base.substr(4));
+      // (Absent is fine: a whiteout may name what no lower layer had.)
+      DSEC_RETURN_IF_ERROR(RemoveTree(dir + "/" + base.substr(4)).Annotate("archive " + archive));
     }
   }
   if (rc != ARCHIVE_EOF) return Status::InvalidArgument("corrupt archive " + archive + ": " + archive_error_string(r.a));
@@ -368,7 +371,10 @@ Result<v1::ImageManifest> BuildImage(const std::string& source_in, const std::st
   DSEC_RETURN_IF_ERROR(MakeDirs(scratch, 0700));
   struct Cleanup {
     std::string dir;
-    ~Cleanup() { (void)RemoveTree(dir); }
+    // A destructor cannot fail the build; what it cannot remove is said.
+    ~Cleanup() {
+      if (Status s = RemoveTree(dir); !s.ok()) std::fprintf(stderr, "dsec-image: scratch dir left behind: %s\n", s.message().c_str());
+    }
   } cleanup{scratch};
   auto say = [&](const std::string& s) {
     if (o.progress) o.progress(s);
@@ -447,9 +453,7 @@ Result<v1::ImageManifest> BuildImage(const std::string& source_in, const std::st
   m.set_files(count.files);
   m.set_content_bytes(count.bytes);
   m.set_compression(o.compression);
-  m.set_created_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
-                       std::chrono::system_clock::now().time_since_epoch())
-                       .count());
+  m.set_created_ms(WallClockMs());
   return m;
 }
 

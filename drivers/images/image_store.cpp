@@ -56,6 +56,7 @@ Result<std::string> Sha256File(const std::string& path) {
 }
 
 ImageStore::ImageStore(state::Store* store, std::string root) : store_(store), root_(std::move(root)) {
+  // A root that cannot be made fails the first Register, saying why.
   (void)MakeDirs(root_, 0755);
 }
 
@@ -65,6 +66,14 @@ std::string ImageFilePath(const std::string& root, const std::string& digest) {
 }
 
 std::string ImageStore::FileFor(const std::string& digest) const { return ImageFilePath(root_, digest); }
+
+Result<std::string> ImageStore::Open(const v1::ImageManifest& image) const {
+  std::string file = image.file().empty() ? FileFor(image.digest()) : image.file();
+  if (::access(file.c_str(), R_OK) < 0)
+    return Status::FromErrno(errno, "image " + image.name() + ": its file " + file +
+                                        " (push or build the image again: dsec-image build)");
+  return file;
+}
 
 Result<v1::ImageManifest> ImageStore::Get(const std::string& name) const {
   auto m = state::TypedTable<v1::ImageManifest>(store_, state::Table::kImages).Get(name);
@@ -129,12 +138,15 @@ Status ImageStore::Register(const v1::ImageManifest& manifest, bool replace) {
 
 std::vector<std::string> ImageStore::Users(const std::string& name) const {
   std::vector<std::string> users;
-  (void)state::TypedTable<store::v1::SandboxRow>(store_, state::Table::kSandboxes)
-      .Scan("", [&](const std::string&, store::v1::SandboxRow&& row) {
-        auto& r = *row.mutable_record();
-        if (r.spec().image() == name && r.phase() != v1::SANDBOX_PHASE_STOPPED) users.push_back("sandbox " + r.id());
-        return true;
-      });
+  Status s = state::TypedTable<store::v1::SandboxRow>(store_, state::Table::kSandboxes)
+                 .Scan("", [&](const std::string&, store::v1::SandboxRow&& row) {
+                   auto& r = *row.mutable_record();
+                   if (r.spec().image() == name && r.phase() != v1::SANDBOX_PHASE_STOPPED)
+                     users.push_back("sandbox " + r.id());
+                   return true;
+                 });
+  // Unknown users are users: an image is not removed on a guess.
+  if (!s.ok()) users.push_back("sandboxes the store could not list (" + s.message() + ")");
   if (extra_users_)
     for (auto& u : extra_users_(name)) users.push_back(std::move(u));
   return users;

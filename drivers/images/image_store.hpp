@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "drivers/images/image_source.hpp"
 #include "dsec/status.hpp"
 #include "dsec/v1/types.pb.h"
 #include "state/store.hpp"
@@ -27,7 +28,7 @@ Result<std::string> Sha256File(const std::string& path);
 // Where a store rooted at `root` keeps the file of `digest`.
 std::string ImageFilePath(const std::string& root, const std::string& digest);
 
-class ImageStore {
+class ImageStore final : public ImageSource {
  public:
   // `root`: the directory of EROFS files (created when missing).
   ImageStore(state::Store* store, std::string root);
@@ -37,7 +38,9 @@ class ImageStore {
   std::string FileFor(const std::string& digest) const;
 
   // NotFound (saying how to list images) when there is no such image.
-  Result<v1::ImageManifest> Get(const std::string& name) const;
+  Result<v1::ImageManifest> Get(const std::string& name) const override;
+  // The registered file (it is whole: Register checked it).
+  Result<std::string> Open(const v1::ImageManifest& image) const override;
   Result<std::vector<v1::ImageManifest>> List() const;
 
   // Checks the manifest's file (under root, size, digest) and stores it.

@@ -39,6 +39,7 @@ Status MountImageFile(const std::string& file, const std::string& at) {
 
 }  // namespace
 
+// A dir that cannot be made fails the first Acquire, saying why.
 ImageMounts::ImageMounts(std::string dir) : dir_(std::move(dir)) { (void)MakeDirs(dir_, 0755); }
 
 std::string ImageMounts::PathFor(const std::string& digest) const { return dir_ + "/" + Hex(digest); }
@@ -76,6 +77,7 @@ void ImageMounts::Release(const std::string& digest) {
   if (it == refs_.end()) return;
   if (--it->second > 0) return;
   refs_.erase(it);
+  // Still mounted (busy): the next start's Adopt and DropUnused take it.
   (void)Unmount(digest);
 }
 
@@ -99,7 +101,7 @@ void ImageMounts::DropUnused() {
   std::lock_guard<std::mutex> lk(mu_);
   for (auto it = refs_.begin(); it != refs_.end();) {
     if (it->second == 0) {
-      (void)Unmount(it->first);
+      (void)Unmount(it->first);  // still busy: tried again at the next start
       it = refs_.erase(it);
     } else {
       ++it;

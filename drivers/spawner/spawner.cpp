@@ -114,6 +114,7 @@ int Spawner::Main() {
   Send(hello);
   if (!err.empty()) {
     ::fcntl(control_, F_SETFL, ::fcntl(control_, F_GETFL) & ~O_NONBLOCK);
+    // Best effort: dsecd learns why from this hello, or from the exit code.
     (void)WriteFull(control_, control_out_.data(), control_out_.size());
     if (groups_ && !group_base_.empty()) groups_->RemoveDirs(group_base_);
     return 1;
@@ -641,7 +642,7 @@ void Spawner::Shutdown() {
   for (auto& [pid, init] : dying_inits_) (void)init.release();
   if (!control_eof_) {
     ::fcntl(control_, F_SETFL, ::fcntl(control_, F_GETFL) & ~O_NONBLOCK);
-    (void)WriteFull(control_, control_out_.data(), control_out_.size());
+    (void)WriteFull(control_, control_out_.data(), control_out_.size());  // dsecd may be gone: nobody to tell
   }
   for (auto& s : slots_)
     if (s) s->Remove();

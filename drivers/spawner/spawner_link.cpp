@@ -1,5 +1,7 @@
 #include "drivers/spawner/spawner_link.hpp"
 
+#include "runtime/clock.hpp"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -26,10 +28,7 @@ namespace dsec::drivers {
 
 namespace {
 
-int64_t SteadySeconds() {
-  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
+int64_t SteadySeconds() { return SteadyClockMs() / 1000; }
 
 std::string DescribeWait(int status) {
   if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
@@ -77,8 +76,16 @@ Status SpawnerLink::Launch() {
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_adddup2(&fa, theirs.get(), 3);
   posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  // A process group of its own: a terminal's Ctrl-C reaches dsecd alone,
+  // which stops the spawner by closing its socket (it would otherwise
+  // leave first, and be restarted during the shutdown).
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
+  posix_spawnattr_setpgroup(&attr, 0);
   pid_t pid = -1;
-  int rc = posix_spawn(&pid, opts_.spawner_path.c_str(), &fa, nullptr, argv.data(), environ);
+  int rc = posix_spawn(&pid, opts_.spawner_path.c_str(), &fa, &attr, argv.data(), environ);
+  posix_spawnattr_destroy(&attr);
   posix_spawn_file_actions_destroy(&fa);
   if (rc != 0)
     return Status::FromErrno(rc, name + ": start " + opts_.spawner_path + " (build it, or point $DSEC_SPAWNER at it)");

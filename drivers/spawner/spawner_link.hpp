@@ -23,7 +23,6 @@
 namespace dsec::spawner {
 class Event;
 class Request;
-class Hello;
 }  // namespace dsec::spawner
 
 namespace dsec::drivers {

@@ -193,7 +193,7 @@ Status GuestDriver::CanHandle(const v1::SandboxSpec& spec) const {
   uint64_t mem;
   uint32_t vcpus;
   DSEC_RETURN_IF_ERROR(GuestSize(spec, &mem, &vcpus));
-  auto image = opts_.find_image(spec.image());
+  auto image = opts_.images->Get(spec.image());
   if (!image.ok()) return image.status();
   return Status::Ok();
 }
@@ -241,7 +241,7 @@ void GuestDriver::Create(const v1::SandboxRecord& sb, CreateCallback done) {
 Result<std::string> GuestDriver::CreateNow(const v1::SandboxRecord& sb) {
   const std::string& id = sb.id();
   const std::string kind = kind_name_;
-  auto image = opts_.find_image(sb.spec().image());
+  auto image = opts_.images->Get(sb.spec().image());
   if (!image.ok()) return image.status();
   uint64_t memory;
   uint32_t vcpus;
@@ -288,7 +288,7 @@ Result<std::string> GuestDriver::CreateNow(const v1::SandboxRecord& sb) {
 
 Result<std::shared_ptr<GuestDriver::Box>> GuestDriver::Boot(const std::string& mid, const v1::SandboxSpec& spec) {
   const std::string kind = kind_name_;
-  auto image = opts_.find_image(spec.image());
+  auto image = opts_.images->Get(spec.image());
   if (!image.ok()) return image.status();
   uint64_t memory;
   uint32_t vcpus;
@@ -300,7 +300,9 @@ Result<std::shared_ptr<GuestDriver::Box>> GuestDriver::Boot(const std::string& m
   box->mid = mid;
   box->dir = VmDir(mid);
   box->digest = image->digest();
-  box->image_file = image->file();
+  auto file = opts_.images->Open(*image);
+  if (!file.ok()) return file.status();
+  box->image_file = *file;
   box->limits = spec.limits();
   box->vcpus = vcpus;
   box->guest_memory = (memory + kGuestHeadroom + 2 * kMiB - 1) / (2 * kMiB) * (2 * kMiB);
@@ -310,7 +312,8 @@ Result<std::shared_ptr<GuestDriver::Box>> GuestDriver::Boot(const std::string& m
   }
   auto undo = [&](const Status& why) -> Result<std::shared_ptr<Box>> {
     Log(2, kind + " " + mid + ": boot failed: " + why.message());
-    (void)DestroyNow("", mid, box->pid);
+    if (Status left = DestroyNow("", mid, box->pid); !left.ok())
+      Log(3, kind + " " + mid + ": removing what the failed boot left: " + left.message() + " (the next start sweeps it)");
     return why;
   };
   if (::mkdir(box->dir.c_str(), 0700) < 0) return undo(Status::FromErrno(errno, "mkdir " + box->dir));
@@ -360,7 +363,7 @@ Result<std::shared_ptr<GuestDriver::Box>> GuestDriver::Boot(const std::string& m
 }
 
 std::string GuestDriver::PoolKey(const v1::SandboxSpec& spec) const {
-  auto image = opts_.find_image(spec.image());
+  auto image = opts_.images->Get(spec.image());
   uint64_t memory;
   uint32_t vcpus;
   if (!image.ok() || !GuestSize(spec, &memory, &vcpus).ok()) return "";
@@ -386,7 +389,7 @@ std::shared_ptr<GuestDriver::Box> GuestDriver::TakeFromPool(const std::string& k
     if (box->agent && box->agent->connected() && MachineState(*box) == RunState::kRunning) return box;
     Log(2, std::string(kind_name_) + " " + box->mid + ": a pooled guest that no longer runs; removed");
     if (box->agent) box->agent->Close();
-    (void)DestroyNow("", box->mid, box->pid);
+    RemoveOrSay(*box, "a stale pooled guest");
   }
 }
 
@@ -412,7 +415,7 @@ void GuestDriver::Refill(const std::string& key, const v1::SandboxSpec& spec) {
     }
     for (auto& b : evicted) {
       if (b->agent) b->agent->Close();
-      (void)DestroyNow("", b->mid, b->pid);
+      RemoveOrSay(*b, "a pooled guest evicted for another size");
     }
     auto booted = Boot("p-" + RandomHex(12), spec);
     ++pool_boots_;
@@ -428,7 +431,7 @@ void GuestDriver::Refill(const std::string& key, const v1::SandboxSpec& spec) {
     }
     if (extra) {
       if (extra->agent) extra->agent->Close();
-      (void)DestroyNow("", extra->mid, extra->pid);
+      RemoveOrSay(*extra, "a pooled guest nobody wants now");
       return;
     }
     if (!booted.ok()) {
@@ -449,8 +452,14 @@ void GuestDriver::DrainPools() {
   }
   for (auto& b : all) {
     if (b->agent) b->agent->Close();
-    (void)DestroyNow("", b->mid, b->pid);
+    RemoveOrSay(*b, "a pooled guest, at the stop");
   }
+}
+
+void GuestDriver::RemoveOrSay(const Box& box, const char* what) {
+  if (Status s = DestroyNow("", box.mid, box.pid); !s.ok())
+    Log(3, std::string(kind_name_) + " " + box.mid + ": removing " + what + ": " + s.message() +
+               " (the next start sweeps it)");
 }
 
 Status GuestDriver::DestroyNow(const std::string& id, const std::string& mid, pid_t pid) {
@@ -543,14 +552,15 @@ Status GuestDriver::ReadoptNow(const v1::SandboxRecord& sb, const std::string& d
     claimed_.insert(box->mid);
   }
   auto fail = [&](const Status& why) {
-    (void)DestroyNow(sb.id(), box->mid, box->pid);
+    if (Status left = DestroyNow(sb.id(), box->mid, box->pid); !left.ok())
+      Log(3, kind + " " + sb.id() + ": removing what is left of it: " + left.message());
     return why;
   };
   if (box->mid.empty() || AbsolutePath(box->dir) != VmDir(box->mid)) return fail(Status::FailedPrecondition(kind + " " + sb.id() + ": its dir moved"));
   if (Status s = MachineStillThere(*box); !s.ok()) return fail(s.Annotate(kind + " " + sb.id()));
   // A paused guest cannot answer: resumed for the handshake, paused again.
   bool paused = sb.phase() == v1::SANDBOX_PHASE_PAUSED;
-  (void)PauseMachine(*box, false);
+  (void)PauseMachine(*box, false);  // a machine that will not run fails the handshake below, saying so
   Status connected = ConnectAgent(*box, box->dir + "/a", 30'000,
                                   [this, kind, id = sb.id()](const std::string& t) { Log(2, kind + " " + id + ": " + t); },
                                   /*vm_channel=*/true);

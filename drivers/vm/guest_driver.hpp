@@ -32,6 +32,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "drivers/images/image_source.hpp"
 #include "drivers/agent/agent_driver.hpp"
 #include "drivers/vm/guest.hpp"
 #include "drivers/vm/watcher.hpp"
@@ -57,7 +58,7 @@ struct GuestDriverOptions {
   // balloon's free-page reporting returns them to the host; once per idle
   // spell. 0: never.
   int reclaim_idle_ms = 30'000;
-  std::function<Result<v1::ImageManifest>(const std::string& name)> find_image;
+  const images::ImageSource* images = nullptr;  // DriverEnv::images
   std::function<void(int level, const std::string& text)> log;
   // A VM ended by itself (QEMU exited, the guest powered off or its kernel
   // panicked): why, for the sandbox's record; the node fails the sandbox and
@@ -171,6 +172,8 @@ class GuestDriver : public AgentDriver {
   // swept at the next start anyway).
   void DrainPools();
   Status ReadoptNow(const v1::SandboxRecord& sb, const std::string& driver_state);
+  // DestroyNow of a guest no sandbox holds (`what` it is), its failure logged.
+  void RemoveOrSay(const Box& box, const char* what);
   // StopMachine, then the VM's dir and, for sandbox `id` ("" for a pooled
   // guest), its box. Ok when nothing of it is left.
   Status DestroyNow(const std::string& id, const std::string& mid, pid_t pid);

@@ -66,7 +66,7 @@ void FillGuestOptions(const DriverEnv& env, const char* kind_name, GuestDriverOp
   o->boot_timeout_ms = static_cast<int>(f.boot_timeout_s * 1000);
   o->data_dir = env.data_dir;
   o->cgroup_parent = env.cgroup_parent;
-  o->find_image = env.find_image;
+  o->images = env.images;
   o->lost = env.lost;
   if (env.log) o->log = env.log(kind_name);
 }

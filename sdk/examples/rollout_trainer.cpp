@@ -196,7 +196,8 @@ int main(int argc, char** argv) {
   Say("finished " + std::to_string(f.rollouts - failed.load()) + " rollouts");
   if (!f.close)
     std::fprintf(stderr,
-                 "dsec-rollout-trainer: the sessions stay open for their lease (their sandboxes too); --close "
-                 "closes them at the end\n");
+                 "dsec-rollout-trainer: the sessions stay open for their lease (their sandboxes too); close them "
+                 "with: dsecctl session close --prefix %s/ (or run with --close)\n",
+                 f.job.c_str());
   return failed ? 1 : 0;
 }

@@ -4,8 +4,10 @@
 // it (from the repository's root: build/bin/dsecd with its defaults, data
 // in ./dsec-data; only the ports are free ones, which the tools find in
 // ./dsec-data/dsecd.json as they would the default ones). A command's exit
-// code must be 0, or what its comment says ("exits 124"); a comment
-// "prints 42" or 'prints "text"' means its output holds that. Label docs (run with the
+// code must be 0, or what its comment says ("exits 124"); a comment's
+// "prints 42" means a line of its output is 42, 'prints "text"' or
+// 'says "text"' that its output (stdout or stderr) holds the text; a comment
+// may promise several. Label docs (run with the
 // compatibility suite: the README's image comes from Debian's packages).
 #include <gmock/gmock.h>
 #include <signal.h>
@@ -57,7 +59,7 @@ std::string Quoted(const std::string& s) {
 // do what it says.
 std::string Script(const std::vector<std::string>& lines) {
   std::string script = "set -u\n";
-  std::regex exits(R"(#.*exits ([0-9]+))"), prints(R"(#\s*prints ([0-9]+|"[^"]*"))");
+  std::regex exits(R"(#.*exits ([0-9]+))"), prints(R"((prints|says) ([0-9]+|"[^"]*"))");
   for (size_t i = 0; i < lines.size(); ++i) {
     const std::string& line = lines[i];
     auto first = line.find_first_not_of(" \t");
@@ -71,16 +73,25 @@ std::string Script(const std::vector<std::string>& lines) {
     }
     std::smatch m;
     std::string want = std::regex_search(said, m, exits) ? m[1].str() : "0";
-    std::string expect = std::regex_search(said, m, prints) ? m[1].str() : "";
-    if (expect.size() >= 2 && expect.front() == '"') expect = expect.substr(1, expect.size() - 2);
+    // Each promise about the output: a number is a whole line of it, a
+    // quoted text is somewhere in it (stdout or stderr).
+    std::vector<std::string> checks;
+    auto hash = said.find(" #");
+    const std::string comment = hash == std::string::npos ? "" : said.substr(hash);
+    for (auto it = std::sregex_iterator(comment.begin(), comment.end(), prints); it != std::sregex_iterator(); ++it) {
+      std::string what = (*it)[2].str();
+      bool number = what.front() != '"';
+      if (!number) what = what.substr(1, what.size() - 2);
+      checks.push_back("grep -q" + std::string(number ? "x" : "") + "F -- " + Quoted(what) + " .docs_out || { echo \"DOCS: no " +
+                       (number ? "line " : "") + "'" + what + "' in the output of: \"" + Quoted(line) + " >&2; exit 1; }\n");
+    }
     script += "echo \"+ \"" + Quoted(line) + " >&2\n";
-    if (expect.empty()) {
+    if (checks.empty()) {
       script += line + "\n";
       script += "rc=$?\n";
     } else {
       script += "{ " + line + "\n} > .docs_out 2>&1; rc=$?; cat .docs_out\n";
-      script += "grep -qF -- " + Quoted(expect) + " .docs_out || { echo \"DOCS: no '" + expect +
-                "' in the output of: \"" + Quoted(line) + " >&2; exit 1; }\n";
+      for (const auto& c : checks) script += c;
     }
     script += "[ $rc -eq " + want + " ] || { echo \"DOCS: exit $rc, not " + want + ", from: \"" + Quoted(line) +
               " >&2; exit 1; }\n";
@@ -121,9 +132,7 @@ TEST(Docs, TheReadmeAndRunningCommandsRunAsWritten) {
   // What the commands left: the README's rollouts (left for their lease)
   // and anything else is removed before dsecd goes, so nothing outlives it.
   RunProcess({"/bin/sh", "-c",
-              "cd " + root + " && for s in $(build/bin/dsecctl sessions --raw | python3 -c 'import json,sys; "
-              "[print(x[\"name\"]) for x in json.load(sys.stdin)[\"sessions\"] if x[\"phase\"] == \"open\"]'); do "
-              "build/bin/dsecctl session close $s; done; for id in $(build/bin/dsecctl ls --json | python3 -c "
+              "cd " + root + " && build/bin/dsecctl session close --prefix '' >/dev/null; for id in $(build/bin/dsecctl ls --json | python3 -c "
               "'import json,sys; [print(x[\"id\"]) for x in json.load(sys.stdin)[\"sandboxes\"]]'); do "
               "build/bin/dsecctl rm $id; done"});
   ::kill((*dsecd)->pid(), SIGTERM);

@@ -8,6 +8,7 @@
 
 #include <gmock/gmock.h>
 
+#include "tests/support/cluster_probes.hpp"
 #include "tests/support/container_fixture.hpp"
 
 namespace dsec::testing {
@@ -95,8 +96,11 @@ TEST_F(DriverFault, RequestsWaitWhileTheirSandboxIsReadoptedAndRunOnceItIs) {
   auto status = daemon_->Admin("status");
   EXPECT_EQ(status.value("readopting", -1), 1) << status.dump();
   auto pending = std::async(std::launch::async, [&] { return sb->Exec(Sh("cat /work/state")); });
-  // It cannot have run: its sandbox is not re-adopted yet.
-  EXPECT_EQ(pending.wait_for(std::chrono::seconds(0)), std::future_status::timeout);
+  // It reaches its sandbox and waits there: it cannot have run, its sandbox
+  // is not re-adopted yet.
+  auto waiting = [&] { return daemon_->Admin("status").value("waiting_for_readopt", -1); };
+  ASSERT_TRUE(WaitUntil([&] { return waiting() == 1; }, std::chrono::seconds(30))) << daemon_->Admin("status").dump();
+  EXPECT_EQ(pending.wait_for(std::chrono::seconds(0)), std::future_status::timeout) << "ran before its re-adoption";
   EXPECT_EQ(daemon_->Admin("status").value("readopting", -1), 1) << "the node answers meanwhile";
   auto released = daemon_->Admin("fault container readopt release");
   ASSERT_TRUE(released.value("ok", false)) << released.dump();
@@ -105,6 +109,7 @@ TEST_F(DriverFault, RequestsWaitWhileTheirSandboxIsReadoptedAndRunOnceItIs) {
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->stdout(), "kept\n") << r->stderr() << r->error();
   EXPECT_EQ(daemon_->Admin("status").value("readopting", -1), 0);
+  EXPECT_EQ(waiting(), 0);
 }
 
 // A sandbox its driver cannot take back after a restart is failed, says

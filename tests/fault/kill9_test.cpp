@@ -18,8 +18,8 @@ namespace {
 using ::testing::HasSubstr;
 
 bool CgroupDirExists(const std::string& rel) {
-  for (const char* ctrl : {"memory", "pids", "cpu", "cpuacct"})
-    if (std::filesystem::exists(std::string("/sys/fs/cgroup/") + ctrl + "/" + rel)) return true;
+  for (const auto& root : CgroupRoots())  // v1's hierarchies and v2's
+    if (std::filesystem::exists(root + "/" + rel)) return true;
   return false;
 }
 

@@ -106,19 +106,24 @@ TEST_F(SessionPreemption, KilledTrainerRestartedThreeTimesLosesNoStepAndRunsNone
   // Three kills at random points of the 2 000 steps; each restarted trainer
   // replays from step 0.
   int kills = 0;
+  // Per trainer: the steps it was told were logged before it started (and
+  // so must replay, "ff"), and the steps it replayed.
+  std::vector<size_t> known_at_start;
+  std::vector<size_t> replayed;
   for (int lo : {100, 600, 1100}) {
     int at = std::uniform_int_distribution<int>(lo, lo + 400)(rng);
     auto trainer = Child::Start(TrainerArgs("pre", kRollouts, kSteps, true));
     ASSERT_TRUE(trainer.ok()) << trainer.status().ToString();
+    known_at_start.push_back(acked.size());
+    replayed.push_back(0);
     std::string line;
-    int ran = 0;
     bool finished = false;
     while ((*trainer)->ReadLine(&line)) {
       int r, k;
       std::string out;
       if (ParseStep(line, &r, &k, &out)) {
         acked[{r, k}] = out;
-        if (line.find(" run ") != std::string::npos) ++ran;
+        if (line.find(" ff ") != std::string::npos) ++replayed.back();
       }
       ASSERT_THAT(line, ::testing::Not(HasSubstr("MISMATCH")));
       if (line.rfind("finished", 0) == 0) finished = true;
@@ -131,18 +136,31 @@ TEST_F(SessionPreemption, KilledTrainerRestartedThreeTimesLosesNoStepAndRunsNone
   }
   auto last = Child::Start(TrainerArgs("pre", kRollouts, kSteps, true));
   ASSERT_TRUE(last.ok()) << last.status().ToString();
+  known_at_start.push_back(acked.size());
+  replayed.push_back(0);
   std::string line, finished;
   while ((*last)->ReadLine(&line, 300)) {
     int r, k;
     std::string out;
-    if (ParseStep(line, &r, &k, &out)) acked[{r, k}] = out;
+    if (ParseStep(line, &r, &k, &out)) {
+      acked[{r, k}] = out;
+      if (line.find(" ff ") != std::string::npos) ++replayed.back();
+    }
     EXPECT_THAT(line, ::testing::Not(HasSubstr("MISMATCH")));
     EXPECT_THAT(line, ::testing::Not(HasSubstr("error")));
     if (line.rfind("finished", 0) == 0) finished = line;
   }
   EXPECT_EQ((*last)->Wait(), 0);
   EXPECT_EQ(finished, "finished " + std::to_string(kRollouts) + " rollouts");
-  EXPECT_EQ(kills, 3);
+  // Each kill cut a trainer mid-run: the next one found at least what its
+  // predecessors had been told logged and replayed it (the first had
+  // nothing to replay).
+  ASSERT_EQ(known_at_start.size(), 4u);
+  EXPECT_EQ(replayed[0], 0u);
+  for (size_t i = 1; i < known_at_start.size(); ++i) {
+    EXPECT_GT(known_at_start[i], known_at_start[i - 1]) << "trainer " << i << " was killed before it logged a step";
+    EXPECT_GE(replayed[i], known_at_start[i]) << "trainer " << i + 1 << " did not replay all that was logged before it";
+  }
   EXPECT_EQ(acked.size(), static_cast<size_t>(kRollouts * kSteps));
   CheckAndClose("pre", kRollouts, kSteps, true, acked);
 }

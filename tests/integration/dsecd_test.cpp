@@ -4,12 +4,16 @@
 
 #include <sstream>
 
+#include "runtime/files.hpp"
 #include "tests/support/daemon_fixture.hpp"
 
 namespace dsec::testing {
 namespace {
 
+using ::testing::AllOf;
+using ::testing::AnyOf;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using DsecctlRun = DaemonTest;
 
 TEST_F(DsecctlRun, PythonPrints42AndExitsZero) {
@@ -111,6 +115,74 @@ TEST_F(DsecctlRun, BadFlagIsUsageError2) {
   EXPECT_THAT(r.err, HasSubstr("--memory"));
 }
 
+// A wrong command line is answered before anything is sent: the unknown
+// word with the nearest command, where a sandbox's command goes, and the
+// expected form of a value.
+TEST(DsecctlUsage, AMistypedCommandIsNamedWithTheNearestOne) {
+  auto ctl = [](std::vector<std::string> args) {
+    args.insert(args.begin(), BinDir() + "/dsecctl");
+    return RunProcess(args);
+  };
+  auto exce = ctl({"exce", "sb-1", "--", "true"});
+  EXPECT_EQ(exce.exit_code, 2);
+  EXPECT_THAT(exce.err, HasSubstr("'exce' is not a command of dsecctl; did you mean 'exec'?"));
+  auto stauts = ctl({"--addr", "127.0.0.1:1", "stauts"});
+  EXPECT_EQ(stauts.exit_code, 2);
+  EXPECT_THAT(stauts.err, HasSubstr("did you mean 'status'?"));
+  auto close = ctl({"session", "clsoe", "job/a/s0"});
+  EXPECT_EQ(close.exit_code, 2);
+  EXPECT_THAT(close.err, HasSubstr("'clsoe' is not a command of dsecctl session; did you mean 'close'?"));
+  auto none = ctl({"frobnicate"});
+  EXPECT_EQ(none.exit_code, 2);
+  EXPECT_THAT(none.err, AllOf(HasSubstr("'frobnicate' is not a command"), Not(HasSubstr("did you mean"))));
+  auto dashes = ctl({"run", "python3", "-c", "1"});
+  EXPECT_EQ(dashes.exit_code, 2);
+  EXPECT_THAT(dashes.err, HasSubstr("-c"));
+  EXPECT_THAT(dashes.err, HasSubstr("put the command after --, e.g. dsecctl run -- python3"));
+  auto timeout = ctl({"run", "--timeout", "abc", "--", "true"});
+  EXPECT_EQ(timeout.exit_code, 2);
+  EXPECT_THAT(timeout.err, HasSubstr("'abc' is not a number of seconds (e.g. 30 or 1.5)"));
+}
+
+// One cause, one exit code, whichever command meets it.
+TEST_F(DsecctlRun, AnUnknownSandboxIs125InEveryCommand) {
+  for (std::vector<std::string> args : std::vector<std::vector<std::string>>{
+           {"exec", "no-such-box", "--", "true"},
+           {"rm", "no-such-box"},
+           {"pause", "no-such-box"},
+           {"resume", "no-such-box"},
+           {"timeout", "no-such-box", "10m"},
+           {"cp", "no-such-box:/work/f", "-"},
+           {"session", "show", "no/such/session"},
+           {"session", "close", "no/such/session"},
+           {"inspect", "no-such-box"}}) {
+    auto r = daemon_->Ctl(args);
+    EXPECT_EQ(r.exit_code, 125) << args[0] << ": " << r.err;
+    EXPECT_THAT(r.err, AnyOf(HasSubstr("no-such-box"), HasSubstr("no/such/session"))) << args[0];
+  }
+}
+
+// Ctrl-C in the terminal of `scripts/dev run` reaches dsecd's whole
+// process group: dsecd stops cleanly, and its spawners, which leave when
+// dsecd closes their sockets, are neither stopped by it first nor
+// restarted during the shutdown.
+TEST(DsecdStop, ACtrlCStopsItCleanlyWithoutRestartingASpawner) {
+  std::unique_ptr<TestDaemon> d;
+  std::unique_ptr<Client> c;
+  TestDaemonOptions o;
+  o.own_process_group = true;
+  if (auto why = StartOwnDaemon(o, &d, &c); !why.empty()) GTEST_SKIP() << why;
+  auto r = c->Run(FncallSpec(), Command({"true"}));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  c.reset();
+  EXPECT_EQ(d->Interrupt(), 0);
+  auto log = ReadFileToString(d->log_path());
+  ASSERT_TRUE(log.ok()) << log.status().ToString();
+  EXPECT_THAT(*log, HasSubstr("stopped"));
+  EXPECT_THAT(*log, Not(HasSubstr("restarting it")));
+  EXPECT_THAT(*log, Not(HasSubstr("error")));
+}
+
 TEST(DsecctlNoDaemon, UnreachableDaemonIs125WithAHint) {
   auto r = RunProcess({BinDir() + "/dsecctl", "--addr", "127.0.0.1:1", "--connect-timeout", "0.5", "run", "--", "true"});
   EXPECT_EQ(r.exit_code, 125);
@@ -161,7 +233,7 @@ TEST_F(DsecctlAdmin, InspectAndKillARunInFlight) {
 
 TEST_F(DsecctlAdmin, WrongTokenIsRefused) {
   auto r = daemon_->Ctl({"--token", "not-the-token", "status"});
-  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.exit_code, 125);
   EXPECT_THAT(r.err, HasSubstr("token"));
 }
 

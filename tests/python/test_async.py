@@ -13,6 +13,7 @@ import time
 import pytest
 
 import dsec
+from dsec import _core
 from conftest import IMAGE, Daemon
 
 
@@ -90,6 +91,38 @@ def test_every_async_call(container_daemon: Daemon) -> None:
     asyncio.run(main())
 
 
+def test_a_handle_call_goes_straight_into_async_with(container_daemon: Daemon) -> None:
+    async def main() -> None:
+        async with container_daemon.async_client() as c:
+            async with c.create(kind="container", image=IMAGE) as sb:  # no `await` in between
+                assert isinstance(sb, dsec.AsyncSandbox)
+                assert (await sb.get()).phase == "running"
+                assert (await sb.exec("echo inside")).text == "inside\n"
+                sid = sb.id
+            with pytest.raises(dsec.NotFound):
+                await c.attach(sid)  # destroyed when the block ended
+
+            # Awaited, the same call still gives the handle, which outlives
+            # the statement.
+            sb = await c.create(kind="container", image=IMAGE)
+            assert isinstance(sb, dsec.AsyncSandbox)
+            try:
+                assert (await sb.exec("echo awaited")).text == "awaited\n"
+                # It is a coroutine to asyncio, as the call was before.
+                same = await asyncio.create_task(c.attach(sb.id))
+                assert (await same.get()).phase == "running"
+            finally:
+                await sb.destroy()
+
+            # A session's block closes it when it ends normally.
+            async with c.open_session("pytest/async/with", kind="container", image=IMAGE) as s:
+                assert isinstance(s, dsec.AsyncSession)
+                assert (await s.step(0, "echo step")).result.text == "step\n"
+            assert (await (await c.attach_session("pytest/async/with")).get()).phase == "closed"
+
+    asyncio.run(main())
+
+
 def test_the_extension_refuses_a_broken_aio_target(client: dsec.Client) -> None:
     async def main() -> None:
         loop = asyncio.get_running_loop()
@@ -101,32 +134,46 @@ def test_the_extension_refuses_a_broken_aio_target(client: dsec.Client) -> None:
 
 
 def test_a_cancelled_call_leaves_the_client_working(daemon: Daemon) -> None:
+    # The answers that arrive for futures already done (cancelled) are seen
+    # through the module's settle hook, so the test waits for the cancelled
+    # call's own answer instead of guessing when it comes.
+    from dsec import _aio
+    late = []
+
+    def settle(fut: "asyncio.Future[object]", failed: bool, value: object) -> None:
+        if fut.done():
+            late.append(value)
+        _aio._settle(fut, failed, value)
+
     async def main() -> None:
         async with daemon.async_client() as c:
             task = asyncio.ensure_future(c.run(["sleep", "0.4"]))
-            await asyncio.sleep(0)  # issued
+            await asyncio.sleep(0)  # let the task issue its call
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
-            # Started after it and lasting longer: its answer comes after the
-            # cancelled call's, which therefore reached a cancelled future.
-            r = await c.run(["sh", "-c", "sleep 0.8; echo after"])
-            assert r.text == "after\n"
+            assert late == []
+            # Calls made while the cancelled one is in flight are answered.
+            assert (await c.run(["echo", "meanwhile"])).text == "meanwhile\n"
+            deadline = time.monotonic() + 30
+            while not late and time.monotonic() < deadline:
+                await c.run(["true"])  # each answer is a turn of the loop
+            assert len(late) == 1 and isinstance(late[0], dsec.ExecResult), late
+            assert late[0].ok  # the call itself completed on the node
+            # After its answer reached a cancelled future, the client works.
+            assert (await c.run(["echo", "after"])).text == "after\n"
 
-    asyncio.run(main())
+    _core._set_settle(settle)
+    try:
+        asyncio.run(main())
+    finally:
+        _core._set_settle(_aio._settle)
 
 
 def test_a_closed_event_loop_with_calls_in_flight_does_not_crash(daemon: Daemon) -> None:
     code = r'''
 import asyncio, dsec, os, time
 c = dsec.AsyncClient()
-async def main():
-    for _ in range(50):
-        asyncio.ensure_future(c.run(["sleep", "0.55"]))
-    await asyncio.sleep(0.05)
-loop = asyncio.new_event_loop()
-loop.run_until_complete(main())
-loop.close()            # the answers arrive after this
 def running():          # the runs are host processes
     n = 0
     for pid in filter(str.isdigit, os.listdir("/proc")):
@@ -135,6 +182,16 @@ def running():          # the runs are host processes
         except OSError:
             pass
     return n
+async def main():
+    for _ in range(50):
+        asyncio.ensure_future(c.run(["sleep", "0.55"]))
+    deadline = time.monotonic() + 30
+    while not running() and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)   # polling other processes
+    assert running(), "no run started"
+loop = asyncio.new_event_loop()
+loop.run_until_complete(main())
+loop.close()            # the answers arrive after this
 deadline = time.monotonic() + 60
 while running() and time.monotonic() < deadline:
     time.sleep(0.05)    # polling other processes
@@ -148,15 +205,25 @@ print(c.connected, dsec.Client().run(["echo", "fine"]).text, end="")
 
 def test_a_process_exits_with_calls_in_flight(daemon: Daemon) -> None:
     code = r'''
-import dsec, threading
+import dsec, os, threading, time
 c = dsec.Client()
-threading.Thread(target=lambda: c.run(["sleep", "30"]), daemon=True).start()
-import time; time.sleep(0.5)
-print("bye")
+threading.Thread(target=lambda: c.run(["sleep", "30.5"]), daemon=True).start()
+def running():          # the run is a host process
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if open(f"/proc/{pid}/cmdline", "rb").read() == b"sleep\0" + b"30.5\0":
+                return True
+        except OSError:
+            pass
+    return False
+deadline = time.monotonic() + 30
+while not running() and time.monotonic() < deadline:
+    time.sleep(0.01)    # polling another process
+print("in flight" if running() else "never started")
 '''
     t0 = time.monotonic()
     out = subprocess.run([sys.executable, "-c", code], env=daemon.env(), capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0 and out.stdout == "bye\n", out.stderr
+    assert out.returncode == 0 and out.stdout == "in flight\n", out.stderr
     assert time.monotonic() - t0 < 20  # did not wait for the 30 s run
 
 

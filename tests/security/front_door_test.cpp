@@ -187,13 +187,16 @@ TEST_F(FrontDoorTest, SilentConnectionsTimeOutAndCannotKeepATrainerOut) {
   ::close(quiet);
 }
 
-// The acceptance flood: 10 000 hostile connections to each port while a
+// The acceptance flood: 10 000 hostile connections to the SDK port and to
+// the console, 5 000 to the HTTP port (heads, and good requests followed by
+// garbage, a huge body's claim, or silence after one answer) while a
 // trainer works. dsecd's memory stays within 256 MiB of idle, every call of
 // the trainer is answered within its 1 s deadline, and afterwards no
 // descriptor is left behind.
 TEST_F(FrontDoorTest, TenThousandHostileConnectionsPerPortCostNothingLasting) {
   pid_t pid = daemon_->pid();
-  int sdk = PortOf(daemon_->sdk_addr()), console = PortOf(daemon_->admin_addr());
+  int sdk = PortOf(daemon_->sdk_addr()), console = PortOf(daemon_->admin_addr()),
+      http = PortOf(daemon_->http_addr());
   // Warm up what a trainer uses, then take the idle figures.
   ASSERT_TRUE(client_->Run(FncallSpec(), Command({"true"})).ok());
   (void)daemon_->Admin("stats");
@@ -203,9 +206,11 @@ TEST_F(FrontDoorTest, TenThousandHostileConnectionsPerPortCostNothingLasting) {
 
   std::atomic<bool> flooding{true};
   std::atomic<int> sent{0}, finished{0};
-  auto flood = [&](int port, bool is_console, unsigned seed) {
+  enum Port { kSdk, kConsole, kHttp };
+  auto flood = [&](int port, Port kind, unsigned seed) {
     std::mt19937 rng(seed);
     std::vector<int> held;
+    const bool is_console = kind == kConsole;
     for (int i = 0; i < 5000; ++i) {
       // The console's strangers come from 127.0.0.2: their wrong tokens
       // slow that address down, not the operator's (and the test's).
@@ -219,15 +224,26 @@ TEST_F(FrontDoorTest, TenThousandHostileConnectionsPerPortCostNothingLasting) {
           for (auto& ch : bytes) ch = static_cast<char>(rng());
           break;
         case 1:  // a truncated handshake
-          bytes = is_console ? std::string("AUTH ") : std::string("dsec\x01\x01", 6);
+          bytes = kind == kHttp ? std::string("GET / HTTP/1.1\r\nHost: a")
+                  : is_console  ? std::string("AUTH ")
+                                : std::string("dsec\x01\x01", 6);
           break;
         case 2:  // an oversized one: a right-looking start, then 64 KiB more
-          bytes = is_console ? std::string(70000, 'A') : std::string("dsec\x01\x01\0\0", 8) + std::string(65536, 'x');
+          bytes = kind == kHttp ? "GET /" + std::string(70000, 'A')
+                  : is_console  ? std::string(70000, 'A')
+                                : std::string("dsec\x01\x01\0\0", 8) + std::string(65536, 'x');
           break;
-        case 3:  // a BASP header claiming 1 GiB / wrong tokens
-          bytes = is_console ? std::string("AUTH a\nAUTH b\nAUTH c\nstatus\n") : std::string("\0\0\0\0\0\0\0\0\x40\0\0\0\0", 13);
+        case 3:  // a BASP header claiming 1 GiB / wrong tokens / a good request, then garbage
+          if (kind == kHttp) {
+            bytes = "GET / HTTP/1.1\r\n\r\nPOST / HTTP/1.1\r\nContent-Length: 999999999\r\n\r\n";
+            for (int k = 0; k < 100; ++k) bytes += static_cast<char>(rng());
+          } else {
+            bytes = is_console ? std::string("AUTH a\nAUTH b\nAUTH c\nstatus\n")
+                               : std::string("\0\0\0\0\0\0\0\0\x40\0\0\0\0", 13);
+          }
           break;
-        case 4:  // silent: held open for a while
+        case 4:  // silent (HTTP: after one request, kept alive): held open for a while
+          if (kind == kHttp) SendAll(fd, "GET / HTTP/1.1\r\n\r\n");
           if (held.size() < 300) {
             held.push_back(fd);
             fd = -1;
@@ -257,14 +273,15 @@ TEST_F(FrontDoorTest, TenThousandHostileConnectionsPerPortCostNothingLasting) {
   auto trainer = Client::Connect(quick);
   ASSERT_TRUE(trainer.ok()) << trainer.status().ToString();
   std::vector<std::thread> flooders;
-  flooders.emplace_back(flood, sdk, false, 1);
-  flooders.emplace_back(flood, sdk, false, 2);
-  flooders.emplace_back(flood, console, true, 3);
-  flooders.emplace_back(flood, console, true, 4);
+  flooders.emplace_back(flood, sdk, kSdk, 1);
+  flooders.emplace_back(flood, sdk, kSdk, 2);
+  flooders.emplace_back(flood, console, kConsole, 3);
+  flooders.emplace_back(flood, console, kConsole, 4);
+  flooders.emplace_back(flood, http, kHttp, 5);
   int calls = 0, connects = 0;
   std::chrono::nanoseconds slowest{0};
   std::string failed;  // the first failure; the threads are joined before it is reported
-  while (finished < 4 && failed.empty()) {
+  while (finished < 5 && failed.empty()) {
     auto t0 = Clock::now();
     auto images = (*trainer)->ListImages();
     if (!images.ok()) failed = "call " + std::to_string(calls) + " during the flood: " + images.status().ToString();

@@ -11,6 +11,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -272,15 +273,48 @@ TEST_P(SandboxHostView, HostFilesAreNotReachableThroughAnyProcRootOrCwd) {
   EXPECT_EQ(r.stdout(), "True visible: nowhere\ndirect False\n") << "host marker " << marker.path();
 }
 
+// The host's secrets, each made present on the host for the test when the
+// host lacks it (a directory where the name is one), so that "absent"
+// inside the sandbox means the sandbox hides it, not that the host never
+// had it. What the test made it removes; what the host had it leaves.
+class HostSecrets {
+ public:
+  HostSecrets() {
+    for (const auto& [path, dir] : kSecrets) {
+      paths_.push_back(path);
+      if (::access(path, F_OK) == 0) continue;
+      bool made = dir ? ::mkdir(path, 0700) == 0 : static_cast<bool>(std::ofstream(path) << "dsec test plant\n");
+      if (made) planted_.push_back({path, dir});
+    }
+  }
+  HostSecrets(const HostSecrets&) = delete;
+  HostSecrets& operator=(const HostSecrets&) = delete;
+  ~HostSecrets() {
+    for (const auto& [path, dir] : planted_) dir ? ::rmdir(path.c_str()) : ::unlink(path.c_str());
+  }
+  const std::vector<std::string>& paths() const { return paths_; }
+
+ private:
+  static constexpr std::pair<const char*, bool> kSecrets[] = {
+      {"/etc/shadow", false}, {"/etc/gshadow", false}, {"/etc/ssh", true},
+      {"/etc/sudoers", false}, {"/root/.ssh", true},   {"/root/.bash_history", false}};
+  std::vector<std::string> paths_;
+  std::vector<std::pair<std::string, bool>> planted_;
+};
+
 TEST_P(SandboxHostView, HostSecretsAreAbsent) {
-  auto r = Run({"python3", "-c",
-                "import os, sys\n"
-                "for p in sys.argv[1:]:\n"
-                "    print(p, 'present' if os.path.lexists(p) else 'absent')\n",
-                "/etc/shadow", "/etc/gshadow", "/etc/ssh", "/etc/sudoers", "/root/.ssh", "/root/.bash_history"});
+  HostSecrets secrets;
+  // The control: every one of them is there on the host.
+  for (const auto& p : secrets.paths()) ASSERT_EQ(::access(p.c_str(), F_OK), 0) << "cannot make " << p << " on the host";
+  std::vector<std::string> argv = {"python3", "-c",
+                                   "import os, sys\n"
+                                   "for p in sys.argv[1:]:\n"
+                                   "    print(p, 'present' if os.path.lexists(p) else 'absent')\n"};
+  argv.insert(argv.end(), secrets.paths().begin(), secrets.paths().end());
+  auto r = Run(argv);
   ASSERT_EQ(r.verdict(), v1::VERDICT_OK) << r.error() << "\n" << r.stderr();
   auto res = ParseResults(r.stdout());
-  ASSERT_EQ(res.size(), 6u) << r.stdout();
+  ASSERT_EQ(res.size(), secrets.paths().size()) << r.stdout();
   for (const auto& [p, state] : res) EXPECT_EQ(state, "absent") << p;
 }
 

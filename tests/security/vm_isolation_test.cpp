@@ -135,7 +135,9 @@ TEST_P(VmIsolation, RootInTheGuestSeesOnlyItsImageAndChangesOnlyItsOwnLayer) {
   // is dropped). The image files are compared below.
   auto dd = ShIn(*sb_, "dd if=/dev/zero of=/dev/" + disk + " bs=4096 count=16 oflag=direct conv=notrunc 2>/dev/null; "
                        "echo rc=$?");
-  if (disk == "vda") EXPECT_NE(dd.stdout(), "rc=0\n") << "a write to the image's disk succeeded";
+  if (disk == "vda") {
+    EXPECT_NE(dd.stdout(), "rc=0\n") << "a write to the image's disk succeeded";
+  }
   // Root changes its own layer only.
   ASSERT_EQ(ShIn(*sb_, "echo 'intruder:x:0:0::/:/bin/sh' >> /etc/passwd && rm -f /bin/env && echo done").stdout(),
             "done\n");

@@ -48,7 +48,7 @@ class FncallTest : public ::testing::Test {
     req.set_stdin(std::move(stdin_data));
     *req.mutable_limits() = limits;
     v1::SandboxRecord sb;
-    auto eff = drivers::EffectiveLimits(drivers::LimitPolicy::Default(), sb.spec(), req);
+    auto eff = drivers::EffectiveLimits(drivers::LimitPolicy::Default(), drivers::FncallDriver::Traits(), sb.spec(), req);
     EXPECT_TRUE(eff.ok()) << eff.status().ToString();
     if (eff.ok()) *req.mutable_limits() = *eff;
     auto p = std::make_shared<std::promise<Result<v1::ExecResult>>>();

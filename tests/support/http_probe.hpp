@@ -1,6 +1,7 @@
 // A plain HTTP/1.1 client for tests of dsecd's --http endpoint: one request
-// per connection on loopback, the whole response read until the server
-// closes. No library: what goes over the wire is what the test wrote.
+// per connection on loopback (the client's side half-closed after it), the
+// whole response read until the server closes. No library: what goes over
+// the wire is what the test wrote.
 #pragma once
 
 #include <netinet/in.h>
@@ -39,6 +40,7 @@ inline HttpReply HttpExchange(int port, const std::string& request, int timeout_
     return r;
   }
   (void)!::send(fd, request.data(), request.size(), MSG_NOSIGNAL);
+  ::shutdown(fd, SHUT_WR);  // one request: the server closes after answering it
   char buf[65536];
   for (;;) {
     ssize_t n = ::recv(fd, buf, sizeof buf, 0);

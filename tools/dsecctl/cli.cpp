@@ -24,6 +24,17 @@ std::string Env(const char* name, const std::string& fallback) {
   const char* v = std::getenv(name);
   return v && *v ? v : fallback;
 }
+CLI::Validator Seconds(const std::string& what) {
+  return CLI::Validator(
+      [what](std::string& v) -> std::string {
+        char* end = nullptr;
+        double d = std::strtod(v.c_str(), &end);
+        if (v.empty() || end != v.c_str() + v.size() || !(d >= 0)) return "'" + v + "' is not " + what;
+        return {};
+      },
+      "");
+}
+
 void AddLimitFlags(CLI::App* c, LimitFlags* l, bool spec_only) {
   if (!spec_only) {
     c->add_option("--kind", l->kind,
@@ -32,15 +43,24 @@ void AddLimitFlags(CLI::App* c, LimitFlags* l, bool spec_only) {
         ->capture_default_str();
     c->add_option("--image", l->image, "image name (default: the built-in host image)");
   }
-  c->add_option("--timeout", l->timeout_s, "wall-clock limit, seconds (default 30)");
-  c->add_option("--cpu-time", l->cpu_time_s, "CPU-time limit, seconds");
-  c->add_option("--memory", l->memory, "memory limit: bytes or 64k/64m/1g (default 512m)");
+  c->add_option("--timeout", l->timeout_s,
+                spec_only ? "wall-clock limit of this command, seconds (default 30)"
+                          : "wall-clock limit of each command, seconds (default 30); not the sandbox's lifetime"
+                            " (create: --ttl)")
+      ->check(Seconds());
+  c->add_option("--cpu-time", l->cpu_time_s, "CPU-time limit of each command, seconds")->check(Seconds());
+  c->add_option("--memory", l->memory,
+                spec_only ? "memory limit of this command: bytes or 64k/64m/1g. Only a fncall session's step has its"
+                            " own: a container's, microVM's or VM's memory, pids and cpus are set when it is created"
+                            " (dsecctl create --memory), and an exec asking for other ones is refused"
+                          : "memory limit: bytes or 64k/64m/1g (default 512m; a container's, microVM's or VM's is"
+                            " its whole memory)");
   c->add_option("--output-limit", l->output_limit, "cap per output stream (default 1m)");
   if (!spec_only)
     c->add_option("--disk", l->disk,
                   "disk limit of a container: bytes or 512m/10g (default 10g); writes past it fail with EDQUOT");
-  c->add_option("--pids", l->pids, "max processes (default 256)");
-  c->add_option("--cpus", l->cpus, "CPU quota in cores, e.g. 0.5");
+  c->add_option("--pids", l->pids, spec_only ? "max processes (as --memory: set at create)" : "max processes (default 256)");
+  c->add_option("--cpus", l->cpus, "CPU quota in cores, e.g. 0.5")->check(Seconds("a number of cores (e.g. 0.5)"));
   c->add_option("-e,--env", l->env, "KEY=VALUE, repeatable");
   c->add_option("--cwd", l->cwd, "working directory (default /work)");
   if (!spec_only)
@@ -81,8 +101,9 @@ bool ParseDuration(const std::string& s, uint32_t* out) {
 
 void AddLifetimeFlags(CLI::App* c, LifetimeFlags* l) {
   c->add_option("--ttl", l->ttl,
-                "destroy the sandbox this long after creation: 90, 90s, 10m, 2h, 1d; 0: never, if the node allows "
-                "(default: the node's, dsecd --sandbox-ttl)");
+                "the sandbox's lifetime (E2B's \"timeout\"): destroy it this long after creation: 90, 90s, 10m, "
+                "2h, 1d; 0: never, if the node allows (default: the node's, dsecd --sandbox-ttl; change it later "
+                "with dsecctl timeout)");
   c->add_option("--idle-timeout", l->idle_timeout,
                 "after this long without exec or file call, --on-idle (default: the node's; 0: never)");
   c->add_option("--on-idle", l->on_idle, "pause | destroy (default: the node's)")
@@ -163,6 +184,8 @@ int Fail(const std::string& msg, int code) {
   return code;
 }
 
+int Fail(const Status& s) { return Fail(s.message(), s.code() == Status::Code::kInvalidArgument ? kUsage : kPlatformError); }
+
 std::unique_ptr<dsec::Client> ConnectOrDie(const Common& c, int* rc) {
   dsec::ClientOptions o;
   o.address = c.addr;
@@ -173,7 +196,7 @@ std::unique_ptr<dsec::Client> ConnectOrDie(const Common& c, int* rc) {
   auto client = dsec::Client::Connect(o);
   if (!client.ok()) {
     // The SDK's message already says where it looked and what to check.
-    *rc = Fail(client.status().message());
+    *rc = Fail(client.status());
     return nullptr;
   }
   return std::move(*client);
@@ -238,7 +261,7 @@ int ShowSession(const dsec::Session& session, bool json) {
   std::vector<dsec::v1::StepRecord> all;
   for (uint64_t from = 0;;) {
     auto page = session.Steps(from, 1000);
-    if (!page.ok()) return Fail(page.status().message());
+    if (!page.ok()) return Fail(page.status());
     rec = page->session();
     for (auto& st : *page->mutable_steps()) all.push_back(std::move(st));
     if (page->steps_size() == 0 || page->steps().rbegin()->index() + 1 >= page->session().step_count()) break;
@@ -278,15 +301,18 @@ int ShowSession(const dsec::Session& session, bool json) {
 
 // --- admin console -------------------------------------------------------
 
-int Admin(const Common& c, const std::string& line, bool raw) {
+int AdminReply(const Common& c, const std::string& line, std::string* reply) {
+  auto fail = [reply](const std::string& why) {
+    *reply = why;
+    return kPlatformError;
+  };
   std::string token = c.token;
   if (token.empty()) {
     std::string path = c.token_file.empty() ? c.data_dir + "/admin.token" : c.token_file;
     auto t = dsec::ReadFileToString(path);
     if (!t.ok())
-      return Fail("no admin token: " + t.status().message() +
-                      " (pass --token, $DSEC_TOKEN, --token-file, or --data-dir of the daemon)",
-                  1);
+      return fail("no admin token: " + t.status().message() +
+                  " (pass --token, $DSEC_TOKEN, --token-file, or --data-dir of the daemon)");
     token = *t;
     while (!token.empty() && (token.back() == '\n' || token.back() == '\r')) token.pop_back();
   }
@@ -300,23 +326,32 @@ int Admin(const Common& c, const std::string& line, bool raw) {
   }
   dsec::LineClient con;
   if (auto st = con.Connect(admin); !st.ok())
-    return Fail("admin console: " + st.message() + " (is dsecd running? point --admin / $DSEC_ADMIN at it)", 1);
+    return fail("admin console: " + st.message() + " (is dsecd running? point --admin / $DSEC_ADMIN at it)");
   auto ask = [&con](const std::string& cmd) -> dsec::Result<std::string> {
     DSEC_RETURN_IF_ERROR(con.Send(cmd + "\n"));
     return con.ReadLine(60000);
   };
   auto auth = ask("AUTH " + token);
-  if (!auth.ok()) return Fail("admin console: " + auth.status().message(), 1);
+  if (!auth.ok()) return fail("admin console: " + auth.status().message());
   auto aj = nlohmann::json::parse(*auth, nullptr, false);
   if (aj.is_discarded() || !aj.value("ok", false))
-    return Fail("admin console refused the token: " + (aj.is_discarded() ? *auth : aj.value("error", *auth)), 1);
+    return fail("admin console refused the token: " + (aj.is_discarded() ? *auth : aj.value("error", *auth)));
   auto answer = ask(line);
-  if (!answer.ok()) return Fail("admin console: " + answer.status().message(), 1);
-  const std::string& reply = *answer;
+  if (!answer.ok()) return fail("admin console: " + answer.status().message());
+  *reply = *answer;
+  return 0;
+}
+
+int Admin(const Common& c, const std::string& line, bool raw) {
+  std::string reply;
+  if (int rc = AdminReply(c, line, &reply); rc != 0) return Fail(reply, rc);
   auto j = nlohmann::json::parse(reply, nullptr, false);
+  bool ok = !j.is_discarded() && j.is_object() && j.value("ok", false);
+  if (!ok && !raw && j.is_object() && j.contains("error") && j["error"].is_string())
+    return Fail(j["error"].get<std::string>());
   if (raw || j.is_discarded()) std::cout << reply << "\n";
   else std::cout << j.dump(2) << "\n";
-  return !j.is_discarded() && j.value("ok", false) ? 0 : 1;
+  return ok ? 0 : kPlatformError;
 }
 
 // "ID:/path" names a file in a sandbox; anything else is local (write
@@ -339,21 +374,21 @@ int Copy(const Common& c, const std::string& src, const std::string& dst) {
   if (from == to)
     return Fail(from ? "cp copies between a sandbox and this host, not between two sandboxes"
                      : "cp needs one side in a sandbox: ID:/absolute/path",
-                2);
+                kUsage);
   int rc = 0;
   auto client = ConnectOrDie(c, &rc);
   if (!client) return rc;
   auto sb = client->Attach(from ? src_id : dst_id);
-  if (!sb.ok()) return Fail(sb.status().message(), 1);
+  if (!sb.ok()) return Fail(sb.status());
   if (from) {
     auto data = sb->ReadFile(src_path);
-    if (!data.ok()) return Fail(data.status().message(), 1);
+    if (!data.ok()) return Fail(data.status());
     if (dst == "-") {
       std::fwrite(data->data(), 1, data->size(), stdout);
-      return std::fflush(stdout) == 0 ? 0 : Fail(std::string("write stdout: ") + std::strerror(errno), 1);
+      return std::fflush(stdout) == 0 ? 0 : Fail(std::string("write stdout: ") + std::strerror(errno), kLocal);
     }
     auto st = dsec::WriteFileAtomic(dst, *data, 0644);
-    return st.ok() ? 0 : Fail(st.message(), 1);
+    return st.ok() ? 0 : Fail(st.message(), kLocal);
   }
   std::string data;
   uint32_t mode = 0644;
@@ -361,13 +396,13 @@ int Copy(const Common& c, const std::string& src, const std::string& dst) {
     data = ReadAllStdin(64u << 20);
   } else {
     auto d = dsec::ReadFileToString(src);
-    if (!d.ok()) return Fail(d.status().message(), 1);
+    if (!d.ok()) return Fail(d.status().message(), kLocal);
     data = std::move(*d);
     struct stat st;
     if (::stat(src.c_str(), &st) == 0) mode = st.st_mode & 07777;
   }
   auto st = sb->WriteFile(dst_path, data, mode);
-  return st.ok() ? 0 : Fail(st.message(), 1);
+  return st.ok() ? 0 : Fail(st);
 }
 
 }  // namespace dsec::ctl

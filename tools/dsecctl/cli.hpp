@@ -17,7 +17,11 @@
 
 namespace dsec::ctl {
 
-inline constexpr int kPlatformError = 125;
+// dsecctl's exit codes besides a program's own (README, "Exit codes"):
+// the same cause gives the same code in every command.
+inline constexpr int kLocal = 1;            // a local file could not be read or written
+inline constexpr int kUsage = 2;            // the command was wrong (dsecctl's flags, or dsecd: InvalidArgument)
+inline constexpr int kPlatformError = 125;  // dsec could not do it: unreachable, unknown id, wrong phase, ...
 
 // $name, or `fallback` when it is unset or empty.
 std::string Env(const char* name, const std::string& fallback);
@@ -69,6 +73,11 @@ std::string ParseLabels(const std::vector<std::string>& kvs, const char* flag,
 
 // Says "dsecctl: msg" on stderr; returns `code`.
 int Fail(const std::string& msg, int code = kPlatformError);
+// The same for a call dsec refused or failed: kUsage for InvalidArgument,
+// else kPlatformError.
+int Fail(const Status& s);
+// Checks a flag is a non-negative number; says "'abc' is not <what>".
+CLI::Validator Seconds(const std::string& what = "a number of seconds (e.g. 30 or 1.5)");
 // A client for the SDK port, or null with *rc set (the reason said).
 std::unique_ptr<Client> ConnectOrDie(const Common& c, int* rc);
 std::string ReadAllStdin(size_t max);
@@ -83,6 +92,8 @@ int Report(const v1::ExecResult& r, bool json);
 int ShowSession(const Session& session, bool json);
 // One admin console command; its reply printed (pretty JSON, or as is).
 int Admin(const Common& c, const std::string& line, bool raw);
+// The same, its reply line in *reply; or kPlatformError with why there.
+int AdminReply(const Common& c, const std::string& line, std::string* reply);
 // `dsecctl cp`.
 int Copy(const Common& c, const std::string& src, const std::string& dst);
 
@@ -95,6 +106,27 @@ struct LsFlags {
   bool json = false;
 };
 void AddLsFlags(CLI::App* c, LsFlags* f);
+
+// `dsecctl sessions`: the console's session rows as a table (or JSON);
+// closed ones only with --all.
+struct SessionsFlags {
+  std::string prefix;
+  std::vector<std::string> states;
+  bool all = false, json = false;
+};
+void AddSessionsFlags(CLI::App* c, SessionsFlags* f);
+int ListSessions(const Common& c, const SessionsFlags& f);
+// `dsecctl session close`: the named sessions, or every open one whose
+// name starts with `prefix`; prints each closed.
+int CloseSessions(const Common& c, std::vector<std::string> names, const std::string& prefix);
+
+// Before CLI11's message: when a word where a command belongs is none,
+// says so with the nearest command and the list; true when it did (the
+// caller then exits kUsage without CLI11's message).
+bool ExplainBadCommandLine(CLI::App* app, int argc, char** argv);
+// After CLI11's message: for a flag-like word CLI11 refused in run, exec or
+// session step without --, shows where the command goes.
+void HintAfterParseError(const CLI::ParseError& e, int argc, char** argv);
 int ListSandboxes(const Common& c, const LsFlags& f);
 
 }  // namespace dsec::ctl

@@ -126,8 +126,11 @@ int main(int argc, char** argv) {
   auto* s_show = session->add_subcommand("show", "a session's record and its steps, one line each");
   s_show->add_option("name", s_name, "the session (job/prompt/sample)")->required();
   s_show->add_flag("--json", s_json, "the record and every step as JSON");
-  auto* s_close = session->add_subcommand("close", "close a session");
-  s_close->add_option("name", s_name, "the session (job/prompt/sample)")->required();
+  std::vector<std::string> s_close_names;
+  std::string s_close_prefix;
+  auto* s_close = session->add_subcommand("close", "close sessions (their sandboxes go; their logs stay)");
+  s_close->add_option("names", s_close_names, "the sessions (job/prompt/sample)");
+  s_close->add_option("--prefix", s_close_prefix, "every open session whose name starts so, e.g. a job: demo/");
 
   // Admin commands.
   bool raw = false;
@@ -137,7 +140,10 @@ int main(int argc, char** argv) {
   auto* ls = app.add_subcommand("ls", "sandboxes: a table, filtered (a controller lists every node's)");
   LsFlags ls_f;
   AddLsFlags(ls, &ls_f);
-  auto* sessions_cmd = app.add_subcommand("sessions", "rollout sessions: phase, steps, sandboxes (admin console)");
+  auto* sessions_cmd =
+      app.add_subcommand("sessions", "rollout sessions: a table of state, steps, sandbox (admin console)");
+  SessionsFlags sessions_f;
+  AddSessionsFlags(sessions_cmd, &sessions_f);
   auto* stats = app.add_subcommand("stats", "counters (admin console)");
   auto* inspect = app.add_subcommand("inspect", "one sandbox, session or run (admin console)");
   inspect->add_option("id", admin_id, "a sandbox id, session name or run id (dsecctl ls lists them)")->required();
@@ -148,14 +154,16 @@ int main(int argc, char** argv) {
   drain->add_option("node", drain_node, "the node's id (dsecctl nodes lists them)")->required();
   auto* undrain = app.add_subcommand("undrain", "place on a drained node again (controller)");
   undrain->add_option("node", drain_node, "the node's id")->required();
-  for (auto* a : {status, nodes, sessions_cmd, stats, inspect, kill, drain, undrain})
+  for (auto* a : {status, nodes, stats, inspect, kill, drain, undrain})
     a->add_flag("--raw", raw, "print the reply line as is");
 
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() != 0 && ExplainBadCommandLine(&app, argc, argv)) return kUsage;
     int rc = app.exit(e);
-    return rc == 0 ? 0 : 2;
+    if (rc != 0) HintAfterParseError(e, argc, argv);
+    return rc == 0 ? 0 : kUsage;
   }
 
   if (*status) return Admin(c, "status", raw);
@@ -163,7 +171,7 @@ int main(int argc, char** argv) {
   if (*ls) return ListSandboxes(c, ls_f);
   if (*drain) return Admin(c, "drain " + drain_node, raw);
   if (*undrain) return Admin(c, "undrain " + drain_node, raw);
-  if (*sessions_cmd) return Admin(c, "sessions", raw);
+  if (*sessions_cmd) return ListSessions(c, sessions_f);
   if (*stats) return Admin(c, "stats", raw);
   if (*inspect) return Admin(c, "inspect " + admin_id, raw);
   if (*kill) return Admin(c, "kill " + admin_id, raw);
@@ -172,8 +180,8 @@ int main(int argc, char** argv) {
   if (*run) {
     dsec::v1::SandboxSpec spec;
     dsec::v1::ExecRequest req;
-    if (auto e = BuildSpec(run_l, &spec); !e.empty()) return Fail(e, 2);
-    if (auto e = BuildExec(run_l, run_cmd, &req); !e.empty()) return Fail(e, 2);
+    if (auto e = BuildSpec(run_l, &spec); !e.empty()) return Fail(e, kUsage);
+    if (auto e = BuildExec(run_l, run_cmd, &req); !e.empty()) return Fail(e, kUsage);
     if (!no_stdin && !::isatty(0)) {
       std::string in = ReadAllStdin(64u << 20);
       req.set_stdin(std::move(in));
@@ -181,35 +189,35 @@ int main(int argc, char** argv) {
     auto client = ConnectOrDie(c, &rc);
     if (!client) return rc;
     auto r = client->Run(spec, req);
-    if (!r.ok()) return Fail(r.status().message());
+    if (!r.ok()) return Fail(r.status());
     return Report(*r, run_json);
   }
   if (*create) {
     dsec::v1::SandboxSpec spec;
-    if (auto e = BuildSpec(create_l, &spec); !e.empty()) return Fail(e, 2);
-    if (auto e = ApplyLifetime(create_life, &spec); !e.empty()) return Fail(e, 2);
+    if (auto e = BuildSpec(create_l, &spec); !e.empty()) return Fail(e, kUsage);
+    if (auto e = ApplyLifetime(create_life, &spec); !e.empty()) return Fail(e, kUsage);
     auto client = ConnectOrDie(c, &rc);
     if (!client) return rc;
     dsec::CreateOptions co;
     co.id = create_id;
     co.detached = true;  // this process ends now; the sandbox must not
     auto sb = client->Create(spec, co);
-    if (!sb.ok()) return Fail(sb.status().message());
+    if (!sb.ok()) return Fail(sb.status());
     std::cout << sb->id() << "\n";
     return 0;
   }
   if (*exec) {
     dsec::v1::ExecRequest req;
-    if (auto e = ApplyLimits(exec_l, req.mutable_limits()); !e.empty()) return Fail(e, 2);
-    if (auto e = BuildExec(exec_l, exec_cmd, &req); !e.empty()) return Fail(e, 2);
+    if (auto e = ApplyLimits(exec_l, req.mutable_limits()); !e.empty()) return Fail(e, kUsage);
+    if (auto e = BuildExec(exec_l, exec_cmd, &req); !e.empty()) return Fail(e, kUsage);
     if (!::isatty(0)) req.set_stdin(ReadAllStdin(64u << 20));
     auto client = ConnectOrDie(c, &rc);
     if (!client) return rc;
     auto sb = client->Attach(exec_id);
-    if (!sb.ok()) return Fail(sb.status().message());
+    if (!sb.ok()) return Fail(sb.status());
     if (exec_json) {
       auto r = sb->Exec(req);
-      if (!r.ok()) return Fail(r.status().message());
+      if (!r.ok()) return Fail(r.status());
       return Report(*r, true);
     }
     // Output as the command writes it (a long build, a test run).
@@ -226,7 +234,7 @@ int main(int argc, char** argv) {
     // A kind that cannot stream (fncall) refuses before running anything:
     // run it whole instead.
     if (!r.ok() && r.status().code() == dsec::Status::Code::kUnimplemented) r = sb->Exec(req);
-    if (!r.ok()) return Fail(r.status().message());
+    if (!r.ok()) return Fail(r.status());
     return Report(*r, false);
   }
   if (*pause || *resume) {
@@ -235,7 +243,7 @@ int main(int argc, char** argv) {
     for (const auto& id : *pause ? pause_ids : resume_ids) {
       auto sb = client->Attach(id);
       dsec::Status st = !sb.ok() ? sb.status() : *pause ? sb->Pause() : sb->Resume();
-      if (!st.ok()) rc = Fail(st.message(), 1);
+      if (!st.ok()) rc = Fail(st);
       else std::cout << id << "\n";
     }
     return rc;
@@ -244,12 +252,12 @@ int main(int argc, char** argv) {
   if (*timeout) {
     uint32_t secs = 0;
     if (!ParseDuration(timeout_for, &secs) || secs == 0)
-      return Fail("'" + timeout_for + "' is not a duration of 1 s or more (e.g. 90, 10m, 2h, 1d)", 2);
+      return Fail("'" + timeout_for + "' is not a duration of 1 s or more (e.g. 90, 10m, 2h, 1d)", kUsage);
     auto client = ConnectOrDie(c, &rc);
     if (!client) return rc;
     auto sb = client->Attach(timeout_id);
     auto rec = sb.ok() ? sb->SetTimeout(secs) : dsec::Result<dsec::v1::SandboxRecord>(sb.status());
-    if (!rec.ok()) return Fail(rec.status().message(), 1);
+    if (!rec.ok()) return Fail(rec.status());
     std::printf("%s ends in %u s (%s)\n", timeout_id.c_str(), secs, rec->expires_because().c_str());
     return 0;
   }
@@ -259,36 +267,37 @@ int main(int argc, char** argv) {
     for (const auto& id : rm_ids) {
       auto sb = client->Attach(id);
       dsec::Status st = sb.ok() ? sb->Destroy() : sb.status();
-      if (!st.ok()) rc = Fail(st.message(), 1);
+      if (!st.ok()) rc = Fail(st);
       else std::cout << id << "\n";
     }
     return rc;
   }
+  if (*s_close) return CloseSessions(c, s_close_names, s_close_prefix);
   if (*session) {
     auto client = ConnectOrDie(c, &rc);
     if (!client) return rc;
     if (*s_open) {
       dsec::v1::SandboxSpec spec;
-      if (auto e = BuildSpec(s_l, &spec); !e.empty()) return Fail(e, 2);
+      if (auto e = BuildSpec(s_l, &spec); !e.empty()) return Fail(e, kUsage);
       dsec::SessionOptions options;
       options.lease_s = s_lease;
       auto s = client->OpenSession(s_name, spec, options);
-      if (!s.ok()) return Fail(s.status().message());
+      if (!s.ok()) return Fail(s.status());
       std::cout << ToJson(s->record());
       return 0;
     }
     auto session = client->AttachSession(s_name);
-    if (!session.ok()) return Fail(session.status().message());
+    if (!session.ok()) return Fail(session.status());
     if (*s_step) {
       dsec::v1::ExecRequest req;
-      if (auto e = ApplyLimits(s_step_l, req.mutable_limits()); !e.empty()) return Fail(e, 2);
-      if (auto e = BuildExec(s_step_l, s_cmd, &req); !e.empty()) return Fail(e, 2);
+      if (auto e = ApplyLimits(s_step_l, req.mutable_limits()); !e.empty()) return Fail(e, kUsage);
+      if (auto e = BuildExec(s_step_l, s_cmd, &req); !e.empty()) return Fail(e, kUsage);
       if (!::isatty(0)) req.set_stdin(ReadAllStdin(64u << 20));
       dsec::StepOptions options;
       options.sandbox = s_role;
       if (*reward_opt) options.meta.set_reward(s_reward);
       auto r = session->Step(s_index, req, options);
-      if (!r.ok()) return Fail(r.status().message());
+      if (!r.ok()) return Fail(r.status());
       if (r->fast_forwarded())
         std::fprintf(stderr, "dsecctl: step %llu answered from the log (not run again)\n",
                      static_cast<unsigned long long>(s_index));
@@ -297,11 +306,6 @@ int main(int argc, char** argv) {
       return ExitCode(r->step().result(), [](const std::string&) {});
     }
     if (*s_show) return ShowSession(*session, s_json);
-    if (*s_close) {
-      auto st = session->Close();
-      if (!st.ok()) return Fail(st.message());
-      return 0;
-    }
   }
   return 0;
 }

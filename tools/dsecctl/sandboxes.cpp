@@ -76,7 +76,7 @@ std::string Filter(const LsFlags& f, v1::ListSandboxesRequest* req) {
 
 int ListSandboxes(const Common& c, const LsFlags& f) {
   v1::ListSandboxesRequest req;
-  if (auto e = Filter(f, &req); !e.empty()) return Fail(e, 2);
+  if (auto e = Filter(f, &req); !e.empty()) return Fail(e, kUsage);
   int rc = 0;
   auto client = ConnectOrDie(c, &rc);
   if (!client) return rc;
@@ -87,7 +87,7 @@ int ListSandboxes(const Common& c, const LsFlags& f) {
     uint32_t want = f.limit ? f.limit - static_cast<uint32_t>(all.size()) : 1000;
     req.set_limit(std::min<uint32_t>(want, 1000));
     auto page = client->ListSandboxes(req);
-    if (!page.ok()) return Fail(page.status().message(), page.status().code() == Status::Code::kInvalidArgument ? 2 : 1);
+    if (!page.ok()) return Fail(page.status());
     for (auto& r : *page->mutable_sandboxes()) all.push_back(std::move(r));
     next = page->next_page_token();
     if (next.empty() || (f.limit && all.size() >= f.limit)) break;

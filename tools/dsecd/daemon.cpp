@@ -18,7 +18,7 @@
 
 #include "actors/controller/controller.hpp"
 #include "actors/front/console.hpp"
-#include "actors/front/http_server.hpp"
+#include "actors/front/status_http.hpp"
 #include "actors/front/sdk_entry.hpp"
 #include "actors/node/cluster_link.hpp"
 #include "actors/node/context.hpp"
@@ -29,6 +29,7 @@
 #include "drivers/images/image_store.hpp"
 #include "runtime/front_door.hpp"
 #include "runtime/http_gate.hpp"
+#include "runtime/http_server.hpp"
 #include "runtime/log.hpp"
 #include "state/group_commit.hpp"
 #include "state/store.hpp"
@@ -318,7 +319,7 @@ class Daemon {
     env.cgroup_parent = f_.cgroup_parent;
     env.sandbox_uid = f_.sandbox_uid;
     env.sandbox_gid = f_.sandbox_gid;
-    env.find_image = [images = image_store_.get()](const std::string& name) { return images->Get(name); };
+    env.images = image_store_.get();
     env.log = DriverLog;
     // A sandbox that ended by itself goes to the node, once there is one.
     env.lost = [sink = lost_sink_](const std::string& id, const std::string& why) {
@@ -430,7 +431,9 @@ class Daemon {
     console_ = SpawnConsole(*sys_, admin, copts);
     Listen("console", admin_at_, console_.gate.get(), 64, 60'000, copts.max_line + 2);
     if (f_.http == "off") return;
-    http_ = std::make_unique<HttpServer>(*sys_, admin);
+    http_ = std::make_unique<HttpServer>(HttpServerOptions{}, DriverLog("http"));
+    status_http_ = std::make_unique<StatusHttp>(*sys_, admin, *http_);
+    http_->Start();
     Listen("http", http_at_, http_->gate(), 64, 10'000, HttpGate::kMaxHead);
   }
 
@@ -487,6 +490,7 @@ class Daemon {
     stopped_ = true;
     if (door_) door_->Stop();
     if (http_) http_->Stop();
+    if (status_http_) status_http_->Stop();
     lost_sink_->Set(std::nullopt);
     token_sink_->Set(std::nullopt);
     if (sys_) {
@@ -496,6 +500,7 @@ class Daemon {
       if (node_) caf::anon_send_exit(node_, caf::exit_reason::user_shutdown);
     }
     if (kinds_started_) kinds_.StopAll();
+    status_http_.reset();
     http_.reset();
     sdk_door_.reset();
     cluster_door_.reset();
@@ -538,6 +543,7 @@ class Daemon {
   Console console_;
   std::unique_ptr<SdkDoor> sdk_door_, cluster_door_;
   std::unique_ptr<HttpServer> http_;
+  std::unique_ptr<StatusHttp> status_http_;
   std::vector<FrontDoorListener> listeners_;
   // Outlives the actor system: the node reads its counters until it quits.
   std::unique_ptr<FrontDoor> door_;

@@ -32,14 +32,14 @@ from ._records import (KINDS, VERDICTS, ExecRequest, ExecResult, FileInfo, FileL
                        Limits, NetworkPolicy, Record, SandboxPage, SandboxRecord, SandboxSpec, SessionRecord, SessionSandbox,
                        StepMeta, StepRecord, StepReply)
 from ._client import Chunk, Client, ExecStream, Sandbox, Session
-from ._aio import AsyncClient, AsyncExecStream, AsyncSandbox, AsyncSession
+from ._aio import AsyncClient, AsyncExecStream, AsyncOpening, AsyncSandbox, AsyncSession
 from . import env
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Client", "Sandbox", "Session", "ExecStream", "Chunk",
-    "AsyncClient", "AsyncSandbox", "AsyncSession", "AsyncExecStream",
+    "AsyncClient", "AsyncSandbox", "AsyncSession", "AsyncExecStream", "AsyncOpening",
     "Record", "ExecResult", "ExecRequest", "SandboxSpec", "SandboxRecord", "SandboxPage", "Limits", "NetworkPolicy", "HostPort",
     "FileInfo", "FileList", "SessionRecord", "SessionSandbox", "StepMeta", "StepRecord", "StepReply",
     "ImageManifest", "KINDS", "VERDICTS",

@@ -7,13 +7,21 @@ empty, wakes the loop with loop.call_soon_threadsafe; the loop then settles
 every queued future at once. One thread keeps thousands of calls in flight;
 no thread per call. Cancelling an await abandons the answer (the
 call itself still completes on the node).
+
+The calls that make a sandbox or a session handle (AsyncClient.create,
+attach, open_session, attach_session; AsyncSession.sandbox) return an
+AsyncOpening: await it for the handle, or use it directly in ``async with``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import weakref
-from typing import Any, List, Mapping, Optional, Union
+from types import TracebackType
+from typing import (Any, Callable, Coroutine, Generator, Generic, List, Mapping, Optional, ParamSpec, Protocol, Type,
+                    TypeVar, Union)
 
 from . import _args, _core
 from ._errors import NotFound
@@ -49,6 +57,99 @@ async def _call(fn: Any, *args: Any) -> Any:
     fut = loop.create_future()
     fn(*args, _target(loop, fut))
     return await fut
+
+
+_S = TypeVar("_S")
+
+
+class _Handle(Protocol):
+    """What AsyncOpening needs of a handle: AsyncSandbox and AsyncSession."""
+
+    async def __aenter__(self: _S) -> _S: ...
+
+    async def __aexit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
+                        tb: Optional[TracebackType]) -> Any: ...
+
+
+_H = TypeVar("_H", bound=_Handle)
+_P = ParamSpec("_P")
+
+
+class AsyncOpening(Coroutine[Any, Any, _H], Generic[_H]):
+    """A call that makes a handle, usable two ways:
+
+    ``sb = await c.create(...)`` gives the handle; ``async with c.create(...)
+    as sb:`` awaits the call, enters the handle and leaves through the
+    handle's own ``__aexit__`` (a sandbox is destroyed, a session closed), as
+    ``async with await c.create(...)`` does.
+
+    It is a coroutine (it drives the call's own), so asyncio.create_task and
+    asyncio.run take it as they took the coroutine it replaces. Like any
+    coroutine it runs once: await it or enter it, not both."""
+
+    __slots__ = ("_coro", "_handle")
+
+    def __init__(self, coro: Coroutine[Any, Any, _H]) -> None:
+        self._coro = coro
+        self._handle: Optional[_H] = None
+
+    def __await__(self) -> Generator[Any, None, _H]:
+        return self._coro.__await__()
+
+    def send(self, value: Any) -> Any:
+        return self._coro.send(value)
+
+    def throw(self, typ: Any, val: Any = None, tb: Optional[TracebackType] = None) -> Any:
+        if val is None and tb is None:
+            return self._coro.throw(typ)  # the one-argument form: the others are deprecated in 3.12
+        return self._coro.throw(typ, val, tb)
+
+    def close(self) -> None:
+        self._coro.close()
+
+    # The call's own frame, for asyncio's task reprs and Task.get_stack().
+    @property
+    def cr_frame(self) -> Any:
+        return getattr(self._coro, "cr_frame", None)
+
+    @property
+    def cr_code(self) -> Any:
+        return getattr(self._coro, "cr_code", None)
+
+    @property
+    def cr_running(self) -> bool:
+        return bool(getattr(self._coro, "cr_running", False))
+
+    @property
+    def cr_await(self) -> Any:
+        return getattr(self._coro, "cr_await", None)
+
+    async def __aenter__(self) -> _H:
+        self._handle = await self._coro
+        return await self._handle.__aenter__()
+
+    async def __aexit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
+                        tb: Optional[TracebackType]) -> None:
+        assert self._handle is not None  # only entered blocks are left
+        await self._handle.__aexit__(exc_type, exc, tb)  # neither handle swallows the block's exception
+
+    def __repr__(self) -> str:
+        return f"<dsec.AsyncOpening {self._coro!r}>"
+
+
+def _opening(fn: Callable[_P, Coroutine[Any, Any, _H]]) -> Callable[_P, AsyncOpening[_H]]:
+    """`fn`, an ``async def`` that makes a handle, as a call returning an
+    AsyncOpening. Nothing runs until it is awaited or entered: bad arguments
+    still raise there, as they did from the coroutine."""
+
+    @functools.wraps(fn)
+    def call(*args: _P.args, **kwargs: _P.kwargs) -> AsyncOpening[_H]:
+        return AsyncOpening(fn(*args, **kwargs))
+
+    # help() and inspect show fn's parameters with what the call returns.
+    sig = inspect.signature(fn)
+    setattr(call, "__signature__", sig.replace(return_annotation=f"AsyncOpening[{sig.return_annotation}]"))
+    return call
 
 
 _END = object()
@@ -186,6 +287,7 @@ class AsyncSession:
     async def get(self) -> SessionRecord:
         return await _call(self._s.get)
 
+    @_opening
     async def sandbox(self, role: str = "agent") -> AsyncSandbox:
         return AsyncSandbox(self._client, await _call(self._s.sandbox, _args.name(role, "role")))
 
@@ -206,6 +308,9 @@ class AsyncSession:
 class AsyncClient(_Connection):
     """dsec.Client for asyncio: the same arguments; every call is a coroutine.
 
+    The calls that make a sandbox or a session return an AsyncOpening: a
+    coroutine that also goes straight into ``async with`` (``async with
+    c.create(...) as sb:`` destroys the sandbox when the block ends).
     Connecting happens here, blocking (at most connect_timeout seconds);
     ``async with`` closes the client when the block ends."""
 
@@ -224,6 +329,7 @@ class AsyncClient(_Connection):
         req = _args.exec_request(cmd, stdin=stdin, env=env, cwd=cwd, timeout=timeout, limits=limits)
         return await _call(self._c.run, s, req)
 
+    @_opening
     async def create(self, *, kind: Optional[str] = None, image: Optional[str] = None, id: Optional[str] = None,
                      detached: bool = False, lease: Optional[float] = None, spec: Any = None, limits: Any = None,
                      timeout: Optional[float] = None, memory: Optional[int] = None, network: Any = None,
@@ -239,6 +345,7 @@ class AsyncClient(_Connection):
                            _args.whole_seconds(lease, "lease") or 0)
         return AsyncSandbox(self, core)
 
+    @_opening
     async def attach(self, sandbox_id: str) -> AsyncSandbox:
         return AsyncSandbox(self, await _call(self._c.attach, _args.name(sandbox_id, "sandbox id")))
 
@@ -252,6 +359,7 @@ class AsyncClient(_Connection):
                               page_token=page_token)
         return await _call(self._c.list_sandboxes, f)
 
+    @_opening
     async def open_session(self, name: str, *, kind: Optional[str] = None, image: Optional[str] = None,
                            sandboxes: Optional[Mapping[str, Any]] = None, lease: Optional[float] = None,
                            spec: Any = None, limits: Any = None, timeout: Optional[float] = None,
@@ -266,6 +374,7 @@ class AsyncClient(_Connection):
                            _flag(restartable, "restartable"))
         return AsyncSession(self, core)
 
+    @_opening
     async def attach_session(self, name: str) -> AsyncSession:
         return AsyncSession(self, await _call(self._c.attach_session, _args.name(name, "session name")))
 

@@ -1,4 +1,5 @@
-# Type stubs of dsec._core, the extension module (sdk/python/src/module.cpp).
+# Type stubs of dsec._core, the extension module (sdk/python/src/module.cpp and
+# bind_handles.cpp).
 # Use the dsec package: these are its internals. `aio` is None (blocking) or
 # (loop, future, Completer) (the call returns at once; the future settles).
 from typing import Any, Dict, List, Optional, Tuple

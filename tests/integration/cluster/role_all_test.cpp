@@ -13,6 +13,7 @@
 
 #include "harness/daemon.hpp"
 #include "runtime/files.hpp"
+#include "state/store.hpp"
 #include "tests/support/cluster_probes.hpp"
 #include "tests/support/container_fixture.hpp"
 #include "tests/support/probes.hpp"
@@ -28,6 +29,28 @@ class RoleAll : public ContainerTest {
   static std::string Log() {
     auto text = ReadFileToString(daemon_->log_path());
     return text.ok() ? *text : std::string();
+  }
+  // The controller's copy of session `name`'s log, from its store opened
+  // read-only: "INDEX:STDOUT|" per step.
+  static std::string ControllerCopy(const std::string& name) {
+    state::RocksOptions ro;
+    ro.create_if_missing = false;
+    ro.read_only = true;
+    auto db = state::OpenRocksStore(daemon_->data_dir() + "/controller", ro);
+    if (!db.ok()) return "cannot open: " + db.status().ToString();
+    std::string copy;
+    Status scanned = (*db)->Scan(state::Table::kSteps, state::StepPrefix(name),
+                                 [&](const std::string& key, const std::string& value) {
+                                   std::string session;
+                                   uint64_t index = 0;
+                                   v1::StepRecord step;
+                                   if (!state::ParseStepKey(key, &session, &index) || !step.ParseFromString(value))
+                                     copy += "bad row|";
+                                   else
+                                     copy += std::to_string(index) + ":" + step.result().stdout() + "|";
+                                   return true;
+                                 });
+    return scanned.ok() ? copy : scanned.ToString();
   }
   // Whether dsecd's log (written by another process, flushed in its own
   // time) comes to say `line` within 10 s.
@@ -69,6 +92,9 @@ TEST_F(RoleAll, IsAControllerWithOneInProcessNodeThatRejoinsAfterAKill9) {
     auto step = s->Step(i, Line(i));
     ASSERT_TRUE(step.ok()) << step.status().ToString();
   }
+  // The copy, in the controller's own store (read beside the running
+  // dsecd): both steps, as the trainer was answered, before each answer.
+  EXPECT_EQ(ControllerCopy(name), "0:step 0\n|1:step 0\nstep 1\n|");
 
   // kill -9 and a restart on the same data dir: the node rejoins its
   // controller with the sandbox and the session it holds.

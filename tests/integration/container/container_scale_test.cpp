@@ -85,8 +85,8 @@ class ContainerScale : public ContainerTest {
     std::string disk = " " + daemon_->data_dir() + "/sandboxes ";
     for (std::string line; std::getline(mi, line);)
       if (line.find(daemon_->data_dir()) != std::string::npos && line.find(disk) == std::string::npos) ++f.mounts;
-    for (const char* ctrl : {"memory", "pids", "cpu", "cpuacct", "freezer"})
-      for (const auto& e : Entries(std::string("/sys/fs/cgroup/") + ctrl + "/" + cgroup_parent_ + "/c"))
+    for (const auto& root : CgroupRoots())  // v1's hierarchies and v2's
+      for (const auto& e : Entries(root + "/" + cgroup_parent_ + "/c"))
         if (e.rfind("sb-", 0) == 0) ++f.cgroups;
     std::set<std::string> ns;
     auto procs = Descendants(daemon_->pid());

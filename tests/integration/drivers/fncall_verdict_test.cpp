@@ -3,6 +3,7 @@
 
 #include <gmock/gmock.h>
 
+#include "drivers/fncall/fncall_driver.hpp"
 #include "tests/support/fncall_fixture.hpp"
 
 namespace dsec::testing {
@@ -81,7 +82,7 @@ TEST_F(Verdicts, MissingWorkingDirectoryIsTheRequestsFault) {
   req.add_argv("true");
   req.set_cwd("/no/such/dir");
   v1::SandboxRecord sb;
-  *req.mutable_limits() = *drivers::EffectiveLimits(drivers::LimitPolicy::Default(), sb.spec(), req);
+  *req.mutable_limits() = *drivers::EffectiveLimits(drivers::LimitPolicy::Default(), drivers::FncallDriver::Traits(), sb.spec(), req);
   std::promise<Result<v1::ExecResult>> p;
   auto f = p.get_future();
   driver_->Exec(sb, "bad-cwd", req, [&p](Result<v1::ExecResult> r) { p.set_value(std::move(r)); });
@@ -145,7 +146,7 @@ TEST_F(Verdicts, KillStopsARunInFlight) {
   req.add_argv("sleep");
   req.add_argv("60");
   v1::SandboxRecord sb;
-  *req.mutable_limits() = *drivers::EffectiveLimits(drivers::LimitPolicy::Default(), sb.spec(), req);
+  *req.mutable_limits() = *drivers::EffectiveLimits(drivers::LimitPolicy::Default(), drivers::FncallDriver::Traits(), sb.spec(), req);
   std::promise<Result<v1::ExecResult>> p;
   auto f = p.get_future();
   driver_->Exec(sb, "kill-me", req, [&p](Result<v1::ExecResult> r) { p.set_value(std::move(r)); });
@@ -170,7 +171,7 @@ TEST_F(Verdicts, ManyConcurrentRunsAllComplete) {
     req.add_argv("echo");
     req.add_argv(std::to_string(i));
     v1::SandboxRecord sb;
-    *req.mutable_limits() = *drivers::EffectiveLimits(drivers::LimitPolicy::Default(), sb.spec(), req);
+    *req.mutable_limits() = *drivers::EffectiveLimits(drivers::LimitPolicy::Default(), drivers::FncallDriver::Traits(), sb.spec(), req);
     auto p = std::make_shared<std::promise<Result<v1::ExecResult>>>();
     fs.push_back(p->get_future());
     driver_->Exec(sb, "many-" + std::to_string(i), req,

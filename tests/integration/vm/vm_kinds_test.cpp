@@ -24,9 +24,12 @@ using ::testing::HasSubstr;
 void ExpectNoVm(const TestDaemon& daemon, v1::Kind kind) {
   EXPECT_TRUE(VmProcesses(daemon, kind).empty()) << "a QEMU is left";
   EXPECT_TRUE(ListSubdirs(VmRoot(daemon, kind)).empty()) << "a VM dir is left";
-  for (const std::string root : {"/sys/fs/cgroup/memory", "/sys/fs/cgroup"})
+  for (const std::string root : {"/sys/fs/cgroup/memory", "/sys/fs/cgroup"}) {
     EXPECT_TRUE(ListSubdirs(root + "/dsec-test/vm").empty()) << "a VM group is left in " << root;
-  if (kind == v1::KIND_VM) EXPECT_TRUE(VmDomains(daemon).empty()) << "a libvirt domain is left";
+  }
+  if (kind == v1::KIND_VM) {
+    EXPECT_TRUE(VmDomains(daemon).empty()) << "a libvirt domain is left";
+  }
 }
 
 class VmKinds : public ContainerTest, public ::testing::WithParamInterface<KindParam> {

@@ -3,6 +3,8 @@
 // sees it.
 #include "drivers/limits.hpp"
 
+#include "drivers/driver.hpp"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -62,11 +64,12 @@ v1::Limits Distinct(uint64_t base) {
 class EffectiveLimitsTest : public ::testing::Test {
  protected:
   LimitPolicy policy_ = LimitPolicy::Default();
+  KindTraits kind_;  // no disk of its own
   v1::SandboxSpec spec_;
   v1::ExecRequest exec_;
 
   v1::Limits MustEffective() {
-    auto r = EffectiveLimits(policy_, spec_, exec_);
+    auto r = EffectiveLimits(policy_, kind_, spec_, exec_);
     EXPECT_TRUE(r.ok()) << r.status().ToString();
     return r.ok() ? *r : v1::Limits();
   }
@@ -88,6 +91,20 @@ TEST_F(EffectiveLimitsTest, DefaultPolicyIsSane) {
 TEST_F(EffectiveLimitsTest, DefaultsWhenNeitherSpecNorExecSetsAValue) {
   v1::Limits got = MustEffective();
   for (const auto& f : Fields()) EXPECT_EQ(f.get(got), f.get(policy_.defaults)) << f.name;
+}
+
+// The kind's traits, not its name, decide its defaults: a kind with a disk
+// of its own gets the node's disk default and its files are bounded by that
+// disk; another gets no disk limit and the node's file size limit.
+TEST_F(EffectiveLimitsTest, AKindWithADiskOfItsOwnGetsTheDiskDefaultInsteadOfAFileSizeLimit) {
+  policy_.container_file_size_bytes = 0;
+  v1::Limits plain = MustEffective();
+  EXPECT_EQ(plain.disk_bytes(), 0u);
+  EXPECT_EQ(plain.file_size_bytes(), policy_.defaults.file_size_bytes());
+  kind_.own_disk = true;
+  v1::Limits own = MustEffective();
+  EXPECT_EQ(own.disk_bytes(), policy_.defaults.disk_bytes());
+  EXPECT_EQ(own.file_size_bytes(), 0u) << "no RLIMIT_FSIZE: the disk bounds the files";
 }
 
 TEST_F(EffectiveLimitsTest, SpecOverridesDefaults) {
@@ -142,7 +159,7 @@ TEST_F(EffectiveLimitsTest, AboveTheMaximumIsInvalidArgumentNamingTheField) {
       exec_.Clear();
       const uint64_t max = f.get(policy_.maxima);
       f.set(via_exec ? exec_.mutable_limits() : spec_.mutable_limits(), max + 1);
-      auto r = EffectiveLimits(policy_, spec_, exec_);
+      auto r = EffectiveLimits(policy_, kind_, spec_, exec_);
       ASSERT_FALSE(r.ok());
       EXPECT_EQ(r.status().code(), Status::Code::kInvalidArgument);
       const std::string& m = r.status().message();
@@ -156,14 +173,14 @@ TEST_F(EffectiveLimitsTest, AboveTheMaximumIsInvalidArgumentNamingTheField) {
 TEST_F(EffectiveLimitsTest, ExecCannotEscapeTheMaximumThroughASaneSpec) {
   spec_.mutable_limits()->set_memory_bytes(128 << 20);
   exec_.mutable_limits()->set_memory_bytes(policy_.maxima.memory_bytes() + 1);
-  auto r = EffectiveLimits(policy_, spec_, exec_);
+  auto r = EffectiveLimits(policy_, kind_, spec_, exec_);
   ASSERT_FALSE(r.ok());
   EXPECT_THAT(r.status().message(), HasSubstr("memory_bytes"));
 }
 
 TEST_F(EffectiveLimitsTest, ADefaultAboveTheMaximumIsRefusedToo) {
   policy_.defaults.set_pids(policy_.maxima.pids() + 1);
-  auto r = EffectiveLimits(policy_, spec_, exec_);
+  auto r = EffectiveLimits(policy_, kind_, spec_, exec_);
   ASSERT_FALSE(r.ok());
   EXPECT_THAT(r.status().message(), HasSubstr("pids"));
 }
@@ -184,7 +201,7 @@ TEST_F(EffectiveLimitsTest, BelowTheMinimumIsInvalidArgumentNamingTheField) {
     exec_.Clear();
     for (const auto& f : Fields())
       if (std::string(f.name) == c.name) f.set(exec_.mutable_limits(), c.too_small);
-    auto r = EffectiveLimits(policy_, spec_, exec_);
+    auto r = EffectiveLimits(policy_, kind_, spec_, exec_);
     ASSERT_FALSE(r.ok());
     EXPECT_EQ(r.status().code(), Status::Code::kInvalidArgument);
     EXPECT_THAT(r.status().message(), HasSubstr(c.name));
@@ -192,7 +209,7 @@ TEST_F(EffectiveLimitsTest, BelowTheMinimumIsInvalidArgumentNamingTheField) {
 
     for (const auto& f : Fields())  // the minimum itself is fine
       if (std::string(f.name) == c.name) f.set(exec_.mutable_limits(), c.minimum);
-    auto ok = EffectiveLimits(policy_, spec_, exec_);
+    auto ok = EffectiveLimits(policy_, kind_, spec_, exec_);
     ASSERT_TRUE(ok.ok()) << ok.status().ToString();
   }
 }

@@ -1,0 +1,184 @@
+// dsec._core's handle classes: Stream (a blocking exec_stream's output),
+// Sandbox and Session. Their calls go through Issue (bridge.hpp), blocking
+// or onto an event loop, as the Client's do (module.cpp).
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "bridge.hpp"
+
+namespace dsec::py {
+
+void BindHandles(pb::module_& m) {
+  pb::class_<StreamQueue, StreamRef>(m, "Stream")
+      .def("next_chunk", &NextChunk)
+      .def("result", &StreamResult);
+
+  pb::class_<PySandbox>(m, "Sandbox")
+      .def_property_readonly("id", [](const PySandbox& s) { return s.sb.id(); })
+      .def("exec",
+           [](const PySandbox& s, pb::object exec, pb::object aio) {
+             auto req = Proto<v1::ExecRequest>(exec, "exec");
+             return Issue<Result<v1::ExecResult>>(
+                 s.core, aio,
+                 [&s, req](Client&, Done<v1::ExecResult> d) mutable { s.sb.ExecAsync(std::move(req), std::move(d)); },
+                 [](Result<v1::ExecResult>& r) { return ToPy(*r); });
+           })
+      .def("exec_stream",
+           [](const PySandbox& s, pb::object exec) {
+             auto req = Proto<v1::ExecRequest>(exec, "exec");
+             auto q = std::make_shared<StreamQueue>();
+             bool open = WithClient(*s.core, [&](Client&) {
+               s.sb.ExecStreamAsync(
+                   std::move(req),
+                   [q](const v1::ExecOutput& out) {
+                     std::lock_guard<std::mutex> l(q->mu);
+                     q->chunks.emplace_back(out.stdout(), out.stderr());
+                     q->cv.notify_all();
+                   },
+                   [q](Result<v1::ExecResult> r) {
+                     std::lock_guard<std::mutex> l(q->mu);
+                     q->result = std::move(r);
+                     q->done = true;
+                     q->cv.notify_all();
+                   });
+             });
+             if (!open) Raise(Status::FailedPrecondition("this dsec client is closed"));
+             return q;
+           })
+      .def("exec_stream_async",
+           [](const PySandbox& s, pb::object exec, pb::object on_chunk, pb::object aio) {
+             auto req = Proto<v1::ExecRequest>(exec, "exec");
+             Aio target = Target(aio);
+             if (!target) throw pb::type_error("dsec: exec_stream_async needs (loop, future, completer)");
+             auto push = std::make_shared<Held>(std::move(on_chunk));
+             bool open = WithClient(*s.core, [&](Client&) {
+               auto completer = target.completer;
+               s.sb.ExecStreamAsync(
+                   std::move(req),
+                   [completer, push](const v1::ExecOutput& out) {
+                     auto chunk = std::make_shared<v1::ExecOutput>(out);
+                     completer->Push([push, chunk] {
+                       push->obj(pb::bytes(chunk->stdout()), pb::bytes(chunk->stderr()));
+                     });
+                   },
+                   // Called once: the target moves into the queued item.
+                   [t = target.target, completer](Result<v1::ExecResult> r) mutable {
+                     auto answer = std::make_shared<Result<v1::ExecResult>>(std::move(r));
+                     completer->Push([t = std::move(t), answer]() mutable {
+                       SettleWith(*t, [&]() -> std::pair<bool, pb::object> {
+                         if (answer->ok()) return {false, ToPy(**answer)};
+                         return {true, MakeError(answer->status())};
+                       });
+                       t.reset();
+                     });
+                   });
+             });
+             if (!open) Raise(Status::FailedPrecondition("this dsec client is closed"));
+           })
+      .def("get",
+           [](const PySandbox& s, pb::object aio) {
+             return Issue<Result<v1::SandboxRecord>>(
+                 s.core, aio, [&s](Client&, Done<v1::SandboxRecord> d) { s.sb.GetAsync(std::move(d)); },
+                 [](Result<v1::SandboxRecord>& r) { return ToPy(*r); });
+           })
+      .def("destroy",
+           [](const PySandbox& s, pb::object aio) {
+             return Issue<Status>(s.core, aio, [&s](Client&, DoneStatus d) { s.sb.DestroyAsync(std::move(d)); }, None);
+           })
+      .def("pause",
+           [](const PySandbox& s, pb::object aio) {
+             return Issue<Status>(s.core, aio, [&s](Client&, DoneStatus d) { s.sb.PauseAsync(std::move(d)); }, None);
+           })
+      .def("resume",
+           [](const PySandbox& s, pb::object aio) {
+             return Issue<Status>(s.core, aio, [&s](Client&, DoneStatus d) { s.sb.ResumeAsync(std::move(d)); }, None);
+           })
+      .def("set_timeout",
+           [](const PySandbox& s, uint32_t seconds, pb::object aio) {
+             return Issue<Result<v1::SandboxRecord>>(
+                 s.core, aio,
+                 [&s, seconds](Client&, Done<v1::SandboxRecord> d) { s.sb.SetTimeoutAsync(seconds, std::move(d)); },
+                 [](Result<v1::SandboxRecord>& r) { return ToPy(*r); });
+           })
+      .def("read_file",
+           [](const PySandbox& s, std::string path, uint64_t max_bytes, pb::object aio) {
+             return Issue<Result<std::string>>(
+                 s.core, aio,
+                 [&s, path, max_bytes](Client&, Done<std::string> d) {
+                   s.sb.ReadFileAsync(path, max_bytes, std::move(d));
+                 },
+                 [](Result<std::string>& r) { return pb::bytes(*r); });
+           })
+      .def("write_file",
+           [](const PySandbox& s, std::string path, pb::bytes content, uint32_t mode, bool make_parents,
+              pb::object aio) {
+             std::string data = content;
+             return Issue<Status>(
+                 s.core, aio,
+                 [&s, path, data, mode, make_parents](Client&, DoneStatus d) {
+                   s.sb.WriteFileAsync(path, data, mode, make_parents, std::move(d));
+                 },
+                 None);
+           })
+      .def("list_files", [](const PySandbox& s, std::string path, pb::object aio) {
+        return Issue<Result<v1::FileReply>>(
+            s.core, aio, [&s, path](Client&, Done<v1::FileReply> d) { s.sb.ListFilesAsync(path, std::move(d)); },
+            [](Result<v1::FileReply>& r) { return ToPy(*r); });
+      });
+
+  pb::class_<PySession>(m, "Session")
+      .def_property_readonly("name", [](const PySession& s) { return s.s.name(); })
+      .def_property_readonly("record", [](const PySession& s) { return ToPy(s.s.record()); })
+      .def("step",
+           [](const PySession& s, uint64_t index, pb::object exec, std::string role, pb::object meta,
+              bool not_replayable, pb::object aio) {
+             auto req = Proto<v1::ExecRequest>(exec, "exec");
+             StepOptions o;
+             o.sandbox = role;
+             o.not_replayable = not_replayable;
+             o.meta = Proto<v1::StepMeta>(meta, "meta");
+             return Issue<Result<v1::StepReply>>(
+                 s.core, aio,
+                 [&s, index, req, o](Client&, Done<v1::StepReply> d) mutable {
+                   s.s.StepAsync(index, std::move(req), o, std::move(d));
+                 },
+                 [](Result<v1::StepReply>& r) { return ToPy(*r); });
+           })
+      .def("annotate",
+           [](const PySession& s, uint64_t index, pb::object meta, pb::object aio) {
+             auto m = Proto<v1::StepMeta>(meta, "meta");
+             return Issue<Result<v1::StepMeta>>(
+                 s.core, aio,
+                 [&s, index, m](Client&, Done<v1::StepMeta> d) { s.s.AnnotateAsync(index, m, std::move(d)); },
+                 [](Result<v1::StepMeta>& r) { return ToPy(*r); });
+           })
+      .def("steps",
+           [](const PySession& s, uint64_t from, uint32_t limit, pb::object aio) {
+             return Issue<Result<v1::StepsReply>>(
+                 s.core, aio,
+                 [&s, from, limit](Client&, Done<v1::StepsReply> d) { s.s.StepsAsync(from, limit, std::move(d)); },
+                 [](Result<v1::StepsReply>& r) { return ToPy(*r); });
+           })
+      .def("get",
+           [](const PySession& s, pb::object aio) {
+             return Issue<Result<v1::SessionRecord>>(
+                 s.core, aio, [&s](Client&, Done<v1::SessionRecord> d) { s.s.GetAsync(std::move(d)); },
+                 [](Result<v1::SessionRecord>& r) { return ToPy(*r); });
+           })
+      .def("sandbox",
+           [](const PySession& s, std::string role, pb::object aio) {
+             std::weak_ptr<Core> core = s.core;
+             return Issue<Result<Sandbox>>(
+                 s.core, aio, [&s, role](Client&, Done<Sandbox> d) { s.s.SandboxAsync(role, std::move(d)); },
+                 [weak = std::weak_ptr<Core>(core)](Result<Sandbox>& r) { return pb::cast(PySandbox{Strong(weak), *r}); });
+           })
+      .def("close", [](const PySession& s, pb::object aio) {
+        return Issue<Status>(s.core, aio, [&s](Client&, DoneStatus d) { s.s.CloseAsync(std::move(d)); }, None);
+      });
+}
+
+}  // namespace dsec::py
