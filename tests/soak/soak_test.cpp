@@ -218,7 +218,9 @@ TEST_F(Soak, KilledEveryFewMinutesItLosesNothingDuplicatesNothingAndLeaksNothing
   // minute at this load.
   std::printf("# soak: dsecd RSS slope over the second half of each period: %.0f KiB/min (%zu samples)\n",
               slope.KibPerMinute(), slope.samples());
-  if (slope.samples() >= 20) EXPECT_LT(slope.KibPerMinute(), 1024.0) << "dsecd grows under a steady load";
+  if (slope.samples() >= 20) {
+    EXPECT_LT(slope.KibPerMinute(), 1024.0) << "dsecd grows under a steady load";
+  }
 }
 
 }  // namespace
