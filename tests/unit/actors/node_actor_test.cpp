@@ -299,6 +299,9 @@ TEST_F(NodeActor, ConsoleStatusCountsWhatTheNodeHolds) {
   EXPECT_EQ(j.value("sessions", -1), 1);
   EXPECT_EQ(j.value("readopting", -1), 0);
   EXPECT_THAT(j["kinds"].get<std::vector<std::string>>(), ElementsAre("fake"));
+  // Each kind's optional capabilities, from its traits (the fake's default
+  // has files, pause and streaming; no kind snapshots or forks yet).
+  EXPECT_THAT(j["capabilities"]["fake"].get<std::vector<std::string>>(), ElementsAre("files", "pause", "streaming"));
 }
 
 TEST_F(NodeActor, ConsoleLsListsTheRowsAndFiltersThem) {
