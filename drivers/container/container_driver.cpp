@@ -57,7 +57,7 @@ struct ContainerDriver::Box : AgentBox {
   uint64_t cpu_ns_at_check = 0;
 };
 
-ContainerDriver::ContainerDriver(ContainerOptions o) : opts_(std::move(o)) {
+ContainerDriver::ContainerDriver(ContainerOptions o) : BoxDriver("container", o.log), opts_(std::move(o)) {
   if (opts_.agent_path.empty()) opts_.agent_path = SiblingExecutable("DSEC_AGENT", "dsec-agent");
 }
 
@@ -135,29 +135,20 @@ Result<std::unique_ptr<ContainerDriver>> ContainerDriver::Start(ContainerOptions
   d->link_ = std::move(*link);
   // Creations wait on the spawner and the agent's handshake, removals on the
   // container's exit: with only 4, churn queued behind those waits.
-  d->workers_.Start(16);
-  if (d->opts_.idle_freeze_ms > 0 && d->groups_->CanFreeze()) d->idle_thread_ = std::thread([p] { p->IdleLoop(); });
+  d->StartWorkers(16);
+  if (d->opts_.idle_freeze_ms > 0 && d->groups_->CanFreeze())
+    d->StartIdleScan(std::chrono::milliseconds(std::clamp<int64_t>(d->opts_.idle_freeze_ms / 4, 10, 1000)));
   return d;
 }
 
 void ContainerDriver::Stop() {
-  {
-    std::lock_guard<std::mutex> lk(work_mu_);
-    if (stopping_) return;
-    stopping_ = true;
-  }
-  idle_cv_.notify_all();
-  workers_.Stop();
-  if (idle_thread_.joinable()) idle_thread_.join();
+  if (stopping_.exchange(true)) return;
+  StopWorkers();
+  StopIdleScan();
   // Containers keep running (that is the point); only our ends close, with
   // mu_ released (closing waits for the agent I/O thread, whose callbacks
   // take mu_).
-  std::vector<std::shared_ptr<Box>> boxes;
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    for (auto& [id, b] : boxes_) boxes.push_back(b);
-  }
-  for (auto& b : boxes)
+  for (auto& b : BoxesAs<Box>())
     if (b->agent) b->agent->Close();
   if (link_) link_->Stop();
   std::vector<std::string> dirs;  // kept sandbox dirs
@@ -181,8 +172,6 @@ void ContainerDriver::Stop() {
     groups_->RemoveDirs(opts_.cgroup_parent);
   }
 }
-
-void ContainerDriver::Work(std::function<void()> job) { workers_.Post(std::move(job)); }
 
 void ContainerDriver::OnEvent(spawner::Event& ev) {
   if (!ev.has_container_created()) return;
@@ -213,15 +202,7 @@ Status ContainerDriver::CanHandle(const v1::SandboxSpec& spec) const {
   return Available();
 }
 
-void ContainerDriver::Log(int level, const std::string& text) const {
-  if (opts_.log) opts_.log(level, text);
-}
-
-std::shared_ptr<ContainerDriver::Box> ContainerDriver::Find(const std::string& id) const {
-  std::lock_guard<std::mutex> lk(mu_);
-  auto it = boxes_.find(id);
-  return it == boxes_.end() ? nullptr : it->second;
-}
+std::shared_ptr<ContainerDriver::Box> ContainerDriver::Find(const std::string& id) const { return FindAs<Box>(id); }
 
 Status ContainerDriver::ConnectAgent(Box& box) const {
   auto log = opts_.log;
@@ -232,7 +213,7 @@ Status ContainerDriver::ConnectAgent(Box& box) const {
 }
 
 void ContainerDriver::Create(const v1::SandboxRecord& sb, CreateCallback done) {
-  Work([this, sb, done = std::move(done)] { done(CreateNow(sb)); });
+  Answer(std::move(done), [this, sb] { return CreateNow(sb); });
 }
 
 Result<std::string> ContainerDriver::CreateNow(const v1::SandboxRecord& sb) {
@@ -325,10 +306,7 @@ Result<std::string> ContainerDriver::CreateNow(const v1::SandboxRecord& sb) {
                  std::to_string(ms(t_done - t_spawned)) + " ms)");
   }
   box->last_active_ms = SteadyClockMs();
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    boxes_[id] = box;
-  }
+  PutBox(box);
   ++created_;
   container::ContainerState state;
   state.set_digest(box->digest);
@@ -346,8 +324,6 @@ Result<std::shared_ptr<AgentBox>> ContainerDriver::RunningBox(const std::string&
   return std::shared_ptr<AgentBox>(box);
 }
 
-std::shared_ptr<AgentBox> ContainerDriver::FindBox(const std::string& id) const { return Find(id); }
-
 Status ContainerDriver::Wake(Box& b) {
   std::lock_guard<std::mutex> lk(b.idle_mu);
   b.last_active_ms = SteadyClockMs();
@@ -356,42 +332,27 @@ Status ContainerDriver::Wake(Box& b) {
   return b.groups->Freeze(b.cgroup_rel, false);
 }
 
-void ContainerDriver::IdleLoop() {
+void ContainerDriver::ScanIdle(const std::shared_ptr<AgentBox>& agent_box, int64_t now) {
+  auto* b = static_cast<Box*>(agent_box.get());
   const int64_t idle = opts_.idle_freeze_ms;
-  const auto period = std::chrono::milliseconds(std::clamp<int64_t>(idle / 4, 10, 1000));
-  for (;;) {
-    {
-      // Its own condition variable: a notify_one for work must reach a worker.
-      std::unique_lock<std::mutex> lk(work_mu_);
-      if (idle_cv_.wait_for(lk, period, [this] { return stopping_; })) return;
-    }
-    std::vector<std::shared_ptr<Box>> boxes;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      for (const auto& [id, b] : boxes_) boxes.push_back(b);
-    }
-    int64_t now = SteadyClockMs();
-    for (const auto& b : boxes) {
-      std::lock_guard<std::mutex> lk(b->idle_mu);
-      if (b->idle_frozen || b->user_paused || b->active > 0 || !b->groups) continue;
-      // Background work (a build started with &) keeps a container awake:
-      // idle means under 1% of a CPU over the idle period.
-      uint64_t cpu = groups_->CpuUsageNs(b->cgroup_rel);
-      bool busy = cpu - b->cpu_ns_at_check > static_cast<uint64_t>(idle) * 10'000;  // 1% of idle, in ns
-      if (busy || b->cpu_ns_at_check == 0) {
-        b->cpu_ns_at_check = cpu ? cpu : 1;
-        if (busy) b->last_active_ms = now;
-        continue;
-      }
-      if (now - b->last_active_ms < idle) continue;
-      if (groups_->Freeze(b->cgroup_rel, true).ok()) {
-        b->idle_frozen = true;
-        ++idle_freezes_;
-        // Frozen, its page cache can go: the next call thaws it and reads
-        // back what it needs.
-        if (groups_->ReclaimMemory(b->cgroup_rel).ok()) ++idle_reclaims_;
-      }
-    }
+  std::lock_guard<std::mutex> lk(b->idle_mu);
+  if (b->idle_frozen || b->user_paused || b->active > 0 || !b->groups) return;
+  // Background work (a build started with &) keeps a container awake:
+  // idle means under 1% of a CPU over the idle period.
+  uint64_t cpu = groups_->CpuUsageNs(b->cgroup_rel);
+  bool busy = cpu - b->cpu_ns_at_check > static_cast<uint64_t>(idle) * 10'000;  // 1% of idle, in ns
+  if (busy || b->cpu_ns_at_check == 0) {
+    b->cpu_ns_at_check = cpu ? cpu : 1;
+    if (busy) b->last_active_ms = now;
+    return;
+  }
+  if (now - b->last_active_ms < idle) return;
+  if (groups_->Freeze(b->cgroup_rel, true).ok()) {
+    b->idle_frozen = true;
+    ++idle_freezes_;
+    // Frozen, its page cache can go: the next call thaws it and reads
+    // back what it needs.
+    if (groups_->ReclaimMemory(b->cgroup_rel).ok()) ++idle_reclaims_;
   }
 }
 
@@ -419,22 +380,14 @@ void ContainerDriver::Destroy(const v1::SandboxRecord& sb, const std::string&, S
   // The image's hold goes with the box (DestroyNow): a container this
   // process never held (not re-adopted, or destroyed before) has none to
   // give back, whatever its record says.
-  Work([this, id = sb.id(), done = std::move(done)] { done(DestroyNow(id, "")); });
+  Answer(std::move(done), [this, id = sb.id()] { return DestroyNow(id, ""); });
 }
 
 // `held_digest`: the image a caller holds for a container that is not (or
 // not yet) in boxes_, a creation's own; a box found there gives back its own,
 // exactly once, whoever asks first.
 Status ContainerDriver::DestroyNow(const std::string& id, const std::string& held_digest) {
-  std::shared_ptr<Box> box;
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    auto it = boxes_.find(id);
-    if (it != boxes_.end()) {
-      box = it->second;
-      boxes_.erase(it);
-    }
-  }
+  auto box = std::static_pointer_cast<Box>(TakeBox(id));
   if (box && box->agent) box->agent->Close();
   // Killing every process of the container's cgroup ends its namespaces and
   // with them its overlay; then its files go, then its hold on the image.
@@ -450,8 +403,7 @@ Status ContainerDriver::DestroyNow(const std::string& id, const std::string& hel
         std::lock_guard<std::mutex> lk(box->idle_mu);
         box->groups = nullptr;  // the idle timer leaves it alone (it would not freeze)
       }
-      std::lock_guard<std::mutex> lk(mu_);
-      if (!boxes_.emplace(id, box).second)
+      if (!PutBox(box, /*if_absent=*/true))
         Log(3, "container " + id + ": a box of the same id appeared during its destroy; the kept one is dropped");
     }
     Log(2, "container " + id + ": destroy: processes left in cgroup " + rel + " after SIGKILL");
@@ -488,7 +440,7 @@ std::string ContainerDriver::DescribeState(const std::string& driver_state) cons
 }
 
 void ContainerDriver::Readopt(const v1::SandboxRecord& sb, const std::string& driver_state, StatusCallback done) {
-  Work([this, sb, driver_state, done = std::move(done)] { done(ReadoptNow(sb, driver_state)); });
+  Answer(std::move(done), [this, sb, driver_state] { return ReadoptNow(sb, driver_state); });
 }
 
 Status ContainerDriver::ReadoptNow(const v1::SandboxRecord& sb, const std::string& driver_state) {
@@ -534,8 +486,7 @@ Status ContainerDriver::ReadoptNow(const v1::SandboxRecord& sb, const std::strin
     mounts_->Release(box->digest);
     return fail(connected);
   }
-  std::lock_guard<std::mutex> lk(mu_);
-  boxes_[sb.id()] = box;
+  PutBox(box);
   return Status::Ok();
 }
 
@@ -576,19 +527,13 @@ Result<uint64_t> ContainerDriver::DiskUsage(const v1::SandboxRecord& sb) const {
   return disk_->Usage(sb.id());
 }
 
-// Cleanup nobody waits for: a failure is logged (the next start's sweep
-// tries again) and never hides the answer the caller gets.
-void ContainerDriver::Removed(const Status& s, const std::string& what) {
-  if (!s.ok()) Log(2, "removing " + what + ": " + s.message() + " (the next start sweeps it)");
-}
-
 void ContainerDriver::SweepLastRun() {
   // Nothing of this run exists yet: what the last run kept for recycling
   // goes or is taken over, and the sandbox dirs it left are leftovers until
   // a Readopt claims one.
   for (const auto& name : ListSubdirs(opts_.data_dir + "/sandboxes")) {
     if (name.rfind("free.", 0) == 0) Removed(RemoveSandboxDir(name), "a kept sandbox dir " + name);
-    else leftovers_.insert(name);
+    else NoteLeftover(name);
   }
   std::string prefix = group_tag_ + ".";
   for (const auto& name : groups_->List(opts_.cgroup_parent + "/c")) {
@@ -600,15 +545,6 @@ void ContainerDriver::SweepLastRun() {
     if (ok && free_groups_.size() < kMaxFreeGroups) free_groups_.push_back({rel, cgroup::GroupLimits()});
     else groups_->KillAndRemove(rel);
   }
-}
-
-bool ContainerDriver::ClaimLeftover(const std::string& id) {
-  std::unique_lock<std::mutex> lk(mu_);
-  if (leftovers_.erase(id) > 0) return true;
-  // RestoredNow may be removing it right now: its dir and group are not
-  // ours to take until that is done.
-  removed_cv_.wait(lk, [&] { return removing_.count(id) == 0; });
-  return false;
 }
 
 void ContainerDriver::Restored() {
@@ -623,43 +559,28 @@ void ContainerDriver::RestoredNow() {
   // containers are not ours to judge. (Creation makes the dir before the
   // cgroup and removal drops the cgroup first, so no cgroup of ours is
   // without its dir.)
-  // One at a time, each marked as being removed: a creation of the same
-  // id meanwhile waits for its removal (WaitLeftoverRemoved).
-  for (;;) {
-    std::string id;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      if (leftovers_.empty()) break;
-      id = *leftovers_.begin();
-      leftovers_.erase(leftovers_.begin());
-      removing_.insert(id);
-    }
-    Log(1, "container " + id + ": left over from before the restart with no running record; removed");
-    Removed(DestroyNow(id, ""), "container " + id + "'s leftover");
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      removing_.erase(id);
-    }
-    removed_cv_.notify_all();
-  }
+  // One at a time: a creation of the same id meanwhile waits for its
+  // removal (ClaimLeftover).
+  SweepLeftovers([this](const std::string& id) { return DestroyNow(id, ""); },
+                 "left over from before the restart with no running record");
   mounts_->DropUnused();
 }
 
 std::vector<std::string> ContainerDriver::ImageUsers(const std::string& digest) const {
   std::vector<std::string> users;
-  std::lock_guard<std::mutex> lk(mu_);
-  for (const auto& [id, b] : boxes_)
-    if (b->digest == digest) users.push_back("container " + id);
+  for (const auto& b : BoxesAs<Box>())
+    if (b->digest == digest) users.push_back("container " + b->id);
   return users;
 }
 
 std::string ContainerDriver::StatsJson() const {
+  size_t containers = BoxCount();
   std::lock_guard<std::mutex> lk(mu_);
   json mounts = json::object();
   for (const auto& [digest, n] : mounts_->Snapshot()) mounts[digest] = n;
   return json{{"spawner_pid", link_->pid()},
               {"cgroup", groups_->version()},
-              {"containers", boxes_.size()},
+              {"containers", containers},
               {"created", created_.load()},
               {"destroyed", destroyed_.load()},
               {"pauses", paused_.load()},

@@ -7,26 +7,21 @@
 // Readopt reconnects to the agent from the record.
 #pragma once
 
-#include <condition_variable>
-#include <deque>
-#include <set>
+#include <atomic>
 #include <functional>
 #include <future>
-#include <map>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
 #include <unordered_map>
+#include <vector>
 
-#include "drivers/agent/agent_driver.hpp"
+#include "drivers/agent/box_driver.hpp"
 #include "drivers/container/container_state.pb.h"
 #include "drivers/container/sandbox_disk.hpp"
 #include "drivers/cgroup/groups.hpp"
 #include "drivers/images/image_source.hpp"
 #include "drivers/images/mounts.hpp"
 #include "drivers/spawner/spawner_link.hpp"
-#include "runtime/worker_pool.hpp"
 
 namespace dsec::drivers {
 
@@ -52,7 +47,7 @@ struct ContainerOptions {
   std::function<void(int level, const std::string& text)> log;
 };
 
-class ContainerDriver : public AgentDriver {
+class ContainerDriver : public BoxDriver {
  public:
   static Result<std::unique_ptr<ContainerDriver>> Start(ContainerOptions options);
   ~ContainerDriver() override;
@@ -84,24 +79,20 @@ class ContainerDriver : public AgentDriver {
  private:
   explicit ContainerDriver(ContainerOptions options);
   struct Box;
-  void Work(std::function<void()> job);  // on the worker thread
   void OnEvent(spawner::Event& ev);
   Result<std::string> CreateNow(const v1::SandboxRecord& sb);
   Status ReadoptNow(const v1::SandboxRecord& sb, const std::string& driver_state);
-  void Removed(const Status& s, const std::string& what);
   void RestoredNow();
   // At start, before any container of this run: the last run's kept dirs
-  // and groups, and its sandbox dirs as leftovers (see leftovers_).
+  // and groups, and its sandbox dirs as leftovers (BoxDriver's: each is
+  // claimed by its Readopt, or by a creation of the same id, or removed by
+  // RestoredNow, exactly once).
   void SweepLastRun();
-  // True once for an id among leftovers_ (its caller then owns the dir);
-  // false, after waiting for RestoredNow to finish removing it, otherwise.
-  bool ClaimLeftover(const std::string& id);
   Status DestroyNow(const std::string& id, const std::string& held_digest);
   std::shared_ptr<Box> Find(const std::string& id) const;
   // AgentDriver's: a running container's box with a live agent, thawed if
-  // the idle timer froze it, or Unavailable; any container's box.
+  // the idle timer froze it, or Unavailable.
   Result<std::shared_ptr<AgentBox>> RunningBox(const std::string& id) const override;
-  std::shared_ptr<AgentBox> FindBox(const std::string& id) const override;
   // Connects the box's agent (its socket in the sandbox's run dir).
   Status ConnectAgent(Box& box) const;
   // A group for a new container at `rel`: a recycled one renamed to it, or
@@ -124,8 +115,9 @@ class ContainerDriver : public AgentDriver {
   void ReleaseDir(const std::string& id, bool stopped);
   // Thaws a container the idle timer froze and marks it active.
   static Status Wake(Box& box);
-  void IdleLoop();
-  void Log(int level, const std::string& text) const;
+  // The idle scan's (BoxDriver): freezes a container idle past
+  // idle_freeze_ms and drops its page cache.
+  void ScanIdle(const std::shared_ptr<AgentBox>& box, int64_t now_ms) override;
 
   ContainerOptions opts_;
   std::unique_ptr<cgroup::Groups> groups_;  // v1 or v2, whichever the host mounts
@@ -137,8 +129,7 @@ class ContainerDriver : public AgentDriver {
   Status RemoveSandboxDir(const std::string& name);
   std::unique_ptr<SpawnerLink> link_;
 
-  mutable std::mutex mu_;
-  std::unordered_map<std::string, std::shared_ptr<Box>> boxes_;
+  // Under mu_ (BoxDriver's):
   std::unordered_map<uint64_t, std::promise<Result<int>>> creating_;  // spawner request id -> init pid
   uint64_t next_id_ = 1;
   // Recycled cgroups, <parent>/c/<group_tag_>.<n>: this data dir's only
@@ -151,20 +142,11 @@ class ContainerDriver : public AgentDriver {
   };
   std::vector<FreeGroup> free_groups_;
   uint64_t next_free_ = 0;
-  // Sandbox dirs found at start: each is claimed by its Readopt, or by a
-  // creation of the same id, or removed by RestoredNow, exactly once.
-  std::set<std::string> leftovers_;
-  std::set<std::string> removing_;        // leftovers RestoredNow is removing now
-  std::condition_variable removed_cv_;    // one of removing_ is gone (under mu_)
   // Kept sandbox dirs, <data>/sandboxes/free.<n> (removed at start-up).
   std::vector<std::string> free_dirs_;
   uint64_t next_free_dir_ = 0;
 
-  std::mutex work_mu_;               // stopping_, for IdleLoop
-  std::condition_variable idle_cv_;  // IdleLoop's
-  bool stopping_ = false;
-  WorkerPool workers_;
-  std::thread idle_thread_;
+  std::atomic<bool> stopping_{false};
   std::atomic<uint64_t> created_{0}, destroyed_{0}, paused_{0}, idle_freezes_{0}, idle_reclaims_{0};
 };
 

@@ -49,7 +49,7 @@ const KindTraits& GuestDriver::GuestTraits() {
 }
 
 GuestDriver::GuestDriver(GuestDriverOptions options, const char* kind_name, const char* vms_dir)
-    : opts_(std::move(options)), kind_name_(kind_name), vms_(AbsolutePath(opts_.data_dir) + "/" + vms_dir) {
+    : BoxDriver(kind_name, options.log), opts_(std::move(options)), vms_(AbsolutePath(opts_.data_dir) + "/" + vms_dir) {
   // Absolute: libvirtd and a daemonized QEMU do not share our working dir.
   if (opts_.agent_path.empty()) opts_.agent_path = SiblingExecutable("DSEC_AGENT", "dsec-agent");
   if (opts_.guest_dir.empty()) opts_.guest_dir = opts_.data_dir + "/guest";
@@ -63,8 +63,11 @@ Status GuestDriver::Init() {
   DSEC_RETURN_IF_ERROR(MakeDirs(vms_, 0700));
   tsc_khz_ = vm::HostTscKhz();
   damon_ = DamonState();
-  workers_.Start(kWorkers);
-  if (opts_.reclaim_idle_ms > 0) reclaimer_ = std::thread([this] { ReclaimLoop(); });
+  // What the last run left: each VM dir is claimed by the Readopt or the
+  // creation of its machine, or removed by the sweep after the restore.
+  for (const auto& name : ListSubdirs(vms_)) NoteLeftover(name);
+  StartWorkers(kWorkers);
+  if (opts_.reclaim_idle_ms > 0) StartIdleScan(std::chrono::seconds(1));
   watcher_ = std::make_unique<vm::VmWatcher>([this](const std::string& id, const std::string& what) { OnEnded(id, what); });
   return Status::Ok();
 }
@@ -72,38 +75,21 @@ Status GuestDriver::Init() {
 GuestDriver::~GuestDriver() { JoinWorkers(); }
 
 void GuestDriver::JoinWorkers() {
-  {
-    std::lock_guard<std::mutex> lk(reclaim_mu_);
-    reclaim_stop_ = true;
-  }
-  reclaim_cv_.notify_all();
-  if (reclaimer_.joinable()) reclaimer_.join();
+  StopIdleScan();
   Stop();
-  workers_.Stop();
+  StopWorkers();
 }
 
-void GuestDriver::ReclaimLoop() {
-  std::unique_lock<std::mutex> lk(reclaim_mu_);
-  while (!reclaim_cv_.wait_for(lk, std::chrono::seconds(1), [this] { return reclaim_stop_; })) {
-    lk.unlock();
-    std::vector<std::shared_ptr<Box>> boxes;
-    {
-      std::lock_guard<std::mutex> b(mu_);
-      for (const auto& [id, box] : boxes_) boxes.push_back(box);
-    }
-    int64_t now = SteadyClockMs();
-    for (const auto& box : boxes) {
-      {
-        std::lock_guard<std::mutex> b(box->idle_mu);
-        if (box->paused || box->active > 0 || now - box->last_active_ms < opts_.reclaim_idle_ms ||
-            box->reclaimed_ms >= box->last_active_ms)
-          continue;
-        box->reclaimed_ms = now;
-      }
-      Work([this, box] { Reclaim(box); });
-    }
-    lk.lock();
+void GuestDriver::ScanIdle(const std::shared_ptr<AgentBox>& agent_box, int64_t now) {
+  auto box = std::static_pointer_cast<Box>(agent_box);
+  {
+    std::lock_guard<std::mutex> lk(box->idle_mu);
+    if (box->paused || box->active > 0 || now - box->last_active_ms < opts_.reclaim_idle_ms ||
+        box->reclaimed_ms >= box->last_active_ms)
+      return;
+    box->reclaimed_ms = now;
   }
+  Work([this, box] { Reclaim(box); });
 }
 
 void GuestDriver::Reclaim(const std::shared_ptr<Box>& box) {
@@ -118,7 +104,7 @@ void GuestDriver::Reclaim(const std::shared_ptr<Box>& box) {
   req.mutable_limits()->set_timeout_ms(30'000);
   auto r = box->agent->ExecSync(req, std::chrono::milliseconds(35'000));
   if (!r.ok() || !r->exited() || r->exit_code() != 0) {
-    Log(1, std::string(kind_name_) + " " + box->id + ": idle reclaim failed: " +
+    Log(1, std::string(kind_name()) + " " + box->id + ": idle reclaim failed: " +
                (r.ok() ? "exit " + std::to_string(r->exit_code()) + ": " + r->stderr() : r.status().message()));
     return;
   }
@@ -126,7 +112,7 @@ void GuestDriver::Reclaim(const std::shared_ptr<Box>& box) {
   std::sscanf(r->stdout().c_str(), "freed %ld KiB", &kib);
   ++reclaims_;
   if (kib > 0) reclaimed_kib_ += static_cast<uint64_t>(kib);
-  Log(0, std::string(kind_name_) + " " + box->id + ": idle: the guest freed " + std::to_string(kib) + " KiB");
+  Log(0, std::string(kind_name()) + " " + box->id + ": idle: the guest freed " + std::to_string(kib) + " KiB");
 }
 
 void GuestDriver::Stop() {
@@ -141,8 +127,6 @@ void GuestDriver::Stop() {
   }
 }
 
-void GuestDriver::Work(std::function<void()> job) { workers_.Post(std::move(job)); }
-
 void GuestDriver::WorkOn(const std::string& id, std::function<void()> job) {
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -156,10 +140,6 @@ void GuestDriver::WorkOn(const std::string& id, std::function<void()> job) {
     }
     busy_cv_.notify_all();
   });
-}
-
-void GuestDriver::Log(int level, const std::string& text) const {
-  if (opts_.log) opts_.log(level, text);
 }
 
 std::string GuestDriver::VmDir(const std::string& id) const { return vms_ + "/" + id; }
@@ -210,22 +190,14 @@ Result<vm::Guest> GuestDriver::EnsureGuest() {
   if (!g.ok()) return g.status();
   guest_ = *g;
   guest_mtime_ = mtime;
-  Log(1, std::string(kind_name_) + ": guest kernel " + g->kernel_version + " from " + opts_.guest_dir);
+  Log(1, std::string(kind_name()) + ": guest kernel " + g->kernel_version + " from " + opts_.guest_dir);
   return *g;
 }
-
-std::shared_ptr<GuestDriver::Box> GuestDriver::Find(const std::string& id) const {
-  std::lock_guard<std::mutex> lk(mu_);
-  auto it = boxes_.find(id);
-  return it == boxes_.end() ? nullptr : it->second;
-}
-
-std::shared_ptr<AgentBox> GuestDriver::FindBox(const std::string& id) const { return Find(id); }
 
 Result<std::shared_ptr<AgentBox>> GuestDriver::RunningBox(const std::string& id) const {
   auto box = Find(id);
   if (!box || !box->agent || !box->agent->connected())
-    return Status::Unavailable(std::string(kind_name_) + " " + id +
+    return Status::Unavailable(std::string(kind_name()) + " " + id +
                                " is not running on this node (its agent is not connected)");
   {
     std::lock_guard<std::mutex> lk(box->idle_mu);
@@ -240,15 +212,14 @@ void GuestDriver::Create(const v1::SandboxRecord& sb, CreateCallback done) {
 
 Result<std::string> GuestDriver::CreateNow(const v1::SandboxRecord& sb) {
   const std::string& id = sb.id();
-  const std::string kind = kind_name_;
+  const std::string kind = kind_name();
   auto image = opts_.images->Get(sb.spec().image());
   if (!image.ok()) return image.status();
   uint64_t memory;
   uint32_t vcpus;
   DSEC_RETURN_IF_ERROR(GuestSize(sb.spec(), &memory, &vcpus));
   DSEC_RETURN_IF_ERROR(MachineAvailable());
-  struct stat st;
-  if (::lstat(VmDir(id).c_str(), &st) == 0) {
+  if (ClaimLeftover(id)) {
     // A creation of this id that a crash cut short (a session creates its
     // sandboxes under ids it chose first): removed before anew.
     Log(1, kind + " " + id + ": left over from a creation cut short by a restart; removed before creating it again");
@@ -267,10 +238,7 @@ Result<std::string> GuestDriver::CreateNow(const v1::SandboxRecord& sb) {
   box->id = id;
   box->limits = sb.spec().limits();
   box->last_active_ms = SteadyClockMs();
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    boxes_[id] = box;
-  }
+  PutBox(box);
   Watch(*box);
   ++created_;
   if (!key.empty()) Work([this, key, spec = sb.spec()] { Refill(key, spec); });
@@ -287,7 +255,7 @@ Result<std::string> GuestDriver::CreateNow(const v1::SandboxRecord& sb) {
 }
 
 Result<std::shared_ptr<GuestDriver::Box>> GuestDriver::Boot(const std::string& mid, const v1::SandboxSpec& spec) {
-  const std::string kind = kind_name_;
+  const std::string kind = kind_name();
   auto image = opts_.images->Get(spec.image());
   if (!image.ok()) return image.status();
   uint64_t memory;
@@ -387,7 +355,7 @@ std::shared_ptr<GuestDriver::Box> GuestDriver::TakeFromPool(const std::string& k
     }
     // A pooled guest is not watched: one that ended meanwhile is dropped.
     if (box->agent && box->agent->connected() && MachineState(*box) == RunState::kRunning) return box;
-    Log(2, std::string(kind_name_) + " " + box->mid + ": a pooled guest that no longer runs; removed");
+    Log(2, std::string(kind_name()) + " " + box->mid + ": a pooled guest that no longer runs; removed");
     if (box->agent) box->agent->Close();
     RemoveOrSay(*box, "a stale pooled guest");
   }
@@ -435,7 +403,7 @@ void GuestDriver::Refill(const std::string& key, const v1::SandboxSpec& spec) {
       return;
     }
     if (!booted.ok()) {
-      Log(2, std::string(kind_name_) + ": the pool could not boot a guest: " + booted.status().message());
+      Log(2, std::string(kind_name()) + ": the pool could not boot a guest: " + booted.status().message());
       return;
     }
   }
@@ -458,15 +426,15 @@ void GuestDriver::DrainPools() {
 
 void GuestDriver::RemoveOrSay(const Box& box, const char* what) {
   if (Status s = DestroyNow("", box.mid, box.pid); !s.ok())
-    Log(3, std::string(kind_name_) + " " + box.mid + ": removing " + what + ": " + s.message() +
+    Log(3, std::string(kind_name()) + " " + box.mid + ": removing " + what + ": " + s.message() +
                " (the next start sweeps it)");
 }
 
 Status GuestDriver::DestroyNow(const std::string& id, const std::string& mid, pid_t pid) {
   DSEC_RETURN_IF_ERROR(StopMachine(mid, pid));
-  if (Status s = RemoveTree(VmDir(mid)); !s.ok()) return s.Annotate(std::string(kind_name_) + " " + mid);
+  if (Status s = RemoveTree(VmDir(mid)); !s.ok()) return s.Annotate(std::string(kind_name()) + " " + mid);
+  if (!id.empty()) TakeBox(id);
   std::lock_guard<std::mutex> lk(mu_);
-  if (!id.empty()) boxes_.erase(id);
   claimed_.erase(mid);
   return Status::Ok();
 }
@@ -507,14 +475,14 @@ void GuestDriver::Destroy(const v1::SandboxRecord& sb, const std::string& driver
 
 void GuestDriver::Pause(const v1::SandboxRecord& sb, bool paused, StatusCallback done) {
   auto box = Find(sb.id());
-  if (!box) return done(Status::Unavailable(std::string(kind_name_) + " " + sb.id() + " is not running on this node"));
+  if (!box) return done(Status::Unavailable(std::string(kind_name()) + " " + sb.id() + " is not running on this node"));
   Work([this, box, paused, done = std::move(done)] {
     Status s = PauseMachine(*box, paused);
     if (s.ok()) {
       std::lock_guard<std::mutex> lk(box->idle_mu);
       box->paused = paused;
     }
-    done(s.ok() ? s : s.Annotate(std::string(kind_name_) + " " + box->id + (paused ? ": pause" : ": resume")));
+    done(s.ok() ? s : s.Annotate(std::string(kind_name()) + " " + box->id + (paused ? ": pause" : ": resume")));
   });
 }
 
@@ -532,7 +500,7 @@ void GuestDriver::Readopt(const v1::SandboxRecord& sb, const std::string& driver
 }
 
 Status GuestDriver::ReadoptNow(const v1::SandboxRecord& sb, const std::string& driver_state) {
-  const std::string kind = kind_name_;
+  const std::string kind = kind_name();
   dsec::vm::VmState state;
   if (!state.ParseFromString(driver_state) || state.dir().empty())
     return Status::FailedPrecondition(kind + " " + sb.id() + ": its driver state is not a VmState");
@@ -551,6 +519,7 @@ Status GuestDriver::ReadoptNow(const v1::SandboxRecord& sb, const std::string& d
     std::lock_guard<std::mutex> lk(mu_);
     claimed_.insert(box->mid);
   }
+  (void)ClaimLeftover(box->mid);  // its dir is its own from here, kept or removed
   auto fail = [&](const Status& why) {
     if (Status left = DestroyNow(sb.id(), box->mid, box->pid); !left.ok())
       Log(3, kind + " " + sb.id() + ": removing what is left of it: " + left.message());
@@ -573,10 +542,7 @@ Status GuestDriver::ReadoptNow(const v1::SandboxRecord& sb, const std::string& d
   if (!connected.ok()) return fail(connected.Annotate(kind + " " + sb.id() + ": re-adopt"));
   box->paused = paused;
   box->last_active_ms = SteadyClockMs();
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    boxes_[sb.id()] = box;
-  }
+  PutBox(box);
   Watch(*box);
   return Status::Ok();
 }
@@ -585,7 +551,7 @@ void GuestDriver::Watch(const Box& box) {
   std::lock_guard<std::mutex> lk(watcher_mu_);
   if (!watcher_) return;
   if (Status s = watcher_->Watch(box.id, box.pid, EventSocket(box)); !s.ok())
-    Log(2, std::string(kind_name_) + " " + box.id + ": not watched (its end will be noticed at its next call): " +
+    Log(2, std::string(kind_name()) + " " + box.id + ": not watched (its end will be noticed at its next call): " +
                s.message());
 }
 
@@ -607,7 +573,7 @@ void GuestDriver::OnEnded(const std::string& id, const std::string& what) {
     } else {
       why = "its guest stopped (" + what + ")";
     }
-    Log(2, std::string(kind_name_) + " " + id + ": " + why);
+    Log(2, std::string(kind_name()) + " " + id + ": " + why);
     ++lost_;
     if (box->agent) box->agent->Close();
     if (opts_.lost) opts_.lost(id, "lost: " + why);
@@ -620,20 +586,17 @@ void GuestDriver::Restored() {
 
 void GuestDriver::RestoredNow() {
   // Dirs no record claimed (a creation a crash cut short, a sandbox whose
-  // record is gone), and machines of this node's no dir names: stopped and
-  // removed. Only this data dir's VMs are judged.
-  std::set<std::string> strays;
-  for (const auto& name : ListSubdirs(vms_)) strays.insert(name);
-  for (const auto& name : StrayMachines()) strays.insert(name);
-  for (const auto& name : strays) {
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      if (claimed_.count(name) || boxes_.count(name) || busy_.count(name)) continue;
-    }
-    Log(1, std::string(kind_name_) + " " + name + ": no record names it; stopping it and removing it");
-    if (Status s = DestroyNow(name, name, 0); !s.ok()) Log(2, s.message());
-    else ++swept_;
+  // record is gone, a pooled guest of the last run), and machines of this
+  // node's that no box or boot of this run holds: stopped and removed. Only
+  // this data dir's VMs are judged.
+  std::vector<std::string> strays;
+  for (const auto& name : StrayMachines()) {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!claimed_.count(name) && !busy_.count(name)) strays.push_back(name);
   }
+  for (const auto& name : strays) NoteLeftover(name);
+  swept_ += SweepLeftovers([this](const std::string& name) { return DestroyNow("", name, 0); },
+                           "no record names it; stopping it");
 }
 
 std::string GuestDriver::StatsJson() const {
@@ -642,10 +605,9 @@ std::string GuestDriver::StatsJson() const {
     std::lock_guard<std::mutex> lk(watcher_mu_);
     if (watcher_) watched = watcher_->size();
   }
-  size_t n, ready = 0;
+  size_t n = BoxCount(), ready = 0;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    n = boxes_.size();
     for (const auto& [key, pool] : pools_) ready += pool.ready.size();
   }
   nlohmann::json j = {{"vms", n},

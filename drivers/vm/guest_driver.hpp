@@ -9,8 +9,9 @@
 // to their sockets, and the start sweep stops what no record names.
 //
 // This class holds the sandbox lifecycle (sizing, the boot wait with its
-// deadline and console, re-adoption, the watcher, the sweep, the workers
-// that keep blocking calls off actor threads); a kind supplies the machine:
+// deadline and console, re-adoption, the watcher, the pool, the idle
+// reclaim, the sweep; the box table, workers, idle scan and leftovers are
+// BoxDriver's, shared with containers); a kind supplies the machine:
 // how to launch, stop, pause and inspect one (the pure virtuals below).
 #pragma once
 
@@ -33,10 +34,9 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "drivers/images/image_source.hpp"
-#include "drivers/agent/agent_driver.hpp"
+#include "drivers/agent/box_driver.hpp"
 #include "drivers/vm/guest.hpp"
 #include "drivers/vm/watcher.hpp"
-#include "runtime/worker_pool.hpp"
 
 namespace dsec::drivers {
 
@@ -66,7 +66,7 @@ struct GuestDriverOptions {
   std::function<void(const std::string& id, const std::string& why)> lost;
 };
 
-class GuestDriver : public AgentDriver {
+class GuestDriver : public BoxDriver {
  public:
   ~GuestDriver() override;
 
@@ -144,13 +144,10 @@ class GuestDriver : public AgentDriver {
   // The kind's own figures for StatsJson.
   virtual void AddStats(nlohmann::json& /*stats*/) const {}
 
-  void Log(int level, const std::string& text) const;
   std::string VmDir(const std::string& id) const;
   const GuestDriverOptions& options() const { return opts_; }
   const std::string& accel() const { return accel_; }
   uint64_t tsc_khz() const { return tsc_khz_; }
-  // Runs `job` on a worker thread.
-  void Work(std::function<void()> job);
   // Joins the workers (what is queued still runs). A kind's destructor
   // calls it first: jobs call the kind's virtuals.
   void JoinWorkers();
@@ -179,18 +176,17 @@ class GuestDriver : public AgentDriver {
   Status DestroyNow(const std::string& id, const std::string& mid, pid_t pid);
   void RestoredNow();
   void OnEnded(const std::string& id, const std::string& what);
-  // Every second: guests idle past reclaim_idle_ms, not reclaimed since
-  // their last activity, get Reclaim on a worker.
-  void ReclaimLoop();
+  // The idle scan's (BoxDriver), every second: a guest idle past
+  // reclaim_idle_ms, not reclaimed since its last activity, gets Reclaim on
+  // a worker.
+  void ScanIdle(const std::shared_ptr<AgentBox>& box, int64_t now_ms) override;
   void Reclaim(const std::shared_ptr<Box>& box);
   void Watch(const Box& box);
   Result<vm::Guest> EnsureGuest();
-  std::shared_ptr<Box> Find(const std::string& id) const;
+  std::shared_ptr<Box> Find(const std::string& id) const { return FindAs<Box>(id); }
   Result<std::shared_ptr<AgentBox>> RunningBox(const std::string& id) const override;
-  std::shared_ptr<AgentBox> FindBox(const std::string& id) const override;
 
   GuestDriverOptions opts_;
-  const char* kind_name_;
   std::string vms_;  // <data>/<vms_dir>
   std::string accel_, accel_why_;
   std::string damon_;  // whether DAMON could be used here, and why not
@@ -202,8 +198,7 @@ class GuestDriver : public AgentDriver {
   std::optional<vm::Guest> guest_;
   int64_t guest_mtime_ = 0;  // base.cpio's, when guest_ was made
 
-  mutable std::mutex mu_;
-  std::unordered_map<std::string, std::shared_ptr<Box>> boxes_;
+  // Under mu_ (BoxDriver's):
   std::set<std::string> busy_;       // ids being created or readopted: never swept
   std::condition_variable busy_cv_;  // one left busy_ (under mu_)
   std::set<std::string> claimed_;    // mids of every machine we run or boot: never swept
@@ -215,11 +210,6 @@ class GuestDriver : public AgentDriver {
   std::map<std::string, Pool> pools_;  // by PoolKey (under mu_)
   bool pools_closed_ = false;          // Stop: no more refills (under mu_)
 
-  WorkerPool workers_;
-  std::mutex reclaim_mu_;
-  std::condition_variable reclaim_cv_;
-  bool reclaim_stop_ = false;
-  std::thread reclaimer_;
   std::atomic<uint64_t> reclaims_{0}, reclaimed_kib_{0};
   std::atomic<uint64_t> created_{0}, destroyed_{0}, readopted_{0}, swept_{0}, lost_{0}, pool_hits_{0}, pool_boots_{0};
 };
