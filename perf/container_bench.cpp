@@ -342,6 +342,7 @@ int main(int argc, char** argv) {
     std::string crun;
     for (const char* p : {"/usr/bin/crun", "/usr/local/bin/crun"})
       if (::access(p, X_OK) == 0) crun = p;
+    if (crun.empty()) std::printf("crun reference: crun is not installed (apt-get install crun)\n");
     // crun refuses a host with cgroup v2 mounted next to v1 ("hybrid"):
     // in a mount namespace of our own, without the v2 mount, it sees v1
     // only and uses it as dsec does. Done once, after dsec's figures.
@@ -369,9 +370,7 @@ int main(int argc, char** argv) {
         crun.clear();
       }
     }
-    if (crun.empty()) {
-      if (!hybrid) std::printf("crun reference: crun is not installed (apt-get install crun)\n");
-    } else {
+    if (!crun.empty()) {
       for (int cc : {1, 16}) {
         double per_s = 0;
         Pct p;

@@ -34,11 +34,14 @@
 //     image disk, the agent's start and its handshake, and dsecd's work.
 // The image (--image, default "bench") is built from the host's own sh,
 // true, cat and sleep with dsec-image when dsecd does not have it.
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <atomic>
 #include <cctype>
+#include <cstdlib>
 #include <cstdio>
 #include <fstream>
 #include <mutex>
@@ -218,6 +221,16 @@ int main(int argc, char** argv) {
   }
   if (baseline > 0) {
     if (guest_dir.empty()) guest_dir = data_dir + "/guest";
+    // A bare name is looked up in PATH (the spawn below does not).
+    if (qemu.find('/') == std::string::npos) {
+      const char* path = std::getenv("PATH");
+      std::istringstream dirs(path ? path : "/usr/bin:/bin");
+      for (std::string dir; std::getline(dirs, dir, ':');)
+        if (!dir.empty() && ::access((dir + "/" + qemu).c_str(), X_OK) == 0) {
+          qemu = dir + "/" + qemu;
+          break;
+        }
+    }
     bool kvm = accel == "kvm";
     std::vector<double> boot_ms;
     int failed = 0;
