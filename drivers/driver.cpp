@@ -1,5 +1,8 @@
 #include "drivers/driver.hpp"
 
+#include "drivers/limits.hpp"
+#include "drivers/net/policy.hpp"
+
 namespace dsec::drivers {
 
 namespace {
@@ -18,6 +21,7 @@ const char* CapabilityName(Capability c) {
     case Capability::kStreaming: return "streaming";
     case Capability::kSnapshot: return "snapshot";
     case Capability::kFork: return "fork";
+    case Capability::kNetwork: return "network";
   }
   return "?";
 }
@@ -29,6 +33,7 @@ bool Has(const KindTraits& t, Capability c) {
     case Capability::kStreaming: return t.streaming;
     case Capability::kSnapshot: return t.snapshot;
     case Capability::kFork: return t.fork;
+    case Capability::kNetwork: return t.network;
   }
   return false;
 }
@@ -49,10 +54,19 @@ Status CheckSandboxWideLimits(const char* kind, const v1::SandboxRecord& sb, con
 
 Status Require(const Driver& driver, Capability c) {
   if (Has(driver.traits(), c)) return Status::Ok();
-  static const char* const kWhat[] = {"read or write files", "pause", "stream output", "snapshot", "fork"};
+  static const char* const kWhat[] = {"read or write files", "pause", "stream output", "snapshot", "fork",
+                                      "enforce a network policy other than none"};
   return Status::Unimplemented(std::string("sandbox kind '") + driver.name() + "' cannot " +
                                kWhat[static_cast<int>(c)] + " (it has no '" + CapabilityName(c) +
                                "' capability; `dsecctl status` lists each kind's)");
+}
+
+Status Admissible(const LimitPolicy& limits, const Driver& driver, const v1::SandboxSpec& spec) {
+  DSEC_RETURN_IF_ERROR(CheckSpec(limits, spec));
+  auto net = net::ParsePolicy(spec.network());
+  if (!net.ok()) return net.status();
+  if (net->mode != v1::NETWORK_MODE_NONE || !net->expose.empty()) DSEC_RETURN_IF_ERROR(Require(driver, Capability::kNetwork));
+  return driver.CanHandle(spec);
 }
 
 void Driver::ExecStreaming(const v1::SandboxRecord&, const std::string&, const v1::ExecRequest&, OutputCallback,

@@ -50,11 +50,15 @@ struct KindTraits {
   // Unimplemented naming itself and the capability: Require below).
   bool snapshot = false;  // a named, read-only copy of a sandbox's state
   bool fork = false;      // new sandboxes in a running one's current state
+  // Network policies beyond none (allow-lists, open), enforced by the kernel
+  // on the host side of the sandbox's link (drivers/net/policy.hpp).
+  bool network = false;
 };
 
 // What a call may need of a kind beyond the basics.
-enum class Capability { kFiles, kPause, kStreaming, kSnapshot, kFork };
-const char* CapabilityName(Capability c);  // "files", "pause", "streaming", "snapshot", "fork"
+enum class Capability { kFiles, kPause, kStreaming, kSnapshot, kFork, kNetwork };
+// "files", "pause", "streaming", "snapshot", "fork", "network"
+const char* CapabilityName(Capability c);
 bool Has(const KindTraits& traits, Capability c);
 
 class Driver {
@@ -139,6 +143,13 @@ Status CheckSandboxWideLimits(const char* kind, const v1::SandboxRecord& sandbox
 // Ok when `driver`'s kind has `c`; else Unimplemented naming the kind and
 // the capability ("sandbox kind 'fncall' cannot snapshot ...").
 Status Require(const Driver& driver, Capability c);
+
+// What a node checks of a spec before `driver` gets it: the spec's own
+// bounds (CheckSpec, limits.hpp), its network policy (net::ParsePolicy) and
+// that the kind can enforce it (Require kNetwork for allow and open), then
+// the driver's own CanHandle. The first refusal, naming what is wrong.
+struct LimitPolicy;
+Status Admissible(const LimitPolicy& limits, const Driver& driver, const v1::SandboxSpec& spec);
 
 // A path for the file calls: absolute, no "..", no NUL, at most 4096 bytes.
 // InvalidArgument saying which rule it breaks.

@@ -104,7 +104,8 @@ json Capabilities(const NodeContext& ctx, const std::vector<std::string>& kinds)
     if (!d.ok()) continue;
     json list = json::array();
     for (auto c : {drivers::Capability::kFiles, drivers::Capability::kPause, drivers::Capability::kStreaming,
-                   drivers::Capability::kSnapshot, drivers::Capability::kFork})
+                   drivers::Capability::kSnapshot, drivers::Capability::kFork,
+                   drivers::Capability::kNetwork})
       if (drivers::Has((*d)->traits(), c)) list.push_back(drivers::CapabilityName(c));
     caps[name] = list;
   }

@@ -28,8 +28,7 @@ NodeHost::NodeHost(std::shared_ptr<NodeContext> ctx, PostFn post)
 
 Result<drivers::Driver*> NodeHost::Admit(const v1::SandboxSpec& spec) {
   auto d = ctx_->kinds->DriverFor(spec);
-  Status s = d.ok() ? drivers::CheckSpec(ctx_->options.limits, spec) : d.status();
-  if (s.ok()) s = (*d)->CanHandle(spec);
+  Status s = d.ok() ? drivers::Admissible(ctx_->options.limits, **d, spec) : d.status();
   if (!s.ok()) {
     ++counters_.rejected;
     return s;
@@ -45,11 +44,11 @@ void NodeHost::Run(v1::RunRequest& req, std::function<void(v1::RunReply)> done) 
   };
   auto d = ctx.kinds->DriverFor(req.spec());
   if (!d.ok()) return reject(d.status());
-  Status s = drivers::CheckSpec(ctx.options.limits, req.spec());
-  if (s.ok() && (*d)->traits().stateful)
+  Status s = Status::Ok();
+  if ((*d)->traits().stateful)
     s = Status::InvalidArgument(std::string("one-shot runs are for kinds without state (fncall); for a ") +
                                 (*d)->name() + " create a sandbox (dsecctl create) and exec in it");
-  if (s.ok()) s = (*d)->CanHandle(req.spec());
+  if (s.ok()) s = drivers::Admissible(ctx.options.limits, **d, req.spec());
   if (s.ok()) s = drivers::CheckExecRequest(ctx.options.limits, req.exec());
   if (s.ok() && !req.exec().idempotency_key().empty())
     s = Status::InvalidArgument("an idempotency_key needs a sandbox with state; a one-shot run is always fresh");

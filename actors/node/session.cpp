@@ -210,7 +210,7 @@ caf::result<v1::SessionReply> OpenNew(Self self, const v1::OpenSessionRequest& r
   *rec.mutable_spec() = req.spec();
   for (const auto& [role, spec] : roles) {
     auto d = ctx.kinds->DriverFor(spec);
-    can = d.ok() ? (*d)->CanHandle(spec) : d.status();
+    can = d.ok() ? drivers::Admissible(ctx.options.limits, **d, spec) : d.status();
     if (!can.ok()) {
       can = can.Annotate("sandbox '" + role + "'");
       break;

@@ -24,7 +24,9 @@ Status WriteEtcFiles(const std::string& base, const std::string& hostname, const
       "127.0.1.1\t" + hostname + "\n";
   // Network off: no name server to ask (a lookup of anything but the
   // names above fails at once instead of timing out).
-  std::string resolv = net.enabled() ? "" : "# dsec: this sandbox has no network (spec.network.enabled is false)\n";
+  std::string resolv = net.mode() == v1::NETWORK_MODE_ALLOW || net.mode() == v1::NETWORK_MODE_OPEN
+                           ? ""
+                           : "# dsec: this sandbox has no network (spec.network.mode is none)\n";
   resolv += "options timeout:1 attempts:1\n";
   for (const auto& [name, content] : {std::pair<const char*, std::string>{"hosts", hosts},
                                       {"hostname", hostname + "\n"},

@@ -264,8 +264,6 @@ Result<std::shared_ptr<FakeBox>> FakeDriver::OwnBox(const std::string& id) const
 }
 
 Status FakeDriver::CanHandle(const v1::SandboxSpec& spec) const {
-  if (spec.network().enabled())
-    return Status::InvalidArgument("fake sandboxes have no network; leave network off (or use --kind container)");
   return available_;
 }
 

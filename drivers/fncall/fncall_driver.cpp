@@ -102,8 +102,6 @@ Status FncallDriver::CanHandle(const v1::SandboxSpec& spec) const {
   if (!spec.image().empty() && spec.image() != "host")
     return Status::InvalidArgument("fncall runs only on the built-in 'host' image, not '" +
                                    spec.image() + "' (use --kind container for built images)");
-  if (spec.network().enabled())
-    return Status::InvalidArgument("fncall sandboxes have no network; use --kind container for network access");
   if (spec.limits().disk_bytes())
     return Status::InvalidArgument("fncall sandboxes keep their files in memory (/work and /tmp are tmpfs, "
                                    "within the memory limit): a disk limit is for containers");

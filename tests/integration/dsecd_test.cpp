@@ -115,6 +115,26 @@ TEST_F(DsecctlRun, BadFlagIsUsageError2) {
   EXPECT_THAT(r.err, HasSubstr("--memory"));
 }
 
+// A network policy: a bad entry is a usage error naming it (nothing runs);
+// a good one on a kind that cannot enforce it is refused naming the kind
+// and the capability, never run with a network it did not ask for.
+TEST_F(DsecctlRun, ANetworkPolicyIsCheckedAndRefusedWhereTheKindCannotEnforceIt) {
+  auto bad = daemon_->Ctl({"run", "--allow", "10.1.2.3:70000", "--", "true"});
+  EXPECT_EQ(bad.exit_code, 2) << bad.err;
+  EXPECT_THAT(bad.err, HasSubstr("network entry '10.1.2.3:70000': '70000' is not a port (1-65535)"));
+  auto wild = daemon_->Ctl({"run", "--allow", "a.*.example.com", "--", "true"});
+  EXPECT_EQ(wild.exit_code, 2) << wild.err;
+  EXPECT_THAT(wild.err, HasSubstr("wildcard goes only at the front"));
+  auto empty = daemon_->Ctl({"run", "--network", "allow", "--", "true"});
+  EXPECT_EQ(empty.exit_code, 2) << empty.err;
+  EXPECT_THAT(empty.err, HasSubstr("empty list allows nothing"));
+  auto good = daemon_->Ctl({"run", "--allow", "pypi.org:443", "--", "true"});
+  EXPECT_EQ(good.exit_code, 125) << good.err;
+  EXPECT_THAT(good.err, HasSubstr("sandbox kind 'fncall' cannot enforce a network policy other than none"));
+  auto none = daemon_->Ctl({"run", "--network", "none", "--", "true"});
+  EXPECT_EQ(none.exit_code, 0) << none.err;
+}
+
 // A wrong command line is answered before anything is sent: the unknown
 // word with the nearest command, where a sandbox's command goes, and the
 // expected form of a value.

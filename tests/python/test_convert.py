@@ -34,10 +34,11 @@ def test_numbers_keep_their_whole_range() -> None:
 
 def test_enums_strings_bytes_maps_lists_and_optionals() -> None:
     spec = rt("SandboxSpec", {"kind": "CONTAINER", "isolation": 3, "env": {"A": "b"}, "ttl_s": 0,
-                              "network": {"enabled": True, "allow": [{"host": "h", "port": 1}]}})
+                              "network": {"mode": "allow", "allow": ["h:1"], "expose": [8080]}})
     assert (spec.kind, spec.isolation, spec.env, spec.ttl_s, spec.idle_timeout_s) == (
         "container", "kernel", {"A": "b"}, 0, None)  # ttl_s set to 0 is not unset
-    assert spec.network.allow[0].host == "h" and spec.limits == dsec.Limits(**spec.limits.__dict__)
+    assert (spec.network.mode, spec.network.allow, spec.network.expose) == ("allow", ["h:1"], [8080])
+    assert spec.limits == dsec.Limits(**spec.limits.__dict__)
     assert rt("SandboxSpec", {"kind": "kind_vm"}).kind == "vm"
     # 0 is "unspecified" (the node's default), as records read back say it.
     assert rt("SandboxSpec", {"kind": 0}).kind == "unspecified"
@@ -56,7 +57,7 @@ def test_enums_strings_bytes_maps_lists_and_optionals() -> None:
     with pytest.raises(TypeError, match=r"key 1 must be a str"):
         rt("ExecRequest", {1: "x"})
     with pytest.raises(TypeError, match="must be True or False"):
-        rt("NetworkPolicy", {"enabled": 1})
+        rt("WriteFileRequest", {"make_parents": 1})
     with pytest.raises(TypeError, match="must be a dict"):
         rt("SandboxSpec", {"limits": 5})
     assert rt("StepMeta", {"reward": 1}).reward == 1.0 and rt("StepMeta", {}).reward is None

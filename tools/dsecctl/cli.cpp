@@ -67,6 +67,16 @@ void AddLimitFlags(CLI::App* c, LimitFlags* l, bool spec_only) {
     c->add_option("-l,--label", l->labels,
                   "KEY=VALUE metadata kept with the sandbox, shown by ls and inspect, filtered on by ls --label; "
                   "repeatable");
+  if (!spec_only) {
+    c->add_option("--network", l->network,
+                  "none (default: a loopback of its own, nothing else) | allow (only what --allow lists) | open "
+                  "(any public address, where the node's operator enables it); docs/running.md, \"Network\"")
+        ->check(CLI::IsMember({"none", "allow", "open"}));
+    c->add_option("--allow", l->allow,
+                  "an allow-list entry (implies --network allow), repeatable: ADDRESS[/PREFIX][:PORTS][/tcp|/udp] "
+                  "or NAME[:PORTS][/tcp|/udp], NAME exact or *.suffix; PORTS 443 or 80,443 or 8000-8100");
+    c->add_option("--expose", l->expose, "a TCP port inside the sandbox reachable from the host through dsec; repeatable");
+  }
 }
 
 bool ParseSize(const std::string& s, uint64_t* out) {
@@ -155,6 +165,16 @@ std::string BuildSpec(const LimitFlags& l, dsec::v1::SandboxSpec* spec) {
   spec->set_kind(kind);
   spec->set_image(l.image);
   if (auto e = ParseLabels(l.labels, "--label", spec->mutable_labels()); !e.empty()) return e;
+  if (!l.network.empty() || !l.allow.empty() || !l.expose.empty()) {
+    // Checked by the node, which names a bad entry.
+    auto* net = spec->mutable_network();
+    std::string mode = !l.network.empty() ? l.network : l.allow.empty() ? "none" : "allow";
+    net->set_mode(mode == "allow"  ? dsec::v1::NETWORK_MODE_ALLOW
+                  : mode == "open" ? dsec::v1::NETWORK_MODE_OPEN
+                                   : dsec::v1::NETWORK_MODE_NONE);
+    for (const auto& a : l.allow) net->add_allow(a);
+    for (uint32_t p : l.expose) net->add_expose(p);
+  }
   return ApplyLimits(l, spec->mutable_limits());
 }
 

@@ -49,6 +49,9 @@ struct LimitFlags {
   std::vector<std::string> env;
   std::string cwd;
   std::vector<std::string> labels;  // KEY=VALUE (create, session open)
+  std::string network;              // none | allow | open ("": none, or allow with --allow)
+  std::vector<std::string> allow;   // allow-list entries (drivers/net/policy.hpp)
+  std::vector<uint32_t> expose;     // TCP ports reachable from the host through dsec
 };
 
 struct LifetimeFlags {

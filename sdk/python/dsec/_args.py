@@ -142,27 +142,18 @@ def string_map(value: Any, what: str) -> Optional[Dict[str, str]]:
 
 
 def network(value: Any) -> Optional[Dict[str, Any]]:
-    """False/None: none; True: enabled; a list of "host:port": only those; or a NetworkPolicy/dict."""
-    if value is None or value is False:
+    """None/False/"none": none; True/"open": open; a list of entries ("pypi.org:443",
+    "10.0.0.0/8:80,443/tcp"): allow those only; or a NetworkPolicy/dict. The node
+    checks the entries and names a bad one."""
+    if value is None or value is False or value == "none":
         return None
-    if value is True:
-        return {"enabled": True}
+    if value is True or value == "open":
+        return {"mode": "open"}
     if isinstance(value, (NetworkPolicy, Mapping)):
         return fields(value, "network", NetworkPolicy)
     if isinstance(value, (list, tuple)):
-        allow = []
-        for i, hp in enumerate(value):
-            if isinstance(hp, (list, tuple)) and len(hp) == 2:
-                host, port = hp
-            else:
-                s = text(hp, f"network[{i}]")
-                host, sep, port = s.rpartition(":")
-                if not sep or not port.isdigit():
-                    raise InvalidArgument(f"network[{i}] {s!r} is not host:port")
-                port = int(port)
-            allow.append({"host": text(host, f"network[{i}] host"), "port": port})
-        return {"enabled": True, "allow": allow}
-    raise TypeError(f"dsec: network is True/False, a list of 'host:port' or a dsec.NetworkPolicy, "
+        return {"mode": "allow", "allow": [text(e, f"network[{i}]") for i, e in enumerate(value)]}
+    raise TypeError(f"dsec: network is None/'none', True/'open', a list of allow entries or a dsec.NetworkPolicy, "
                     f"not {type(value).__name__}")
 
 

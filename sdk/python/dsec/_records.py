@@ -93,11 +93,15 @@ class HostPort(Record):
 
 
 class NetworkPolicy(Record):
-    """Network access: none unless enabled; ``allow`` lists reachable host:ports."""
+    """A sandbox's network: ``mode`` none (the default), allow (only the ``allow``
+    entries, e.g. "pypi.org:443", "10.0.0.0/8:80,443/tcp", "*.pythonhosted.org") or
+    open; ``expose``: TCP ports inside reachable from the host through dsec
+    (docs/running.md, "Network")."""
 
     _message = "dsec.v1.NetworkPolicy"
-    enabled: bool
-    allow: List[HostPort]
+    mode: str
+    allow: List[str]
+    expose: List[int]
 
 
 class SandboxSpec(Record):

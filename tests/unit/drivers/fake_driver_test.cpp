@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "drivers/fake/fake_driver.hpp"
+#include "drivers/limits.hpp"
 #include "drivers/fake/fake_shell.hpp"
 
 namespace dsec::drivers {
@@ -200,8 +201,18 @@ TEST_F(FakeDriverTest, KindAndTraits) {
   v1::SandboxSpec spec;
   spec.set_image("py311");  // no image to check: any name does
   EXPECT_TRUE(driver_->CanHandle(spec).ok());
-  spec.mutable_network()->set_enabled(true);
-  EXPECT_EQ(driver_->CanHandle(spec).code(), Status::Code::kInvalidArgument);
+  // A network policy beyond none needs the capability, which it lacks.
+  spec.mutable_network()->set_mode(v1::NETWORK_MODE_ALLOW);
+  spec.mutable_network()->add_allow("10.1.2.3:80");
+  Status st = Admissible(LimitPolicy::Default(), *driver_, spec);
+  EXPECT_EQ(st.code(), Status::Code::kUnimplemented) << st.ToString();
+  EXPECT_NE(st.message().find("'fake'"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("'network' capability"), std::string::npos) << st.message();
+  // A bad policy is refused as such first, naming the entry.
+  spec.mutable_network()->add_allow("10.1.2.3:0");
+  st = Admissible(LimitPolicy::Default(), *driver_, spec);
+  EXPECT_EQ(st.code(), Status::Code::kInvalidArgument) << st.ToString();
+  EXPECT_NE(st.message().find("network entry '10.1.2.3:0'"), std::string::npos) << st.message();
 }
 
 TEST_F(FakeDriverTest, CreateExecDescribeAndDestroy) {
