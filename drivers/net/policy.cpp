@@ -128,13 +128,8 @@ std::string Ipv4Text(uint32_t a) {
          std::to_string(a & 255);
 }
 
-const char* Special(uint32_t a) {
-  struct Range {
-    uint32_t net;
-    int prefix;
-    const char* why;
-  };
-  static const Range kRanges[] = {
+const std::vector<SpecialRange>& SpecialRanges() {
+  static const std::vector<SpecialRange> kRanges = {
       {0x00000000, 8, "'this network' (0.0.0.0/8)"},
       {0x0A000000, 8, "private (10.0.0.0/8)"},
       {0x64400000, 10, "shared address space (100.64.0.0/10)"},
@@ -146,7 +141,15 @@ const char* Special(uint32_t a) {
       {0xC6120000, 15, "benchmarking (198.18.0.0/15)"},
       {0xE0000000, 3, "multicast or reserved (224.0.0.0 and above)"},
   };
-  for (const auto& r : kRanges) {
+  return kRanges;
+}
+
+std::string NetText(uint32_t addr, uint8_t prefix) {
+  return prefix == 32 ? Ipv4Text(addr) : Ipv4Text(addr) + "/" + std::to_string(prefix);
+}
+
+const char* Special(uint32_t a) {
+  for (const auto& r : SpecialRanges()) {
     uint32_t mask = ~uint32_t{0} << (32 - r.prefix);
     if ((a & mask) == r.net) return r.why;
   }

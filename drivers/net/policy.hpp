@@ -79,9 +79,18 @@ Result<Policy> ParsePolicy(const v1::NetworkPolicy& policy);
 Result<uint32_t> ParseIpv4(std::string_view text);
 std::string Ipv4Text(uint32_t addr);
 
-// An address in a range a sandbox never reaches unless an entry names it:
-// 0/8, 10/8, 100.64/10, 127/8, 169.254/16, 172.16/12, 192.0.0/24,
-// 192.168/16, 198.18/15, 224/4 and above. Why, or "" for a public one.
+// The ranges a sandbox never reaches unless an entry names them: 0/8,
+// 10/8, 100.64/10, 127/8, 169.254/16, 172.16/12, 192.0.0/24, 192.168/16,
+// 198.18/15, 224/3 (multicast and reserved).
+struct SpecialRange {
+  uint32_t net;
+  uint8_t prefix;
+  const char* why;
+};
+const std::vector<SpecialRange>& SpecialRanges();
+// Why `addr` is in one of them, or "" for a public address.
 const char* Special(uint32_t addr);
+// "a.b.c.d" for a /32, else "a.b.c.d/p".
+std::string NetText(uint32_t addr, uint8_t prefix);
 
 }  // namespace dsec::net

@@ -1,0 +1,307 @@
+// The network policy's kernel side (drivers/net/ruleset.hpp) against the
+// kernel, in network namespaces this test makes and removes: a "host" with
+// the node's table and forwarding, two "sandboxes" linked to it by veth
+// pairs (dsv1, dsv2), and an "internet" (198.51.100.0/24, TEST-NET-2) with
+// listeners on two addresses. No packet leaves these namespaces.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sched.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <future>
+#include <memory>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "drivers/net/nft.hpp"
+#include "drivers/net/ruleset.hpp"
+#include "harness/daemon.hpp"
+#include "runtime/unique_fd.hpp"
+
+namespace dsec::net {
+namespace {
+
+using ::testing::HasSubstr;
+using Clock = std::chrono::steady_clock;
+
+const std::string kPid = std::to_string(::getpid());
+const std::string kHost = "dsn" + kPid + "h", kSbA = "dsn" + kPid + "a", kSbB = "dsn" + kPid + "b",
+                  kNet = "dsn" + kPid + "i";
+constexpr uint16_t kResolverPort = 5353;
+
+// Runs `f` on a thread of its own in network namespace `ns`; what it
+// returns. A thread that cannot enter it stops the test binary: `f` must
+// never touch the host's own network.
+template <class F>
+auto InNs(const std::string& ns, F f) -> decltype(f()) {
+  return std::async(std::launch::async, [&]() -> decltype(f()) {
+           UniqueFd fd(::open(("/run/netns/" + ns).c_str(), O_RDONLY | O_CLOEXEC));
+           if (!fd || ::setns(fd.get(), CLONE_NEWNET) != 0) {
+             std::fprintf(stderr, "ruleset_test: cannot enter network namespace %s: %s\n", ns.c_str(),
+                          std::strerror(errno));
+             std::abort();
+           }
+           return f();
+         })
+      .get();
+}
+
+bool Sh(const std::string& cmd, std::string* err = nullptr) {
+  auto r = testing::RunProcess({"/bin/sh", "-c", cmd});
+  if (err) *err = r.out + r.err;
+  return r.exit_code == 0;
+}
+
+sockaddr_in Addr(const std::string& ip, uint16_t port) {
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  ::inet_pton(AF_INET, ip.c_str(), &a.sin_addr);
+  return a;
+}
+
+// A TCP connect from `ns` to ip:port: 0 once connected, else the errno. A
+// refusal by the policy is a TCP reset at once (ECONNREFUSED); 3 s bounds
+// a packet silently lost (ETIMEDOUT).
+int Connect(const std::string& ns, const std::string& ip, uint16_t port) {
+  return InNs(ns, [&] {
+    UniqueFd s(::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+    sockaddr_in a = Addr(ip, port);
+    if (::connect(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) return 0;
+    if (errno != EINPROGRESS) return errno;
+    pollfd p{s.get(), POLLOUT, 0};
+    if (::poll(&p, 1, 3000) != 1) return ETIMEDOUT;
+    int err = 0;
+    socklen_t len = sizeof err;
+    ::getsockopt(s.get(), SOL_SOCKET, SO_ERROR, &err, &len);
+    return err;
+  });
+}
+
+// A listening TCP socket in `ns` (the kernel completes connections to it
+// without an accept).
+UniqueFd Listen(const std::string& ns, const std::string& ip, uint16_t port) {
+  return InNs(ns, [&] {
+    UniqueFd s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    int one = 1;
+    ::setsockopt(s.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    sockaddr_in a = Addr(ip, port);
+    if (::bind(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(s.get(), 64) != 0)
+      ADD_FAILURE() << "listen " << ip << ":" << port << " in " << ns << ": " << std::strerror(errno);
+    return s;
+  });
+}
+
+Policy Parsed(v1::NetworkMode mode, std::vector<std::string> allow) {
+  v1::NetworkPolicy p;
+  p.set_mode(mode);
+  for (auto& a : allow) p.add_allow(a);
+  auto parsed = ParsePolicy(p);
+  EXPECT_TRUE(parsed.ok()) << parsed.status().ToString();
+  return parsed.ok() ? *parsed : Policy{};
+}
+
+class Ruleset : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (::geteuid() != 0) return Skip("needs root (network namespaces, nftables)");
+    if (!Sh("command -v ip >/dev/null")) return Skip("needs iproute2's ip: apt-get install iproute2");
+    std::string err;
+    if (!Sh("ip netns add " + kHost, &err)) return Skip("cannot make a network namespace: " + err);
+    made_ = true;
+    nft_ = InNs(kHost, [] {
+      auto n = Nft::Open();
+      if (!n.ok()) Skip(n.status().ToString());
+      return n.ok() ? std::move(*n) : nullptr;
+    });
+    if (!nft_) return;
+    const std::string h = "ip -n " + kHost + " ";
+    const std::string steps[] = {"ip netns add " + kSbA, "ip netns add " + kSbB, "ip netns add " + kNet,
+                           h + "link set lo up",
+                           "ip netns exec " + kHost + " sysctl -qw net.ipv4.ip_forward=1",
+                           h + "link add dsv1 type veth peer name eth0 netns " + kSbA,
+                           h + "link add dsv2 type veth peer name eth0 netns " + kSbB,
+                           h + "link add up0 type veth peer name eth0 netns " + kNet,
+                           h + "addr add 100.96.0.1/30 dev dsv1", h + "link set dsv1 up",
+                           h + "addr add 100.96.0.5/30 dev dsv2", h + "link set dsv2 up",
+                           h + "addr add 198.51.100.1/24 dev up0", h + "link set up0 up",
+                           "ip -n " + kSbA + " addr add 100.96.0.2/30 dev eth0", "ip -n " + kSbA + " link set eth0 up",
+                           "ip -n " + kSbA + " link set lo up", "ip -n " + kSbA + " route add default via 100.96.0.1",
+                           "ip -n " + kSbB + " addr add 100.96.0.6/30 dev eth0", "ip -n " + kSbB + " link set eth0 up",
+                           "ip -n " + kSbB + " route add default via 100.96.0.5",
+                           "ip -n " + kNet + " addr add 198.51.100.2/24 dev eth0",
+                           "ip -n " + kNet + " addr add 198.51.100.3/24 dev eth0", "ip -n " + kNet + " link set eth0 up"};
+    for (const auto& s : steps)
+      if (!Sh(s, &err)) return Fail(s + ": " + err);
+    node_.resolver_port = kResolverPort;
+    if (auto r = InNs(kHost, [] { return nft_->Run(NodeTable(node_)); }); !r.ok()) return Fail(r.status().ToString());
+    for (auto [ip, port] : {std::pair<const char*, uint16_t>{"198.51.100.2", 80}, {"198.51.100.2", 8080},
+                            {"198.51.100.3", 80}})
+      listeners_.push_back(Listen(kNet, ip, port));
+    listeners_.push_back(Listen(kHost, "0.0.0.0", 7000));  // "dsecd's port"
+    listeners_.push_back(Listen(kSbB, "100.96.0.6", 80));  // another sandbox's server
+    for (auto& [link, ns] : {std::pair<SandboxLink*, const char*>{&a_, "a"}, {&b_, "b"}}) {
+      auto add = InNs(kHost, [&] { return nft_->Run(SandboxAdd(node_, *link, Parsed(v1::NETWORK_MODE_NONE, {}))); });
+      if (!add.ok()) return Fail(std::string("sandbox ") + ns + ": " + add.status().ToString());
+    }
+  }
+  static void TearDownTestSuite() {
+    listeners_.clear();
+    nft_.reset();
+    if (made_)
+      for (const auto& ns : {kHost, kSbA, kSbB, kNet}) Sh("ip netns del " + ns + " 2>/dev/null");
+  }
+  static void Skip(const std::string& why) { skip_ = why; }
+  static void Fail(const std::string& why) { failure_ = why; }
+  void SetUp() override {
+    if (!skip_.empty()) GTEST_SKIP() << skip_;
+    ASSERT_TRUE(failure_.empty()) << failure_;
+  }
+
+  // Sandbox a's policy, replaced in one batch; how long nft took.
+  static double Apply(const Policy& p) {
+    auto t0 = Clock::now();
+    auto r = InNs(kHost, [&] { return nft_->Run(SandboxReplace(node_, a_, p)); });
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  }
+  // Packets sandbox a's chain refused so far.
+  static long Refused() {
+    auto out = InNs(kHost, [] { return nft_->Run("list chain inet dsec s_dsv1"); });
+    std::smatch m;
+    std::string text = out.ok() ? *out : "";
+    long n = -1;
+    static const std::regex re("counter packets (\\d+) bytes \\d+ jump refuse");
+    for (auto it = std::sregex_iterator(text.begin(), text.end(), re); it != std::sregex_iterator(); ++it)
+      n = std::stol((*it)[1]);
+    return n;
+  }
+
+  static inline std::unique_ptr<Nft> nft_;
+  static inline NodeNet node_;
+  static inline SandboxLink a_{"dsv1", 0x64600002}, b_{"dsv2", 0x64600006};
+  static inline std::vector<UniqueFd> listeners_;
+  static inline bool made_ = false;
+  static inline std::string skip_, failure_;
+};
+
+TEST_F(Ruleset, NoneReachesNothingAndIsRefusedAtOnce) {
+  Apply(Parsed(v1::NETWORK_MODE_NONE, {}));
+  long before = Refused();
+  auto t0 = Clock::now();
+  EXPECT_EQ(Connect(kSbA, "198.51.100.2", 80), ECONNREFUSED);
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 1.0) << "refused, not left to time out";
+  EXPECT_EQ(Refused(), before + 1) << "the refusal is counted in the sandbox's chain";
+}
+
+TEST_F(Ruleset, AllowOpensTheListedAddressAndPortAndNothingElse) {
+  Apply(Parsed(v1::NETWORK_MODE_ALLOW, {"198.51.100.2:80/tcp"}));
+  EXPECT_EQ(Connect(kSbA, "198.51.100.2", 80), 0) << "the allowed address:port answers";
+  EXPECT_EQ(Connect(kSbA, "198.51.100.2", 8080), ECONNREFUSED) << "another port of the same address";
+  EXPECT_EQ(Connect(kSbA, "198.51.100.3", 80), ECONNREFUSED) << "another address";
+  EXPECT_EQ(Connect(kSbA, "100.96.0.1", 7000), ECONNREFUSED) << "the host's own port";
+  EXPECT_EQ(Connect(kSbA, "100.96.0.6", 80), ECONNREFUSED) << "another sandbox";
+  EXPECT_EQ(Connect(kSbB, "198.51.100.2", 80), ECONNREFUSED) << "sandbox b's policy is its own (none)";
+}
+
+TEST_F(Ruleset, APolicyChangeHoldsForTheNextConnection) {
+  Apply(Parsed(v1::NETWORK_MODE_ALLOW, {"198.51.100.2:80"}));
+  ASSERT_EQ(Connect(kSbA, "198.51.100.2", 80), 0);
+  double ms = Apply(Parsed(v1::NETWORK_MODE_ALLOW, {"198.51.100.3:80"}));
+  std::printf("policy replaced in %.2f ms\n", ms);
+  EXPECT_EQ(Connect(kSbA, "198.51.100.2", 80), ECONNREFUSED) << "the old entry is gone at once";
+  EXPECT_EQ(Connect(kSbA, "198.51.100.3", 80), 0) << "the new one holds at once";
+  EXPECT_LT(ms, 100.0);
+  auto added = InNs(kHost, [] { return nft_->Run(SandboxAddEntries(node_, a_, {*ParseRule("198.51.100.2:8080")})); });
+  ASSERT_TRUE(added.ok()) << added.status().ToString();
+  EXPECT_EQ(Connect(kSbA, "198.51.100.2", 8080), 0) << "added to the list";
+  EXPECT_EQ(Connect(kSbA, "198.51.100.3", 80), 0) << "and the list kept";
+}
+
+TEST_F(Ruleset, ANamesAddressesAreReachableForTheirTtlOnly) {
+  Policy p = Parsed(v1::NETWORK_MODE_ALLOW, {"pypi.test:80"});
+  Apply(p);
+  EXPECT_EQ(Connect(kSbA, "198.51.100.2", 80), ECONNREFUSED) << "nothing until the resolver answers";
+  auto pin = InNs(kHost, [&] { return nft_->Run(Pin(node_, a_, p.rules[0], {0xC6336402}, 1)); });
+  ASSERT_TRUE(pin.ok()) << pin.status().ToString();
+  EXPECT_EQ(Connect(kSbA, "198.51.100.2", 80), 0) << "the answered address, on the entry's port";
+  EXPECT_EQ(Connect(kSbA, "198.51.100.2", 8080), ECONNREFUSED) << "not on another port";
+  // The pin's timeout (1 s) ends it: polled, bounded at 5 s.
+  auto deadline = Clock::now() + std::chrono::seconds(5);
+  int r = 0;
+  while ((r = Connect(kSbA, "198.51.100.2", 80)) == 0 && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // polling the kernel's set, bounded
+  EXPECT_EQ(r, ECONNREFUSED) << "the address outlived its TTL";
+}
+
+TEST_F(Ruleset, OpenReachesPublicAddressesButNotTheHostOrOtherSandboxes) {
+  Apply(Parsed(v1::NETWORK_MODE_OPEN, {}));
+  EXPECT_EQ(Connect(kSbA, "198.51.100.2", 8080), 0);
+  EXPECT_EQ(Connect(kSbA, "198.51.100.3", 80), 0);
+  EXPECT_EQ(Connect(kSbA, "100.96.0.1", 7000), ECONNREFUSED) << "the host's own port";
+  EXPECT_EQ(Connect(kSbA, "100.96.0.6", 80), ECONNREFUSED) << "another sandbox";
+}
+
+TEST_F(Ruleset, EveryDnsQueryGoesToTheNodesResolver) {
+  Apply(Parsed(v1::NETWORK_MODE_OPEN, {}));
+  // The "resolver": the node's port every query is redirected to.
+  auto resolver = InNs(kHost, [] {
+    UniqueFd s(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+    sockaddr_in a = Addr("0.0.0.0", kResolverPort);
+    if (::bind(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) ADD_FAILURE() << std::strerror(errno);
+    return s;
+  });
+  InNs(kSbA, [] {
+    UniqueFd s(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+    sockaddr_in to = Addr("198.51.100.2", 53);  // "another resolver", straight
+    return ::sendto(s.get(), "query", 5, 0, reinterpret_cast<sockaddr*>(&to), sizeof to);
+  });
+  pollfd p{resolver.get(), POLLIN, 0};
+  ASSERT_EQ(::poll(&p, 1, 3000), 1) << "the query did not reach the node's resolver";
+  char buf[16];
+  sockaddr_in from{};
+  socklen_t len = sizeof from;
+  ssize_t n = ::recvfrom(resolver.get(), buf, sizeof buf, 0, reinterpret_cast<sockaddr*>(&from), &len);
+  EXPECT_EQ(std::string(buf, n > 0 ? n : 0), "query");
+  char ip[INET_ADDRSTRLEN];
+  ::inet_ntop(AF_INET, &from.sin_addr, ip, sizeof ip);
+  EXPECT_STREQ(ip, "100.96.0.2") << "the resolver knows the sandbox by its address";
+}
+
+TEST_F(Ruleset, ARemovedSandboxsInterfaceReachesNothing) {
+  Policy open = Parsed(v1::NETWORK_MODE_OPEN, {});
+  Apply(open);
+  ASSERT_EQ(Connect(kSbA, "198.51.100.2", 80), 0);
+  auto rm = InNs(kHost, [&] { return nft_->Run(SandboxRemove(node_, a_, open)); });
+  ASSERT_TRUE(rm.ok()) << rm.status().ToString();
+  EXPECT_EQ(Connect(kSbA, "198.51.100.2", 80), ECONNREFUSED) << "an interface without a chain is refused";
+  auto add = InNs(kHost, [&] { return nft_->Run(SandboxAdd(node_, a_, open)); });
+  ASSERT_TRUE(add.ok()) << add.status().ToString();
+  EXPECT_EQ(Connect(kSbA, "198.51.100.2", 80), 0);
+}
+
+// A batch is one transaction: a bad line undoes the good ones before it.
+TEST_F(Ruleset, ABadBatchIsRefusedWithNftsReasonAndChangesNothing) {
+  Apply(Parsed(v1::NETWORK_MODE_ALLOW, {"198.51.100.2:80"}));
+  auto r = InNs(kHost, [] { return nft_->Run("flush chain inet dsec s_dsv1\nadd rule inet dsec s_dsv1 nonsense\n"); });
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("nftables refused the batch: Error: syntax error"));
+  EXPECT_EQ(Connect(kSbA, "198.51.100.2", 80), 0) << "the flush before the bad line did not apply";
+  EXPECT_EQ(Connect(kSbA, "198.51.100.3", 80), ECONNREFUSED);
+}
+
+}  // namespace
+}  // namespace dsec::net
