@@ -5,6 +5,7 @@
 // listeners on two addresses. No packet leaves these namespaces.
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <net/if.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sched.h>
@@ -26,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "drivers/net/link.hpp"
 #include "drivers/net/nft.hpp"
 #include "drivers/net/ruleset.hpp"
 #include "harness/daemon.hpp"
@@ -291,6 +293,42 @@ TEST_F(Ruleset, ARemovedSandboxsInterfaceReachesNothing) {
   auto add = InNs(kHost, [&] { return nft_->Run(SandboxAdd(node_, a_, open)); });
   ASSERT_TRUE(add.ok()) << add.status().ToString();
   EXPECT_EQ(Connect(kSbA, "198.51.100.2", 80), 0);
+}
+
+// dsec's own link (drivers/net/link.hpp): a veth pair made through
+// rtnetlink into a sandbox's namespace carries its traffic under the
+// ruleset, and goes whole.
+TEST_F(Ruleset, AVethLinkMadeThroughRtnetlinkCarriesASandboxsTraffic) {
+  const std::string ns = "dsn" + kPid + "c";
+  ASSERT_TRUE(Sh("ip netns add " + ns));
+  UniqueFd netns(::open(("/run/netns/" + ns).c_str(), O_RDONLY | O_CLOEXEC));
+  VethSpec spec;
+  spec.host_if = "dsv3";
+  spec.gateway = 0x64600009;  // 100.96.0.9/30
+  spec.addr = 0x6460000A;     // 100.96.0.10
+  spec.netns_fd = netns.get();
+  auto t0 = Clock::now();
+  Status made = InNs(kHost, [&] { return MakeVeth(spec); });
+  std::printf("veth link made in %.2f ms\n", std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+  EXPECT_TRUE(made.ok()) << made.ToString();
+  SandboxLink c{"dsv3", spec.addr};
+  Policy p = Parsed(v1::NETWORK_MODE_ALLOW, {"198.51.100.2:80"});
+  auto add = InNs(kHost, [&] { return nft_->Run(SandboxAdd(node_, c, p)); });
+  EXPECT_TRUE(add.ok()) << add.status().ToString();
+  EXPECT_EQ(Connect(ns, "198.51.100.2", 80), 0) << "through dsec's link and the sandbox's chain";
+  EXPECT_EQ(Connect(ns, "198.51.100.3", 80), ECONNREFUSED) << "under its policy";
+  EXPECT_EQ(Connect(ns, "100.96.0.2", 80), ECONNREFUSED) << "not to sandbox a";
+  // A second link of the same name is refused, naming it; the first stays.
+  Status again = InNs(kHost, [&] { return MakeVeth(spec); });
+  EXPECT_FALSE(again.ok());
+  EXPECT_THAT(again.message(), HasSubstr("dsv3"));
+  EXPECT_EQ(Connect(ns, "198.51.100.2", 80), 0);
+  auto rm = InNs(kHost, [&] { return nft_->Run(SandboxRemove(node_, c, p)); });
+  EXPECT_TRUE(rm.ok()) << rm.status().ToString();
+  EXPECT_TRUE(InNs(kHost, [] { return RemoveLink("dsv3"); }).ok());
+  EXPECT_TRUE(InNs(kHost, [] { return RemoveLink("dsv3"); }).ok()) << "gone already is fine";
+  EXPECT_EQ(InNs(ns, [] { return if_nametoindex("eth0"); }), 0u) << "the sandbox's end went with it";
+  Sh("ip netns del " + ns);
 }
 
 // A batch is one transaction: a bad line undoes the good ones before it.
