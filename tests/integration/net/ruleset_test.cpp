@@ -29,6 +29,7 @@
 
 #include "drivers/net/link.hpp"
 #include "drivers/net/nft.hpp"
+#include "drivers/net/node_network.hpp"
 #include "drivers/net/ruleset.hpp"
 #include "harness/daemon.hpp"
 #include "runtime/unique_fd.hpp"
@@ -328,6 +329,69 @@ TEST_F(Ruleset, AVethLinkMadeThroughRtnetlinkCarriesASandboxsTraffic) {
   EXPECT_TRUE(InNs(kHost, [] { return RemoveLink("dsv3"); }).ok());
   EXPECT_TRUE(InNs(kHost, [] { return RemoveLink("dsv3"); }).ok()) << "gone already is fine";
   EXPECT_EQ(InNs(ns, [] { return if_nametoindex("eth0"); }), 0u) << "the sandbox's end went with it";
+  Sh("ip netns del " + ns);
+}
+
+// The node's side (node_network.hpp), in the same host namespace with a
+// table and interface prefix of its own: slots, attach, replace, a restart
+// that re-adopts, release; and an attach that fails leaves nothing.
+TEST_F(Ruleset, TheNodeNetworkAttachesReplacesReadoptsAndReleases) {
+  NodeNetworkOptions o;
+  o.rules.table = "dsecw";
+  o.rules.ifprefix = "dsw";
+  o.rules.resolver_port = kResolverPort;
+  o.pool = 0x64700000;  // 100.112.0.0/16
+  o.pool_prefix = 16;
+  auto start = [&] { return InNs(kHost, [&] { return NodeNetwork::Start(o); }); };
+  auto nn = start();
+  ASSERT_TRUE(nn.ok()) << nn.status().ToString();
+  EXPECT_EQ((*nn)->slots(), 16384u);
+  const std::string ns = "dsn" + kPid + "d";
+  ASSERT_TRUE(Sh("ip netns add " + ns));
+  UniqueFd netns(::open(("/run/netns/" + ns).c_str(), O_RDONLY | O_CLOEXEC));
+  auto net = (*nn)->Reserve("sb-d");
+  ASSERT_TRUE(net.ok()) << net.status().ToString();
+  EXPECT_EQ(net->ifname, "dsw0");
+  EXPECT_EQ(Ipv4Text(net->gateway), "100.112.0.1");
+  EXPECT_EQ(Ipv4Text(net->addr), "100.112.0.2");
+  EXPECT_EQ((*nn)->Reserve("sb-d").status().code(), Status::Code::kAlreadyExists);
+  Policy p = Parsed(v1::NETWORK_MODE_ALLOW, {"198.51.100.2:80"});
+  Status attached = InNs(kHost, [&] { return (*nn)->Attach("sb-d", netns.get(), p); });
+  ASSERT_TRUE(attached.ok()) << attached.ToString();
+  EXPECT_EQ(Connect(ns, "198.51.100.2", 80), 0);
+  EXPECT_EQ(Connect(ns, "198.51.100.3", 80), ECONNREFUSED);
+  ASSERT_TRUE((*nn)->Replace("sb-d", Parsed(v1::NETWORK_MODE_ALLOW, {"198.51.100.3:80"})).ok());
+  EXPECT_EQ(Connect(ns, "198.51.100.2", 80), ECONNREFUSED);
+  EXPECT_EQ(Connect(ns, "198.51.100.3", 80), 0);
+
+  // dsecd restarts: the table is made anew (the link is refused until its
+  // sandbox is re-adopted), the link and its slot are kept.
+  nn->reset();
+  nn = start();
+  ASSERT_TRUE(nn.ok()) << nn.status().ToString();
+  EXPECT_EQ(Connect(ns, "198.51.100.3", 80), ECONNREFUSED) << "not yet re-adopted";
+  Policy p3 = Parsed(v1::NETWORK_MODE_ALLOW, {"198.51.100.3:80"});
+  Status readopted = InNs(kHost, [&] { return (*nn)->Readopt("sb-d", *net, p3); });
+  ASSERT_TRUE(readopted.ok()) << readopted.ToString();
+  EXPECT_EQ(Connect(ns, "198.51.100.3", 80), 0);
+  auto other = (*nn)->Reserve("sb-e");
+  ASSERT_TRUE(other.ok());
+  EXPECT_NE(other->slot, net->slot) << "a re-adopted slot is not given again";
+
+  // An attach that fails (no such namespace) leaves no link; its slot goes
+  // with Release.
+  Status bad = InNs(kHost, [&] { return (*nn)->Attach("sb-e", -1, p); });
+  EXPECT_FALSE(bad.ok());
+  EXPECT_THAT(bad.message(), HasSubstr("sb-e"));
+  EXPECT_EQ(InNs(kHost, [&] { return if_nametoindex(other->ifname.c_str()); }), 0u) << "nothing of it left";
+  EXPECT_TRUE(InNs(kHost, [&] { return (*nn)->Release("sb-e"); }).ok());
+
+  EXPECT_TRUE(InNs(kHost, [&] { return (*nn)->Release("sb-d"); }).ok());
+  EXPECT_EQ(InNs(ns, [] { return if_nametoindex("eth0"); }), 0u) << "the link went with the release";
+  EXPECT_EQ((*nn)->attached(), 0u);
+  auto again = (*nn)->Reserve("sb-f");
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(InNs(kHost, [&] { return nft_->Run(NodeTableRemove(o.rules)); }).ok());
   Sh("ip netns del " + ns);
 }
 
