@@ -17,6 +17,9 @@
 namespace CLI {
 class App;
 }
+namespace dsec::net {
+class NodeNetwork;
+}
 
 namespace dsec::drivers {
 
@@ -32,6 +35,11 @@ struct DriverEnv {
   // panicked): the node marks it failed with `why` and destroys what is
   // left. Called from a driver thread; may be empty.
   std::function<void(const std::string& sandbox_id, const std::string& why)> lost;
+  // Sandbox networking (null when this node has none: `network_unavailable`
+  // says why); `network_open`: mode open is allowed (dsecd --network-open).
+  net::NodeNetwork* network = nullptr;
+  std::string network_unavailable;
+  bool network_open = false;
   // A log callback (level 0 debug .. 3 error) for the driver named `name`.
   std::function<std::function<void(int, const std::string&)>(const std::string& name)> log;
 };

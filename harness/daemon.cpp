@@ -276,6 +276,7 @@ Status TestDaemon::Launch(const std::string& listen, const std::string& admin,
                                    admin, "--cgroup-parent", options_.cgroup_parent, "--fncall-pool", "8", "--log-file",
                                    log_path_, "--http", http_addr_.empty() ? options_.host + ":0" : http_addr_};
   if (options_.test_hooks) args.push_back("--test-hooks");
+  if (!options_.network) args.push_back("--no-sandbox-network");
   if (options_.role == "controller") {
     for (const char* a : {"--role", "controller", "--cluster-listen"}) args.push_back(a);
     args.push_back(cluster_addr_.empty() ? options_.cluster_listen : cluster_addr_);
@@ -425,8 +426,10 @@ TestDaemon::~TestDaemon() {
 }
 
 ProcResult TestDaemon::Ctl(std::vector<std::string> args, const std::string& stdin_data) const {
-  std::vector<std::string> argv = {BinDir() + "/dsecctl", "--addr", sdk_addr_, "--admin", admin_addr_,
-                                   "--data-dir", data_dir_};
+  std::vector<std::string> argv = options_.ctl_wrapper;
+  for (auto a : {BinDir() + "/dsecctl", std::string("--addr"), sdk_addr_, std::string("--admin"), admin_addr_,
+                 std::string("--data-dir"), data_dir_})
+    argv.push_back(std::move(a));
   for (auto& a : args) argv.push_back(std::move(a));
   return RunProcess(argv, stdin_data);
 }

@@ -72,6 +72,13 @@ struct TestDaemonOptions {
   // A command dsecd is started through (it must exec dsecd in its own
   // process, as `unshare --mount --propagation shared --` does).
   std::vector<std::string> wrapper;
+  // A command Ctl runs dsecctl through (`ip netns exec NS`: a dsecd in a
+  // network namespace of the test's is reached from there).
+  std::vector<std::string> ctl_wrapper;
+  // Sandbox networking on (an nftables table and forwarding in dsecd's
+  // network namespace): only for a dsecd in a namespace of the test's
+  // (`wrapper`); off, the host's own network is never touched.
+  bool network = false;
   std::string cgroup_parent = "dsec-test";
   bool test_hooks = true;
   // "controller": dsecd --role controller with its cluster port on an

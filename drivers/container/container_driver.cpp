@@ -16,6 +16,8 @@
 #include "drivers/container/etc_files.hpp"
 #include "drivers/spawner/spawner.pb.h"
 #include "drivers/images/image_store.hpp"
+#include "drivers/net/node_network.hpp"
+#include "drivers/net/policy.hpp"
 #include "runtime/clock.hpp"
 #include "runtime/files.hpp"
 #include "runtime/proto_json.hpp"
@@ -27,6 +29,7 @@ const KindTraits& ContainerDriver::Traits() {
   static const KindTraits t = [] {
     KindTraits k = StatefulTraits(v1::ISOLATION_CONTAINER);
     k.own_disk = true;  // its upper layer, on the sandbox disk (sandbox_disk.hpp)
+    k.network = true;   // a veth link and the node's rules (drivers/net/), where the node has them
     return k;
   }();
   return t;
@@ -197,6 +200,16 @@ Status ContainerDriver::CanHandle(const v1::SandboxSpec& spec) const {
         "the built-in host image serves fncall runs");
   auto image = opts_.images->Get(spec.image());
   if (!image.ok()) return image.status();
+  auto net = net::ParsePolicy(spec.network());
+  if (!net.ok()) return net.status();
+  if (!net->expose.empty())
+    return Status::Unimplemented("container: exposed ports are not served yet (network.expose); leave it empty");
+  if (net->mode != v1::NETWORK_MODE_NONE && !opts_.network)
+    return Status::FailedPrecondition("container networking is unavailable on this node: " + opts_.network_unavailable);
+  if (net->mode == v1::NETWORK_MODE_OPEN && !opts_.network_open)
+    return Status::FailedPrecondition(
+        "network mode open is off on this node (its operator turns it on with dsecd --network-open); "
+        "list what the sandbox needs with mode allow");
   return Available();
 }
 
@@ -245,7 +258,18 @@ Result<std::string> ContainerDriver::CreateNow(const v1::SandboxRecord& sb) {
   if (disk_ && sb.spec().limits().disk_bytes())
     if (Status st = disk_->SetLimit(id, sb.spec().limits().disk_bytes()); !st.ok()) return undo(st);
   std::string hostname = id.substr(0, 63);
-  if (Status st = WriteEtcFiles(base, hostname, sb.spec().network()); !st.ok()) return undo(st);
+  auto policy = net::ParsePolicy(sb.spec().network());
+  if (!policy.ok()) return undo(policy.status());
+  bool networked = policy->mode != v1::NETWORK_MODE_NONE;
+  net::SandboxNet link;
+  if (networked) {
+    if (!opts_.network) return undo(Status::FailedPrecondition("container networking is unavailable on this node"));
+    auto reserved = opts_.network->Reserve(id);
+    if (!reserved.ok()) return undo(reserved.status());
+    link = *reserved;
+  }
+  if (Status st = WriteEtcFiles(base, hostname, sb.spec().network(), networked ? link.gateway : 0); !st.ok())
+    return undo(st);
 
   auto held = TakeGroup(box->cgroup_rel);
   if (!held.ok()) return undo(held.status());
@@ -291,6 +315,12 @@ Result<std::string> ContainerDriver::CreateNow(const v1::SandboxRecord& sb) {
   auto pid = created.get();
   if (!pid.ok()) return undo(pid.status());
   box->init_pid = *pid;
+  if (networked) {
+    // Its link into the init's network namespace, and its rules.
+    UniqueFd ns(::open(("/proc/" + std::to_string(*pid) + "/ns/net").c_str(), O_RDONLY | O_CLOEXEC));
+    if (!ns) return undo(Status::FromErrno(errno, "open the container's network namespace"));
+    if (st = opts_.network->Attach(id, ns.get(), *policy); !st.ok()) return undo(st);
+  }
   auto t_spawned = std::chrono::steady_clock::now();
   if (st = ConnectAgent(*box); !st.ok()) return undo(st);
   {
@@ -311,6 +341,10 @@ Result<std::string> ContainerDriver::CreateNow(const v1::SandboxRecord& sb) {
   state.set_image_file(box->image_file);
   state.set_cgroup(box->cgroup_rel);
   state.set_init_pid(box->init_pid);
+  if (networked) {
+    state.set_network(true);
+    state.set_net_slot(link.slot);
+  }
   return state.SerializeAsString();
 }
 
@@ -409,6 +443,8 @@ Status ContainerDriver::DestroyNow(const std::string& id, const std::string& hel
                                " after SIGKILL (a process stuck in the kernel?); destroy it again");
   }
   ReleaseDir(id, stopped);
+  // Its link went with its namespace; its rules and slot go here.
+  if (opts_.network) Removed(opts_.network->Release(id), "the network of container " + id);
   std::string digest = box ? box->digest : held_digest;
   if (!digest.empty()) mounts_->Release(digest);
   ++destroyed_;
@@ -476,6 +512,13 @@ Status ContainerDriver::ReadoptNow(const v1::SandboxRecord& sb, const std::strin
   bool frozen = groups_->Frozen(box->cgroup_rel);
   if (frozen) (void)groups_->Freeze(box->cgroup_rel, false);  // one still frozen fails the handshake, saying so
   Status connected = ConnectAgent(*box);
+  if (connected.ok() && state->network()) {
+    // The node's table was made anew at this start: its rules again.
+    auto policy = net::ParsePolicy(sb.spec().network());
+    if (!opts_.network) connected = Status::FailedPrecondition("its network: this node has none now");
+    else if (!policy.ok()) connected = policy.status();
+    else connected = opts_.network->Readopt(sb.id(), opts_.network->ForSlot(state->net_slot()), *policy);
+  }
   bool paused = sb.phase() == v1::SANDBOX_PHASE_PAUSED;
   if (paused && connected.ok()) connected = groups_->Freeze(box->cgroup_rel, true);
   box->user_paused = paused;

@@ -23,6 +23,10 @@
 #include "drivers/images/mounts.hpp"
 #include "drivers/spawner/spawner_link.hpp"
 
+namespace dsec::net {
+class NodeNetwork;
+}
+
 namespace dsec::drivers {
 
 struct ContainerOptions {
@@ -44,6 +48,10 @@ struct ContainerOptions {
   uint64_t disk_size_bytes = 64ull << 30;
   // The image registry (the node's images table).
   const images::ImageSource* images = nullptr;  // DriverEnv::images
+  // Sandbox networking (DriverEnv::network, network_unavailable, network_open).
+  net::NodeNetwork* network = nullptr;
+  std::string network_unavailable;
+  bool network_open = false;
   std::function<void(int level, const std::string& text)> log;
 };
 

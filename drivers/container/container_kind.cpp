@@ -39,6 +39,9 @@ class Container : public Kind {
     o.idle_freeze_ms = static_cast<int64_t>(idle_freeze_s_ * 1000);
     o.disk_limits = !no_disk_;
     o.images = env.images;
+    o.network = env.network;
+    o.network_unavailable = env.network_unavailable;
+    o.network_open = env.network_open;
     if (env.log) o.log = env.log(name());
     auto d = ContainerDriver::Start(std::move(o));
     if (!d.ok()) return d.status();

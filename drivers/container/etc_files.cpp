@@ -7,11 +7,13 @@
 #include <cerrno>
 #include <utility>
 
+#include "drivers/net/policy.hpp"
 #include "runtime/unique_fd.hpp"
 
 namespace dsec::drivers {
 
-Status WriteEtcFiles(const std::string& base, const std::string& hostname, const v1::NetworkPolicy& net) {
+Status WriteEtcFiles(const std::string& base, const std::string& hostname, const v1::NetworkPolicy& net,
+                     uint32_t nameserver) {
   std::string dir = base + "/run/etc";
   if (::mkdir(dir.c_str(), 0755) < 0 && errno != EEXIST) return Status::FromErrno(errno, "mkdir " + dir);
   std::string hosts =
@@ -24,9 +26,11 @@ Status WriteEtcFiles(const std::string& base, const std::string& hostname, const
       "127.0.1.1\t" + hostname + "\n";
   // Network off: no name server to ask (a lookup of anything but the
   // names above fails at once instead of timing out).
-  std::string resolv = net.mode() == v1::NETWORK_MODE_ALLOW || net.mode() == v1::NETWORK_MODE_OPEN
-                           ? ""
-                           : "# dsec: this sandbox has no network (spec.network.mode is none)\n";
+  // Network on: the gateway answers (every query goes to the node's
+  // resolver, whatever address it is sent to).
+  std::string resolv = nameserver ? "nameserver " + net::Ipv4Text(nameserver) + "\n"
+                                  : "# dsec: this sandbox has no network (spec.network.mode is none)\n";
+  (void)net;  // the policy itself is enforced by the kernel, not by this file
   resolv += "options timeout:1 attempts:1\n";
   for (const auto& [name, content] : {std::pair<const char*, std::string>{"hosts", hosts},
                                       {"hostname", hostname + "\n"},

@@ -4,6 +4,7 @@
 // image is copied, and they are not part of the container's changes).
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "dsec/status.hpp"
@@ -13,6 +14,9 @@ namespace dsec::drivers {
 
 inline constexpr const char* kEtcFiles[] = {"hosts", "hostname", "resolv.conf"};
 
-Status WriteEtcFiles(const std::string& base, const std::string& hostname, const v1::NetworkPolicy& net);
+// `nameserver`: the sandbox's gateway, where its DNS goes (0: no network,
+// no name server).
+Status WriteEtcFiles(const std::string& base, const std::string& hostname, const v1::NetworkPolicy& net,
+                     uint32_t nameserver = 0);
 
 }  // namespace dsec::drivers

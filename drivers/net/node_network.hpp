@@ -59,6 +59,8 @@ class NodeNetwork {
   // Its rules, its link and its slot, gone; Ok when there were none.
   Status Release(const std::string& id);
 
+  // The link and addresses of slot `slot`.
+  SandboxNet ForSlot(uint32_t slot) const;
   size_t attached() const;
   // The pool's size in slots.
   uint32_t slots() const { return slots_; }
@@ -70,7 +72,6 @@ class NodeNetwork {
     Policy policy;
     bool attached = false;
   };
-  SandboxNet ForSlot(uint32_t slot) const;
   // Marks `id` attached with `policy` (its rules are in force).
   Status Attached(const std::string& id, const Policy& policy);
   void Log(int level, const std::string& text) const;

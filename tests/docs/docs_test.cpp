@@ -3,7 +3,8 @@
 // order, in one shell, against a dsecd started as `scripts/dev run` starts
 // it (from the repository's root: build/bin/dsecd with its defaults, data
 // in ./dsec-data; only the ports are free ones, which the tools find in
-// ./dsec-data/dsecd.json as they would the default ones). A command's exit
+// ./dsec-data/dsecd.json as they would the default ones, and the host's
+// network is left alone: --no-sandbox-network). A command's exit
 // code must be 0, or what its comment says ("exits 124"); a comment's
 // "prints 42" means a line of its output is 42, 'prints "text"' or
 // 'says "text"' that its output (stdout or stderr) holds the text; a comment
@@ -116,7 +117,7 @@ TEST(Docs, TheReadmeAndRunningCommandsRunAsWritten) {
   ASSERT_EQ(::symlink(DSEC_SOURCE_DIR "/sdk", (root + "/sdk").c_str()), 0);  // sdk/python/examples
   auto dsecd = Child::Start({"/bin/sh", "-c",
                              "cd " + root + " && exec build/bin/dsecd --listen 127.0.0.1:0 --admin 127.0.0.1:0 --http 127.0.0.1:0 "
-                             "--cgroup-parent dsec-test 2>dsecd.log"});
+                             "--cgroup-parent dsec-test --no-sandbox-network 2>dsecd.log"});
   ASSERT_TRUE(dsecd.ok());
   for (int i = 0; i < 600 && !ReadFileToString(root + "/dsec-data/dsecd.json").ok(); ++i)
     usleep(100 * 1000);  // waiting for dsecd to say it is ready

@@ -118,7 +118,8 @@ TEST(Kill9, SecondDaemonOnTheSameDataDirIsRefused) {
   auto started = TestDaemon::Start();
   ASSERT_TRUE(started.ok()) << started.status().ToString();
   auto r = RunProcess({BinDir() + "/dsecd", "--data-dir", (*started)->data_dir(), "--listen", "127.0.0.1:0",
-                       "--admin", "127.0.0.1:0", "--http", "127.0.0.1:0", "--cgroup-parent", "dsec-test"},
+                       "--admin", "127.0.0.1:0", "--http", "127.0.0.1:0", "--cgroup-parent", "dsec-test",
+                       "--no-sandbox-network"},
                       {}, 60);
   EXPECT_EQ(r.exit_code, 3);
   EXPECT_THAT(r.err, HasSubstr("in use by another process"));

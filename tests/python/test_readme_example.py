@@ -51,8 +51,9 @@ def test_the_quickstart_runs_as_written_against_the_readmes_dsecd() -> None:
     os.symlink(os.path.join(os.path.abspath(SOURCE), "sdk"), os.path.join(root, "sdk"))
     log = open(os.path.join(root, "dsecd.log"), "w")
     # As `scripts/dev run` starts it, from the repository's root; only its
-    # cgroups go under dsec-test, where leak_check looks.
-    dsecd = subprocess.Popen(["build/bin/dsecd", "--cgroup-parent", "dsec-test"], cwd=root, stdout=log,
+    # cgroups go under dsec-test, where leak_check looks, and the host's
+    # network is left alone (--no-sandbox-network).
+    dsecd = subprocess.Popen(["build/bin/dsecd", "--cgroup-parent", "dsec-test", "--no-sandbox-network"], cwd=root, stdout=log,
                              stderr=subprocess.STDOUT)
     env = {k: v for k, v in os.environ.items() if not k.startswith("DSEC_")}
     env["PYTHONPATH"] = os.path.join(root, "build", "python")

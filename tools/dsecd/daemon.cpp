@@ -27,6 +27,7 @@
 #include "runtime/door_auth.hpp"
 #include "runtime/files.hpp"
 #include "drivers/images/image_store.hpp"
+#include "drivers/net/node_network.hpp"
 #include "runtime/front_door.hpp"
 #include "runtime/http_gate.hpp"
 #include "runtime/http_server.hpp"
@@ -293,6 +294,35 @@ class Daemon {
 
   // The node's context and every kind's driver (a kind this host cannot
   // run says why, in the log and in `status`).
+  // Sandbox networking for the kinds, or why this node has none (then only
+  // mode none is taken, and a spec asking for more is told why).
+  void StartNetwork(drivers::DriverEnv* env) {
+    env->network_open = f_.network_open;
+    if (f_.no_sandbox_network) {
+      env->network_unavailable = "off (dsecd --no-sandbox-network)";
+      return;
+    }
+    auto pool = net::ParseRule(f_.sandbox_net);
+    net::NodeNetworkOptions no;
+    no.log = DriverLog("network");
+    Result<std::unique_ptr<net::NodeNetwork>> nn = Status::InvalidArgument(
+        "--sandbox-net '" + f_.sandbox_net + "' is not an address range (e.g. 100.96.0.0/12)");
+    if (pool.ok() && !pool->is_name() && pool->ports.empty()) {
+      no.pool = pool->addr;
+      no.pool_prefix = pool->prefix;
+      nn = net::NodeNetwork::Start(no);
+    }
+    if (!nn.ok()) {
+      env->network_unavailable = nn.status().message();
+      log_->warn("sandbox networking unavailable: {} (sandboxes get network mode none only)", nn.status().message());
+      return;
+    }
+    network_ = std::move(*nn);
+    env->network = network_.get();
+    log_->info("sandbox networking: table inet {} with sandboxes in {}{}", no.rules.table, f_.sandbox_net,
+               f_.network_open ? "; mode open allowed" : "");
+  }
+
   int StartKinds() {
     node_ctx_ = std::make_shared<NodeContext>();
     auto& o = node_ctx_->options;
@@ -321,6 +351,7 @@ class Daemon {
     env.sandbox_gid = f_.sandbox_gid;
     env.images = image_store_.get();
     env.log = DriverLog;
+    StartNetwork(&env);
     // A sandbox that ended by itself goes to the node, once there is one.
     env.lost = [sink = lost_sink_](const std::string& id, const std::string& why) {
       sink->With([&](const node_actor& node) { caf::anon_send(node, lost_atom::value, id, why); });
@@ -531,6 +562,7 @@ class Daemon {
   std::unique_ptr<state::Store> store_, controller_store_;
   std::unique_ptr<state::GroupCommitter> committer_, controller_committer_;
   std::unique_ptr<images::ImageStore> image_store_;
+  std::unique_ptr<net::NodeNetwork> network_;  // the kinds' (stopped before it goes)
   std::shared_ptr<NodeContext> node_ctx_;
   bool kinds_started_ = false;
   std::shared_ptr<Sink<node_actor>> lost_sink_ = std::make_shared<Sink<node_actor>>();

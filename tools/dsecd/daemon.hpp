@@ -46,7 +46,11 @@ struct Flags {
   size_t door_max_pending = 256;
   double door_timeout_s = 5;
   bool test_hooks = false;
-  std::vector<std::string> test_faults;  // KIND:OP:fail:N | KIND:OP:hold
+  std::vector<std::string> test_faults;
+  // Sandbox networking (docs/running.md, "Network").
+  std::string sandbox_net = "100.96.0.0/12";
+  bool network_open = false;
+  bool no_sandbox_network = false;  // KIND:OP:fail:N | KIND:OP:hold
   // The cluster (docs/cluster.md).
   std::string cluster_listen = "127.0.0.1:7403";  // controller: where nodes join
   std::string join;                               // node: the controller's cluster address

@@ -84,6 +84,14 @@ void AddFlags(CLI::App& app, Flags* f, drivers::Registry& kinds) {
   app.add_option("--door-timeout", f->door_timeout_s, "seconds an SDK connection has for its token handshake")
       ->check(CLI::Range(0.1, 3600.0))
       ->capture_default_str();
+  app.add_option("--sandbox-net", f->sandbox_net,
+                 "the addresses of sandboxes with a network: a /30 each (the host end is its gateway); a range "
+                 "nothing else on this host routes")
+      ->capture_default_str();
+  app.add_flag("--network-open", f->network_open,
+               "allow network mode open (any public address) for sandboxes that ask; off: allow-lists only");
+  app.add_flag("--no-sandbox-network", f->no_sandbox_network,
+               "no sandbox networking on this node (no nftables table, no forwarding): only mode none");
   app.add_flag("--test-hooks", f->test_hooks, "honour crash and driver fault injection (tests only)");
   app.add_option("--test-fault", f->test_faults,
                  "with --test-hooks: KIND:OP:fail:N or KIND:OP:hold, armed before the restore (tests only; "

@@ -33,6 +33,7 @@
 #include "drivers/net/ruleset.hpp"
 #include "harness/daemon.hpp"
 #include "runtime/unique_fd.hpp"
+#include "tests/support/netns.hpp"
 
 namespace dsec::net {
 namespace {
@@ -45,67 +46,16 @@ const std::string kHost = "dsn" + kPid + "h", kSbA = "dsn" + kPid + "a", kSbB = 
                   kNet = "dsn" + kPid + "i";
 constexpr uint16_t kResolverPort = 5353;
 
-// Runs `f` on a thread of its own in network namespace `ns`; what it
-// returns. A thread that cannot enter it stops the test binary: `f` must
-// never touch the host's own network.
-template <class F>
-auto InNs(const std::string& ns, F f) -> decltype(f()) {
-  return std::async(std::launch::async, [&]() -> decltype(f()) {
-           UniqueFd fd(::open(("/run/netns/" + ns).c_str(), O_RDONLY | O_CLOEXEC));
-           if (!fd || ::setns(fd.get(), CLONE_NEWNET) != 0) {
-             std::fprintf(stderr, "ruleset_test: cannot enter network namespace %s: %s\n", ns.c_str(),
-                          std::strerror(errno));
-             std::abort();
-           }
-           return f();
-         })
-      .get();
-}
+using testing::InNs;
+using testing::Sh;
 
-bool Sh(const std::string& cmd, std::string* err = nullptr) {
-  auto r = testing::RunProcess({"/bin/sh", "-c", cmd});
-  if (err) *err = r.out + r.err;
-  return r.exit_code == 0;
-}
+int Connect(const std::string& ns, const std::string& ip, uint16_t port) { return testing::ConnectFrom(ns, ip, port); }
 
-sockaddr_in Addr(const std::string& ip, uint16_t port) {
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(port);
-  ::inet_pton(AF_INET, ip.c_str(), &a.sin_addr);
-  return a;
-}
-
-// A TCP connect from `ns` to ip:port: 0 once connected, else the errno. A
-// refusal by the policy is a TCP reset at once (ECONNREFUSED); 3 s bounds
-// a packet silently lost (ETIMEDOUT).
-int Connect(const std::string& ns, const std::string& ip, uint16_t port) {
-  return InNs(ns, [&] {
-    UniqueFd s(::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
-    sockaddr_in a = Addr(ip, port);
-    if (::connect(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) return 0;
-    if (errno != EINPROGRESS) return errno;
-    pollfd p{s.get(), POLLOUT, 0};
-    if (::poll(&p, 1, 3000) != 1) return ETIMEDOUT;
-    int err = 0;
-    socklen_t len = sizeof err;
-    ::getsockopt(s.get(), SOL_SOCKET, SO_ERROR, &err, &len);
-    return err;
-  });
-}
-
-// A listening TCP socket in `ns` (the kernel completes connections to it
-// without an accept).
 UniqueFd Listen(const std::string& ns, const std::string& ip, uint16_t port) {
-  return InNs(ns, [&] {
-    UniqueFd s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-    int one = 1;
-    ::setsockopt(s.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    sockaddr_in a = Addr(ip, port);
-    if (::bind(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(s.get(), 64) != 0)
-      ADD_FAILURE() << "listen " << ip << ":" << port << " in " << ns << ": " << std::strerror(errno);
-    return s;
-  });
+  int err = 0;
+  UniqueFd s = testing::ListenIn(ns, ip, port, &err);
+  if (!s) ADD_FAILURE() << "listen " << ip << ":" << port << " in " << ns << ": " << std::strerror(err);
+  return s;
 }
 
 Policy Parsed(v1::NetworkMode mode, std::vector<std::string> allow) {
@@ -263,13 +213,13 @@ TEST_F(Ruleset, EveryDnsQueryGoesToTheNodesResolver) {
   // The "resolver": the node's port every query is redirected to.
   auto resolver = InNs(kHost, [] {
     UniqueFd s(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
-    sockaddr_in a = Addr("0.0.0.0", kResolverPort);
+    sockaddr_in a = testing::Ipv4Addr("0.0.0.0", kResolverPort);
     if (::bind(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) ADD_FAILURE() << std::strerror(errno);
     return s;
   });
   InNs(kSbA, [] {
     UniqueFd s(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
-    sockaddr_in to = Addr("198.51.100.2", 53);  // "another resolver", straight
+    sockaddr_in to = testing::Ipv4Addr("198.51.100.2", 53);  // "another resolver", straight
     return ::sendto(s.get(), "query", 5, 0, reinterpret_cast<sockaddr*>(&to), sizeof to);
   });
   pollfd p{resolver.get(), POLLIN, 0};

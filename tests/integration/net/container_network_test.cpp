@@ -1,0 +1,162 @@
+// A container's network policy through a real dsecd: dsecd runs in a
+// network namespace of the test's ("host", with its table and forwarding),
+// linked to an "internet" namespace (198.51.100.0/24, TEST-NET-2) with
+// listeners on two addresses; dsecctl runs in the host namespace too. No
+// packet leaves these namespaces, and the machine's own network is not
+// touched.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "harness/daemon.hpp"
+#include "harness/rootfs.hpp"
+#include "tests/support/host_probes.hpp"
+#include "tests/support/netns.hpp"
+
+namespace dsec::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+const std::string kPid = std::to_string(::getpid());
+const std::string kHost = "dsc" + kPid + "h", kNet = "dsc" + kPid + "i";
+constexpr const char* kImage = "netimg";
+
+// A connect from inside the container: "ok" or the Python exception's name.
+std::string ConnectScript(const std::string& ip, int port) {
+  return "import socket\ntry:\n socket.create_connection(('" + ip + "', " + std::to_string(port) +
+         "), 3).close(); print('ok')\nexcept OSError as e:\n print(type(e).__name__)";
+}
+
+class ContainerNetwork : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (::geteuid() != 0) return Skip("needs root (network namespaces, nftables, containers)");
+    if (auto gap = ContainerHostGap(); !gap.empty()) return Skip("container sandboxes unavailable: " + gap);
+    std::string nsenter;
+    if (!Sh("command -v ip >/dev/null && command -v nsenter", &nsenter))
+      return Skip("needs iproute2's ip and util-linux's nsenter: apt-get install iproute2 util-linux");
+    while (!nsenter.empty() && (nsenter.back() == '\n' || nsenter.back() == ' ')) nsenter.pop_back();
+    std::string err;
+    if (!Sh("ip netns add " + kHost, &err)) return Skip("cannot make a network namespace: " + err);
+    made_ = true;
+    const std::string h = "ip -n " + kHost + " ", i = "ip -n " + kNet + " ";
+    for (const auto& s : {"ip netns add " + kNet, h + "link set lo up",
+                          h + "link add up0 type veth peer name eth0 netns " + kNet,
+                          h + "addr add 198.51.100.1/24 dev up0", h + "link set up0 up",
+                          i + "addr add 198.51.100.2/24 dev eth0", i + "addr add 198.51.100.3/24 dev eth0",
+                          i + "link set eth0 up", i + "link set lo up"})
+      if (!Sh(s, &err)) return Fail(s + ": " + err);
+    for (auto [addr, port] : {std::pair<const char*, uint16_t>{"198.51.100.2", 80}, {"198.51.100.3", 80}})
+      listeners_.push_back(ListenIn(kNet, addr, port));
+    TestDaemonOptions o;
+    // nsenter, not `ip netns exec`: that mounts a sysfs of its own over
+    // /sys, hiding the host's cgroups from dsecd.
+    o.wrapper = {nsenter, "--net=/run/netns/" + kHost, "--"};
+    o.ctl_wrapper = o.wrapper;
+    o.network = true;
+    auto d = TestDaemon::Start(o);
+    if (!d.ok()) return Fail("dsecd in " + kHost + ": " + d.status().ToString());
+    daemon_ = std::move(*d);
+    char tmpl[] = "/tmp/dsec-net-rootfs-XXXXXX";
+    if (!::mkdtemp(tmpl)) return Fail("mkdtemp");
+    Status rootfs = MakeRootfs(tmpl);
+    if (!rootfs.ok()) return Fail("rootfs: " + rootfs.ToString());
+    // dsec-image tells the running dsecd: from its namespace.
+    auto built = RunProcess({nsenter, "--net=/run/netns/" + kHost, "--", BinDir() + "/dsec-image", "--data-dir",
+                             daemon_->data_dir(), "build", tmpl, kImage});
+    RunProcess({"/bin/rm", "-rf", tmpl});
+    if (built.exit_code != 0) return Fail("dsec-image build: " + built.err);
+  }
+  static void TearDownTestSuite() {
+    if (daemon_)
+      for (const auto& id : made_ids_) (void)daemon_->Ctl({"rm", id});
+    daemon_.reset();
+    listeners_.clear();
+    if (made_)
+      for (const auto& ns : {kHost, kNet}) Sh("ip netns del " + ns + " 2>/dev/null");
+  }
+  static void Skip(const std::string& why) { skip_ = why; }
+  static void Fail(const std::string& why) { failure_ = why; }
+  void SetUp() override {
+    if (!skip_.empty()) GTEST_SKIP() << skip_;
+    ASSERT_TRUE(failure_.empty()) << failure_;
+  }
+
+  // `dsecctl create` with `args`: the id, or "" (the error in *err).
+  static std::string Create(std::vector<std::string> args, std::string* err = nullptr) {
+    std::vector<std::string> argv = {"create", "--kind", "container", "--image", kImage};
+    argv.insert(argv.end(), args.begin(), args.end());
+    auto r = daemon_->Ctl(argv);
+    if (err) *err = r.out + r.err;
+    if (r.exit_code != 0) return "";
+    std::string id = r.out;
+    while (!id.empty() && (id.back() == '\n' || id.back() == ' ')) id.pop_back();
+    made_ids_.push_back(id);
+    return id;
+  }
+  static std::string ConnectIn(const std::string& id, const std::string& ip, int port) {
+    auto r = daemon_->Ctl({"exec", id, "--", "python3", "-c", ConnectScript(ip, port)});
+    std::string out = r.out;
+    while (!out.empty() && out.back() == '\n') out.pop_back();
+    return r.exit_code == 0 ? out : "exec failed (" + std::to_string(r.exit_code) + "): " + r.err;
+  }
+
+  static inline std::unique_ptr<TestDaemon> daemon_;
+  static inline std::vector<UniqueFd> listeners_;
+  static inline std::vector<std::string> made_ids_;
+  static inline bool made_ = false;
+  static inline std::string skip_, failure_;
+};
+
+TEST_F(ContainerNetwork, AnAllowListIsWhatAContainerReachesAndNothingElse) {
+  std::string err;
+  std::string id = Create({"--allow", "198.51.100.2:80/tcp"}, &err);
+  ASSERT_FALSE(id.empty()) << err;
+  EXPECT_EQ(ConnectIn(id, "198.51.100.2", 80), "ok") << "the allowed address:port answers";
+  EXPECT_EQ(ConnectIn(id, "198.51.100.3", 80), "ConnectionRefusedError") << "another address, refused at once";
+  EXPECT_EQ(ConnectIn(id, "198.51.100.1", 22), "ConnectionRefusedError") << "the node itself";
+  auto resolv = daemon_->Ctl({"exec", id, "--", "cat", "/etc/resolv.conf"});
+  EXPECT_THAT(resolv.out, HasSubstr("nameserver 100.96.0.1")) << "its gateway, where every query goes";
+
+  std::string none = Create({});
+  ASSERT_FALSE(none.empty());
+  EXPECT_EQ(ConnectIn(none, "198.51.100.2", 80), "OSError") << "mode none: no route at all";
+  EXPECT_EQ(ConnectIn(none, "100.96.0.2", 80), "OSError") << "nor to the other container";
+
+  // Removed, its link and its rules go.
+  ASSERT_EQ(daemon_->Ctl({"rm", id}).exit_code, 0);
+  std::string links;
+  Sh("ip -n " + kHost + " -o link show", &links);
+  EXPECT_THAT(links, ::testing::Not(HasSubstr("dsv"))) << links;
+  std::string rules;
+  Sh("ip netns exec " + kHost + " nft list chains inet dsec 2>&1", &rules);
+  EXPECT_THAT(rules, ::testing::Not(HasSubstr("s_dsv"))) << rules;
+}
+
+TEST_F(ContainerNetwork, ARestartedDsecdPutsAContainersRulesBack) {
+  std::string id = Create({"--allow", "198.51.100.3:80"});
+  ASSERT_FALSE(id.empty());
+  ASSERT_EQ(ConnectIn(id, "198.51.100.3", 80), "ok");
+  daemon_->Kill9();
+  ASSERT_TRUE(daemon_->Restart().ok());
+  EXPECT_EQ(ConnectIn(id, "198.51.100.3", 80), "ok") << "re-adopted with its rules";
+  EXPECT_EQ(ConnectIn(id, "198.51.100.2", 80), "ConnectionRefusedError") << "and only them";
+}
+
+TEST_F(ContainerNetwork, ModeOpenIsRefusedUnlessTheNodeAllowsItAndBadEntriesAreNamed) {
+  std::string err;
+  EXPECT_TRUE(Create({"--network", "open"}, &err).empty());
+  EXPECT_THAT(err, HasSubstr("dsecd --network-open"));
+  EXPECT_TRUE(Create({"--allow", "198.51.100.0/33"}, &err).empty());
+  EXPECT_THAT(err, HasSubstr("network entry '198.51.100.0/33'"));
+  EXPECT_TRUE(Create({"--allow", "198.51.100.2:80", "--expose", "8080"}, &err).empty());
+  EXPECT_THAT(err, HasSubstr("exposed ports are not served yet"));
+}
+
+}  // namespace
+}  // namespace dsec::testing
