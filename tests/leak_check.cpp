@@ -3,7 +3,8 @@
 // mounts, data dirs. A microVM's QEMU is such a process (its command line
 // names its dir in the test data dir; it sits in <parent>/vm/<id>), so a VM
 // that outlives its test is reported, and swept; so is a vm sandbox's
-// libvirt domain (its metadata names its dir in the test data dir). Test daemons and drivers use the cgroup parent
+// libvirt domain (its metadata names its dir in the test data dir), and a
+// network test's namespaces (/run/netns/dsn*, dsc*). Test daemons and drivers use the cgroup parent
 // "dsec-test" and data dirs /tmp/dsec-test-*, so this never mistakes a
 // developer's own dsecd for a leak.
 //
@@ -98,6 +99,14 @@ std::vector<std::string> TestDomains() {
   return out;
 }
 
+// The network namespaces of network tests (/run/netns/dsn* and dsc*).
+std::vector<std::string> TestNetns() {
+  std::vector<std::string> out;
+  for (const auto& e : dsec::ListEntries("/run/netns"))
+    if (e.rfind("dsn", 0) == 0 || e.rfind("dsc", 0) == 0) out.push_back(e);
+  return out;
+}
+
 bool Alive(pid_t pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
 
 // The test dsecds alive on this machine (their command line names a test data dir).
@@ -162,6 +171,13 @@ int Sweep() {
              name + "' >/dev/null 2>&1");
       said("libvirt domain " + name);
     }
+  // Network namespaces the network tests make (tests/support/netns.hpp's
+  // users name theirs dsn<pid>* and dsc<pid>*).
+  if (daemons.empty())
+    for (const auto& ns : TestNetns()) {
+      dsec::testing::RunProcess({"/bin/sh", "-c", "ip netns del '" + ns + "' 2>/dev/null"});
+      said("network namespace " + ns);
+    }
   for (const auto& e : dsec::ListEntries("/tmp")) {
     if (e.rfind("dsec-test-", 0) != 0) continue;
     std::string path = "/tmp/" + e;
@@ -211,6 +227,7 @@ int main(int argc, char** argv) {
     }
   }
   for (const auto& name : TestDomains()) report("libvirt domain " + name);
+  for (const auto& ns : TestNetns()) report("network namespace " + ns);
   std::ifstream mi("/proc/self/mountinfo");
   for (std::string line; std::getline(mi, line);)
     if (line.find("dsec") != std::string::npos) report("mount: " + line);
