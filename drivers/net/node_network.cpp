@@ -2,9 +2,14 @@
 
 #include <fcntl.h>
 #include <net/if.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 
 #include "drivers/net/link.hpp"
 #include "runtime/unique_fd.hpp"
@@ -33,10 +38,66 @@ Result<std::unique_ptr<NodeNetwork>> NodeNetwork::Start(NodeNetworkOptions optio
       return Status::FromErrno(errno, "sandbox networking: turn on net.ipv4.ip_forward");
     n->Log(1, "sandbox networking: net.ipv4.ip_forward is on (sandboxes' traffic is routed through this host)");
   }
+  if (n->opts_.serve_dns) {
+    uint16_t port = n->opts_.rules.resolver_port;
+    for (int type : {SOCK_DGRAM, SOCK_STREAM}) {
+      int fd = ::socket(AF_INET, type | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+      (type == SOCK_DGRAM ? n->dns_udp_ : n->dns_tcp_) = fd;
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_port = htons(port);
+      if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+          (type == SOCK_STREAM && ::listen(fd, 16) != 0))
+        return Status::FromErrno(errno, "sandbox networking: the resolver's port " + std::to_string(port) +
+                                            (type == SOCK_DGRAM ? "/udp" : "/tcp") +
+                                            " (in use? dsecd --sandbox-dns-port another)");
+    }
+    n->dns_stop_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (n->dns_stop_ < 0) return Status::FromErrno(errno, "sandbox networking: eventfd");
+    n->dns_thread_ = std::thread([p = n.get()] { p->ServeDns(); });
+  }
   return n;
 }
 
-NodeNetwork::~NodeNetwork() = default;
+NodeNetwork::~NodeNetwork() {
+  if (dns_thread_.joinable()) {
+    uint64_t one = 1;
+    (void)!::write(dns_stop_, &one, sizeof one);
+    dns_thread_.join();
+  }
+  for (int fd : {dns_udp_, dns_tcp_, dns_stop_})
+    if (fd >= 0) ::close(fd);
+}
+
+void NodeNetwork::ServeDns() {
+  std::vector<uint8_t> buf(512);
+  for (;;) {
+    pollfd p[3] = {{dns_udp_, POLLIN, 0}, {dns_tcp_, POLLIN, 0}, {dns_stop_, POLLIN, 0}};
+    if (::poll(p, 3, -1) < 0 && errno != EINTR) return;
+    if (p[2].revents) return;
+    if (p[1].revents) {
+      // DNS over TCP: closed at once (a client falls back or fails fast).
+      int c = ::accept4(dns_tcp_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (c >= 0) ::close(c);
+    }
+    if (!p[0].revents) continue;
+    sockaddr_in from{};
+    socklen_t len = sizeof from;
+    ssize_t n = ::recvfrom(dns_udp_, buf.data(), buf.size(), 0, reinterpret_cast<sockaddr*>(&from), &len);
+    // A query: a 12-byte header, one question (its name's labels, type and
+    // class); anything else is dropped, costing nothing.
+    if (n < 12 || (buf[2] & 0x80) || buf[4] != 0 || buf[5] != 1) continue;
+    size_t at = 12;
+    while (at < static_cast<size_t>(n) && buf[at] != 0 && buf[at] < 64) at += buf[at] + 1;
+    if (at >= static_cast<size_t>(n) || buf[at] != 0 || at + 5 > static_cast<size_t>(n)) continue;
+    size_t end = at + 5;  // the root label, type and class
+    // The same id and question; QR, RD as asked, RA; NXDOMAIN; no records.
+    buf[2] = static_cast<uint8_t>(0x80 | (buf[2] & 0x79));
+    buf[3] = 0x80 | 3;
+    std::memset(&buf[6], 0, 6);
+    (void)::sendto(dns_udp_, buf.data(), end, 0, reinterpret_cast<sockaddr*>(&from), len);
+  }
+}
 
 void NodeNetwork::Log(int level, const std::string& text) const {
   if (opts_.log) opts_.log(level, text);

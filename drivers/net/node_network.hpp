@@ -13,6 +13,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <thread>
 #include <unordered_map>
 
 #include "drivers/net/nft.hpp"
@@ -25,6 +26,10 @@ struct NodeNetworkOptions {
   uint32_t pool = 0x64600000;    // 100.96.0.0
   uint8_t pool_prefix = 12;      // /12: 262 144 slots of /30
   bool forward = true;           // net.ipv4.ip_forward=1 at Start (routing needs it)
+  // Own rules.resolver_port (udp and tcp, every address) and answer every
+  // query there NXDOMAIN, so that no other program of the host can take
+  // sandboxes' DNS (the resolver of listed names replaces it).
+  bool serve_dns = true;
   std::function<void(int level, const std::string& text)> log;
 };
 
@@ -76,8 +81,12 @@ class NodeNetwork {
   Status Attached(const std::string& id, const Policy& policy);
   void Log(int level, const std::string& text) const;
 
+  // Answers sandboxes' DNS (serve_dns): NXDOMAIN for every name, for now.
+  void ServeDns();
   NodeNetworkOptions opts_;
   std::unique_ptr<Nft> nft_;
+  int dns_udp_ = -1, dns_tcp_ = -1, dns_stop_ = -1;  // sockets and an eventfd
+  std::thread dns_thread_;
   uint32_t slots_ = 0;
   mutable std::mutex mu_;
   std::unordered_map<std::string, Entry> by_id_;

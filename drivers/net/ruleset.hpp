@@ -33,7 +33,7 @@ namespace dsec::net {
 struct NodeNet {
   std::string table = "dsec";    // inet <table>
   std::string ifprefix = "dsv";  // sandboxes' host-side interfaces
-  uint16_t resolver_port = 53;   // where sandboxes' DNS is redirected
+  uint16_t resolver_port = 10053;  // where sandboxes' DNS is redirected (dsecd owns it)
   uint16_t log_group = 0;        // NFLOG group of refusals (0: counted only)
   uint32_t log_rate = 50;        // refusals logged per second per sandbox at most
 };

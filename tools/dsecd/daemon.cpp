@@ -305,6 +305,7 @@ class Daemon {
     auto pool = net::ParseRule(f_.sandbox_net);
     net::NodeNetworkOptions no;
     no.log = DriverLog("network");
+    no.rules.resolver_port = f_.sandbox_dns_port;
     Result<std::unique_ptr<net::NodeNetwork>> nn = Status::InvalidArgument(
         "--sandbox-net '" + f_.sandbox_net + "' is not an address range (e.g. 100.96.0.0/12)");
     if (pool.ok() && !pool->is_name() && pool->ports.empty()) {

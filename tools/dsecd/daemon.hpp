@@ -50,7 +50,8 @@ struct Flags {
   // Sandbox networking (docs/running.md, "Network").
   std::string sandbox_net = "100.96.0.0/12";
   bool network_open = false;
-  bool no_sandbox_network = false;  // KIND:OP:fail:N | KIND:OP:hold
+  bool no_sandbox_network = false;
+  uint16_t sandbox_dns_port = 10053;  // KIND:OP:fail:N | KIND:OP:hold
   // The cluster (docs/cluster.md).
   std::string cluster_listen = "127.0.0.1:7403";  // controller: where nodes join
   std::string join;                               // node: the controller's cluster address

@@ -90,6 +90,10 @@ void AddFlags(CLI::App& app, Flags* f, drivers::Registry& kinds) {
       ->capture_default_str();
   app.add_flag("--network-open", f->network_open,
                "allow network mode open (any public address) for sandboxes that ask; off: allow-lists only");
+  app.add_option("--sandbox-dns-port", f->sandbox_dns_port,
+                 "the port (udp and tcp, every address) dsecd answers sandboxes' DNS on; every query a sandbox "
+                 "sends, to any address, is redirected there")
+      ->capture_default_str();
   app.add_flag("--no-sandbox-network", f->no_sandbox_network,
                "no sandbox networking on this node (no nftables table, no forwarding): only mode none");
   app.add_flag("--test-hooks", f->test_hooks, "honour crash and driver fault injection (tests only)");

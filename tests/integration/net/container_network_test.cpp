@@ -122,6 +122,17 @@ TEST_F(ContainerNetwork, AnAllowListIsWhatAContainerReachesAndNothingElse) {
   EXPECT_EQ(ConnectIn(id, "198.51.100.1", 22), "ConnectionRefusedError") << "the node itself";
   auto resolv = daemon_->Ctl({"exec", id, "--", "cat", "/etc/resolv.conf"});
   EXPECT_THAT(resolv.out, HasSubstr("nameserver 100.96.0.1")) << "its gateway, where every query goes";
+  // A name: NXDOMAIN from the node (no resolver of listed names yet), also
+  // when asked of another server straight.
+  for (const char* server : {"100.96.0.1", "198.51.100.2"}) {
+    auto dns = daemon_->Ctl(
+        {"exec", id, "--", "python3", "-c",
+         std::string("import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(3)\n"
+                     "s.sendto(bytes([0x12, 0x34, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0, 4]) + b'pypi' + bytes([4]) + "
+                     "b'test' + bytes([0, 0, 1, 0, 1]), ('") +
+             server + "', 53))\nprint(s.recv(512)[3] & 15)"});
+    EXPECT_EQ(dns.out, "3\n") << server << ": " << dns.err;
+  }
 
   std::string none = Create({});
   ASSERT_FALSE(none.empty());

@@ -289,7 +289,7 @@ TEST_F(Ruleset, TheNodeNetworkAttachesReplacesReadoptsAndReleases) {
   NodeNetworkOptions o;
   o.rules.table = "dsecw";
   o.rules.ifprefix = "dsw";
-  o.rules.resolver_port = kResolverPort;
+  o.rules.resolver_port = kResolverPort + 1;
   o.pool = 0x64700000;  // 100.112.0.0/16
   o.pool_prefix = 16;
   auto start = [&] { return InNs(kHost, [&] { return NodeNetwork::Start(o); }); };
@@ -310,6 +310,20 @@ TEST_F(Ruleset, TheNodeNetworkAttachesReplacesReadoptsAndReleases) {
   ASSERT_TRUE(attached.ok()) << attached.ToString();
   EXPECT_EQ(Connect(ns, "198.51.100.2", 80), 0);
   EXPECT_EQ(Connect(ns, "198.51.100.3", 80), ECONNREFUSED);
+  // DNS, sent to any address, is answered by the node: NXDOMAIN (no
+  // resolver of listed names yet), never by another server.
+  int rcode = InNs(ns, [] {
+    UniqueFd s(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+    const unsigned char q[] = {0x12, 0x34, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0, 4, 'p', 'y', 'p', 'i',
+                               4, 't', 'e', 's', 't', 0, 0, 1, 0, 1};
+    sockaddr_in to = testing::Ipv4Addr("198.51.100.2", 53);
+    ::sendto(s.get(), q, sizeof q, 0, reinterpret_cast<sockaddr*>(&to), sizeof to);
+    pollfd p{s.get(), POLLIN, 0};
+    unsigned char r[512];
+    if (::poll(&p, 1, 3000) != 1 || ::recv(s.get(), r, sizeof r, 0) < 12 || r[0] != 0x12 || r[1] != 0x34) return -1;
+    return r[3] & 0x0f;
+  });
+  EXPECT_EQ(rcode, 3) << "NXDOMAIN from the node's resolver port";
   ASSERT_TRUE((*nn)->Replace("sb-d", Parsed(v1::NETWORK_MODE_ALLOW, {"198.51.100.3:80"})).ok());
   EXPECT_EQ(Connect(ns, "198.51.100.2", 80), ECONNREFUSED);
   EXPECT_EQ(Connect(ns, "198.51.100.3", 80), 0);
