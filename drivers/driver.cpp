@@ -89,6 +89,13 @@ void Driver::Pause(const v1::SandboxRecord&, bool, StatusCallback done) {
   done(NoState(*this, "processes to pause"));
 }
 
+void Driver::SetNetwork(const v1::SandboxRecord& sb, const v1::NetworkPolicy&, StatusCallback done) {
+  done(Status::FailedPrecondition("sandbox " + sb.id() + ": " + name() + " sandboxes have no network link to change"));
+}
+Result<v1::NetworkReport> Driver::Network(const v1::SandboxRecord& sb) const {
+  return Status::NotFound("sandbox " + sb.id() + " has no network link");
+}
+
 Status CheckSandboxPath(const std::string& path) {
   if (path.empty() || path[0] != '/') return Status::InvalidArgument("path '" + path + "' is not absolute");
   if (path.size() > 4096) return Status::InvalidArgument("path is longer than 4096 bytes");

@@ -110,6 +110,14 @@ class Driver {
     return Status::Unimplemented(std::string(name()) + " sandboxes have no disk of their own");
   }
 
+  // A new network policy (Admissible already) for a sandbox that has a
+  // network link: one transaction. FailedPrecondition, saying why, for a
+  // sandbox without one (made with mode none; a kind without networking).
+  virtual void SetNetwork(const v1::SandboxRecord& sandbox, const v1::NetworkPolicy& next, StatusCallback done);
+  // Its network as a read shows it (address, refusals); NotFound when it
+  // has no link here.
+  virtual Result<v1::NetworkReport> Network(const v1::SandboxRecord& sandbox) const;
+
   // After a daemon restart: reconnect to a sandbox from its record (`done`
   // Ok), or say why it is gone. Returns at once, like every call here.
   virtual void Readopt(const v1::SandboxRecord& sandbox, const std::string& driver_state, StatusCallback done) = 0;

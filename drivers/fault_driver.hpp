@@ -65,6 +65,10 @@ class FaultDriver final : public Driver {
   void ListFiles(const v1::SandboxRecord& sb, const v1::ListFilesRequest& req, FileCallback done) override;
   void Pause(const v1::SandboxRecord& sb, bool paused, StatusCallback done) override;
   Result<uint64_t> DiskUsage(const v1::SandboxRecord& sb) const override { return base_->DiskUsage(sb); }
+  void SetNetwork(const v1::SandboxRecord& sb, const v1::NetworkPolicy& next, StatusCallback done) override {
+    base_->SetNetwork(sb, next, std::move(done));
+  }
+  Result<v1::NetworkReport> Network(const v1::SandboxRecord& sb) const override { return base_->Network(sb); }
   void Readopt(const v1::SandboxRecord& sb, const std::string& driver_state, StatusCallback done) override;
   void Restored() override { base_->Restored(); }
   std::string StatsJson() const override { return base_->StatsJson(); }

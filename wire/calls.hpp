@@ -40,6 +40,7 @@
   X(PauseRequest, SandboxReply, kSandbox, sandbox_id)                            \
   X(ResumeRequest, SandboxReply, kSandbox, sandbox_id)                           \
   X(SetTimeoutRequest, SandboxReply, kSandbox, sandbox_id)                       \
+  X(SetNetworkRequest, SandboxReply, kSandbox, sandbox_id)                       \
   X(ReadFileRequest, FileReply, kSandbox, sandbox_id)                            \
   X(WriteFileRequest, FileReply, kSandbox, sandbox_id)                           \
   X(ListFilesRequest, FileReply, kSandbox, sandbox_id)                           \

@@ -207,6 +207,66 @@ caf::result<v1::SandboxReply> Handle(Self self, v1::SetTimeoutRequest& req) {
   return rp;
 }
 
+// A new network policy (the proto's SetNetworkRequest): the policy it
+// makes is checked as a new spec's would be, applied by the driver, then
+// written to the record before the answer.
+caf::result<v1::SandboxReply> Handle(Self self, v1::SetNetworkRequest& req) {
+  auto& st = self->state;
+  const std::string what = "sandbox " + st.rec.id();
+  if (Status no = NotServing(self, /*paused_ok=*/true); !no.ok()) return Reply(no, st);
+  const v1::NetworkPolicy& now = st.rec.spec().network();
+  v1::NetworkPolicy next = req.policy();
+  switch (req.change()) {
+    case v1::NETWORK_CHANGE_REPLACE:
+      break;
+    case v1::NETWORK_CHANGE_ADD:
+      if (now.mode() != v1::NETWORK_MODE_ALLOW)
+        return Reply(Status::FailedPrecondition(what + ": entries are added to an allow-list; its mode is " +
+                                                v1::NetworkMode_Name(now.mode()) + " (replace the policy instead)"),
+                     st);
+      if (next.mode() != v1::NETWORK_MODE_UNSPECIFIED && next.mode() != v1::NETWORK_MODE_ALLOW)
+        return Reply(Status::InvalidArgument(what + ": an added policy has mode allow (or none given), not " +
+                                             v1::NetworkMode_Name(next.mode())),
+                     st);
+      if (next.allow_size() == 0) return Reply(Status::InvalidArgument(what + ": no entries to add"), st);
+      next.set_mode(v1::NETWORK_MODE_ALLOW);
+      {
+        v1::NetworkPolicy merged = now;
+        for (const auto& e : next.allow()) merged.add_allow(e);
+        next = std::move(merged);
+      }
+      break;
+    default:
+      return Reply(Status::InvalidArgument(what + ": say whether the policy replaces the one in force or adds to "
+                                                  "it (change REPLACE or ADD)"),
+                   st);
+  }
+  if (next.expose_size() == 0) *next.mutable_expose() = now.expose();
+  if (next.expose().size() != now.expose().size() ||
+      !std::equal(next.expose().begin(), next.expose().end(), now.expose().begin()))
+    return Reply(Status::InvalidArgument(what + ": exposed ports stay those it was made with; leave expose empty"),
+                 st);
+  v1::SandboxSpec spec = st.rec.spec();
+  *spec.mutable_network() = next;
+  if (Status can = drivers::Admissible(st.ctx->options.limits, *st.driver, spec); !can.ok())
+    return Reply(can.Annotate(what), st);
+  auto rp = self->make_response_promise<v1::SandboxReply>();
+  auto handle = caf::actor_cast<sandbox_actor>(self);
+  st.driver->SetNetwork(st.rec, next, [handle, self, rp, next](const Status& s) mutable {
+    Post(handle, [self, rp, next, s]() mutable {
+      if (!s.ok()) {
+        rp.deliver(Reply(s, self->state));
+        return;
+      }
+      *self->state.rec.mutable_spec()->mutable_network() = next;
+      Checkpoint(self, [self, rp](const Status& w) mutable {
+        rp.deliver(Reply(w.Annotate("sandbox " + self->state.rec.id() + ": checkpoint"), self->state));
+      });
+    });
+  });
+  return rp;
+}
+
 caf::result<v1::FileReply> Handle(Self self, v1::ReadFileRequest& req) {
   return FileOp(self, req.path(), [req](Self s, drivers::FileCallback cb) {
     s->state.driver->ReadFile(s->state.rec, req, std::move(cb));

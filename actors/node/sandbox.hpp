@@ -30,6 +30,7 @@ using describe_atom = caf::atom_constant<caf::atom("describe")>;
 //   PauseRequest       while running (no exec in flight) -> paused
 //   ResumeRequest      while paused -> running
 //   SetTimeoutRequest  any time but while it is destroyed
+//   SetNetworkRequest  while running or paused
 //   Read/Write/ListFiles while running
 //   DestroyRequest     any time; the actor quits after replying
 //   GetSandboxRequest  any time

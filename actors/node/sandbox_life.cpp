@@ -68,12 +68,15 @@ void PutRow(const SandboxState& st, const v1::SandboxRecord& rec, state::WriteBa
 }
 
 // The record as a get shows it: with its disk use (one ioctl on the quota
-// tree: cheap enough to read on every look).
+// tree: cheap enough to read on every look) and its network (one nft
+// list of its counter).
 v1::SandboxReply Looked(const SandboxState& st) {
   auto reply = Reply(Status::Ok(), st);
   bool up = st.rec.phase() == v1::SANDBOX_PHASE_RUNNING || st.rec.phase() == v1::SANDBOX_PHASE_PAUSED;
-  if (st.driver && up)
+  if (st.driver && up) {
     if (auto used = st.driver->DiskUsage(st.rec); used.ok()) reply.mutable_sandbox()->set_disk_used_bytes(*used);
+    if (auto net = st.driver->Network(st.rec); net.ok()) *reply.mutable_sandbox()->mutable_network() = std::move(*net);
+  }
   return reply;
 }
 

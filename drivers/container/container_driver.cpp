@@ -563,6 +563,22 @@ bool ContainerDriver::ReleaseGroup(const std::string& rel, Box* box) {
   return !groups_->Exists(rel);
 }
 
+void ContainerDriver::SetNetwork(const v1::SandboxRecord& sb, const v1::NetworkPolicy& next, StatusCallback done) {
+  if (!opts_.network)
+    return done(Status::FailedPrecondition("sandbox " + sb.id() + ": this node has no sandbox networking (" +
+                                           opts_.network_unavailable + ")"));
+  Answer(std::move(done), [this, id = sb.id(), next]() -> Status {
+    auto policy = net::ParsePolicy(next);
+    if (!policy.ok()) return policy.status();
+    return opts_.network->Replace(id, *policy);
+  });
+}
+
+Result<v1::NetworkReport> ContainerDriver::Network(const v1::SandboxRecord& sb) const {
+  if (!opts_.network) return Status::NotFound("this node has no sandbox networking");
+  return opts_.network->Report(sb.id());
+}
+
 Result<uint64_t> ContainerDriver::DiskUsage(const v1::SandboxRecord& sb) const {
   if (!disk_) return Status::FailedPrecondition("container disk limits unavailable: " + disk_status_.message());
   return disk_->Usage(sb.id());

@@ -9,12 +9,23 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <cstring>
 
 #include "drivers/net/link.hpp"
 #include "runtime/unique_fd.hpp"
 
 namespace dsec::net {
+
+namespace {
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
 
 Result<std::unique_ptr<NodeNetwork>> NodeNetwork::Start(NodeNetworkOptions options) {
   if (options.pool_prefix < 8 || options.pool_prefix > 29)
@@ -39,65 +50,134 @@ Result<std::unique_ptr<NodeNetwork>> NodeNetwork::Start(NodeNetworkOptions optio
     n->Log(1, "sandbox networking: net.ipv4.ip_forward is on (sandboxes' traffic is routed through this host)");
   }
   if (n->opts_.serve_dns) {
-    uint16_t port = n->opts_.rules.resolver_port;
-    for (int type : {SOCK_DGRAM, SOCK_STREAM}) {
-      int fd = ::socket(AF_INET, type | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-      (type == SOCK_DGRAM ? n->dns_udp_ : n->dns_tcp_) = fd;
-      sockaddr_in a{};
-      a.sin_family = AF_INET;
-      a.sin_port = htons(port);
-      if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-          (type == SOCK_STREAM && ::listen(fd, 16) != 0))
-        return Status::FromErrno(errno, "sandbox networking: the resolver's port " + std::to_string(port) +
-                                            (type == SOCK_DGRAM ? "/udp" : "/tcp") +
-                                            " (in use? dsecd --sandbox-dns-port another)");
+    ResolverOptions r;
+    r.port = n->opts_.rules.resolver_port;
+    r.upstream = n->opts_.upstream;
+    if (r.upstream.empty()) {
+      std::ifstream in("/etc/resolv.conf");
+      std::stringstream text;
+      text << in.rdbuf();
+      r.upstream = NameserversOf(text.str());
+      if (r.upstream.empty())
+        n->Log(2, "sandbox networking: /etc/resolv.conf names no IPv4 nameserver; listed names will get SERVFAIL "
+                  "(dsecd --sandbox-dns-upstream)");
     }
-    n->dns_stop_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (n->dns_stop_ < 0) return Status::FromErrno(errno, "sandbox networking: eventfd");
-    n->dns_thread_ = std::thread([p = n.get()] { p->ServeDns(); });
+    NodeNetwork* self = n.get();
+    r.who = [self](uint32_t addr, std::string* id, std::vector<Rule>* names) { return self->Who(addr, id, names); };
+    r.pin = [self](const std::string& id, const Rule& rule, const std::vector<uint32_t>& addrs, uint32_t ttl) {
+      self->PinFor(id, rule, addrs, ttl);
+    };
+    r.refused = [self](const std::string& id, const std::string& name) {
+      self->Refused(id, Refusal{NowMs(), "name " + name});
+    };
+    r.log = n->opts_.log;
+    auto resolver = Resolver::Start(std::move(r));
+    if (!resolver.ok()) return resolver.status();
+    n->resolver_ = std::move(*resolver);
+  }
+  if (n->opts_.read_refusals && n->opts_.rules.log_group) {
+    auto log = Nflog::Open(n->opts_.rules.log_group);
+    if (!log.ok()) {
+      n->Log(2, "sandbox networking: refusals are counted but not logged: " + log.status().message());
+    } else {
+      n->nflog_ = std::move(*log);
+      n->stop_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+      if (n->stop_ < 0) return Status::FromErrno(errno, "sandbox networking: eventfd");
+      n->log_thread_ = std::thread([p = n.get()] { p->ReadLog(); });
+    }
   }
   return n;
 }
 
 NodeNetwork::~NodeNetwork() {
-  if (dns_thread_.joinable()) {
+  if (log_thread_.joinable()) {
     uint64_t one = 1;
-    (void)!::write(dns_stop_, &one, sizeof one);
-    dns_thread_.join();
+    (void)!::write(stop_, &one, sizeof one);
+    log_thread_.join();
   }
-  for (int fd : {dns_udp_, dns_tcp_, dns_stop_})
-    if (fd >= 0) ::close(fd);
+  if (stop_ >= 0) ::close(stop_);
+  resolver_.reset();
 }
 
-void NodeNetwork::ServeDns() {
-  std::vector<uint8_t> buf(512);
+void NodeNetwork::ReadLog() {
   for (;;) {
-    pollfd p[3] = {{dns_udp_, POLLIN, 0}, {dns_tcp_, POLLIN, 0}, {dns_stop_, POLLIN, 0}};
-    if (::poll(p, 3, -1) < 0 && errno != EINTR) return;
-    if (p[2].revents) return;
-    if (p[1].revents) {
-      // DNS over TCP: closed at once (a client falls back or fails fast).
-      int c = ::accept4(dns_tcp_, nullptr, nullptr, SOCK_CLOEXEC);
-      if (c >= 0) ::close(c);
-    }
-    if (!p[0].revents) continue;
-    sockaddr_in from{};
-    socklen_t len = sizeof from;
-    ssize_t n = ::recvfrom(dns_udp_, buf.data(), buf.size(), 0, reinterpret_cast<sockaddr*>(&from), &len);
-    // A query: a 12-byte header, one question (its name's labels, type and
-    // class); anything else is dropped, costing nothing.
-    if (n < 12 || (buf[2] & 0x80) || buf[4] != 0 || buf[5] != 1) continue;
-    size_t at = 12;
-    while (at < static_cast<size_t>(n) && buf[at] != 0 && buf[at] < 64) at += buf[at] + 1;
-    if (at >= static_cast<size_t>(n) || buf[at] != 0 || at + 5 > static_cast<size_t>(n)) continue;
-    size_t end = at + 5;  // the root label, type and class
-    // The same id and question; QR, RD as asked, RA; NXDOMAIN; no records.
-    buf[2] = static_cast<uint8_t>(0x80 | (buf[2] & 0x79));
-    buf[3] = 0x80 | 3;
-    std::memset(&buf[6], 0, 6);
-    (void)::sendto(dns_udp_, buf.data(), end, 0, reinterpret_cast<sockaddr*>(&from), len);
+    pollfd p[2] = {{nflog_->fd(), POLLIN, 0}, {stop_, POLLIN, 0}};
+    if (::poll(p, 2, -1) < 0 && errno != EINTR) return;
+    if (p[1].revents) return;
+    nflog_->Read([&](const LoggedPacket& pkt) {
+      std::string id;
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        auto it = by_if_.find(pkt.ifname);
+        if (it == by_if_.end()) return;
+        id = it->second;
+      }
+      std::string what = pkt.proto + " " + Ipv4Text(pkt.daddr) + (pkt.dport ? ":" + std::to_string(pkt.dport) : "");
+      Log(1, "sandbox " + id + ": refused " + what);
+      Refused(id, Refusal{NowMs(), what});
+    });
   }
 }
+
+bool NodeNetwork::Who(uint32_t addr, std::string* id, std::vector<Rule>* names) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = by_addr_.find(addr);
+  if (it == by_addr_.end()) return false;
+  const Entry& e = by_id_[it->second];
+  if (!e.attached) return false;
+  *id = it->second;
+  for (const auto& r : e.policy.rules)
+    if (r.is_name()) names->push_back(r);
+  return true;
+}
+
+void NodeNetwork::PinFor(const std::string& id, const Rule& rule, const std::vector<uint32_t>& addrs, uint32_t ttl) {
+  SandboxLink link;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = by_id_.find(id);
+    if (it == by_id_.end() || !it->second.attached) return;
+    link = SandboxLink{it->second.net.ifname, it->second.net.addr};
+  }
+  if (auto r = nft_->Run(Pin(opts_.rules, link, rule, addrs, ttl)); !r.ok())
+    Log(2, "sandbox " + id + ": pinning the addresses of " + rule.text + ": " + r.status().message());
+}
+
+void NodeNetwork::Refused(const std::string& id, Refusal r) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = by_id_.find(id);
+  if (it == by_id_.end()) return;
+  Refusals& f = it->second.refused;
+  if (r.what.rfind("name ", 0) == 0) ++f.names;
+  if (f.recent.size() >= kRecentRefusals) f.recent.pop_front();
+  f.recent.push_back(std::move(r));
+}
+
+Result<v1::NetworkReport> NodeNetwork::Report(const std::string& id) const {
+  v1::NetworkReport out;
+  std::string ifname;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = by_id_.find(id);
+    if (it == by_id_.end() || !it->second.attached)
+      return Status::NotFound("sandbox " + id + " has no network link on this node");
+    ifname = it->second.net.ifname;
+    out.set_address(Ipv4Text(it->second.net.addr));
+    out.set_refused_names(it->second.refused.names);
+    for (const auto& r : it->second.refused.recent) {
+      auto* x = out.add_recent();
+      x->set_at_ms(r.at_ms);
+      x->set_what(r.what);
+    }
+  }
+  auto listed = nft_->Run(CounterList(opts_.rules, SandboxLink{ifname, 0}));
+  if (!listed.ok()) return listed.status().Annotate("sandbox " + id + ": its refusals' counter");
+  size_t at = listed->find("packets ");
+  if (at != std::string::npos) out.set_refused_packets(std::strtoull(listed->c_str() + at + 8, nullptr, 10));
+  return out;
+}
+
+Resolver::Stats NodeNetwork::dns_stats() const { return resolver_ ? resolver_->stats() : Resolver::Stats{}; }
 
 void NodeNetwork::Log(int level, const std::string& text) const {
   if (opts_.log) opts_.log(level, text);
@@ -125,6 +205,8 @@ Result<SandboxNet> NodeNetwork::Reserve(const std::string& id) {
   Entry e;
   e.net = ForSlot(slot);
   by_id_[id] = e;
+  by_addr_[e.net.addr] = id;
+  by_if_[e.net.ifname] = id;
   return e.net;
 }
 
@@ -173,10 +255,14 @@ Status NodeNetwork::Readopt(const std::string& id, const SandboxNet& net, const 
     Entry e;
     e.net = ForSlot(net.slot);
     by_id_[id] = e;
+    by_addr_[e.net.addr] = id;
+    by_if_[e.net.ifname] = id;
   }
   if (auto r = nft_->Run(SandboxAdd(opts_.rules, SandboxLink{net.ifname, net.addr}, policy)); !r.ok()) {
     std::lock_guard<std::mutex> lk(mu_);
     by_id_.erase(id);
+    by_addr_.erase(net.addr);
+    by_if_.erase(net.ifname);
     used_.erase(net.slot);
     return r.status().Annotate("sandbox " + id + ": its rules");
   }
@@ -189,11 +275,21 @@ Status NodeNetwork::Replace(const std::string& id, const Policy& policy) {
     std::lock_guard<std::mutex> lk(mu_);
     auto it = by_id_.find(id);
     if (it == by_id_.end() || !it->second.attached)
-      return Status::FailedPrecondition("sandbox " + id + " has no network link on this node");
+      return Status::FailedPrecondition("sandbox " + id +
+                                        " has no network link on this node (a link is made at creation only: "
+                                        "create the sandbox with network mode allow or open)");
     net = it->second.net;
   }
-  if (auto r = nft_->Run(SandboxReplace(opts_.rules, SandboxLink{net.ifname, net.addr}, policy)); !r.ok())
-    return r.status().Annotate("sandbox " + id);
+  // The new rules and the cached answers of the names it lists, in one
+  // batch: a name it could reach before the change and still lists stays
+  // reachable without a new query.
+  SandboxLink link{net.ifname, net.addr};
+  std::string batch = SandboxReplace(opts_.rules, link, policy);
+  if (resolver_)
+    for (const auto& rule : policy.rules)
+      if (rule.is_name())
+        for (const auto& [addrs, ttl] : resolver_->Cached(rule)) batch += Pin(opts_.rules, link, rule, addrs, ttl);
+  if (auto r = nft_->Run(batch); !r.ok()) return r.status().Annotate("sandbox " + id);
   std::lock_guard<std::mutex> lk(mu_);
   by_id_[id].policy = policy;
   return Status::Ok();
@@ -215,6 +311,8 @@ Status NodeNetwork::Release(const std::string& id) {
   DSEC_RETURN_IF_ERROR(RemoveLink(e.net.ifname).Annotate("sandbox " + id));
   std::lock_guard<std::mutex> lk(mu_);
   by_id_.erase(id);
+  by_addr_.erase(e.net.addr);
+  by_if_.erase(e.net.ifname);
   used_.erase(e.net.slot);
   return Status::Ok();
 }

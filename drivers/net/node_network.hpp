@@ -7,7 +7,10 @@
 // adds its rules again. Thread-safe.
 #pragma once
 
+#include <netinet/in.h>
+
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -15,8 +18,11 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <vector>
 
+#include "drivers/net/nflog.hpp"
 #include "drivers/net/nft.hpp"
+#include "drivers/net/resolver.hpp"
 #include "drivers/net/ruleset.hpp"
 
 namespace dsec::net {
@@ -26,10 +32,15 @@ struct NodeNetworkOptions {
   uint32_t pool = 0x64600000;    // 100.96.0.0
   uint8_t pool_prefix = 12;      // /12: 262 144 slots of /30
   bool forward = true;           // net.ipv4.ip_forward=1 at Start (routing needs it)
-  // Own rules.resolver_port (udp and tcp, every address) and answer every
-  // query there NXDOMAIN, so that no other program of the host can take
-  // sandboxes' DNS (the resolver of listed names replaces it).
+  // Serve rules.resolver_port (udp and tcp, every address) with the
+  // resolver of listed names (resolver.hpp), asking `upstream` (empty: the
+  // node's /etc/resolv.conf), so no other program of the host can answer
+  // sandboxes' DNS.
   bool serve_dns = true;
+  std::vector<sockaddr_in> upstream;
+  // Read refusals from rules.log_group (when not 0): the recent ones per
+  // sandbox (at most kRecentRefusals each) and the log.
+  bool read_refusals = true;
   std::function<void(int level, const std::string& text)> log;
 };
 
@@ -38,6 +49,18 @@ struct SandboxNet {
   uint32_t slot = 0;
   std::string ifname;  // the host end
   uint32_t gateway = 0, addr = 0;
+};
+
+// What a sandbox was refused: totals since dsecd started, and the latest
+// few, each "tcp 198.51.100.3:80" or "name pypi.org" at a unix time.
+inline constexpr size_t kRecentRefusals = 32;
+struct Refusal {
+  int64_t at_ms = 0;
+  std::string what;
+};
+struct Refusals {
+  uint64_t names = 0;    // names its resolver answered NXDOMAIN as unlisted
+  std::deque<Refusal> recent;  // oldest first; packets sampled (rules.log_rate a second)
 };
 
 class NodeNetwork {
@@ -59,8 +82,15 @@ class NodeNetwork {
   // After a restart: the link named in `net` is there (NotFound otherwise);
   // its slot is taken again and its rules added.
   Status Readopt(const std::string& id, const SandboxNet& net, const Policy& policy);
-  // A new policy for an attached sandbox, in one batch.
+  // A new policy for an attached sandbox, in one batch (its exposed ports
+  // stay); the resolver's cached answers for names it lists are pinned
+  // again.
   Status Replace(const std::string& id, const Policy& policy);
+  // Its address and refusals, as its record shows them (NotFound when it
+  // has no link here).
+  Result<v1::NetworkReport> Report(const std::string& id) const;
+  // The resolver's counters (zero without one).
+  Resolver::Stats dns_stats() const;
   // Its rules, its link and its slot, gone; Ok when there were none.
   Status Release(const std::string& id);
 
@@ -76,20 +106,29 @@ class NodeNetwork {
     SandboxNet net;
     Policy policy;
     bool attached = false;
+    Refusals refused;  // refused packets the kernel counts (CounterList)
   };
   // Marks `id` attached with `policy` (its rules are in force).
   Status Attached(const std::string& id, const Policy& policy);
   void Log(int level, const std::string& text) const;
 
-  // Answers sandboxes' DNS (serve_dns): NXDOMAIN for every name, for now.
-  void ServeDns();
+  // The resolver's questions (ResolverOptions' who, pin, refused).
+  bool Who(uint32_t addr, std::string* id, std::vector<Rule>* names);
+  void PinFor(const std::string& id, const Rule& rule, const std::vector<uint32_t>& addrs, uint32_t ttl_s);
+  void Refused(const std::string& id, Refusal r);
+  // Reads the refusals' log until stop_.
+  void ReadLog();
   NodeNetworkOptions opts_;
   std::unique_ptr<Nft> nft_;
-  int dns_udp_ = -1, dns_tcp_ = -1, dns_stop_ = -1;  // sockets and an eventfd
-  std::thread dns_thread_;
+  std::unique_ptr<Resolver> resolver_;
+  std::unique_ptr<Nflog> nflog_;
+  int stop_ = -1;  // an eventfd: the log reader ends
+  std::thread log_thread_;
   uint32_t slots_ = 0;
   mutable std::mutex mu_;
   std::unordered_map<std::string, Entry> by_id_;
+  std::unordered_map<uint32_t, std::string> by_addr_;  // sandbox address -> id
+  std::unordered_map<std::string, std::string> by_if_;  // host interface -> id
   std::set<uint32_t> used_;
   uint32_t next_ = 0;  // where the search for a free slot starts
 };

@@ -8,6 +8,7 @@ namespace {
 
 std::string Chain(const SandboxLink& l) { return "s_" + l.ifname; }
 std::string Set(const SandboxLink& l) { return "a_" + l.ifname; }
+std::string Counter(const SandboxLink& l) { return "r_" + l.ifname; }
 std::string Table(const NodeNet& n) { return "inet " + n.table; }
 std::string Ifs(const NodeNet& n) { return "\"" + n.ifprefix + "*\""; }
 
@@ -46,15 +47,12 @@ std::string Fill(const NodeNet& n, const SandboxLink& l, const Policy& p) {
   std::string out;
   out += "add rule " + t + " " + c + " ct state established,related accept\n";
   out += "add rule " + t + " " + c + " ip daddr . meta l4proto . th dport @" + s + " accept\n";
-  if (p.mode == v1::NETWORK_MODE_OPEN) {
-    out += "add rule " + t + " " + c + " ip daddr @special counter jump refuse\n";
-    out += "add rule " + t + " " + c + " ip protocol { tcp, udp } accept\n";
-  }
+  if (p.mode == v1::NETWORK_MODE_OPEN) out += "add rule " + t + " " + c + " ip daddr != @special ip protocol { tcp, udp } accept\n";
   if (n.log_group)
     out += "add rule " + t + " " + c + " limit rate " + std::to_string(n.log_rate) + "/second log group " +
            std::to_string(n.log_group) + " prefix \"dsec " + l.ifname + " \"\n";
   // Refused at once (a connect fails with ECONNREFUSED, not after a timeout).
-  out += "add rule " + t + " " + c + " counter jump refuse\n";
+  out += "add rule " + t + " " + c + " counter name " + Counter(l) + " jump refuse\n";
   std::vector<std::string> elements;
   for (const auto& r : p.rules)
     if (!r.is_name()) AddElements(r, NetText(r.addr, r.prefix), 0, &elements);
@@ -108,7 +106,8 @@ std::string NodeTableRemove(const NodeNet& n) {
 
 std::string SandboxAdd(const NodeNet& n, const SandboxLink& l, const Policy& p) {
   std::string t = Table(n);
-  std::string out = "add chain " + t + " " + Chain(l) + "\n" + "add set " + t + " " + Set(l) +
+  std::string out = "add chain " + t + " " + Chain(l) + "\n" + "add counter " + t + " " + Counter(l) + "\n" +
+                    "add set " + t + " " + Set(l) +
                     " { type ipv4_addr . inet_proto . inet_service; flags interval, timeout; }\n";
   out += Fill(n, l, p);
   for (uint16_t port : p.expose)
@@ -133,7 +132,8 @@ std::string SandboxRemove(const NodeNet& n, const SandboxLink& l, const Policy& 
   std::string t = Table(n);
   // The map entry first: nothing jumps to the chain while it goes.
   std::string out = "delete element " + t + " egress { \"" + l.ifname + "\" }\n" + "delete chain " + t + " " +
-                    Chain(l) + "\n" + "delete set " + t + " " + Set(l) + "\n";
+                    Chain(l) + "\n" + "delete set " + t + " " + Set(l) + "\n" + "delete counter " + t + " " +
+                    Counter(l) + "\n";
   for (uint16_t port : p.expose)
     out += "delete element " + t + " exposed { " + Ipv4Text(l.addr) + " . " + std::to_string(port) + " }\n";
   return out;
@@ -144,6 +144,10 @@ std::string Pin(const NodeNet& n, const SandboxLink& l, const Rule& rule, const 
   std::vector<std::string> elements;
   for (uint32_t a : addrs) AddElements(rule, Ipv4Text(a), std::max<uint32_t>(ttl_s, 1), &elements);
   return AddToSet(n, Set(l), elements);
+}
+
+std::string CounterList(const NodeNet& n, const SandboxLink& l) {
+  return "list counter " + Table(n) + " " + Counter(l) + "\n";
 }
 
 }  // namespace dsec::net

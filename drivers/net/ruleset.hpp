@@ -17,8 +17,8 @@
 // A sandbox's chain (s_<ifname>) accepts replies, then what its set
 // (a_<ifname>: address . protocol . port, with intervals, and timeouts for
 // the addresses the resolver answered) lists; mode open accepts any public
-// address instead; the rest is counted (log group, rate-limited) and
-// refused at once (a TCP reset, else ICMP admin-prohibited: a connect
+// address instead; the rest is logged (log group, rate-limited), counted
+// (its counter r_<ifname>) and refused at once (a TCP reset, else ICMP admin-prohibited: a connect
 // fails with ECONNREFUSED, never after a timeout).
 #pragma once
 
@@ -35,7 +35,7 @@ struct NodeNet {
   std::string ifprefix = "dsv";  // sandboxes' host-side interfaces
   uint16_t resolver_port = 10053;  // where sandboxes' DNS is redirected (dsecd owns it)
   uint16_t log_group = 0;        // NFLOG group of refusals (0: counted only)
-  uint32_t log_rate = 50;        // refusals logged per second per sandbox at most
+  uint32_t log_rate = 10;        // refusals logged per second per sandbox at most (a burst of 5)
 };
 
 struct SandboxLink {
@@ -57,6 +57,8 @@ std::string SandboxReplace(const NodeNet& node, const SandboxLink& link, const P
 std::string SandboxAddEntries(const NodeNet& node, const SandboxLink& link, const std::vector<Rule>& extra);
 // What SandboxAdd made with `policy` (its exposed ports), gone.
 std::string SandboxRemove(const NodeNet& node, const SandboxLink& link, const Policy& policy);
+// Lists the sandbox's refusals' counter ("packets N bytes M").
+std::string CounterList(const NodeNet& node, const SandboxLink& link);
 // Addresses the resolver answered for name entry `rule`, reachable on its
 // ports for `ttl_s` seconds (at least 1).
 std::string Pin(const NodeNet& node, const SandboxLink& link, const Rule& rule, const std::vector<uint32_t>& addrs,

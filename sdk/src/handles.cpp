@@ -46,13 +46,19 @@ void Sandbox::Call(Request req, Done<Reply> done) const {
   client_->impl_->CallVia<Reply>(route_, std::move(req), client_->impl_->options.rpc_timeout, std::move(done));
 }
 
+namespace {
+// The reply's record. A node answers without its own address: the route it
+// was asked through.
+Done<v1::SandboxReply> RecordOf(std::string route, Done<v1::SandboxRecord> done) {
+  return Then<v1::SandboxReply>(std::move(done), [route = std::move(route)](v1::SandboxReply& r) {
+    if (r.sandbox().node_address().empty()) r.mutable_sandbox()->set_node_address(route);
+    return std::move(*r.mutable_sandbox());
+  });
+}
+}  // namespace
+
 void Sandbox::GetAsync(Done<v1::SandboxRecord> done) const {
-  // A node answers without its own address: the route it was asked through.
-  Call<v1::SandboxReply>(v1::GetSandboxRequest(),
-                         Then<v1::SandboxReply>(std::move(done), [route = route_](v1::SandboxReply& r) {
-                           if (r.sandbox().node_address().empty()) r.mutable_sandbox()->set_node_address(route);
-                           return std::move(*r.mutable_sandbox());
-                         }));
+  Call<v1::SandboxReply>(v1::GetSandboxRequest(), RecordOf(route_, std::move(done)));
 }
 void Sandbox::DestroyAsync(DoneStatus done) const {
   Call<v1::SandboxReply>(v1::DestroyRequest(), StatusOnly<v1::SandboxReply>(std::move(done)));
@@ -66,11 +72,16 @@ void Sandbox::ResumeAsync(DoneStatus done) const {
 void Sandbox::SetTimeoutAsync(uint32_t seconds, Done<v1::SandboxRecord> done) const {
   v1::SetTimeoutRequest req;
   req.set_timeout_s(seconds);
-  Call<v1::SandboxReply>(std::move(req), Then<v1::SandboxReply>(std::move(done), [route = route_](v1::SandboxReply& r) {
-                           if (r.sandbox().node_address().empty()) r.mutable_sandbox()->set_node_address(route);
-                           return std::move(*r.mutable_sandbox());
-                         }));
+  Call<v1::SandboxReply>(std::move(req), RecordOf(route_, std::move(done)));
 }
+void Sandbox::SetNetworkAsync(const v1::NetworkPolicy& policy, v1::NetworkChange change,
+                              Done<v1::SandboxRecord> done) const {
+  v1::SetNetworkRequest req;
+  *req.mutable_policy() = policy;
+  req.set_change(change);
+  Call<v1::SandboxReply>(std::move(req), RecordOf(route_, std::move(done)));
+}
+
 
 void Sandbox::ReadFileAsync(const std::string& path, uint64_t max_bytes, Done<std::string> done) const {
   v1::ReadFileRequest req;
@@ -111,6 +122,9 @@ Status Sandbox::Resume() const {
 }
 Result<v1::SandboxRecord> Sandbox::SetTimeout(uint32_t seconds) const {
   return Wait<v1::SandboxRecord>([&](Done<v1::SandboxRecord> d) { SetTimeoutAsync(seconds, std::move(d)); });
+}
+Result<v1::SandboxRecord> Sandbox::SetNetwork(const v1::NetworkPolicy& policy, v1::NetworkChange change) const {
+  return Wait<v1::SandboxRecord>([&](Done<v1::SandboxRecord> d) { SetNetworkAsync(policy, change, std::move(d)); });
 }
 Result<std::string> Sandbox::ReadFile(const std::string& path, uint64_t max_bytes) const {
   return Wait<std::string>([&](Done<std::string> d) { ReadFileAsync(path, max_bytes, std::move(d)); });

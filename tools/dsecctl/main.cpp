@@ -79,6 +79,21 @@ int main(int argc, char** argv) {
   timeout->add_option("id", timeout_id, "sandbox id")->required();
   timeout->add_option("duration", timeout_for, "from now: 90, 90s, 10m, 2h, 1d")->required();
 
+  std::string net_id, net_mode;
+  std::vector<std::string> net_allow;
+  bool net_replace = false, net_add = false;
+  auto* network = app.add_subcommand(
+      "network",
+      "change a running sandbox's network policy (one made with --network allow or open), for new connections; "
+      "say --replace (the whole new policy) or --add (entries joining its allow-list)");
+  network->add_option("id", net_id, "sandbox id")->required();
+  auto* net_r = network->add_flag("--replace", net_replace, "the policy given replaces the one in force");
+  auto* net_a = network->add_flag("--add", net_add, "the --allow entries join the allow-list in force");
+  net_r->excludes(net_a);
+  network->add_option("--network", net_mode, "none | allow | open (with --replace; default allow when --allow is given)")
+      ->check(CLI::IsMember({"none", "allow", "open"}));
+  network->add_option("--allow", net_allow, "an allow-list entry, repeatable (as for create)");
+
   std::vector<std::string> pause_ids, resume_ids;
   auto* pause = app.add_subcommand("pause", "freeze every process of sandboxes (memory kept, no CPU)");
   pause->add_option("ids", pause_ids, "sandbox ids")->required();
@@ -259,6 +274,32 @@ int main(int argc, char** argv) {
     auto rec = sb.ok() ? sb->SetTimeout(secs) : dsec::Result<dsec::v1::SandboxRecord>(sb.status());
     if (!rec.ok()) return Fail(rec.status());
     std::printf("%s ends in %u s (%s)\n", timeout_id.c_str(), secs, rec->expires_because().c_str());
+    return 0;
+  }
+  if (*network) {
+    if (net_replace == net_add) return Fail("dsecctl network: say --replace or --add", kUsage);
+    if (net_add && !net_mode.empty() && net_mode != "allow")
+      return Fail("dsecctl network --add takes --allow entries only (--network " + net_mode + " replaces)", kUsage);
+    if (net_mode.empty() && net_allow.empty())
+      return Fail("dsecctl network: give --network MODE or --allow entries", kUsage);
+    dsec::v1::NetworkPolicy p;
+    std::string mode = !net_mode.empty() ? net_mode : "allow";
+    p.set_mode(mode == "allow" ? dsec::v1::NETWORK_MODE_ALLOW
+               : mode == "open" ? dsec::v1::NETWORK_MODE_OPEN
+                                : dsec::v1::NETWORK_MODE_NONE);
+    for (const auto& a : net_allow) p.add_allow(a);
+    auto client = ConnectOrDie(c, &rc);
+    if (!client) return rc;
+    auto sb = client->Attach(net_id);
+    auto rec = sb.ok() ? sb->SetNetwork(p, net_add ? dsec::v1::NETWORK_CHANGE_ADD : dsec::v1::NETWORK_CHANGE_REPLACE)
+                       : dsec::Result<dsec::v1::SandboxRecord>(sb.status());
+    if (!rec.ok()) return Fail(rec.status());
+    const auto& n = rec->spec().network();
+    std::string entries;
+    for (const auto& a : n.allow()) entries += (entries.empty() ? "" : " ") + a;
+    std::printf("%s: network %s%s%s\n", net_id.c_str(),
+                n.mode() == dsec::v1::NETWORK_MODE_ALLOW ? "allow" : n.mode() == dsec::v1::NETWORK_MODE_OPEN ? "open" : "none",
+                entries.empty() ? "" : ": ", entries.c_str());
     return 0;
   }
   if (*rm) {

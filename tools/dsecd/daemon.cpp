@@ -306,6 +306,21 @@ class Daemon {
     net::NodeNetworkOptions no;
     no.log = DriverLog("network");
     no.rules.resolver_port = f_.sandbox_dns_port;
+    no.rules.log_group = f_.sandbox_dns_port;  // the refusals' NFLOG group: one per networking dsecd
+    for (const auto& u : f_.sandbox_dns_upstream) {
+      auto rule = net::ParseRule(u);
+      if (!rule.ok() || rule->is_name() || rule->prefix != 32 || rule->ports.size() > 1 ||
+          (rule->ports.size() == 1 && rule->ports[0].first != rule->ports[0].last)) {
+        env->network_unavailable = "--sandbox-dns-upstream '" + u + "' is not ADDRESS[:PORT] (e.g. 192.0.2.53:53)";
+        log_->error("sandbox networking unavailable: {}", env->network_unavailable);
+        return;
+      }
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_addr.s_addr = htonl(rule->addr);
+      a.sin_port = htons(rule->ports.empty() ? 53 : rule->ports[0].first);
+      no.upstream.push_back(a);
+    }
     Result<std::unique_ptr<net::NodeNetwork>> nn = Status::InvalidArgument(
         "--sandbox-net '" + f_.sandbox_net + "' is not an address range (e.g. 100.96.0.0/12)");
     if (pool.ok() && !pool->is_name() && pool->ports.empty()) {

@@ -51,7 +51,8 @@ struct Flags {
   std::string sandbox_net = "100.96.0.0/12";
   bool network_open = false;
   bool no_sandbox_network = false;
-  uint16_t sandbox_dns_port = 10053;  // KIND:OP:fail:N | KIND:OP:hold
+  uint16_t sandbox_dns_port = 10053;
+  std::vector<std::string> sandbox_dns_upstream;  // ADDRESS[:PORT]; empty: /etc/resolv.conf
   // The cluster (docs/cluster.md).
   std::string cluster_listen = "127.0.0.1:7403";  // controller: where nodes join
   std::string join;                               // node: the controller's cluster address

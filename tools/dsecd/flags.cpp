@@ -94,6 +94,9 @@ void AddFlags(CLI::App& app, Flags* f, drivers::Registry& kinds) {
                  "the port (udp and tcp, every address) dsecd answers sandboxes' DNS on; every query a sandbox "
                  "sends, to any address, is redirected there")
       ->capture_default_str();
+  app.add_option("--sandbox-dns-upstream", f->sandbox_dns_upstream,
+                 "ADDRESS[:PORT] of the resolvers dsecd asks for the names sandboxes' allow-lists name "
+                 "(repeatable; default: the IPv4 nameservers of /etc/resolv.conf)");
   app.add_flag("--no-sandbox-network", f->no_sandbox_network,
                "no sandbox networking on this node (no nftables table, no forwarding): only mode none");
   app.add_flag("--test-hooks", f->test_hooks, "honour crash and driver fault injection (tests only)");

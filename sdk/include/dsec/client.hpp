@@ -86,17 +86,17 @@ class Sandbox {
   Result<v1::ExecResult> ExecStream(v1::ExecRequest req,
                                     std::function<void(const v1::ExecOutput&)> on_output) const;
   Result<v1::SandboxRecord> Get() const;
-  // On an error the sandbox may still be there (failed, "destroy it
-  // again"): Destroy again removes it.
+  // On an error the sandbox may still be there: Destroy again removes it.
   Status Destroy() const;
   // Freeze every process (memory kept, no CPU used) / continue them.
   Status Pause() const;
   Status Resume() const;
-  // Its lifetime from now: it is destroyed `seconds` from now, sooner or
-  // later than its ttl said, within the node's maximum ttl (dsecd
-  // --sandbox-max-ttl). Its record comes back with the new end
-  // (expires_ms). A session's sandboxes end with the session: refused.
+  // Destroyed `seconds` from now (within dsecd --sandbox-max-ttl); the
+  // record comes back with the new end. Refused for a session's sandboxes.
   Result<v1::SandboxRecord> SetTimeout(uint32_t seconds) const;
+  // A new network policy (service.proto, SetNetworkRequest), in force for
+  // new connections when this returns; the record comes back.
+  Result<v1::SandboxRecord> SetNetwork(const v1::NetworkPolicy& policy, v1::NetworkChange change) const;
   // Files (container kinds). Paths are absolute, without "..", and resolve
   // inside the sandbox.
   Result<std::string> ReadFile(const std::string& path, uint64_t max_bytes = 0) const;
@@ -113,6 +113,7 @@ class Sandbox {
   void PauseAsync(DoneStatus done) const;
   void ResumeAsync(DoneStatus done) const;
   void SetTimeoutAsync(uint32_t seconds, Done<v1::SandboxRecord> done) const;
+  void SetNetworkAsync(const v1::NetworkPolicy& policy, v1::NetworkChange change, Done<v1::SandboxRecord> done) const;
   void ReadFileAsync(const std::string& path, uint64_t max_bytes, Done<std::string> done) const;
   void WriteFileAsync(const std::string& path, const std::string& content, uint32_t mode, bool make_parents,
                       DoneStatus done) const;

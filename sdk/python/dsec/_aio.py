@@ -221,6 +221,10 @@ class AsyncSandbox:
     async def resume(self) -> None:
         await _call(self._sb.resume)
 
+    async def set_network(self, network: Any, *, change: str) -> SandboxRecord:
+        """See dsec.Sandbox.set_network."""
+        return await _call(self._sb.set_network, _args.network_change(network), _args.text(change, "change"))
+
     async def set_timeout(self, seconds: float) -> SandboxRecord:
         """See dsec.Sandbox.set_timeout."""
         return await _call(self._sb.set_timeout, _positive_seconds(seconds))

@@ -157,6 +157,11 @@ def network(value: Any) -> Optional[Dict[str, Any]]:
                     f"not {type(value).__name__}")
 
 
+def network_change(value: Any) -> Dict[str, Any]:
+    """A policy for set_network: as network(), with "none" sent as such."""
+    return network(value) or {"mode": "none"}
+
+
 def spec(kind: Any = None, image: Any = None, *, default_kind: str = "auto", spec: Any = None, limits: Any = None, timeout: Any = None,
          memory: Any = None, network: Any = None, env: Any = None, workdir: Any = None, labels: Any = None,
          isolation: Any = None, ttl: Any = None, idle_timeout: Any = None, on_idle: Any = None) -> Dict[str, Any]:

@@ -156,6 +156,14 @@ class Sandbox:
         (within the node's maximum); its record comes back with the new end."""
         return self._sb.set_timeout(_positive_seconds(seconds), None)
 
+    def set_network(self, network: Any, *, change: str) -> SandboxRecord:
+        """A new network policy for the next phase of its task (a sandbox made
+        with a network: allow or open), in force for new connections when this
+        returns. `network` as in create ("none" shuts every address);
+        change="replace" makes it the whole policy, change="add" adds its allow
+        entries to the list in force. Its record comes back."""
+        return self._sb.set_network(_args.network_change(network), _args.text(change, "change"), None)
+
     def read_file(self, path: _args.PathArg, *, max_bytes: int = 0) -> bytes:
         """A file's content (absolute path inside the sandbox; max_bytes 0: up to 64 MiB)."""
         return self._sb.read_file(_args.path(path), _nonneg(max_bytes, "max_bytes"), None)

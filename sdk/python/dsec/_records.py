@@ -121,6 +121,24 @@ class SandboxSpec(Record):
     on_idle: str
 
 
+class NetworkRefusal(Record):
+    """One refused connection ("tcp 198.51.100.3:80") or name ("name github.com")."""
+
+    _message = "dsec.v1.NetworkRefusal"
+    at_ms: int
+    what: str
+
+
+class NetworkReport(Record):
+    """A sandbox's address and what its policy refused (since the node's dsecd started)."""
+
+    _message = "dsec.v1.NetworkReport"
+    address: str
+    refused_packets: int
+    refused_names: int
+    recent: List[NetworkRefusal]
+
+
 class SandboxRecord(Record):
     """A sandbox as the node knows it (Sandbox.get())."""
 
@@ -147,6 +165,7 @@ class SandboxRecord(Record):
     busy: bool
     owner_gone_ms: int
     node_address: str  # the SDK address of the node that holds it (against a controller)
+    network: NetworkReport  # a sandbox with a network link: its address and refusals
 
 
 class ExecRequest(Record):

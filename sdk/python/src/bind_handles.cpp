@@ -104,6 +104,19 @@ void BindHandles(pb::module_& m) {
                  [&s, seconds](Client&, Done<v1::SandboxRecord> d) { s.sb.SetTimeoutAsync(seconds, std::move(d)); },
                  [](Result<v1::SandboxRecord>& r) { return ToPy(*r); });
            })
+      .def("set_network",
+           [](const PySandbox& s, pb::object policy, const std::string& change, pb::object aio) {
+             auto p = Proto<v1::NetworkPolicy>(policy, "network");
+             v1::NetworkChange c = change == "replace" ? v1::NETWORK_CHANGE_REPLACE
+                                   : change == "add"   ? v1::NETWORK_CHANGE_ADD
+                                                       : v1::NETWORK_CHANGE_UNSPECIFIED;
+             if (c == v1::NETWORK_CHANGE_UNSPECIFIED)
+               throw pb::value_error("dsec: change is 'replace' or 'add', not '" + change + "'");
+             return Issue<Result<v1::SandboxRecord>>(
+                 s.core, aio,
+                 [&s, p, c](Client&, Done<v1::SandboxRecord> d) { s.sb.SetNetworkAsync(p, c, std::move(d)); },
+                 [](Result<v1::SandboxRecord>& r) { return ToPy(*r); });
+           })
       .def("read_file",
            [](const PySandbox& s, std::string path, uint64_t max_bytes, pb::object aio) {
              return Issue<Result<std::string>>(

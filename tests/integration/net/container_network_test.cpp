@@ -15,6 +15,7 @@
 #include "harness/daemon.hpp"
 #include "harness/rootfs.hpp"
 #include "tests/support/host_probes.hpp"
+#include "tests/support/dns_server.hpp"
 #include "tests/support/netns.hpp"
 
 namespace dsec::testing {
@@ -51,14 +52,21 @@ class ContainerNetwork : public ::testing::Test {
                           i + "addr add 198.51.100.2/24 dev eth0", i + "addr add 198.51.100.3/24 dev eth0",
                           i + "link set eth0 up", i + "link set lo up"})
       if (!Sh(s, &err)) return Fail(s + ": " + err);
-    for (auto [addr, port] : {std::pair<const char*, uint16_t>{"198.51.100.2", 80}, {"198.51.100.3", 80}})
+    for (auto [addr, port] : {std::pair<const char*, uint16_t>{"198.51.100.2", 80}, {"198.51.100.2", 8080},
+                              {"198.51.100.3", 80}})
       listeners_.push_back(ListenIn(kNet, addr, port));
+    // The internet's DNS server: the node's upstream.
+    dns_ = std::make_unique<DnsServer>(kNet, "198.51.100.2", 53,
+                                       std::map<std::string, DnsServer::Record>{{"pypi.test", {"198.51.100.2", 60}},
+                                                                                {"github.test", {"198.51.100.3", 60}}});
+    if (!dns_->ok()) return Fail("the test's DNS server");
     TestDaemonOptions o;
     // nsenter, not `ip netns exec`: that mounts a sysfs of its own over
     // /sys, hiding the host's cgroups from dsecd.
     o.wrapper = {nsenter, "--net=/run/netns/" + kHost, "--"};
     o.ctl_wrapper = o.wrapper;
     o.network = true;
+    o.extra_args = {"--sandbox-dns-upstream", "198.51.100.2:53"};
     auto d = TestDaemon::Start(o);
     if (!d.ok()) return Fail("dsecd in " + kHost + ": " + d.status().ToString());
     daemon_ = std::move(*d);
@@ -77,6 +85,7 @@ class ContainerNetwork : public ::testing::Test {
       for (const auto& id : made_ids_) (void)daemon_->Ctl({"rm", id});
     daemon_.reset();
     listeners_.clear();
+    dns_.reset();
     if (made_)
       for (const auto& ns : {kHost, kNet}) Sh("ip netns del " + ns + " 2>/dev/null");
   }
@@ -107,6 +116,7 @@ class ContainerNetwork : public ::testing::Test {
   }
 
   static inline std::unique_ptr<TestDaemon> daemon_;
+  static inline std::unique_ptr<DnsServer> dns_;
   static inline std::vector<UniqueFd> listeners_;
   static inline std::vector<std::string> made_ids_;
   static inline bool made_ = false;
@@ -122,8 +132,8 @@ TEST_F(ContainerNetwork, AnAllowListIsWhatAContainerReachesAndNothingElse) {
   EXPECT_EQ(ConnectIn(id, "198.51.100.1", 22), "ConnectionRefusedError") << "the node itself";
   auto resolv = daemon_->Ctl({"exec", id, "--", "cat", "/etc/resolv.conf"});
   EXPECT_THAT(resolv.out, HasSubstr("nameserver 100.96.0.1")) << "its gateway, where every query goes";
-  // A name: NXDOMAIN from the node (no resolver of listed names yet), also
-  // when asked of another server straight.
+  // An unlisted name: NXDOMAIN from the node's resolver, also when asked of
+  // another server straight.
   for (const char* server : {"100.96.0.1", "198.51.100.2"}) {
     auto dns = daemon_->Ctl(
         {"exec", id, "--", "python3", "-c",
@@ -147,6 +157,68 @@ TEST_F(ContainerNetwork, AnAllowListIsWhatAContainerReachesAndNothingElse) {
   std::string rules;
   Sh("ip netns exec " + kHost + " nft list chains inet dsec 2>&1", &rules);
   EXPECT_THAT(rules, ::testing::Not(HasSubstr("s_dsv"))) << rules;
+}
+
+// Names through the node's resolver, with glibc's own lookup in the
+// container: a listed name resolves (the upstream asked once) and only its
+// address, on the entry's port, is reachable; an unlisted name fails
+// without reaching the upstream; the refusals are in the record.
+TEST_F(ContainerNetwork, ListedNamesResolveAndOnlyTheirAddressesAreReachable) {
+  std::string err;
+  std::string id = Create({"--allow", "pypi.test:80/tcp"}, &err);
+  ASSERT_FALSE(id.empty()) << err;
+  auto asked_before = dns_->asked().size();
+  auto r = daemon_->Ctl({"exec", id, "--", "python3", "-c",
+                         "import socket\n"
+                         "a = socket.gethostbyname('pypi.test'); print(a)\n"
+                         "socket.create_connection((a, 80), 3).close(); print('ok')\n"
+                         "for port in (8080,):\n"
+                         "  try: socket.create_connection((a, port), 3); print('open', port)\n"
+                         "  except OSError as e: print(type(e).__name__)\n"
+                         "try: socket.gethostbyname('github.test'); print('resolved')\n"
+                         "except OSError as e: print(type(e).__name__)\n"});
+  EXPECT_EQ(r.out, "198.51.100.2\nok\nConnectionRefusedError\ngaierror\n") << r.err;
+  auto asked = dns_->asked();
+  EXPECT_EQ(std::vector<std::string>(asked.begin() + asked_before, asked.end()), std::vector<std::string>{"pypi.test"})
+      << "the unlisted name never left the node";
+  EXPECT_EQ(ConnectIn(id, "198.51.100.3", 80), "ConnectionRefusedError") << "github.test's address stays shut";
+  auto rec = daemon_->Ctl({"inspect", id});
+  EXPECT_THAT(rec.out, HasSubstr("name github.test")) << rec.out;
+  EXPECT_THAT(rec.out, HasSubstr("tcp 198.51.100.2:8080"));
+  EXPECT_THAT(rec.out, HasSubstr("\"refused_names\": 1,"));
+}
+
+// A policy changes for the task's next phase: in force for the next
+// connection when the call returns, replacing the list or adding to it.
+TEST_F(ContainerNetwork, APolicyChangeReplacesOrAddsAndHoldsAtOnce) {
+  std::string id = Create({"--allow", "198.51.100.2:80"});
+  ASSERT_FALSE(id.empty());
+  ASSERT_EQ(ConnectIn(id, "198.51.100.2", 80), "ok");
+  auto t0 = std::chrono::steady_clock::now();
+  auto ch = daemon_->Ctl({"network", id, "--replace", "--allow", "198.51.100.3:80"});
+  double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_EQ(ch.exit_code, 0) << ch.err;
+  std::printf("policy change through dsecctl: %.1f ms (a process start and a connection included)\n", ms);
+  EXPECT_EQ(ConnectIn(id, "198.51.100.2", 80), "ConnectionRefusedError");
+  EXPECT_EQ(ConnectIn(id, "198.51.100.3", 80), "ok");
+  ASSERT_EQ(daemon_->Ctl({"network", id, "--add", "--allow", "198.51.100.2:80"}).exit_code, 0);
+  EXPECT_EQ(ConnectIn(id, "198.51.100.2", 80), "ok") << "added";
+  EXPECT_EQ(ConnectIn(id, "198.51.100.3", 80), "ok") << "and kept";
+  auto bad = daemon_->Ctl({"network", id, "--add", "--allow", "198.51.100.0/33"});
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_THAT(bad.err, HasSubstr("198.51.100.0/33"));
+  EXPECT_EQ(ConnectIn(id, "198.51.100.3", 80), "ok") << "a refused change changes nothing";
+  auto open = daemon_->Ctl({"network", id, "--replace", "--network", "open"});
+  EXPECT_THAT(open.err, HasSubstr("dsecd --network-open"));
+  auto neither = daemon_->Ctl({"network", id, "--allow", "198.51.100.2:80"});
+  EXPECT_THAT(neither.err, HasSubstr("--replace or --add"));
+  ASSERT_EQ(daemon_->Ctl({"network", id, "--replace", "--network", "none"}).exit_code, 0);
+  EXPECT_EQ(ConnectIn(id, "198.51.100.3", 80), "ConnectionRefusedError") << "none: every address shut";
+  auto rec = daemon_->Ctl({"inspect", id});
+  EXPECT_THAT(rec.out, HasSubstr("\"mode\": \"none\"")) << "the record keeps the policy in force";
+  std::string none = Create({});
+  auto no_link = daemon_->Ctl({"network", none, "--replace", "--allow", "198.51.100.2:80"});
+  EXPECT_THAT(no_link.err, HasSubstr("no network link")) << "made with mode none: nothing to change";
 }
 
 TEST_F(ContainerNetwork, ARestartedDsecdPutsAContainersRulesBack) {

@@ -33,6 +33,7 @@
 #include "drivers/net/ruleset.hpp"
 #include "harness/daemon.hpp"
 #include "runtime/unique_fd.hpp"
+#include "tests/support/dns_server.hpp"
 #include "tests/support/netns.hpp"
 
 namespace dsec::net {
@@ -137,11 +138,10 @@ class Ruleset : public ::testing::Test {
   }
   // Packets sandbox a's chain refused so far.
   static long Refused() {
-    auto out = InNs(kHost, [] { return nft_->Run("list chain inet dsec s_dsv1"); });
-    std::smatch m;
+    auto out = InNs(kHost, [] { return nft_->Run(CounterList(node_, a_)); });
     std::string text = out.ok() ? *out : "";
     long n = -1;
-    static const std::regex re("counter packets (\\d+) bytes \\d+ jump refuse");
+    static const std::regex re("packets (\\d+) bytes \\d+");
     for (auto it = std::sregex_iterator(text.begin(), text.end(), re); it != std::sregex_iterator(); ++it)
       n = std::stol((*it)[1]);
     return n;
@@ -350,7 +350,7 @@ TEST_F(Ruleset, TheNodeNetworkAttachesReplacesReadoptsAndReleases) {
     if (::poll(&p, 1, 3000) != 1 || ::recv(s.get(), r, sizeof r, 0) < 12) return -1;
     return r[3] & 0x0f;
   });
-  EXPECT_EQ(after, 3) << "-2: garbage answered; -1: the good query after it was not";
+  EXPECT_EQ(after, 5) << "-2: garbage answered; -1: the good query after it was not (REFUSED: not a sandbox)";
   ASSERT_TRUE((*nn)->Replace("sb-d", Parsed(v1::NETWORK_MODE_ALLOW, {"198.51.100.3:80"})).ok());
   EXPECT_EQ(Connect(ns, "198.51.100.2", 80), ECONNREFUSED);
   EXPECT_EQ(Connect(ns, "198.51.100.3", 80), 0);
@@ -382,6 +382,86 @@ TEST_F(Ruleset, TheNodeNetworkAttachesReplacesReadoptsAndReleases) {
   EXPECT_EQ((*nn)->attached(), 0u);
   auto again = (*nn)->Reserve("sb-f");
   ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(InNs(kHost, [&] { return nft_->Run(NodeTableRemove(o.rules)); }).ok());
+  Sh("ip netns del " + ns);
+}
+
+// The node's resolver: a sandbox's listed names resolve through the
+// upstream (a DNS server of the test's internet) and their addresses, only
+// those and only on the entry's ports, become reachable; unlisted names
+// are NXDOMAIN without reaching the upstream, counted with the refused
+// connections (from the kernel's log); answers are cached; a policy
+// change pins the cached answers of the names it keeps.
+TEST_F(Ruleset, TheResolverAnswersListedNamesAndPinsOnlyTheirAddresses) {
+  testing::DnsServer upstream(kNet, "198.51.100.2", 53,
+                              {{"pypi.test", {"198.51.100.2", 60}}, {"files.pypi.test", {"198.51.100.3", 60}}});
+  ASSERT_TRUE(upstream.ok());
+  NodeNetworkOptions o;
+  o.rules.table = "dsecr";
+  o.rules.ifprefix = "dsr";
+  o.rules.resolver_port = kResolverPort + 2;
+  o.rules.log_group = kResolverPort + 2;
+  o.pool = 0x64710000;  // 100.113.0.0/16
+  o.pool_prefix = 16;
+  o.upstream = {testing::Ipv4Addr("198.51.100.2", 53)};
+  auto nn = InNs(kHost, [&] { return NodeNetwork::Start(o); });
+  ASSERT_TRUE(nn.ok()) << nn.status().ToString();
+  const std::string ns = "dsn" + kPid + "r";
+  ASSERT_TRUE(Sh("ip netns add " + ns));
+  UniqueFd netns(::open(("/run/netns/" + ns).c_str(), O_RDONLY | O_CLOEXEC));
+  auto net = (*nn)->Reserve("sb-r");
+  ASSERT_TRUE(net.ok());
+  Policy p = Parsed(v1::NETWORK_MODE_ALLOW, {"pypi.test:80/tcp"});
+  ASSERT_TRUE(InNs(kHost, [&] { return (*nn)->Attach("sb-r", netns.get(), p); }).ok());
+  const std::string gw = Ipv4Text(net->gateway);
+
+  EXPECT_EQ(Connect(ns, "198.51.100.2", 80), ECONNREFUSED) << "not before its name is resolved";
+  auto t0 = Clock::now();
+  auto a = testing::AskDns(ns, gw, "PyPI.test");
+  double first_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  EXPECT_EQ(a.rcode, 0);
+  EXPECT_THAT(a.addrs, ::testing::ElementsAre("198.51.100.2"));
+  EXPECT_EQ(Connect(ns, "198.51.100.2", 80), 0) << "its address, on the entry's port";
+  EXPECT_EQ(Connect(ns, "198.51.100.2", 8080), ECONNREFUSED) << "not on another port";
+  EXPECT_EQ(Connect(ns, "198.51.100.3", 80), ECONNREFUSED) << "nor another address";
+  t0 = Clock::now();
+  auto again = testing::AskDns(ns, "198.51.100.3", "pypi.test");  // to "another server": ours answers
+  double cached_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  EXPECT_THAT(again.addrs, ::testing::ElementsAre("198.51.100.2"));
+  std::printf("resolver: %.2f ms through the upstream, %.2f ms cached\n", first_ms, cached_ms);
+  EXPECT_EQ(testing::AskDns(ns, gw, "pypi.test", 28).rcode, 0) << "AAAA of a listed name: no records, no error";
+  EXPECT_EQ(testing::AskDns(ns, gw, "files.pypi.test").rcode, 3) << "an unlisted name under a listed one";
+  EXPECT_EQ(testing::AskDns(ns, gw, "exfil-6162.evil.test").rcode, 3);
+  EXPECT_THAT(upstream.asked(), ::testing::ElementsAre("pypi.test")) << "unlisted names never leave the node; "
+                                                                         "the second ask was cached";
+
+  // What was refused: counted by the kernel, sampled by its log.
+  v1::NetworkReport r;
+  auto deadline = Clock::now() + std::chrono::seconds(5);
+  do {
+    auto got = (*nn)->Report("sb-r");
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    r = *got;
+  } while (r.recent_size() < 5 && Clock::now() < deadline &&
+           (std::this_thread::sleep_for(std::chrono::milliseconds(20)), true));  // the log is read on its own thread
+  EXPECT_EQ(r.address(), Ipv4Text(net->addr));
+  EXPECT_EQ(r.refused_packets(), 3u) << "three refused connects";
+  EXPECT_EQ(r.refused_names(), 2u);
+  std::vector<std::string> what;
+  for (const auto& x : r.recent()) what.push_back(x.what());
+  EXPECT_THAT(what, ::testing::IsSupersetOf({"tcp 198.51.100.2:8080", "tcp 198.51.100.3:80", "name files.pypi.test",
+                                             "name exfil-6162.evil.test"}));
+
+  // A change that drops the name, then one that lists it again: its cached
+  // answer is pinned with the change, no query needed.
+  ASSERT_TRUE((*nn)->Replace("sb-r", Parsed(v1::NETWORK_MODE_ALLOW, {"198.51.100.3:80"})).ok());
+  EXPECT_EQ(Connect(ns, "198.51.100.2", 80), ECONNREFUSED) << "its pins went with the old list";
+  ASSERT_TRUE((*nn)->Replace("sb-r", p).ok());
+  EXPECT_EQ(Connect(ns, "198.51.100.2", 80), 0) << "pinned again from the cache";
+  EXPECT_EQ(upstream.asked().size(), 1u);
+
+  EXPECT_TRUE(InNs(kHost, [&] { return (*nn)->Release("sb-r"); }).ok());
+  EXPECT_EQ((*nn)->Report("sb-r").status().code(), Status::Code::kNotFound);
   EXPECT_TRUE(InNs(kHost, [&] { return nft_->Run(NodeTableRemove(o.rules)); }).ok());
   Sh("ip netns del " + ns);
 }
