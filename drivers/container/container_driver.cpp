@@ -202,9 +202,7 @@ Status ContainerDriver::CanHandle(const v1::SandboxSpec& spec) const {
   if (!image.ok()) return image.status();
   auto net = net::ParsePolicy(spec.network());
   if (!net.ok()) return net.status();
-  if (!net->expose.empty())
-    return Status::Unimplemented("container: exposed ports are not served yet (network.expose); leave it empty");
-  if (net->mode != v1::NETWORK_MODE_NONE && !opts_.network)
+  if ((net->mode != v1::NETWORK_MODE_NONE || !net->expose.empty()) && !opts_.network)
     return Status::FailedPrecondition("container networking is unavailable on this node: " + opts_.network_unavailable);
   if (net->mode == v1::NETWORK_MODE_OPEN && !opts_.network_open)
     return Status::FailedPrecondition(
@@ -260,7 +258,8 @@ Result<std::string> ContainerDriver::CreateNow(const v1::SandboxRecord& sb) {
   std::string hostname = id.substr(0, 63);
   auto policy = net::ParsePolicy(sb.spec().network());
   if (!policy.ok()) return undo(policy.status());
-  bool networked = policy->mode != v1::NETWORK_MODE_NONE;
+  // A link for a policy other than none, or for exposed ports.
+  bool networked = policy->mode != v1::NETWORK_MODE_NONE || !policy->expose.empty();
   net::SandboxNet link;
   if (networked) {
     if (!opts_.network) return undo(Status::FailedPrecondition("container networking is unavailable on this node"));

@@ -97,6 +97,7 @@ NodeNetwork::~NodeNetwork() {
   }
   if (stop_ >= 0) ::close(stop_);
   resolver_.reset();
+  proxy_.reset();
 }
 
 void NodeNetwork::ReadLog() {
@@ -170,6 +171,15 @@ Result<v1::NetworkReport> NodeNetwork::Report(const std::string& id) const {
       x->set_what(r.what);
     }
   }
+  {
+    std::lock_guard<std::mutex> lk(proxy_mu_);
+    if (proxy_)
+      for (const auto& e : proxy_->Of(id)) {
+        auto* x = out.add_exposed();
+        x->set_port(e.port);
+        x->set_address(e.address);
+      }
+  }
   auto listed = nft_->Run(CounterList(opts_.rules, SandboxLink{ifname, 0}));
   if (!listed.ok()) return listed.status().Annotate("sandbox " + id + ": its refusals' counter");
   size_t at = listed->find("packets ");
@@ -238,7 +248,31 @@ Status NodeNetwork::Attach(const std::string& id, int netns_fd, const Policy& po
     (void)RemoveLink(net.ifname);  // the rules' failure is the answer
     return r.status().Annotate("sandbox " + id + ": its rules");
   }
+  if (Status st = Expose(id, net, policy); !st.ok()) {
+    (void)nft_->Run(SandboxRemove(opts_.rules, link, policy));
+    (void)RemoveLink(net.ifname);
+    return st;
+  }
   return Attached(id, policy);
+}
+
+Status NodeNetwork::Expose(const std::string& id, const SandboxNet& net, const Policy& policy) {
+  if (policy.expose.empty()) return Status::Ok();
+  PortProxy* proxy;
+  {
+    std::lock_guard<std::mutex> lk(proxy_mu_);
+    if (!proxy_) {
+      auto p = PortProxy::Start(opts_.expose_addr);
+      if (!p.ok()) return p.status();
+      proxy_ = std::move(*p);
+    }
+    proxy = proxy_.get();
+  }
+  auto opened = proxy->Open(id, net.addr, policy.expose);
+  if (!opened.ok()) return opened.status();
+  for (const auto& e : *opened)
+    Log(1, "sandbox " + id + ": its port " + std::to_string(e.port) + " is served at " + e.address);
+  return Status::Ok();
 }
 
 Status NodeNetwork::Readopt(const std::string& id, const SandboxNet& net, const Policy& policy) {
@@ -258,13 +292,18 @@ Status NodeNetwork::Readopt(const std::string& id, const SandboxNet& net, const 
     by_addr_[e.net.addr] = id;
     by_if_[e.net.ifname] = id;
   }
-  if (auto r = nft_->Run(SandboxAdd(opts_.rules, SandboxLink{net.ifname, net.addr}, policy)); !r.ok()) {
+  Status st = Status::Ok();
+  if (auto r = nft_->Run(SandboxAdd(opts_.rules, SandboxLink{net.ifname, net.addr}, policy)); !r.ok())
+    st = r.status().Annotate("sandbox " + id + ": its rules");
+  else if (st = Expose(id, ForSlot(net.slot), policy); !st.ok())
+    (void)nft_->Run(SandboxRemove(opts_.rules, SandboxLink{net.ifname, net.addr}, policy));
+  if (!st.ok()) {
     std::lock_guard<std::mutex> lk(mu_);
     by_id_.erase(id);
     by_addr_.erase(net.addr);
     by_if_.erase(net.ifname);
     used_.erase(net.slot);
-    return r.status().Annotate("sandbox " + id + ": its rules");
+    return st;
   }
   return Attached(id, policy);
 }
@@ -302,6 +341,10 @@ Status NodeNetwork::Release(const std::string& id) {
     auto it = by_id_.find(id);
     if (it == by_id_.end()) return Status::Ok();
     e = it->second;
+  }
+  {
+    std::lock_guard<std::mutex> lk(proxy_mu_);
+    if (proxy_) proxy_->Close(id);
   }
   if (e.attached)
     if (auto r = nft_->Run(SandboxRemove(opts_.rules, SandboxLink{e.net.ifname, e.net.addr}, e.policy)); !r.ok())

@@ -22,6 +22,7 @@
 
 #include "drivers/net/nflog.hpp"
 #include "drivers/net/nft.hpp"
+#include "drivers/net/port_proxy.hpp"
 #include "drivers/net/resolver.hpp"
 #include "drivers/net/ruleset.hpp"
 
@@ -41,6 +42,8 @@ struct NodeNetworkOptions {
   // Read refusals from rules.log_group (when not 0): the recent ones per
   // sandbox (at most kRecentRefusals each) and the log.
   bool read_refusals = true;
+  // Where exposed ports are served on the host (port_proxy.hpp).
+  uint32_t expose_addr = 0x7f000001;  // 127.0.0.1
   std::function<void(int level, const std::string& text)> log;
 };
 
@@ -76,8 +79,9 @@ class NodeNetwork {
   // (its resolv.conf names the gateway); ResourceExhausted when the pool
   // is used up. The same id twice: AlreadyExists.
   Result<SandboxNet> Reserve(const std::string& id);
-  // Its link into the namespace `netns_fd` and its policy's rules; on
-  // failure neither is left (the slot stays reserved until Release).
+  // Its link into the namespace `netns_fd`, its policy's rules and its
+  // exposed ports' listeners; on failure none is left (the slot stays
+  // reserved until Release).
   Status Attach(const std::string& id, int netns_fd, const Policy& policy);
   // After a restart: the link named in `net` is there (NotFound otherwise);
   // its slot is taken again and its rules added.
@@ -122,6 +126,10 @@ class NodeNetwork {
   std::unique_ptr<Nft> nft_;
   std::unique_ptr<Resolver> resolver_;
   std::unique_ptr<Nflog> nflog_;
+  // Listeners of exposed ports: made with the first sandbox that has one.
+  Status Expose(const std::string& id, const SandboxNet& net, const Policy& policy);
+  mutable std::mutex proxy_mu_;
+  std::unique_ptr<PortProxy> proxy_;
   int stop_ = -1;  // an eventfd: the log reader ends
   std::thread log_thread_;
   uint32_t slots_ = 0;

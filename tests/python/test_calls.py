@@ -215,3 +215,19 @@ def test_set_timeout_and_list_sandboxes(client: dsec.Client) -> None:
         for sb in made:
             sb.destroy()
 
+
+
+def test_set_network_says_replace_or_add_and_address_names_the_port(client: dsec.Client) -> None:
+    sb = client.create(kind="fncall")
+    try:
+        with pytest.raises(TypeError):
+            sb.set_network(["198.51.100.2:80"])  # type: ignore[call-arg]  # no change given
+        with pytest.raises(ValueError, match="'replace' or 'add'"):
+            sb.set_network(["198.51.100.2:80"], change="merge")
+        # fncall sandboxes have no network: the node says so, naming the kind.
+        with pytest.raises(dsec.Unimplemented, match="kind 'fncall' cannot enforce a network policy"):
+            sb.set_network(["198.51.100.2:80"], change="replace")
+        with pytest.raises(dsec.NotFound, match="port 8000 is not exposed"):
+            sb.address(8000)
+    finally:
+        sb.destroy()

@@ -94,6 +94,15 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"none", "allow", "open"}));
   network->add_option("--allow", net_allow, "an allow-list entry, repeatable (as for create)");
 
+  std::string pf_id;
+  uint32_t pf_port = 0;
+  auto* port_forward = app.add_subcommand(
+      "port-forward",
+      "where the host reaches a sandbox's exposed TCP port (dsecd serves it while the sandbox lives; create the "
+      "sandbox with --expose PORT); prints HOST:PORT");
+  port_forward->add_option("id", pf_id, "sandbox id")->required();
+  port_forward->add_option("port", pf_port, "the TCP port inside the sandbox")->required()->check(CLI::Range(1, 65535));
+
   std::vector<std::string> pause_ids, resume_ids;
   auto* pause = app.add_subcommand("pause", "freeze every process of sandboxes (memory kept, no CPU)");
   pause->add_option("ids", pause_ids, "sandbox ids")->required();
@@ -301,6 +310,21 @@ int main(int argc, char** argv) {
                 n.mode() == dsec::v1::NETWORK_MODE_ALLOW ? "allow" : n.mode() == dsec::v1::NETWORK_MODE_OPEN ? "open" : "none",
                 entries.empty() ? "" : ": ", entries.c_str());
     return 0;
+  }
+  if (*port_forward) {
+    auto client = ConnectOrDie(c, &rc);
+    if (!client) return rc;
+    auto sb = client->Attach(pf_id);
+    auto rec = sb.ok() ? sb->Get() : dsec::Result<dsec::v1::SandboxRecord>(sb.status());
+    if (!rec.ok()) return Fail(rec.status());
+    for (const auto& e : rec->network().exposed())
+      if (e.port() == pf_port) {
+        std::printf("%s\n", e.address().c_str());
+        return 0;
+      }
+    return Fail("sandbox " + pf_id + ": port " + std::to_string(pf_port) + " is not exposed (create it with --expose " +
+                    std::to_string(pf_port) + ")",
+                kPlatformError);
   }
   if (*rm) {
     auto client = ConnectOrDie(c, &rc);

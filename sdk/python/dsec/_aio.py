@@ -221,6 +221,10 @@ class AsyncSandbox:
     async def resume(self) -> None:
         await _call(self._sb.resume)
 
+    async def address(self, port: int) -> str:
+        """See dsec.Sandbox.address."""
+        return _args.exposed_address(await self.get(), port, self.id)
+
     async def set_network(self, network: Any, *, change: str) -> SandboxRecord:
         """See dsec.Sandbox.set_network."""
         return await _call(self._sb.set_network, _args.network_change(network), _args.text(change, "change"))

@@ -157,6 +157,17 @@ def network(value: Any) -> Optional[Dict[str, Any]]:
                     f"not {type(value).__name__}")
 
 
+def exposed_address(record: Any, port: int, sandbox_id: str) -> str:
+    """The host address of `record`'s exposed `port`, or NotFound saying how to expose it."""
+    net = getattr(record, "network", None)
+    for e in (net.exposed if net is not None else []):
+        if e.port == port:
+            return e.address
+    from ._errors import NotFound
+    raise NotFound(f"sandbox {sandbox_id}: port {port} is not exposed (create it with network "
+                   f"NetworkPolicy(expose=[{port}]) or dsecctl create --expose {port})")
+
+
 def network_change(value: Any) -> Dict[str, Any]:
     """A policy for set_network: as network(), with "none" sent as such."""
     return network(value) or {"mode": "none"}

@@ -156,6 +156,11 @@ class Sandbox:
         (within the node's maximum); its record comes back with the new end."""
         return self._sb.set_timeout(_positive_seconds(seconds), None)
 
+    def address(self, port: int) -> str:
+        """Where the host reaches the sandbox's exposed TCP `port` ("127.0.0.1:41234");
+        NotFound unless it was created with that port in network.expose."""
+        return _args.exposed_address(self.get(), port, self.id)
+
     def set_network(self, network: Any, *, change: str) -> SandboxRecord:
         """A new network policy for the next phase of its task (a sandbox made
         with a network: allow or open), in force for new connections when this

@@ -129,6 +129,14 @@ class NetworkRefusal(Record):
     what: str
 
 
+class ExposedPort(Record):
+    """A TCP port inside the sandbox and where the host reaches it ("127.0.0.1:41234")."""
+
+    _message = "dsec.v1.ExposedPort"
+    port: int
+    address: str
+
+
 class NetworkReport(Record):
     """A sandbox's address and what its policy refused (since the node's dsecd started)."""
 
@@ -137,6 +145,7 @@ class NetworkReport(Record):
     refused_packets: int
     refused_names: int
     recent: List[NetworkRefusal]
+    exposed: List[ExposedPort]
 
 
 class SandboxRecord(Record):
