@@ -283,6 +283,58 @@ TEST_F(ContainerNetwork, AnExposedPortServesTheHostAndNothingElseOpens) {
   EXPECT_TRUE(HttpGet(kHost, addr).empty()) << "the listener went with the sandbox";
 }
 
+// pip, run from Debian's own wheel inside the container, installs a
+// package from a simple index the test serves in its internet (Debian's
+// wheels under /usr/share/python-wheels), reached by name through the
+// node's resolver; without the index in its policy, it fails fast (no
+// retries asked of pip, so what is measured is the network's answer).
+TEST_F(ContainerNetwork, PipInstallsFromAnAllowedIndexAndFailsFastWithoutIt) {
+  std::string pip, setuptools;
+  Sh("ls /usr/share/python-wheels/pip-*.whl 2>/dev/null | head -1", &pip);
+  Sh("ls /usr/share/python-wheels/setuptools-*.whl 2>/dev/null | head -1", &setuptools);
+  for (auto* w : {&pip, &setuptools})
+    while (!w->empty() && w->back() == '\n') w->pop_back();
+  if (pip.empty() || setuptools.empty())
+    GTEST_SKIP() << "needs Debian's wheels of pip and setuptools: apt-get install python3-pip-whl python3-setuptools-whl";
+  char tmpl[] = "/tmp/dsec-net-index-XXXXXX";
+  ASSERT_TRUE(::mkdtemp(tmpl));
+  std::string dir = tmpl, wheel = setuptools.substr(setuptools.rfind('/') + 1);
+  ASSERT_TRUE(Sh("mkdir -p " + dir + "/simple/setuptools && cp " + setuptools + " " + dir + "/ && printf '" +
+                 "<html><body><a href=\"../../" + wheel + "\">" + wheel + "</a></body></html>' > " + dir +
+                 "/simple/setuptools/index.html"));
+  auto server = Child::Start({"/usr/sbin/ip", "netns", "exec", kNet, "/usr/bin/python3", "-m", "http.server", "8081",
+                              "--bind", "198.51.100.2", "--directory", dir});
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (ConnectFrom(kHost, "198.51.100.2", 8081) != 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the index server starting
+  auto install = [&](const std::string& id) {
+    if (daemon_->Ctl({"cp", pip, id + ":/tmp/pip.whl"}).exit_code != 0) return ProcResult{};
+    return daemon_->Ctl({"exec", id, "--", "python3", "/tmp/pip.whl/pip", "install", "--no-cache-dir",
+                         "--disable-pip-version-check", "--index-url", "http://pypi.test:8081/simple/", "--trusted-host",
+                         "pypi.test", "--retries", "0", "--target",
+                         "/tmp/site", "setuptools"});
+  };
+  std::string with = Create({"--allow", "pypi.test:8081/tcp"});
+  ASSERT_FALSE(with.empty());
+  auto ok = install(with);
+  EXPECT_EQ(ok.exit_code, 0) << ok.out << ok.err;
+  auto imported = daemon_->Ctl({"exec", with, "--", "python3", "-c",
+                                "import sys; sys.path.insert(0, '/tmp/site'); import setuptools; print('ok')"});
+  EXPECT_EQ(imported.out, "ok\n") << imported.err;
+
+  std::string without = Create({"--allow", "198.51.100.3:80"});
+  ASSERT_FALSE(without.empty());
+  auto t0 = std::chrono::steady_clock::now();
+  auto refused = install(without);
+  double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("pip without the index in its policy failed in %.1f s\n", s);
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_LT(s, 5.0) << "it fails fast: the name is NXDOMAIN at once (pip's default 5 retries add ~8 s of back-off)";
+  server->get()->Kill9();
+  Sh("rm -rf " + dir);
+}
+
 TEST_F(ContainerNetwork, ARestartedDsecdPutsAContainersRulesBack) {
   std::string id = Create({"--allow", "198.51.100.3:80"});
   ASSERT_FALSE(id.empty());
