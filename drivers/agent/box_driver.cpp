@@ -1,5 +1,7 @@
 #include "drivers/agent/box_driver.hpp"
 
+#include "drivers/net/node_network.hpp"
+
 #include "runtime/clock.hpp"
 
 namespace dsec::drivers {
@@ -91,6 +93,37 @@ size_t BoxDriver::SweepLeftovers(const std::function<Status(const std::string&)>
     removed_cv_.notify_all();
   }
   return removed;
+}
+
+Status BoxDriver::CheckNetwork(const v1::SandboxSpec& spec, const std::string& gap) const {
+  auto p = net::ParsePolicy(spec.network());
+  if (!p.ok()) return p.status();
+  if (!NeedsLink(*p)) return Status::Ok();
+  if (!net_.network)
+    return Status::FailedPrecondition(std::string(kind_name_) + " networking is unavailable on this node: " +
+                                      net_.unavailable);
+  if (!gap.empty()) return Status::FailedPrecondition(std::string(kind_name_) + " networking: " + gap);
+  if (p->mode == v1::NETWORK_MODE_OPEN && !net_.open)
+    return Status::FailedPrecondition(
+        "network mode open is off on this node (its operator turns it on with dsecd --network-open); "
+        "list what the sandbox needs with mode allow");
+  return Status::Ok();
+}
+
+void BoxDriver::SetNetwork(const v1::SandboxRecord& sb, const v1::NetworkPolicy& next, StatusCallback done) {
+  if (!net_.network)
+    return done(Status::FailedPrecondition("sandbox " + sb.id() + ": this node has no sandbox networking (" +
+                                           net_.unavailable + ")"));
+  Answer(std::move(done), [this, id = sb.id(), next]() -> Status {
+    auto policy = net::ParsePolicy(next);
+    if (!policy.ok()) return policy.status();
+    return net_.network->Replace(id, *policy);
+  });
+}
+
+Result<v1::NetworkReport> BoxDriver::Network(const v1::SandboxRecord& sb) const {
+  if (!net_.network) return Status::NotFound("this node has no sandbox networking");
+  return net_.network->Report(sb.id());
 }
 
 }  // namespace dsec::drivers

@@ -12,6 +12,8 @@
 //   creation of the same name, or removed by the sweep after the restore
 //   (SweepLeftovers), with a creation that claims one meanwhile waiting for
 //   its removal;
+// - sandbox networking as the node gives it (DriverEnv::network): the
+//   checks of a spec's policy, and changing and reporting a sandbox's;
 // - a log whose lines name the kind.
 #pragma once
 
@@ -27,13 +29,21 @@
 #include <vector>
 
 #include "drivers/agent/agent_driver.hpp"
+#include "drivers/net/policy.hpp"
 #include "runtime/worker_pool.hpp"
+
+namespace dsec::net {
+class NodeNetwork;
+}
 
 namespace dsec::drivers {
 
 class BoxDriver : public AgentDriver {
  public:
   ~BoxDriver() override;
+  // NodeNetwork::Replace and Report, for a sandbox with a link.
+  void SetNetwork(const v1::SandboxRecord& sandbox, const v1::NetworkPolicy& next, StatusCallback done) override;
+  Result<v1::NetworkReport> Network(const v1::SandboxRecord& sandbox) const override;
 
  protected:
   using LogFn = std::function<void(int level, const std::string& text)>;
@@ -113,6 +123,21 @@ class BoxDriver : public AgentDriver {
   }
   const char* kind_name() const { return kind_name_; }
 
+  // --- networking ---
+  struct NetworkEnv {
+    net::NodeNetwork* network = nullptr;  // null: `unavailable` says why
+    std::string unavailable;
+    bool open = false;  // mode open allowed (dsecd --network-open)
+  };
+  void UseNetwork(NetworkEnv env) { net_ = std::move(env); }
+  net::NodeNetwork* network() const { return net_.network; }
+  // A link for `p`: any mode but none, or exposed ports.
+  static bool NeedsLink(const net::Policy& p) { return p.mode != v1::NETWORK_MODE_NONE || !p.expose.empty(); }
+  // Whether this node gives `spec` its network (for CanHandle): its policy
+  // parses; a link, when it needs one, can be made (`gap`: why this kind
+  // cannot link here, "" when it can); mode open is allowed.
+  Status CheckNetwork(const v1::SandboxSpec& spec, const std::string& gap = "") const;
+
   mutable std::mutex mu_;  // the box table and leftovers; a kind's own tables too
 
  private:
@@ -120,6 +145,7 @@ class BoxDriver : public AgentDriver {
 
   const char* kind_name_;
   LogFn log_;
+  NetworkEnv net_;
   std::unordered_map<std::string, std::shared_ptr<AgentBox>> boxes_;
   std::set<std::string> leftovers_;
   std::set<std::string> removing_;      // leftovers the sweep is removing now

@@ -62,6 +62,7 @@ struct ContainerDriver::Box : AgentBox {
 
 ContainerDriver::ContainerDriver(ContainerOptions o) : BoxDriver("container", o.log), opts_(std::move(o)) {
   if (opts_.agent_path.empty()) opts_.agent_path = SiblingExecutable("DSEC_AGENT", "dsec-agent");
+  UseNetwork({opts_.network, opts_.network_unavailable, opts_.network_open});
 }
 
 ContainerDriver::~ContainerDriver() { Stop(); }
@@ -200,14 +201,7 @@ Status ContainerDriver::CanHandle(const v1::SandboxSpec& spec) const {
         "the built-in host image serves fncall runs");
   auto image = opts_.images->Get(spec.image());
   if (!image.ok()) return image.status();
-  auto net = net::ParsePolicy(spec.network());
-  if (!net.ok()) return net.status();
-  if ((net->mode != v1::NETWORK_MODE_NONE || !net->expose.empty()) && !opts_.network)
-    return Status::FailedPrecondition("container networking is unavailable on this node: " + opts_.network_unavailable);
-  if (net->mode == v1::NETWORK_MODE_OPEN && !opts_.network_open)
-    return Status::FailedPrecondition(
-        "network mode open is off on this node (its operator turns it on with dsecd --network-open); "
-        "list what the sandbox needs with mode allow");
+  DSEC_RETURN_IF_ERROR(CheckNetwork(spec));
   return Available();
 }
 
@@ -258,8 +252,7 @@ Result<std::string> ContainerDriver::CreateNow(const v1::SandboxRecord& sb) {
   std::string hostname = id.substr(0, 63);
   auto policy = net::ParsePolicy(sb.spec().network());
   if (!policy.ok()) return undo(policy.status());
-  // A link for a policy other than none, or for exposed ports.
-  bool networked = policy->mode != v1::NETWORK_MODE_NONE || !policy->expose.empty();
+  bool networked = NeedsLink(*policy);
   net::SandboxNet link;
   if (networked) {
     if (!opts_.network) return undo(Status::FailedPrecondition("container networking is unavailable on this node"));
@@ -560,22 +553,6 @@ bool ContainerDriver::ReleaseGroup(const std::string& rel, Box* box) {
   // KillAndRemove kills again (the subgroups too, which `empty` did not
   // look at) and waits: stopped when the group is gone.
   return !groups_->Exists(rel);
-}
-
-void ContainerDriver::SetNetwork(const v1::SandboxRecord& sb, const v1::NetworkPolicy& next, StatusCallback done) {
-  if (!opts_.network)
-    return done(Status::FailedPrecondition("sandbox " + sb.id() + ": this node has no sandbox networking (" +
-                                           opts_.network_unavailable + ")"));
-  Answer(std::move(done), [this, id = sb.id(), next]() -> Status {
-    auto policy = net::ParsePolicy(next);
-    if (!policy.ok()) return policy.status();
-    return opts_.network->Replace(id, *policy);
-  });
-}
-
-Result<v1::NetworkReport> ContainerDriver::Network(const v1::SandboxRecord& sb) const {
-  if (!opts_.network) return Status::NotFound("this node has no sandbox networking");
-  return opts_.network->Report(sb.id());
 }
 
 Result<uint64_t> ContainerDriver::DiskUsage(const v1::SandboxRecord& sb) const {

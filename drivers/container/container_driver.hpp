@@ -73,8 +73,6 @@ class ContainerDriver : public BoxDriver {
   void Destroy(const v1::SandboxRecord& sandbox, const std::string& driver_state, StatusCallback done) override;
   void Readopt(const v1::SandboxRecord& sandbox, const std::string& driver_state, StatusCallback done) override;
   Result<uint64_t> DiskUsage(const v1::SandboxRecord& sandbox) const override;
-  void SetNetwork(const v1::SandboxRecord& sandbox, const v1::NetworkPolicy& next, StatusCallback done) override;
-  Result<v1::NetworkReport> Network(const v1::SandboxRecord& sandbox) const override;
   void Restored() override;
   std::string StatsJson() const override;
   std::string DescribeState(const std::string& driver_state) const override;

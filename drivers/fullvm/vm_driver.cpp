@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "runtime/files.hpp"
@@ -189,6 +190,9 @@ std::string VmDriver::DomainXml(const Launch& l, bool pmem, uint64_t pmem_size) 
        "/a'/><target type='virtio' name='dsec.agent'/></channel>\n";
   // Memory the guest frees goes back to the host.
   x += "    <memballoon model='virtio' freePageReporting='on'/>\n";
+  if (!l.tap.empty())  // its NIC on the tap NodeNetwork made (libvirt opens it, unmanaged)
+    x += "    <interface type='ethernet'><mac address='" + l.mac + "'/><target dev='" + l.tap +
+         "' managed='no'/><model type='virtio'/></interface>\n";
   if (!pmem) {
     x += "    <disk type='file' device='disk'><driver name='qemu' type='raw' cache='none' io='threads'/><source file='" +
          XmlEscape(box.image_file) + "'/><target dev='vda' bus='virtio'/><readonly/></disk>\n";
@@ -350,6 +354,22 @@ void VmDriver::AddStats(nlohmann::json& stats) const {
   stats["domain_prefix"] = prefix_;
   std::lock_guard<std::mutex> lk(conn_mu_);
   stats["libvirt"] = conn_ ? "connected" : conn_error_.empty() ? "connecting" : conn_error_;
+}
+
+// libvirtd starts the guest's QEMU, which opens the tap by name in
+// libvirtd's network namespace: that must be dsecd's. Unknown (no pid file)
+// is taken for the same (the creation then says what failed).
+std::string VmDriver::NetworkGap() const {
+  std::ifstream pidfile("/run/libvirtd.pid");
+  long pid = 0;
+  if (!(pidfile >> pid) || pid <= 0) return "";
+  struct stat ours{}, theirs{};
+  if (::stat("/proc/self/ns/net", &ours) != 0 || ::stat(("/proc/" + std::to_string(pid) + "/ns/net").c_str(), &theirs) != 0)
+    return "";
+  if (ours.st_ino == theirs.st_ino && ours.st_dev == theirs.st_dev) return "";
+  return "libvirtd (pid " + std::to_string(pid) +
+         ") runs in another network namespace than dsecd, so a vm's QEMU cannot open its tap; run dsecd in "
+         "libvirtd's namespace (the host's)";
 }
 
 }  // namespace dsec::drivers

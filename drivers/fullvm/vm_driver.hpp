@@ -40,7 +40,11 @@ class VmDriver : public GuestDriver {
   ~VmDriver() override;
 
   static const KindTraits& Traits() {
-    static const KindTraits t = StatefulTraits(v1::ISOLATION_HARDWARE);
+    static const KindTraits t = [] {
+      KindTraits k = StatefulTraits(v1::ISOLATION_HARDWARE);
+      k.network = true;  // a tap per guest, where dsecd shares libvirtd's network namespace (NetworkGap)
+      return k;
+    }();
     return t;
   }
   v1::Kind kind() const override { return v1::KIND_VM; }
@@ -59,6 +63,7 @@ class VmDriver : public GuestDriver {
   Status PauseMachine(const Box& box, bool paused) override;
   Status StopMachine(const std::string& id, pid_t pid) override;
   Status MachineStillThere(const Box& box) const override;
+  std::string NetworkGap() const override;
   std::string ConsoleTail(const Box& box, size_t max_bytes) const override;
   std::string EventSocket(const Box&) const override { return ""; }
   std::vector<std::string> StrayMachines() const override;

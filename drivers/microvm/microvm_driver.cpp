@@ -85,6 +85,12 @@ Status MicrovmDriver::LaunchMachine(const Launch& l) {
       "-qmp", "unix:" + box.dir + "/q,server=on,wait=off",
       "-qmp", "unix:" + box.dir + "/e,server=on,wait=off",  // the watcher's (events)
       "-pidfile", box.dir + "/pid", "-daemonize"};
+  if (!l.tap.empty()) {
+    // Its NIC on the tap NodeNetwork made (QEMU opens it by name).
+    for (std::string a : {std::string("-netdev"), "tap,id=net0,ifname=" + l.tap + ",script=no,downscript=no,vhost=off",
+                          std::string("-device"), "virtio-net-device,netdev=net0,mac=" + l.mac})
+      args.push_back(std::move(a));
+  }
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);

@@ -7,7 +7,10 @@
 #include <libmnl/libmnl.h>
 #include <linux/if_link.h>
 #include <linux/rtnetlink.h>
+#include <linux/if_tun.h>
 #include <linux/veth.h>
+#include <fcntl.h>
+#include <sys/ioctl.h>
 #include <sched.h>
 #include <unistd.h>
 
@@ -176,6 +179,30 @@ Status MakeVeth(const VethSpec& spec) {
   if (st.ok()) st = ConfigurePeer(spec);
   if (!st.ok()) {
     (void)RemoveLink(spec.host_if);  // best effort: the failure below is what the caller needs
+    return st.Annotate("link " + spec.host_if);
+  }
+  return Status::Ok();
+}
+
+Status MakeTap(const VethSpec& spec) {
+  if (spec.host_if.empty() || spec.host_if.size() >= IFNAMSIZ)
+    return Status::InvalidArgument("interface name '" + spec.host_if + "' is not 1-15 bytes");
+  {
+    int fd = ::open("/dev/net/tun", O_RDWR | O_CLOEXEC);
+    if (fd < 0) return Status::FromErrno(errno, "open /dev/net/tun (for tap " + spec.host_if + ")");
+    ifreq ifr{};
+    std::strncpy(ifr.ifr_name, spec.host_if.c_str(), IFNAMSIZ - 1);
+    ifr.ifr_flags = IFF_TAP | IFF_NO_PI | IFF_VNET_HDR;
+    int err = 0;
+    if (::ioctl(fd, TUNSETIFF, &ifr) < 0 || ::ioctl(fd, TUNSETPERSIST, 1) < 0) err = errno;
+    ::close(fd);
+    if (err) return Status::FromErrno(err, "make tap " + spec.host_if);
+  }
+  auto nl = Rtnl::Open();
+  Status st = nl.ok() ? AddAddress(**nl, spec.host_if.c_str(), spec.gateway, spec.prefix) : nl.status();
+  if (st.ok()) st = Up(**nl, spec.host_if.c_str());
+  if (!st.ok()) {
+    (void)RemoveLink(spec.host_if);
     return st.Annotate("link " + spec.host_if);
   }
   return Status::Ok();

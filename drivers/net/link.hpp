@@ -25,6 +25,11 @@ struct VethSpec {
 // host's); on failure nothing of it is left. Errors name the step and the
 // interface.
 Status MakeVeth(const VethSpec& spec);
+// A VM's link: a persistent tap named `spec.host_if` (IFF_VNET_HDR) with
+// the gateway address, up, that the VM's QEMU opens by name; the guest's
+// side is its virtio NIC, which its /init addresses (dsec.net=). netns_fd
+// and addr are not used. On failure nothing of it is left.
+Status MakeTap(const VethSpec& spec);
 // Removes a link of this namespace by name (a veth pair goes whole); Ok
 // when it is already gone.
 Status RemoveLink(const std::string& name);

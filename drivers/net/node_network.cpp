@@ -229,6 +229,27 @@ Status NodeNetwork::Attached(const std::string& id, const Policy& policy) {
 }
 
 Status NodeNetwork::Attach(const std::string& id, int netns_fd, const Policy& policy) {
+  return AttachWith(id, policy, [netns_fd](const SandboxNet& net) {
+    VethSpec spec;
+    spec.host_if = net.ifname;
+    spec.gateway = net.gateway;
+    spec.addr = net.addr;
+    spec.netns_fd = netns_fd;
+    return MakeVeth(spec);
+  });
+}
+
+Status NodeNetwork::AttachTap(const std::string& id, const Policy& policy) {
+  return AttachWith(id, policy, [](const SandboxNet& net) {
+    VethSpec spec;
+    spec.host_if = net.ifname;
+    spec.gateway = net.gateway;
+    return MakeTap(spec);
+  });
+}
+
+Status NodeNetwork::AttachWith(const std::string& id, const Policy& policy,
+                               const std::function<Status(const SandboxNet&)>& make) {
   SandboxNet net;
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -237,12 +258,7 @@ Status NodeNetwork::Attach(const std::string& id, int netns_fd, const Policy& po
     if (it->second.attached) return Status::AlreadyExists("sandbox " + id + " is attached already");
     net = it->second.net;
   }
-  VethSpec spec;
-  spec.host_if = net.ifname;
-  spec.gateway = net.gateway;
-  spec.addr = net.addr;
-  spec.netns_fd = netns_fd;
-  DSEC_RETURN_IF_ERROR(MakeVeth(spec).Annotate("sandbox " + id));
+  DSEC_RETURN_IF_ERROR(make(net).Annotate("sandbox " + id));
   SandboxLink link{net.ifname, net.addr};
   if (auto r = nft_->Run(SandboxAdd(opts_.rules, link, policy)); !r.ok()) {
     (void)RemoveLink(net.ifname);  // the rules' failure is the answer

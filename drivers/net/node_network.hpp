@@ -83,6 +83,9 @@ class NodeNetwork {
   // exposed ports' listeners; on failure none is left (the slot stays
   // reserved until Release).
   Status Attach(const std::string& id, int netns_fd, const Policy& policy);
+  // The same for a VM: its link is a tap (link.hpp, MakeTap) its QEMU
+  // opens by the reserved interface name.
+  Status AttachTap(const std::string& id, const Policy& policy);
   // After a restart: the link named in `net` is there (NotFound otherwise);
   // its slot is taken again and its rules added.
   Status Readopt(const std::string& id, const SandboxNet& net, const Policy& policy);
@@ -112,6 +115,8 @@ class NodeNetwork {
     bool attached = false;
     Refusals refused;  // refused packets the kernel counts (CounterList)
   };
+  // Attach's work, with the link `make` makes for the reserved slot.
+  Status AttachWith(const std::string& id, const Policy& policy, const std::function<Status(const SandboxNet&)>& make);
   // Marks `id` attached with `policy` (its rules are in force).
   Status Attached(const std::string& id, const Policy& policy);
   void Log(int level, const std::string& text) const;

@@ -24,9 +24,9 @@ struct Guest {
 // The layout of a prepared guest this dsecd boots (guest.txt: `format N`;
 // none written means 1). 2: the initramfs loads the loop module too, for
 // containers inside a guest (Linux before 6.12 mounts EROFS images through
-// loop devices). An older guest is refused, naming the command that
-// prepares it again.
-constexpr int kGuestFormat = 2;
+// loop devices). 3: and virtio_net, for sandboxes with a network. An older
+// guest is refused, naming the command that prepares it again.
+constexpr int kGuestFormat = 3;
 
 // The command that prepares a guest in `guest_dir`, for error messages.
 std::string PrepareCommand(const std::string& guest_dir);

@@ -1,5 +1,7 @@
 #include "drivers/vm/guest_driver.hpp"
 
+#include "drivers/net/node_network.hpp"
+
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -44,7 +46,11 @@ std::string DamonState() {
 }  // namespace
 
 const KindTraits& GuestDriver::GuestTraits() {
-  static const KindTraits t = StatefulTraits(v1::ISOLATION_KERNEL);
+  static const KindTraits t = [] {
+    KindTraits k = StatefulTraits(v1::ISOLATION_KERNEL);
+    k.network = true;  // a tap per guest and the node's rules (drivers/net/), where the node has them
+    return k;
+  }();
   return t;
 }
 
@@ -54,6 +60,7 @@ GuestDriver::GuestDriver(GuestDriverOptions options, const char* kind_name, cons
   if (opts_.agent_path.empty()) opts_.agent_path = SiblingExecutable("DSEC_AGENT", "dsec-agent");
   if (opts_.guest_dir.empty()) opts_.guest_dir = opts_.data_dir + "/guest";
   opts_.guest_dir = AbsolutePath(opts_.guest_dir);
+  UseNetwork({opts_.network, opts_.network_unavailable, opts_.network_open});
 }
 
 Status GuestDriver::Init() {
@@ -175,7 +182,7 @@ Status GuestDriver::CanHandle(const v1::SandboxSpec& spec) const {
   DSEC_RETURN_IF_ERROR(GuestSize(spec, &mem, &vcpus));
   auto image = opts_.images->Get(spec.image());
   if (!image.ok()) return image.status();
-  return Status::Ok();
+  return CheckNetwork(spec, NetworkGap());
 }
 
 Result<vm::Guest> GuestDriver::EnsureGuest() {
@@ -225,7 +232,11 @@ Result<std::string> GuestDriver::CreateNow(const v1::SandboxRecord& sb) {
     Log(1, kind + " " + id + ": left over from a creation cut short by a restart; removed before creating it again");
     DSEC_RETURN_IF_ERROR(DestroyNow(id, id, 0));
   }
-  std::string key = opts_.pool_size > 0 ? PoolKey(sb.spec()) : "";
+  auto policy = net::ParsePolicy(sb.spec().network());
+  if (!policy.ok()) return policy.status();
+  // A guest with a network boots with its NIC: never one from the pool.
+  bool networked = NeedsLink(*policy);
+  std::string key = opts_.pool_size > 0 && !networked ? PoolKey(sb.spec()) : "";
   std::shared_ptr<Box> box = key.empty() ? nullptr : TakeFromPool(key);
   if (box) {
     ++pool_hits_;
@@ -251,6 +262,10 @@ Result<std::string> GuestDriver::CreateNow(const v1::SandboxRecord& sb) {
   state.set_accelerator(accel_);
   state.set_guest_memory_bytes(box->guest_memory);
   state.set_vcpus(box->vcpus);
+  if (networked) {
+    state.set_network(true);
+    state.set_net_slot(box->net_slot);
+  }
   return state.SerializeAsString();
 }
 
@@ -286,6 +301,25 @@ Result<std::shared_ptr<GuestDriver::Box>> GuestDriver::Boot(const std::string& m
   };
   if (::mkdir(box->dir.c_str(), 0700) < 0) return undo(Status::FromErrno(errno, "mkdir " + box->dir));
 
+  // Its NIC: a tap with the sandbox's rules, made before QEMU opens it.
+  Launch launch{box.get(), &*guest, "", &spec};
+  auto policy = net::ParsePolicy(spec.network());
+  if (!policy.ok()) return undo(policy.status());
+  net::SandboxNet link;
+  if (NeedsLink(*policy)) {
+    if (!network()) return undo(Status::FailedPrecondition(kind + " networking is unavailable on this node"));
+    auto reserved = network()->Reserve(mid);
+    if (!reserved.ok()) return undo(reserved.status());
+    link = *reserved;
+    box->net_slot = link.slot;
+    box->networked = true;
+    if (Status s = network()->AttachTap(mid, *policy); !s.ok()) return undo(s);
+    launch.tap = link.ifname;
+    char mac[18];
+    std::snprintf(mac, sizeof mac, "52:54:00:%02x:%02x:%02x", (link.slot >> 16) & 0xff, (link.slot >> 8) & 0xff,
+                  link.slot & 0xff);
+    launch.mac = mac;
+  }
   const v1::Limits& lim = spec.limits();
   // swiotlb=noforce: no 64 MiB bounce buffer. The kernel makes one when
   // memory reaches above 4 GiB, as a vm guest's pmem region does; virtio
@@ -296,8 +330,10 @@ Result<std::shared_ptr<GuestDriver::Box>> GuestDriver::Boot(const std::string& m
   cmdline += " dsec.mem=" + std::to_string(memory);
   cmdline += " dsec.pids=" + (lim.pids() ? std::to_string(lim.pids()) : std::string("max"));
   cmdline += " dsec.rw=" + std::to_string(lim.disk_bytes() ? lim.disk_bytes() : memory);
+  if (!launch.tap.empty()) cmdline += " dsec.net=" + net::Ipv4Text(link.addr) + "/30," + net::Ipv4Text(link.gateway);
+  launch.cmdline = cmdline;
   auto t0 = std::chrono::steady_clock::now();
-  if (Status s = LaunchMachine(Launch{box.get(), &*guest, cmdline, &spec}); !s.ok()) return undo(s);
+  if (Status s = LaunchMachine(launch); !s.ok()) return undo(s);
   auto t_started = std::chrono::steady_clock::now();
   // Until the agent answers: a guest that stopped (its /init failed and
   // powered off, or its kernel panicked) fails the boot at once, with its
@@ -432,6 +468,8 @@ void GuestDriver::RemoveOrSay(const Box& box, const char* what) {
 
 Status GuestDriver::DestroyNow(const std::string& id, const std::string& mid, pid_t pid) {
   DSEC_RETURN_IF_ERROR(StopMachine(mid, pid));
+  // Its tap, rules and slot (none for a guest without a network).
+  if (network()) DSEC_RETURN_IF_ERROR(network()->Release(mid).Annotate(std::string(kind_name()) + " " + mid));
   if (Status s = RemoveTree(VmDir(mid)); !s.ok()) return s.Annotate(std::string(kind_name()) + " " + mid);
   if (!id.empty()) TakeBox(id);
   std::lock_guard<std::mutex> lk(mu_);
@@ -514,6 +552,8 @@ Status GuestDriver::ReadoptNow(const v1::SandboxRecord& sb, const std::string& d
   box->pid = state.pid();
   box->guest_memory = state.guest_memory_bytes();
   box->vcpus = state.vcpus();
+  box->networked = state.network();
+  box->net_slot = state.net_slot();
   box->limits = sb.spec().limits();
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -527,6 +567,14 @@ Status GuestDriver::ReadoptNow(const v1::SandboxRecord& sb, const std::string& d
   };
   if (box->mid.empty() || AbsolutePath(box->dir) != VmDir(box->mid)) return fail(Status::FailedPrecondition(kind + " " + sb.id() + ": its dir moved"));
   if (Status s = MachineStillThere(*box); !s.ok()) return fail(s.Annotate(kind + " " + sb.id()));
+  if (box->networked) {
+    // Its tap outlived dsecd with it; its rules are put back.
+    auto policy = net::ParsePolicy(sb.spec().network());
+    Status s = !policy.ok()   ? policy.status()
+               : !network() ? Status::FailedPrecondition("its network: this node has none now")
+                            : network()->Readopt(box->mid, network()->ForSlot(box->net_slot), *policy);
+    if (!s.ok()) return fail(s.Annotate(kind + " " + sb.id()));
+  }
   // A paused guest cannot answer: resumed for the handshake, paused again.
   bool paused = sb.phase() == v1::SANDBOX_PHASE_PAUSED;
   (void)PauseMachine(*box, false);  // a machine that will not run fails the handshake below, saying so

@@ -59,6 +59,10 @@ struct GuestDriverOptions {
   // spell. 0: never.
   int reclaim_idle_ms = 30'000;
   const images::ImageSource* images = nullptr;  // DriverEnv::images
+  // Sandbox networking (DriverEnv's): a tap per networked guest.
+  net::NodeNetwork* network = nullptr;
+  std::string network_unavailable;
+  bool network_open = false;
   std::function<void(int level, const std::string& text)> log;
   // A VM ended by itself (QEMU exited, the guest powered off or its kernel
   // panicked): why, for the sandbox's record; the node fails the sandbox and
@@ -100,6 +104,8 @@ class GuestDriver : public BoxDriver {
     uint32_t vcpus = 1;
     bool paused = false;
     int64_t reclaimed_ms = 0;  // the last reclaim's start (under idle_mu)
+    bool networked = false;    // a tap in net_slot (NodeNetwork), released with it
+    uint32_t net_slot = 0;
   };
   // What a launch is given: the box (id, dir, image, size filled in), the
   // guest, the kernel command line both kinds share (the kind adds its
@@ -109,7 +115,12 @@ class GuestDriver : public BoxDriver {
     const vm::Guest* guest;
     std::string cmdline;
     const v1::SandboxSpec* spec;
+    // The guest's NIC when it has a network: the tap QEMU opens, its MAC.
+    std::string tap, mac;
   };
+  // Why this kind cannot give its guests a link on this node ("" when it
+  // can): the vm kind's QEMU is libvirtd's child, in libvirtd's namespace.
+  virtual std::string NetworkGap() const { return ""; }
   // A machine's state, as the boot wait and re-adoption judge it.
   enum class RunState { kRunning, kStarting, kPaused, kStopped, kGone, kUnknown };
 

@@ -67,6 +67,9 @@ void FillGuestOptions(const DriverEnv& env, const char* kind_name, GuestDriverOp
   o->data_dir = env.data_dir;
   o->cgroup_parent = env.cgroup_parent;
   o->images = env.images;
+  o->network = env.network;
+  o->network_unavailable = env.network_unavailable;
+  o->network_open = env.network_open;
   o->lost = env.lost;
   if (env.log) o->log = env.log(kind_name);
 }

@@ -1,4 +1,5 @@
-// A container's network policy through a real dsecd: dsecd runs in a
+// A sandbox's network policy through a real dsecd, for every kind with
+// the network capability (container, microvm, vm): dsecd runs in a
 // network namespace of the test's ("host", with its table and forwarding),
 // linked to an "internet" namespace (198.51.100.0/24, TEST-NET-2) with
 // listeners on two addresses; dsecctl runs in the host namespace too. No
@@ -14,9 +15,11 @@
 #include <thread>
 #include <vector>
 
+#include "drivers/net/policy.hpp"
 #include "harness/daemon.hpp"
 #include "harness/rootfs.hpp"
 #include "tests/support/host_probes.hpp"
+#include "tests/support/kinds.hpp"
 #include "tests/support/dns_server.hpp"
 #include "tests/support/netns.hpp"
 
@@ -35,7 +38,7 @@ std::string ConnectScript(const std::string& ip, int port) {
          "), 3).close(); print('ok')\nexcept OSError as e:\n print(type(e).__name__)";
 }
 
-class ContainerNetwork : public ::testing::Test {
+class KindsNetwork : public ::testing::TestWithParam<KindParam> {
  protected:
   static void SetUpTestSuite() {
     if (::geteuid() != 0) return Skip("needs root (network namespaces, nftables, containers)");
@@ -96,11 +99,41 @@ class ContainerNetwork : public ::testing::Test {
   void SetUp() override {
     if (!skip_.empty()) GTEST_SKIP() << skip_;
     ASSERT_TRUE(failure_.empty()) << failure_;
+    if (auto gap = KindHostGap(GetParam()); !gap.empty()) GTEST_SKIP() << gap;
+    if (GetParam().kind == v1::KIND_VM) {
+      // A vm's QEMU is libvirtd's child, in libvirtd's network namespace (the
+      // host's), and this test's dsecd is in a namespace of its own: the
+      // kind says so and refuses, and what remains needs the host's own
+      // network, which the tests never touch.
+      std::string err;
+      EXPECT_TRUE(Create({"--allow", "198.51.100.2:80"}, &err).empty());
+      EXPECT_THAT(err, HasSubstr("runs in another network namespace than dsecd"));
+      GTEST_SKIP() << "vm networking needs dsecd in libvirtd's network namespace (the host's); the tests only use "
+                      "namespaces they make";
+    }
+  }
+  bool IsContainer() const { return GetParam().kind == v1::KIND_CONTAINER; }
+  // The address of sandbox `id` (its record's network.address).
+  static std::string AddressOf(const std::string& id) {
+    auto rec = daemon_->Ctl({"inspect", id});
+    std::smatch m;
+    if (!std::regex_search(rec.out, m, std::regex("\"address\": \"(100\\.[0-9.]+)\""))) return "";
+    return m[1].str();
+  }
+  // Its gateway (the address below it) and host interface (dsv<slot>).
+  static std::string GatewayOf(const std::string& addr) {
+    auto a = net::ParseIpv4(addr);
+    return a.ok() ? net::Ipv4Text(*a - 1) : "";
+  }
+  static std::string IfOf(const std::string& addr) {
+    auto a = net::ParseIpv4(addr);
+    return a.ok() ? "dsv" + std::to_string((*a - 0x64600000) / 4) : "";
   }
 
-  // `dsecctl create` with `args`: the id, or "" (the error in *err).
-  static std::string Create(std::vector<std::string> args, std::string* err = nullptr) {
-    std::vector<std::string> argv = {"create", "--kind", "container", "--image", kImage};
+  // `dsecctl create` of this kind with `args`: the id, or "" (the error
+  // in *err).
+  std::string Create(std::vector<std::string> args, std::string* err = nullptr) {
+    std::vector<std::string> argv = {"create", "--kind", GetParam().name, "--image", kImage};
     argv.insert(argv.end(), args.begin(), args.end());
     auto r = daemon_->Ctl(argv);
     if (err) *err = r.out + r.err;
@@ -125,18 +158,20 @@ class ContainerNetwork : public ::testing::Test {
   static inline std::string skip_, failure_;
 };
 
-TEST_F(ContainerNetwork, AnAllowListIsWhatAContainerReachesAndNothingElse) {
+TEST_P(KindsNetwork, AnAllowListIsWhatAContainerReachesAndNothingElse) {
   std::string err;
   std::string id = Create({"--allow", "198.51.100.2:80/tcp"}, &err);
   ASSERT_FALSE(id.empty()) << err;
   EXPECT_EQ(ConnectIn(id, "198.51.100.2", 80), "ok") << "the allowed address:port answers";
   EXPECT_EQ(ConnectIn(id, "198.51.100.3", 80), "ConnectionRefusedError") << "another address, refused at once";
   EXPECT_EQ(ConnectIn(id, "198.51.100.1", 22), "ConnectionRefusedError") << "the node itself";
+  std::string addr = AddressOf(id);
+  ASSERT_FALSE(addr.empty());
   auto resolv = daemon_->Ctl({"exec", id, "--", "cat", "/etc/resolv.conf"});
-  EXPECT_THAT(resolv.out, HasSubstr("nameserver 100.96.0.1")) << "its gateway, where every query goes";
+  EXPECT_THAT(resolv.out, HasSubstr("nameserver " + GatewayOf(addr))) << "its gateway, where every query goes";
   // An unlisted name: NXDOMAIN from the node's resolver, also when asked of
   // another server straight.
-  for (const char* server : {"100.96.0.1", "198.51.100.2"}) {
+  for (const std::string& server : {GatewayOf(addr), std::string("198.51.100.2")}) {
     auto dns = daemon_->Ctl(
         {"exec", id, "--", "python3", "-c",
          std::string("import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(3)\n"
@@ -149,23 +184,26 @@ TEST_F(ContainerNetwork, AnAllowListIsWhatAContainerReachesAndNothingElse) {
   std::string none = Create({});
   ASSERT_FALSE(none.empty());
   EXPECT_EQ(ConnectIn(none, "198.51.100.2", 80), "OSError") << "mode none: no route at all";
-  EXPECT_EQ(ConnectIn(none, "100.96.0.2", 80), "OSError") << "nor to the other container";
+  EXPECT_EQ(ConnectIn(none, addr, 80), "OSError") << "nor to the other sandbox";
+  std::string other = Create({"--allow", "198.51.100.0/24:80"});
+  ASSERT_FALSE(other.empty());
+  EXPECT_EQ(ConnectIn(other, addr, 80), "ConnectionRefusedError") << "a second sandbox on the node, with a network";
 
   // Removed, its link and its rules go.
   ASSERT_EQ(daemon_->Ctl({"rm", id}).exit_code, 0);
   std::string links;
   Sh("ip -n " + kHost + " -o link show", &links);
-  EXPECT_THAT(links, ::testing::Not(HasSubstr("dsv"))) << links;
+  EXPECT_THAT(links, ::testing::Not(HasSubstr(IfOf(addr) + ":"))) << links;
   std::string rules;
   Sh("ip netns exec " + kHost + " nft list chains inet dsec 2>&1", &rules);
-  EXPECT_THAT(rules, ::testing::Not(HasSubstr("s_dsv"))) << rules;
+  EXPECT_THAT(rules, ::testing::Not(HasSubstr("s_" + IfOf(addr) + " "))) << rules;
 }
 
 // Names through the node's resolver, with glibc's own lookup in the
 // container: a listed name resolves (the upstream asked once) and only its
 // address, on the entry's port, is reachable; an unlisted name fails
 // without reaching the upstream; the refusals are in the record.
-TEST_F(ContainerNetwork, ListedNamesResolveAndOnlyTheirAddressesAreReachable) {
+TEST_P(KindsNetwork, ListedNamesResolveAndOnlyTheirAddressesAreReachable) {
   std::string err;
   std::string id = Create({"--allow", "pypi.test:80/tcp"}, &err);
   ASSERT_FALSE(id.empty()) << err;
@@ -181,8 +219,9 @@ TEST_F(ContainerNetwork, ListedNamesResolveAndOnlyTheirAddressesAreReachable) {
                          "except OSError as e: print(type(e).__name__)\n"});
   EXPECT_EQ(r.out, "198.51.100.2\nok\nConnectionRefusedError\ngaierror\n") << r.err;
   auto asked = dns_->asked();
-  EXPECT_EQ(std::vector<std::string>(asked.begin() + asked_before, asked.end()), std::vector<std::string>{"pypi.test"})
-      << "the unlisted name never left the node";
+  std::vector<std::string> delta(asked.begin() + asked_before, asked.end());
+  EXPECT_THAT(delta, ::testing::Not(::testing::Contains("github.test"))) << "the unlisted name never left the node";
+  EXPECT_LE(delta.size(), 1u) << "the listed one asked once at most (an earlier kind's answer may be cached)";
   EXPECT_EQ(ConnectIn(id, "198.51.100.3", 80), "ConnectionRefusedError") << "github.test's address stays shut";
   auto rec = daemon_->Ctl({"inspect", id});
   EXPECT_THAT(rec.out, HasSubstr("name github.test")) << rec.out;
@@ -192,7 +231,7 @@ TEST_F(ContainerNetwork, ListedNamesResolveAndOnlyTheirAddressesAreReachable) {
 
 // A policy changes for the task's next phase: in force for the next
 // connection when the call returns, replacing the list or adding to it.
-TEST_F(ContainerNetwork, APolicyChangeReplacesOrAddsAndHoldsAtOnce) {
+TEST_P(KindsNetwork, APolicyChangeReplacesOrAddsAndHoldsAtOnce) {
   std::string id = Create({"--allow", "198.51.100.2:80"});
   ASSERT_FALSE(id.empty());
   ASSERT_EQ(ConnectIn(id, "198.51.100.2", 80), "ok");
@@ -248,7 +287,8 @@ std::string HttpGet(const std::string& ns, const std::string& addr) {
 // An exposed port: a web server in the container answers the host through
 // dsec's listener, every one of 1000 requests; a port not exposed is not
 // reachable from the host, and the container still reaches nothing.
-TEST_F(ContainerNetwork, AnExposedPortServesTheHostAndNothingElseOpens) {
+TEST_P(KindsNetwork, AnExposedPortServesTheHostAndNothingElseOpens) {
+  if (!IsContainer()) GTEST_SKIP() << "a web server answering 1000 requests: the container's acceptance (issue 28)";
   std::string err;
   std::string id = Create({"--expose", "8000"}, &err);
   ASSERT_FALSE(id.empty()) << err;
@@ -273,11 +313,9 @@ TEST_F(ContainerNetwork, AnExposedPortServesTheHostAndNothingElseOpens) {
   std::printf("1000 requests through the exposed port in %.2f s\n", s);
   EXPECT_EQ(ok, 1000) << "none lost";
   EXPECT_THAT(daemon_->Ctl({"port-forward", id, "8001"}).err, HasSubstr("port 8001 is not exposed"));
-  auto rec = daemon_->Ctl({"inspect", id});
-  std::smatch m;
-  ASSERT_TRUE(std::regex_search(rec.out, m, std::regex("\"address\": \"(100\\.[0-9.]+)\"")));
-  EXPECT_NE(ConnectFrom(kHost, m[1].str(), 8001), 0) << "a port not exposed: not even from the host";
-  EXPECT_EQ(ConnectFrom(kHost, m[1].str(), 8000), 0) << "(the exposed one is, which shows the address is right)";
+  std::string inside = AddressOf(id);
+  EXPECT_NE(ConnectFrom(kHost, inside, 8001), 0) << "a port not exposed: not even from the host";
+  EXPECT_EQ(ConnectFrom(kHost, inside, 8000), 0) << "(the exposed one is, which shows the address is right)";
   EXPECT_EQ(ConnectIn(id, "198.51.100.2", 80), "ConnectionRefusedError") << "exposing opens nothing outwards";
   ASSERT_EQ(daemon_->Ctl({"rm", id}).exit_code, 0);
   EXPECT_TRUE(HttpGet(kHost, addr).empty()) << "the listener went with the sandbox";
@@ -288,7 +326,8 @@ TEST_F(ContainerNetwork, AnExposedPortServesTheHostAndNothingElseOpens) {
 // wheels under /usr/share/python-wheels), reached by name through the
 // node's resolver; without the index in its policy, it fails fast (no
 // retries asked of pip, so what is measured is the network's answer).
-TEST_F(ContainerNetwork, PipInstallsFromAnAllowedIndexAndFailsFastWithoutIt) {
+TEST_P(KindsNetwork, PipInstallsFromAnAllowedIndexAndFailsFastWithoutIt) {
+  if (!IsContainer()) GTEST_SKIP() << "pip from a simple index: the container's acceptance (issue 28)";
   std::string pip, setuptools;
   Sh("ls /usr/share/python-wheels/pip-*.whl 2>/dev/null | head -1", &pip);
   Sh("ls /usr/share/python-wheels/setuptools-*.whl 2>/dev/null | head -1", &setuptools);
@@ -335,7 +374,7 @@ TEST_F(ContainerNetwork, PipInstallsFromAnAllowedIndexAndFailsFastWithoutIt) {
   Sh("rm -rf " + dir);
 }
 
-TEST_F(ContainerNetwork, ARestartedDsecdPutsAContainersRulesBack) {
+TEST_P(KindsNetwork, ARestartedDsecdPutsAContainersRulesBack) {
   std::string id = Create({"--allow", "198.51.100.3:80"});
   ASSERT_FALSE(id.empty());
   ASSERT_EQ(ConnectIn(id, "198.51.100.3", 80), "ok");
@@ -345,7 +384,7 @@ TEST_F(ContainerNetwork, ARestartedDsecdPutsAContainersRulesBack) {
   EXPECT_EQ(ConnectIn(id, "198.51.100.2", 80), "ConnectionRefusedError") << "and only them";
 }
 
-TEST_F(ContainerNetwork, ModeOpenIsRefusedUnlessTheNodeAllowsItAndBadEntriesAreNamed) {
+TEST_P(KindsNetwork, ModeOpenIsRefusedUnlessTheNodeAllowsItAndBadEntriesAreNamed) {
   std::string err;
   EXPECT_TRUE(Create({"--network", "open"}, &err).empty());
   EXPECT_THAT(err, HasSubstr("dsecd --network-open"));
@@ -354,6 +393,10 @@ TEST_F(ContainerNetwork, ModeOpenIsRefusedUnlessTheNodeAllowsItAndBadEntriesAreN
   EXPECT_TRUE(Create({"--allow", "198.51.100.2:80", "--expose", "70000"}, &err).empty());
   EXPECT_THAT(err, HasSubstr("exposed port 70000 is not a port"));
 }
+
+INSTANTIATE_TEST_SUITE_P(Kinds, KindsNetwork,
+                         ::testing::ValuesIn(RegisteredKinds([](const drivers::KindTraits& t) { return t.network; })),
+                         KindParamName);
 
 }  // namespace
 }  // namespace dsec::testing
