@@ -452,6 +452,24 @@ TEST_F(Ruleset, TheResolverAnswersListedNamesAndPinsOnlyTheirAddresses) {
   EXPECT_THAT(what, ::testing::IsSupersetOf({"tcp 198.51.100.2:8080", "tcp 198.51.100.3:80", "name files.pypi.test",
                                              "name exfil-6162.evil.test"}));
 
+  // A flood of denied connects: every one counted by the kernel, the
+  // record keeps a bounded few (net_bench measures a neighbour's connects
+  // during one).
+  const int kFlood = 5000;
+  InNs(ns, [&] {
+    for (int i = 0; i < kFlood; ++i) {
+      UniqueFd s(::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+      sockaddr_in to = testing::Ipv4Addr("198.51.100.3", static_cast<uint16_t>(1000 + i % 5000));
+      ::connect(s.get(), reinterpret_cast<sockaddr*>(&to), sizeof to);
+    }
+    return 0;
+  });
+  EXPECT_EQ(Connect(ns, "198.51.100.2", 80), 0) << "what it is allowed still answers at once";
+  auto flooded = (*nn)->Report("sb-r");
+  ASSERT_TRUE(flooded.ok());
+  EXPECT_EQ(flooded->refused_packets(), 3u + kFlood) << "each denied connect counted";
+  EXPECT_LE(flooded->recent_size(), 32) << "the record's memory is bounded";
+
   // A change that drops the name, then one that lists it again: its cached
   // answer is pinned with the change, no query needed.
   ASSERT_TRUE((*nn)->Replace("sb-r", Parsed(v1::NETWORK_MODE_ALLOW, {"198.51.100.3:80"})).ok());
