@@ -57,6 +57,14 @@ Family<Counter>& SandboxCreateFailures() {
   static auto* f = new Family<Counter>;
   return *f;
 }
+Family<Counter>& NetworkRefusals() {
+  static auto* f = new Family<Counter>;
+  return *f;
+}
+Family<Counter>& DnsAnswers() {
+  static auto* f = new Family<Counter>;
+  return *f;
+}
 Family<Gauge>& Sandboxes() {
   static auto* f = new Family<Gauge>;
   return *f;
@@ -162,6 +170,14 @@ std::string Render() {
   Describe(&out, "dsec_placement_seconds", "histogram",
            "Placement latency: from a creation request to the choice of its node and kind.");
   PlacementSeconds().Render("dsec_placement_seconds", "", &out);
+  Describe(&out, "dsec_network_refusals_total", "counter",
+           "Sandboxes' refusals: unlisted names (each), refused packets (those logged: at most 10 a second per "
+           "sandbox).");
+  NetworkRefusals().ForEach(
+      [&](const std::string& l, const Counter& c) { Line(&out, "dsec_network_refusals_total", l, c.value.load()); });
+  Describe(&out, "dsec_dns_answers_total", "counter", "The sandboxes' resolver's answers, by kind.");
+  DnsAnswers().ForEach(
+      [&](const std::string& l, const Counter& c) { Line(&out, "dsec_dns_answers_total", l, c.value.load()); });
   HostFigures h = ReadHostFigures();
   Describe(&out, "dsec_node_memory_bytes", "gauge", "The host's memory: total and available.");
   Line(&out, "dsec_node_memory_bytes", "state=\"total\"", static_cast<double>(h.memory_total));

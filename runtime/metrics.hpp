@@ -75,6 +75,8 @@ Family<Gauge>& Sandboxes();                 // dsec_sandboxes{kind,phase}
 Family<Histogram>& ExecSeconds();           // dsec_exec_seconds{kind}
 Histogram& StepSeconds();                   // dsec_step_seconds
 Histogram& PlacementSeconds();              // dsec_placement_seconds
+Family<Counter>& NetworkRefusals();         // dsec_network_refusals_total{what}: "name", "packet" (logged ones)
+Family<Counter>& DnsAnswers();              // dsec_dns_answers_total{answer}
 
 // A sandbox's place in Sandboxes() while it lives: Set moves it, the
 // destructor takes it out.

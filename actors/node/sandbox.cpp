@@ -214,6 +214,10 @@ caf::result<v1::SandboxReply> Handle(Self self, v1::SetNetworkRequest& req) {
   auto& st = self->state;
   const std::string what = "sandbox " + st.rec.id();
   if (Status no = NotServing(self, /*paused_ok=*/true); !no.ok()) return Reply(no, st);
+  // One change at a time: an ADD merges with the list in force, which a
+  // change still with the driver would make stale.
+  if (st.network_changing)
+    return Reply(Status::Unavailable(what + ": another network change is under way; try again when it answers"), st);
   const v1::NetworkPolicy& now = st.rec.spec().network();
   v1::NetworkPolicy next = req.policy();
   switch (req.change()) {
@@ -252,8 +256,10 @@ caf::result<v1::SandboxReply> Handle(Self self, v1::SetNetworkRequest& req) {
     return Reply(can.Annotate(what), st);
   auto rp = self->make_response_promise<v1::SandboxReply>();
   auto handle = caf::actor_cast<sandbox_actor>(self);
+  st.network_changing = true;
   st.driver->SetNetwork(st.rec, next, [handle, self, rp, next](const Status& s) mutable {
     Post(handle, [self, rp, next, s]() mutable {
+      self->state.network_changing = false;
       if (!s.ok()) {
         rp.deliver(Reply(s, self->state));
         return;

@@ -44,6 +44,7 @@ struct SandboxState {
   int64_t active_written_until = 0;
   bool busy_written = false;       // rec.busy as stored
   bool pausing = false;            // a pause or resume is with the driver
+  bool network_changing = false;   // a SetNetwork is with the driver (one at a time)
   std::function<void()> after_pause;  // a destroy waiting for it
   int64_t idle_retry_ms = 0;       // a failed automatic pause is tried again then, not before
   int64_t end_retry_ms = 0;        // a failed destroy: tried again then (its only end)

@@ -16,6 +16,7 @@
 #include <cstring>
 
 #include "drivers/net/link.hpp"
+#include "runtime/metrics.hpp"
 #include "runtime/unique_fd.hpp"
 
 namespace dsec::net {
@@ -63,10 +64,11 @@ Result<std::unique_ptr<NodeNetwork>> NodeNetwork::Start(NodeNetworkOptions optio
                   "(dsecd --sandbox-dns-upstream)");
     }
     NodeNetwork* self = n.get();
-    r.who = [self](uint32_t addr, std::string* id, std::vector<Rule>* names) { return self->Who(addr, id, names); };
-    r.pin = [self](const std::string& id, const Rule& rule, const std::vector<uint32_t>& addrs, uint32_t ttl) {
-      self->PinFor(id, rule, addrs, ttl);
+    r.who = [self](uint32_t addr, std::string* id, std::vector<Rule>* rules, uint64_t* gen) {
+      return self->Who(addr, id, rules, gen);
     };
+    r.pin = [self](const std::string& id, uint64_t gen, size_t index, const std::vector<uint32_t>& addrs,
+                   uint32_t ttl) { self->PinFor(id, gen, index, addrs, ttl); };
     r.refused = [self](const std::string& id, const std::string& name) {
       self->Refused(id, Refusal{NowMs(), "name " + name});
     };
@@ -120,28 +122,34 @@ void NodeNetwork::ReadLog() {
   }
 }
 
-bool NodeNetwork::Who(uint32_t addr, std::string* id, std::vector<Rule>* names) {
+bool NodeNetwork::Who(uint32_t addr, std::string* id, std::vector<Rule>* rules, uint64_t* gen) {
   std::lock_guard<std::mutex> lk(mu_);
   auto it = by_addr_.find(addr);
   if (it == by_addr_.end()) return false;
-  const Entry& e = by_id_[it->second];
-  if (!e.attached) return false;
+  auto e = by_id_.find(it->second);
+  if (e == by_id_.end() || !e->second.attached) return false;
   *id = it->second;
-  for (const auto& r : e.policy.rules)
-    if (r.is_name()) names->push_back(r);
+  *rules = e->second.policy.rules;
+  *gen = e->second.gen;
   return true;
 }
 
-void NodeNetwork::PinFor(const std::string& id, const Rule& rule, const std::vector<uint32_t>& addrs, uint32_t ttl) {
+void NodeNetwork::PinFor(const std::string& id, uint64_t gen, size_t index, const std::vector<uint32_t>& addrs,
+                         uint32_t ttl) {
+  std::lock_guard<std::mutex> pin(pin_mu_);
   SandboxLink link;
+  std::string entry;
   {
     std::lock_guard<std::mutex> lk(mu_);
     auto it = by_id_.find(id);
-    if (it == by_id_.end() || !it->second.attached) return;
+    // Gone, or its policy changed since the question: the answer pins nothing.
+    if (it == by_id_.end() || !it->second.attached || it->second.gen != gen) return;
+    if (index >= it->second.policy.rules.size()) return;
     link = SandboxLink{it->second.net.ifname, it->second.net.addr};
+    entry = it->second.policy.rules[index].text;
   }
-  if (auto r = nft_->Run(Pin(opts_.rules, link, rule, addrs, ttl)); !r.ok())
-    Log(2, "sandbox " + id + ": pinning the addresses of " + rule.text + ": " + r.status().message());
+  if (auto r = nft_->Run(Pin(opts_.rules, link, index, addrs, ttl)); !r.ok())
+    Log(2, "sandbox " + id + ": pinning the addresses of " + entry + ": " + r.status().message());
 }
 
 void NodeNetwork::Refused(const std::string& id, Refusal r) {
@@ -149,7 +157,9 @@ void NodeNetwork::Refused(const std::string& id, Refusal r) {
   auto it = by_id_.find(id);
   if (it == by_id_.end()) return;
   Refusals& f = it->second.refused;
-  if (r.what.rfind("name ", 0) == 0) ++f.names;
+  bool name = r.what.rfind("name ", 0) == 0;
+  metrics::NetworkRefusals().At(name ? "what=\"name\"" : "what=\"packet\"").Add();
+  if (name) ++f.names;
   if (f.recent.size() >= kRecentRefusals) f.recent.pop_front();
   f.recent.push_back(std::move(r));
 }
@@ -208,8 +218,15 @@ Result<SandboxNet> NodeNetwork::Reserve(const std::string& id) {
   if (used_.size() >= slots_)
     return Status::ResourceExhausted("the sandbox network pool " + NetText(opts_.pool, opts_.pool_prefix) + " is full (" +
                                      std::to_string(slots_) + " sandboxes with a network); dsecd --sandbox-net a larger one");
+  // A slot whose link exists is taken: after a restart, by a sandbox not
+  // re-adopted yet (or left by a crash, until its kind's sweep removes it).
   uint32_t slot = next_;
-  while (used_.count(slot)) slot = (slot + 1) % slots_;
+  for (uint32_t tried = 0; used_.count(slot) || if_nametoindex(ForSlot(slot).ifname.c_str()); ++tried) {
+    if (tried >= slots_)
+      return Status::ResourceExhausted("the sandbox network pool " + NetText(opts_.pool, opts_.pool_prefix) +
+                                       " has no slot without a link left");
+    slot = (slot + 1) % slots_;
+  }
   next_ = (slot + 1) % slots_;
   used_.insert(slot);
   Entry e;
@@ -325,7 +342,9 @@ Status NodeNetwork::Readopt(const std::string& id, const SandboxNet& net, const 
 }
 
 Status NodeNetwork::Replace(const std::string& id, const Policy& policy) {
+  std::lock_guard<std::mutex> pin(pin_mu_);
   SandboxNet net;
+  Policy old;
   {
     std::lock_guard<std::mutex> lk(mu_);
     auto it = by_id_.find(id);
@@ -334,19 +353,24 @@ Status NodeNetwork::Replace(const std::string& id, const Policy& policy) {
                                         " has no network link on this node (a link is made at creation only: "
                                         "create the sandbox with network mode allow or open)");
     net = it->second.net;
+    old = it->second.policy;
   }
   // The new rules and the cached answers of the names it lists, in one
   // batch: a name it could reach before the change and still lists stays
   // reachable without a new query.
   SandboxLink link{net.ifname, net.addr};
-  std::string batch = SandboxReplace(opts_.rules, link, policy);
+  std::string batch = SandboxReplace(opts_.rules, link, old, policy);
   if (resolver_)
-    for (const auto& rule : policy.rules)
-      if (rule.is_name())
-        for (const auto& [addrs, ttl] : resolver_->Cached(rule)) batch += Pin(opts_.rules, link, rule, addrs, ttl);
+    for (size_t i = 0; i < policy.rules.size(); ++i)
+      if (policy.rules[i].is_name())
+        for (const auto& [addrs, ttl] : resolver_->Cached(policy.rules[i]))
+          batch += Pin(opts_.rules, link, i, addrs, ttl);
   if (auto r = nft_->Run(batch); !r.ok()) return r.status().Annotate("sandbox " + id);
   std::lock_guard<std::mutex> lk(mu_);
-  by_id_[id].policy = policy;
+  auto it = by_id_.find(id);
+  if (it == by_id_.end()) return Status::NotFound("sandbox " + id + " was released during its policy change");
+  it->second.policy = policy;
+  ++it->second.gen;
   return Status::Ok();
 }
 

@@ -113,6 +113,7 @@ class NodeNetwork {
     SandboxNet net;
     Policy policy;
     bool attached = false;
+    uint64_t gen = 0;  // its policy's generation (Replace makes a new one)
     Refusals refused;  // refused packets the kernel counts (CounterList)
   };
   // Attach's work, with the link `make` makes for the reserved slot.
@@ -122,8 +123,8 @@ class NodeNetwork {
   void Log(int level, const std::string& text) const;
 
   // The resolver's questions (ResolverOptions' who, pin, refused).
-  bool Who(uint32_t addr, std::string* id, std::vector<Rule>* names);
-  void PinFor(const std::string& id, const Rule& rule, const std::vector<uint32_t>& addrs, uint32_t ttl_s);
+  bool Who(uint32_t addr, std::string* id, std::vector<Rule>* rules, uint64_t* gen);
+  void PinFor(const std::string& id, uint64_t gen, size_t index, const std::vector<uint32_t>& addrs, uint32_t ttl_s);
   void Refused(const std::string& id, Refusal r);
   // Reads the refusals' log until stop_.
   void ReadLog();
@@ -138,6 +139,9 @@ class NodeNetwork {
   int stop_ = -1;  // an eventfd: the log reader ends
   std::thread log_thread_;
   uint32_t slots_ = 0;
+  // A pin and a policy change never interleave: a pin of an answer given
+  // under the old policy never lands after the change (PinFor, Replace).
+  std::mutex pin_mu_;
   mutable std::mutex mu_;
   std::unordered_map<std::string, Entry> by_id_;
   std::unordered_map<uint32_t, std::string> by_addr_;  // sandbox address -> id

@@ -22,14 +22,19 @@ namespace {
 
 constexpr size_t kBuf = 64 * 1024;
 
-// Bytes read from one side, waiting to be written to the other.
+// Bytes read from one side, waiting to be written to the other. The
+// buffer exists only while it holds bytes: an idle connection costs none.
 struct Pipe {
-  std::vector<char> data = std::vector<char>(kBuf);
+  std::vector<char> data;
   size_t begin = 0, end = 0;
   bool eof = false;       // the reading side closed its end
   bool shut = false;      // and the writing side was told (SHUT_WR)
   size_t used() const { return end - begin; }
-  bool full() const { return end == data.size() && begin == 0; }
+  bool room() const { return data.empty() || end < data.size(); }
+  void Drained() {
+    begin = end = 0;
+    std::vector<char>().swap(data);
+  }
 };
 
 }  // namespace
@@ -48,6 +53,7 @@ struct PortProxy::Impl {
     std::string id;
     bool connected = false;       // fd[1]'s connect finished
     Pipe pipe[2];                 // pipe[i]: read from fd[i], written to fd[1 - i]
+    bool done[2] = {false, false};  // fd[i] read to its end and shut for writing: out of epoll
   };
   struct Ref {
     Listener* listener = nullptr;
@@ -63,6 +69,7 @@ struct PortProxy::Impl {
   std::unordered_map<uint64_t, Ref> refs;
   std::map<uint64_t, std::unique_ptr<Listener>> listeners;   // by token
   std::map<uint64_t, std::unique_ptr<Conn>> conns;           // by the token of its side 0
+  std::map<std::string, size_t> conns_of;                     // relayed connections per sandbox
 
   uint64_t Add(int fd, uint32_t events, Ref ref) {
     uint64_t t = next_token++;
@@ -79,6 +86,7 @@ struct PortProxy::Impl {
       refs.erase(c->token[i]);
       if (c->fd[i] >= 0) ::close(c->fd[i]);
     }
+    if (--conns_of[c->id] == 0) conns_of.erase(c->id);
     conns.erase(c->token[0]);
   }
 
@@ -86,11 +94,19 @@ struct PortProxy::Impl {
   void Arm(Conn* c, int side) {
     const Pipe& in = c->pipe[side];        // read from this side
     const Pipe& out = c->pipe[1 - side];   // written to this side
+    if (c->done[side]) return;
+    if (in.eof && out.shut) {
+      // Nothing more in either direction: out of epoll, which would report
+      // its hang-up on every wait, whatever the mask.
+      ::epoll_ctl(ep, EPOLL_CTL_DEL, c->fd[side], nullptr);
+      c->done[side] = true;
+      return;
+    }
     uint32_t ev = 0;
     if (side == 1 && !c->connected) {
       ev = EPOLLOUT;
     } else {
-      if (!in.eof && in.end < in.data.size()) ev |= EPOLLIN;
+      if (!in.eof && in.room()) ev |= EPOLLIN;
       if (out.used()) ev |= EPOLLOUT;
     }
     epoll_event e{};
@@ -103,7 +119,7 @@ struct PortProxy::Impl {
     for (;;) {
       int a = ::accept4(l->fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (a < 0) return;
-      if (conns.size() >= kMaxProxyConns) {
+      if (conns.size() >= kMaxProxyConns || conns_of[l->id] >= kMaxProxyConnsPerSandbox) {
         ::close(a);
         continue;
       }
@@ -127,6 +143,7 @@ struct PortProxy::Impl {
       Conn* p = c.get();
       c->token[0] = Add(a, 0, Ref{nullptr, p, 0});  // armed once connected
       c->token[1] = Add(b, EPOLLOUT, Ref{nullptr, p, 1});
+      ++conns_of[l->id];
       conns[c->token[0]] = std::move(c);
     }
   }
@@ -144,7 +161,7 @@ struct PortProxy::Impl {
     }
     if (events & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
       Pipe& in = c->pipe[side];
-      if (in.begin == in.end) in.begin = in.end = 0;
+      if (in.data.empty()) in.data.resize(kBuf);
       while (!in.eof && in.end < in.data.size()) {
         ssize_t n = ::read(c->fd[side], in.data.data() + in.end, in.data.size() - in.end);
         if (n > 0) in.end += static_cast<size_t>(n);
@@ -164,7 +181,7 @@ struct PortProxy::Impl {
         else if (n < 0 && errno == EAGAIN) break;
         else return false;
       }
-      if (p.begin == p.end) p.begin = p.end = 0;
+      if (p.begin == p.end) p.Drained();
       if (p.eof && !p.used() && !p.shut) {
         ::shutdown(to, SHUT_WR);
         p.shut = true;

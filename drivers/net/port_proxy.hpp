@@ -6,8 +6,9 @@
 // come from the host to the sandbox, which the node's rules let through
 // for exposed ports only (ruleset.hpp: the `exposed` set).
 //
-// Bounds: at most kMaxProxyConns relayed connections at once (the next
-// ones are closed at accept), 64 KiB buffered per direction each.
+// Bounds: at most kMaxProxyConns relayed connections at once, and
+// kMaxProxyConnsPerSandbox to one sandbox (the next ones are closed at
+// accept); up to 64 KiB buffered per direction each, only while bytes wait.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +21,7 @@
 namespace dsec::net {
 
 inline constexpr size_t kMaxProxyConns = 4096;
+inline constexpr size_t kMaxProxyConnsPerSandbox = 512;
 
 struct ExposedPort {
   uint16_t port = 0;       // inside the sandbox

@@ -16,6 +16,7 @@
 #include <unordered_map>
 
 #include "drivers/net/dns.hpp"
+#include "runtime/metrics.hpp"
 #include "runtime/unique_fd.hpp"
 
 namespace dsec::net {
@@ -68,7 +69,8 @@ struct Resolver::Impl {
     sockaddr_in client;
     dns::Query q;
     std::string id;
-    Rule rule;
+    uint64_t gen = 0;
+    std::vector<size_t> entries;  // the indexes of the name entries that list it
   };
   struct Pending {
     std::string name;
@@ -83,6 +85,12 @@ struct Resolver::Impl {
     if (o.log) o.log(level, text);
   }
   void Count(uint64_t Stats::*field) {
+    static const std::pair<uint64_t Stats::*, const char*> kNames[] = {
+        {&Stats::answered_cached, "answer=\"cached\""}, {&Stats::answered_upstream, "answer=\"upstream\""},
+        {&Stats::nxdomain, "answer=\"nxdomain\""},      {&Stats::refused, "answer=\"refused\""},
+        {&Stats::servfail, "answer=\"servfail\""}};
+    for (const auto& [f, labels] : kNames)
+      if (f == field) metrics::DnsAnswers().At(labels).Add();
     std::lock_guard<std::mutex> lk(mu);
     ++(st.*field);
   }
@@ -90,7 +98,8 @@ struct Resolver::Impl {
     (void)::sendto(udp.get(), msg.data(), msg.size(), 0, reinterpret_cast<const sockaddr*>(&to), sizeof to);
   }
   void Reply(const Waiter& w, dns::Rcode rcode, const std::vector<uint32_t>& addrs, uint32_t ttl) {
-    if (rcode == dns::kNoError && !addrs.empty() && w.q.qtype == dns::kTypeA && o.pin) o.pin(w.id, w.rule, addrs, ttl);
+    if (rcode == dns::kNoError && !addrs.empty() && w.q.qtype == dns::kTypeA && o.pin)
+      for (size_t i : w.entries) o.pin(w.id, w.gen, i, addrs, ttl);
     bool a = w.q.qtype == dns::kTypeA;
     Send(w.client, dns::Answer(w.q, rcode, a ? addrs : std::vector<uint32_t>{}, ttl));
   }
@@ -135,20 +144,18 @@ struct Resolver::Impl {
     Waiter w;
     w.client = from;
     w.q = std::move(*q);
-    std::vector<Rule> names;
-    if (!o.who || !o.who(ntohl(from.sin_addr.s_addr), &w.id, &names)) {
+    std::vector<Rule> rules;
+    if (!o.who || !o.who(ntohl(from.sin_addr.s_addr), &w.id, &rules, &w.gen)) {
       Count(&Stats::refused);
       return Send(from, dns::Answer(w.q, dns::kRefused, {}, 0));
     }
-    const Rule* rule = nullptr;
-    for (const auto& r : names)
-      if (r.MatchesName(w.q.name)) rule = &r;
-    if (!rule || w.q.qclass != dns::kClassIn) {
+    for (size_t i = 0; i < rules.size(); ++i)
+      if (rules[i].is_name() && rules[i].MatchesName(w.q.name)) w.entries.push_back(i);
+    if (w.entries.empty() || w.q.qclass != dns::kClassIn) {
       Count(&Stats::nxdomain);
       if (o.refused) o.refused(w.id, w.q.name);
       return Send(from, dns::Answer(w.q, dns::kNxDomain, {}, 0));
     }
-    w.rule = *rule;
     if (w.q.qtype != dns::kTypeA) return Send(from, dns::Answer(w.q, dns::kNoError, {}, 0));
     auto now = Clock::now();
     {
@@ -156,8 +163,8 @@ struct Resolver::Impl {
       auto it = cache.find(w.q.name);
       if (it != cache.end() && it->second.expires > now) {
         Cached c = it->second;
-        ++st.answered_cached;
         lk.unlock();
+        Count(&Stats::answered_cached);
         auto left = std::chrono::duration_cast<std::chrono::seconds>(c.expires - now).count() + 1;
         return Reply(w, c.rcode, c.addrs, static_cast<uint32_t>(left));
       }

@@ -36,10 +36,14 @@ struct ResolverOptions {
   uint32_t timeout_ms = 1500;            // per upstream try (two tries per server)
   uint32_t max_ttl_s = 3600;
   // What the resolver asks of the node (called on its thread):
-  // `who`: the sandbox at `addr` (false: none), its id and name entries.
-  std::function<bool(uint32_t addr, std::string* id, std::vector<Rule>* names)> who;
-  // `pin`: addresses of `rule` reachable for sandbox `id` for `ttl_s`.
-  std::function<void(const std::string& id, const Rule& rule, const std::vector<uint32_t>& addrs, uint32_t ttl_s)> pin;
+  // `who`: the sandbox at `addr` (false: none): its id, its policy's
+  // entries and the policy's generation (a change makes a new one).
+  std::function<bool(uint32_t addr, std::string* id, std::vector<Rule>* rules, uint64_t* gen)> who;
+  // `pin`: addresses reachable for sandbox `id` on the entry at `index` of
+  // its policy of generation `gen` (nothing when it has changed since).
+  std::function<void(const std::string& id, uint64_t gen, size_t index, const std::vector<uint32_t>& addrs,
+                     uint32_t ttl_s)>
+      pin;
   // `refused`: sandbox `id` asked for unlisted `name`.
   std::function<void(const std::string& id, const std::string& name)> refused;
   std::function<void(int level, const std::string& text)> log;

@@ -7,56 +7,55 @@ namespace dsec::net {
 namespace {
 
 std::string Chain(const SandboxLink& l) { return "s_" + l.ifname; }
-std::string Set(const SandboxLink& l) { return "a_" + l.ifname; }
 std::string Counter(const SandboxLink& l) { return "r_" + l.ifname; }
+// The addresses the resolver answered for name entry `i`, with timeouts.
+std::string NameSet(const SandboxLink& l, size_t i) { return "n" + std::to_string(i) + "_" + l.ifname; }
 std::string Table(const NodeNet& n) { return "inet " + n.table; }
 std::string Ifs(const NodeNet& n) { return "\"" + n.ifprefix + "*\""; }
 
-// `rule`'s elements for `addr`: address . protocol . ports, each protocol
-// and port range it opens, with a timeout when `ttl_s` > 0.
-void AddElements(const Rule& rule, const std::string& addr, uint32_t ttl_s, std::vector<std::string>* out) {
-  std::vector<const char*> protos;
-  if (rule.proto != Proto::kUdp) protos.push_back("tcp");
-  if (rule.proto != Proto::kTcp) protos.push_back("udp");
-  std::vector<PortRange> ranges = rule.ports;
-  if (ranges.empty()) ranges.push_back({1, 65535});
-  std::string timeout = ttl_s ? " timeout " + std::to_string(ttl_s) + "s" : "";
-  for (const char* proto : protos)
-    for (const auto& r : ranges) {
-      std::string ports = r.first == r.last ? std::to_string(r.first)
-                                            : std::to_string(r.first) + "-" + std::to_string(r.last);
-      out->push_back(addr + " . " + proto + " . " + ports + timeout);
-    }
+// What `rule` opens beyond its addresses: its protocol and ports.
+std::string Transport(const Rule& rule) {
+  std::string out = rule.proto == Proto::kTcp   ? "meta l4proto tcp"
+                    : rule.proto == Proto::kUdp ? "meta l4proto udp"
+                                                : "meta l4proto { tcp, udp }";
+  if (rule.ports.empty()) return out;
+  std::string ports;
+  for (const auto& r : rule.ports)
+    ports += (ports.empty() ? "" : ", ") +
+             (r.first == r.last ? std::to_string(r.first) : std::to_string(r.first) + "-" + std::to_string(r.last));
+  return out + " th dport { " + ports + " }";
 }
 
-// "add element ..." for `elements`, in batches nft takes comfortably.
-std::string AddToSet(const NodeNet& n, const std::string& set, const std::vector<std::string>& elements) {
+// `verb` ("add", "flush", "delete") for the name sets of `p`'s name entries.
+std::string NameSets(const NodeNet& n, const SandboxLink& l, const Policy& p, const char* verb) {
   std::string out;
-  constexpr size_t kPerLine = 512;
-  for (size_t i = 0; i < elements.size(); i += kPerLine) {
-    out += "add element " + Table(n) + " " + set + " { ";
-    for (size_t j = i; j < std::min(elements.size(), i + kPerLine); ++j) out += (j > i ? ", " : "") + elements[j];
-    out += " }\n";
+  for (size_t i = 0; i < p.rules.size(); ++i) {
+    if (!p.rules[i].is_name()) continue;
+    out += std::string(verb) + " set " + Table(n) + " " + NameSet(l, i);
+    out += std::string(verb) == "add" ? " { type ipv4_addr; flags timeout; }\n" : "\n";
   }
   return out;
 }
 
-// The sandbox chain's rules and its set's address entries for `p`.
+// The sandbox chain's rules for `p`: one per entry (entries may overlap:
+// an address inside an allowed range, two names on one address), each
+// its addresses (or its name set) and its transport.
 std::string Fill(const NodeNet& n, const SandboxLink& l, const Policy& p) {
-  std::string t = Table(n), c = Chain(l), s = Set(l);
+  std::string t = Table(n), c = Chain(l);
   std::string out;
   out += "add rule " + t + " " + c + " ct state established,related accept\n";
-  out += "add rule " + t + " " + c + " ip daddr . meta l4proto . th dport @" + s + " accept\n";
-  if (p.mode == v1::NETWORK_MODE_OPEN) out += "add rule " + t + " " + c + " ip daddr != @special ip protocol { tcp, udp } accept\n";
+  for (size_t i = 0; i < p.rules.size(); ++i) {
+    const Rule& r = p.rules[i];
+    std::string dst = r.is_name() ? "ip daddr @" + NameSet(l, i) : "ip daddr " + NetText(r.addr, r.prefix);
+    out += "add rule " + t + " " + c + " " + dst + " " + Transport(r) + " accept\n";
+  }
+  if (p.mode == v1::NETWORK_MODE_OPEN)
+    out += "add rule " + t + " " + c + " ip daddr != @special ip protocol { tcp, udp } accept\n";
   if (n.log_group)
     out += "add rule " + t + " " + c + " limit rate " + std::to_string(n.log_rate) + "/second log group " +
            std::to_string(n.log_group) + " prefix \"dsec " + l.ifname + " \"\n";
   // Refused at once (a connect fails with ECONNREFUSED, not after a timeout).
-  out += "add rule " + t + " " + c + " counter name " + Counter(l) + " jump refuse\n";
-  std::vector<std::string> elements;
-  for (const auto& r : p.rules)
-    if (!r.is_name()) AddElements(r, NetText(r.addr, r.prefix), 0, &elements);
-  return out + AddToSet(n, s, elements);
+  return out + "add rule " + t + " " + c + " counter name " + Counter(l) + " jump refuse\n";
 }
 
 }  // namespace
@@ -106,9 +105,8 @@ std::string NodeTableRemove(const NodeNet& n) {
 
 std::string SandboxAdd(const NodeNet& n, const SandboxLink& l, const Policy& p) {
   std::string t = Table(n);
-  std::string out = "add chain " + t + " " + Chain(l) + "\n" + "add counter " + t + " " + Counter(l) + "\n" +
-                    "add set " + t + " " + Set(l) +
-                    " { type ipv4_addr . inet_proto . inet_service; flags interval, timeout; }\n";
+  std::string out = "add chain " + t + " " + Chain(l) + "\n" + "add counter " + t + " " + Counter(l) + "\n";
+  out += NameSets(n, l, p, "add");
   out += Fill(n, l, p);
   for (uint16_t port : p.expose)
     out += "add element " + t + " exposed { " + Ipv4Text(l.addr) + " . " + std::to_string(port) + " }\n";
@@ -116,34 +114,34 @@ std::string SandboxAdd(const NodeNet& n, const SandboxLink& l, const Policy& p) 
   return out + "add element " + t + " egress { \"" + l.ifname + "\" : jump " + Chain(l) + " }\n";
 }
 
-std::string SandboxReplace(const NodeNet& n, const SandboxLink& l, const Policy& p) {
+std::string SandboxReplace(const NodeNet& n, const SandboxLink& l, const Policy& old, const Policy& p) {
   std::string t = Table(n);
-  return "flush chain " + t + " " + Chain(l) + "\n" + "flush set " + t + " " + Set(l) + "\n" + Fill(n, l, p);
-}
-
-std::string SandboxAddEntries(const NodeNet& n, const SandboxLink& l, const std::vector<Rule>& extra) {
-  std::vector<std::string> elements;
-  for (const auto& r : extra)
-    if (!r.is_name()) AddElements(r, NetText(r.addr, r.prefix), 0, &elements);
-  return AddToSet(n, Set(l), elements);
+  std::string out = "flush chain " + t + " " + Chain(l) + "\n";
+  // The name sets go with the list they were pinned for (a new entry at
+  // the same place may name something else).
+  out += NameSets(n, l, old, "delete");
+  out += NameSets(n, l, p, "add");
+  return out + Fill(n, l, p);
 }
 
 std::string SandboxRemove(const NodeNet& n, const SandboxLink& l, const Policy& p) {
   std::string t = Table(n);
   // The map entry first: nothing jumps to the chain while it goes.
   std::string out = "delete element " + t + " egress { \"" + l.ifname + "\" }\n" + "delete chain " + t + " " +
-                    Chain(l) + "\n" + "delete set " + t + " " + Set(l) + "\n" + "delete counter " + t + " " +
-                    Counter(l) + "\n";
+                    Chain(l) + "\n" + "delete counter " + t + " " + Counter(l) + "\n";
+  out += NameSets(n, l, p, "delete");
   for (uint16_t port : p.expose)
     out += "delete element " + t + " exposed { " + Ipv4Text(l.addr) + " . " + std::to_string(port) + " }\n";
   return out;
 }
 
-std::string Pin(const NodeNet& n, const SandboxLink& l, const Rule& rule, const std::vector<uint32_t>& addrs,
+std::string Pin(const NodeNet& n, const SandboxLink& l, size_t rule_index, const std::vector<uint32_t>& addrs,
                 uint32_t ttl_s) {
-  std::vector<std::string> elements;
-  for (uint32_t a : addrs) AddElements(rule, Ipv4Text(a), std::max<uint32_t>(ttl_s, 1), &elements);
-  return AddToSet(n, Set(l), elements);
+  if (addrs.empty()) return "";
+  std::string out = "add element " + Table(n) + " " + NameSet(l, rule_index) + " { ";
+  for (size_t i = 0; i < addrs.size(); ++i)
+    out += (i ? ", " : "") + Ipv4Text(addrs[i]) + " timeout " + std::to_string(std::max<uint32_t>(ttl_s, 1)) + "s";
+  return out + " }\n";
 }
 
 std::string CounterList(const NodeNet& n, const SandboxLink& l) {

@@ -14,11 +14,13 @@
 //   prerouting  every DNS query (udp or tcp port 53, to any address) goes
 //               to the node's resolver, which answers listed names only.
 //   postrouting what a sandbox sends out is masqueraded.
-// A sandbox's chain (s_<ifname>) accepts replies, then what its set
-// (a_<ifname>: address . protocol . port, with intervals, and timeouts for
-// the addresses the resolver answered) lists; mode open accepts any public
-// address instead; the rest is logged (log group, rate-limited), counted
-// (its counter r_<ifname>) and refused at once (a TCP reset, else ICMP admin-prohibited: a connect
+// A sandbox's chain (s_<ifname>) accepts replies, then what its entries
+// list, a rule each: an address entry's range, a name entry's set of the
+// addresses the resolver answered (n<i>_<ifname>, with timeouts), each on
+// the entry's protocol and ports (entries may overlap: rules, unlike one
+// interval set, take that); mode open accepts any public address instead;
+// the rest is logged (log group, rate-limited), counted (its counter
+// r_<ifname>) and refused at once (a TCP reset, else ICMP admin-prohibited: a connect
 // fails with ECONNREFUSED, never after a timeout).
 #pragma once
 
@@ -49,19 +51,17 @@ std::string NodeTable(const NodeNet& node);
 std::string NodeTableRemove(const NodeNet& node);
 // A new sandbox's chain, set and map entry, with `policy` in force.
 std::string SandboxAdd(const NodeNet& node, const SandboxLink& link, const Policy& policy);
-// Replaces a sandbox's policy: one batch, so no connection sees a mix or a
-// moment of everything open. Its exposed ports stay those it was made
-// with; the resolver's pins go with the old list.
-std::string SandboxReplace(const NodeNet& node, const SandboxLink& link, const Policy& policy);
-// Adds `extra`'s address entries to the sandbox's set (mode allow).
-std::string SandboxAddEntries(const NodeNet& node, const SandboxLink& link, const std::vector<Rule>& extra);
+// Replaces a sandbox's policy `old` with `policy`: one batch, so no
+// connection sees a mix or a moment of everything open. Its exposed ports
+// stay those it was made with; the resolver's pins go with the old list.
+std::string SandboxReplace(const NodeNet& node, const SandboxLink& link, const Policy& old, const Policy& policy);
 // What SandboxAdd made with `policy` (its exposed ports), gone.
 std::string SandboxRemove(const NodeNet& node, const SandboxLink& link, const Policy& policy);
 // Lists the sandbox's refusals' counter ("packets N bytes M").
 std::string CounterList(const NodeNet& node, const SandboxLink& link);
-// Addresses the resolver answered for name entry `rule`, reachable on its
-// ports for `ttl_s` seconds (at least 1).
-std::string Pin(const NodeNet& node, const SandboxLink& link, const Rule& rule, const std::vector<uint32_t>& addrs,
+// Addresses the resolver answered for the name entry at `rule_index` of the
+// sandbox's policy, reachable on its ports for `ttl_s` seconds (at least 1).
+std::string Pin(const NodeNet& node, const SandboxLink& link, size_t rule_index, const std::vector<uint32_t>& addrs,
                 uint32_t ttl_s);
 
 }  // namespace dsec::net

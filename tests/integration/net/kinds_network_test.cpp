@@ -38,6 +38,33 @@ std::string ConnectScript(const std::string& ip, int port) {
          "), 3).close(); print('ok')\nexcept OSError as e:\n print(type(e).__name__)";
 }
 
+// One HTTP GET of `path` from `addr` ("127.0.0.1:PORT") in namespace `ns`:
+// the whole response, or "" when none came.
+std::string HttpResponse(const std::string& ns, const std::string& addr, const std::string& path) {
+  auto colon = addr.find(':');
+  std::string ip = addr.substr(0, colon);
+  uint16_t port = static_cast<uint16_t>(std::stoi(addr.substr(colon + 1)));
+  return InNs(ns, [&] {
+    UniqueFd s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    timeval tv{5, 0};
+    ::setsockopt(s.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    sockaddr_in a = Ipv4Addr(ip, port);
+    if (::connect(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) return std::string();
+    std::string req = "GET " + path + " HTTP/1.0\r\n\r\n";
+    if (::send(s.get(), req.data(), req.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(req.size())) return std::string();
+    std::string got;
+    char buf[4096];
+    ssize_t n;
+    while ((n = ::recv(s.get(), buf, sizeof buf, 0)) > 0) got.append(buf, static_cast<size_t>(n));
+    return got;
+  });
+}
+// Its status line.
+std::string HttpGet(const std::string& ns, const std::string& addr) {
+  std::string r = HttpResponse(ns, addr, "/");
+  return r.substr(0, r.find("\r\n"));
+}
+
 class KindsNetwork : public ::testing::TestWithParam<KindParam> {
  protected:
   static void SetUpTestSuite() {
@@ -227,6 +254,10 @@ TEST_P(KindsNetwork, ListedNamesResolveAndOnlyTheirAddressesAreReachable) {
   EXPECT_THAT(rec.out, HasSubstr("name github.test")) << rec.out;
   EXPECT_THAT(rec.out, HasSubstr("tcp 198.51.100.2:8080"));
   EXPECT_THAT(rec.out, HasSubstr("\"refused_names\": 1,"));
+  // And in the node's metrics.
+  std::string metrics = HttpResponse(kHost, daemon_->http_addr(), "/metrics");
+  EXPECT_THAT(metrics, ::testing::ContainsRegex("dsec_network_refusals_total\\{what=\"name\"\\} [1-9]"));
+  EXPECT_THAT(metrics, ::testing::ContainsRegex("dsec_dns_answers_total\\{answer=\"nxdomain\"\\} [1-9]"));
 }
 
 // A policy changes for the task's next phase: in force for the next
@@ -260,28 +291,6 @@ TEST_P(KindsNetwork, APolicyChangeReplacesOrAddsAndHoldsAtOnce) {
   std::string none = Create({});
   auto no_link = daemon_->Ctl({"network", none, "--replace", "--allow", "198.51.100.2:80"});
   EXPECT_THAT(no_link.err, HasSubstr("no network link")) << "made with mode none: nothing to change";
-}
-
-// One HTTP GET to `addr` ("127.0.0.1:PORT") from the host's namespace: the
-// status line, or "" when none came.
-std::string HttpGet(const std::string& ns, const std::string& addr) {
-  auto colon = addr.find(':');
-  std::string ip = addr.substr(0, colon);
-  uint16_t port = static_cast<uint16_t>(std::stoi(addr.substr(colon + 1)));
-  return InNs(ns, [&] {
-    UniqueFd s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-    timeval tv{5, 0};
-    ::setsockopt(s.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    sockaddr_in a = Ipv4Addr(ip, port);
-    if (::connect(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) return std::string();
-    const char req[] = "GET / HTTP/1.0\r\n\r\n";
-    if (::send(s.get(), req, sizeof req - 1, MSG_NOSIGNAL) != sizeof req - 1) return std::string();
-    std::string got;
-    char buf[4096];
-    ssize_t n;
-    while ((n = ::recv(s.get(), buf, sizeof buf, 0)) > 0) got.append(buf, static_cast<size_t>(n));
-    return got.substr(0, got.find("\r\n"));
-  });
 }
 
 // An exposed port: a web server in the container answers the host through

@@ -132,8 +132,9 @@ class Ruleset : public ::testing::Test {
   // Sandbox a's policy, replaced in one batch; how long nft took.
   static double Apply(const Policy& p) {
     auto t0 = Clock::now();
-    auto r = InNs(kHost, [&] { return nft_->Run(SandboxReplace(node_, a_, p)); });
+    auto r = InNs(kHost, [&] { return nft_->Run(SandboxReplace(node_, a_, a_policy_, p)); });
     EXPECT_TRUE(r.ok()) << r.status().ToString();
+    if (r.ok()) a_policy_ = p;
     return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   }
   // Packets sandbox a's chain refused so far.
@@ -150,6 +151,7 @@ class Ruleset : public ::testing::Test {
   static inline std::unique_ptr<Nft> nft_;
   static inline NodeNet node_;
   static inline SandboxLink a_{"dsv1", 0x64600002}, b_{"dsv2", 0x64600006};
+  static inline Policy a_policy_;  // what sandbox a's rules are now (SandboxReplace needs the old policy)
   static inline std::vector<UniqueFd> listeners_;
   static inline bool made_ = false;
   static inline std::string skip_, failure_;
@@ -182,17 +184,19 @@ TEST_F(Ruleset, APolicyChangeHoldsForTheNextConnection) {
   EXPECT_EQ(Connect(kSbA, "198.51.100.2", 80), ECONNREFUSED) << "the old entry is gone at once";
   EXPECT_EQ(Connect(kSbA, "198.51.100.3", 80), 0) << "the new one holds at once";
   EXPECT_LT(ms, 100.0);
-  auto added = InNs(kHost, [] { return nft_->Run(SandboxAddEntries(node_, a_, {*ParseRule("198.51.100.2:8080")})); });
-  ASSERT_TRUE(added.ok()) << added.status().ToString();
+  // Entries that overlap (an address inside an allowed range, on other
+  // ports) are taken: each entry is a rule of its own.
+  Apply(Parsed(v1::NETWORK_MODE_ALLOW, {"198.51.100.3:80", "198.51.100.0/24:8080", "198.51.100.2:8080,9000/tcp"}));
   EXPECT_EQ(Connect(kSbA, "198.51.100.2", 8080), 0) << "added to the list";
   EXPECT_EQ(Connect(kSbA, "198.51.100.3", 80), 0) << "and the list kept";
+  EXPECT_EQ(Connect(kSbA, "198.51.100.2", 80), ECONNREFUSED) << "and nothing else";
 }
 
 TEST_F(Ruleset, ANamesAddressesAreReachableForTheirTtlOnly) {
   Policy p = Parsed(v1::NETWORK_MODE_ALLOW, {"pypi.test:80"});
   Apply(p);
   EXPECT_EQ(Connect(kSbA, "198.51.100.2", 80), ECONNREFUSED) << "nothing until the resolver answers";
-  auto pin = InNs(kHost, [&] { return nft_->Run(Pin(node_, a_, p.rules[0], {0xC6336402}, 1)); });
+  auto pin = InNs(kHost, [&] { return nft_->Run(Pin(node_, a_, 0, {0xC6336402}, 1)); });
   ASSERT_TRUE(pin.ok()) << pin.status().ToString();
   EXPECT_EQ(Connect(kSbA, "198.51.100.2", 80), 0) << "the answered address, on the entry's port";
   EXPECT_EQ(Connect(kSbA, "198.51.100.2", 8080), ECONNREFUSED) << "not on another port";
@@ -477,6 +481,13 @@ TEST_F(Ruleset, TheResolverAnswersListedNamesAndPinsOnlyTheirAddresses) {
   ASSERT_TRUE((*nn)->Replace("sb-r", p).ok());
   EXPECT_EQ(Connect(ns, "198.51.100.2", 80), 0) << "pinned again from the cache";
   EXPECT_EQ(upstream.asked().size(), 1u);
+
+  // Two entries naming one name (an ADD of other ports): an answer opens
+  // the ports of both.
+  ASSERT_TRUE((*nn)->Replace("sb-r", Parsed(v1::NETWORK_MODE_ALLOW, {"pypi.test:80/tcp", "*.test:8080/tcp"})).ok());
+  EXPECT_THAT(testing::AskDns(ns, gw, "pypi.test").addrs, ::testing::ElementsAre("198.51.100.2"));
+  EXPECT_EQ(Connect(ns, "198.51.100.2", 80), 0);
+  EXPECT_EQ(Connect(ns, "198.51.100.2", 8080), 0) << "the second entry's port too";
 
   EXPECT_TRUE(InNs(kHost, [&] { return (*nn)->Release("sb-r"); }).ok());
   EXPECT_EQ((*nn)->Report("sb-r").status().code(), Status::Code::kNotFound);
