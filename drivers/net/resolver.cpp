@@ -26,6 +26,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr auto kNegativeTtl = std::chrono::seconds(10);
 constexpr size_t kMaxWaiters = 64;  // clients waiting on one upstream query
+constexpr size_t kMaxWaitingPerSandbox = 32;  // one sandbox cannot fill the pending table
 
 std::string AddrText(const sockaddr_in& a) {
   char ip[INET_ADDRSTRLEN] = "?";
@@ -79,6 +80,11 @@ struct Resolver::Impl {
     std::vector<Waiter> waiters;
   };
   std::unordered_map<uint16_t, Pending> pending;  // by the upstream query's id
+  std::unordered_map<std::string, size_t> waiting;  // queries waiting on the upstream, per sandbox
+  void Unwait(const Pending& p) {
+    for (const auto& w : p.waiters)
+      if (--waiting[w.id] == 0) waiting.erase(w.id);
+  }
   std::mt19937 rng{std::random_device{}()};
 
   void Log(int level, const std::string& text) const {
@@ -169,9 +175,17 @@ struct Resolver::Impl {
         return Reply(w, c.rcode, c.addrs, static_cast<uint32_t>(left));
       }
     }
+    if (waiting[w.id] >= kMaxWaitingPerSandbox) {
+      Count(&Stats::servfail);
+      return Send(from, dns::Answer(w.q, dns::kServFail, {}, 0));
+    }
     for (auto& [qid, p] : pending)
       if (p.name == w.q.name) {
-        if (p.waiters.size() >= kMaxWaiters) break;
+        if (p.waiters.size() >= kMaxWaiters) {
+          Count(&Stats::servfail);
+          return Send(from, dns::Answer(w.q, dns::kServFail, {}, 0));
+        }
+        ++waiting[w.id];
         p.waiters.push_back(std::move(w));
         return;
       }
@@ -184,6 +198,7 @@ struct Resolver::Impl {
     do qid = static_cast<uint16_t>(rng()); while (pending.count(qid));
     Pending& p = pending[qid];
     p.name = w.q.name;
+    ++waiting[w.id];
     p.waiters.push_back(std::move(w));
     Ask(qid, &p);
   }
@@ -207,6 +222,7 @@ struct Resolver::Impl {
     if (!known) return;  // not from a server we asked
     Pending p = std::move(it->second);
     pending.erase(it);
+    Unwait(p);
     dns::Rcode rcode = r->rcode == dns::kNxDomain ? dns::kNxDomain : r->rcode == dns::kNoError ? dns::kNoError
                                                                                             : dns::kServFail;
     uint32_t ttl = std::min(r->ttl, o.max_ttl_s);
@@ -248,6 +264,7 @@ struct Resolver::Impl {
                  (o.upstream.size() > 1 ? " or the other upstreams" : "") + " (SERVFAIL to the sandbox)");
       Count(&Stats::servfail);
       for (const auto& w : p.waiters) Send(w.client, dns::Answer(w.q, dns::kServFail, {}, 0));
+      Unwait(p);
       it = pending.erase(it);
     }
   }
