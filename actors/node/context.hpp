@@ -27,6 +27,9 @@ struct NodeOptions {
   std::string sdk_address;              // for status output
   std::string admin_address;
   std::string http_address;             // "" when --http is off
+  // Sandbox networking, for status: "on: <pool>" or "off: <why>" (only
+  // mode none is taken then).
+  std::string network = "off";
   std::string image_root;               // <data>/images: EROFS files of built images
   drivers::LimitPolicy limits = drivers::LimitPolicy::Default();
   size_t max_inflight_runs = 4096;      // one-shot runs; beyond: resource_exhausted

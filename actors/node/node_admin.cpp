@@ -134,6 +134,7 @@ std::string Status_(NodeSelf self) {
               {"waiting_for_readopt", st.ctx->waiting_for_readopt->load()},
               {"kinds", kinds},
               {"capabilities", Capabilities(ctx, kinds)},
+              {"network", ctx.options.network},
               {"unavailable", unavailable}}
       .dump(-1, ' ', false, json::error_handler_t::replace);
 }

@@ -368,6 +368,8 @@ class Daemon {
     env.images = image_store_.get();
     env.log = DriverLog;
     StartNetwork(&env);
+    o.network = env.network ? "on: " + f_.sandbox_net + (f_.network_open ? ", mode open allowed" : "")
+                            : "off: " + env.network_unavailable;
     // A sandbox that ended by itself goes to the node, once there is one.
     env.lost = [sink = lost_sink_](const std::string& id, const std::string& why) {
       sink->With([&](const node_actor& node) { caf::anon_send(node, lost_atom::value, id, why); });

@@ -208,6 +208,7 @@ TEST_P(KindsNetwork, AnAllowListIsWhatAContainerReachesAndNothingElse) {
     EXPECT_EQ(dns.out, "3\n") << server << ": " << dns.err;
   }
 
+  EXPECT_THAT(daemon_->Ctl({"status"}).out, HasSubstr("on: 100.96.0.0/12")) << "the console says so";
   std::string none = Create({});
   ASSERT_FALSE(none.empty());
   EXPECT_EQ(ConnectIn(none, "198.51.100.2", 80), "OSError") << "mode none: no route at all";
