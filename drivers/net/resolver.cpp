@@ -54,7 +54,7 @@ std::vector<sockaddr_in> NameserversOf(const std::string& text) {
 
 struct Resolver::Impl {
   ResolverOptions o;
-  UniqueFd udp, tcp, up, stop;
+  UniqueFd udp, tcp, stop;
   std::thread thread;
 
   struct Cached {
@@ -74,6 +74,9 @@ struct Resolver::Impl {
     std::vector<size_t> entries;  // the indexes of the name entries that list it
   };
   struct Pending {
+    // Its own socket, connected to the server asked (a port of its own per
+    // try: an off-path forger must guess the port as well as the id).
+    UniqueFd sock;
     std::string name;
     Clock::time_point deadline;
     size_t tries = 0;
@@ -120,9 +123,14 @@ struct Resolver::Impl {
             std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::milliseconds>(p.deadline - now).count() + 1));
         wait = wait < 0 ? ms : std::min(wait, ms);
       }
-      pollfd p[4] = {{udp.get(), POLLIN, 0}, {tcp.get(), POLLIN, 0}, {up.get(), POLLIN, 0}, {stop.get(), POLLIN, 0}};
-      if (::poll(p, 4, wait) < 0 && errno != EINTR) return;
-      if (p[3].revents) return;
+      std::vector<pollfd> p = {{udp.get(), POLLIN, 0}, {tcp.get(), POLLIN, 0}, {stop.get(), POLLIN, 0}};
+      std::vector<uint16_t> ids;
+      for (const auto& [qid, q] : pending) {
+        p.push_back({q.sock.get(), POLLIN, 0});
+        ids.push_back(qid);
+      }
+      if (::poll(p.data(), p.size(), wait) < 0 && errno != EINTR) return;
+      if (p[2].revents) return;
       if (p[1].revents) {
         int c = ::accept4(tcp.get(), nullptr, nullptr, SOCK_CLOEXEC);
         if (c >= 0) ::close(c);
@@ -133,11 +141,14 @@ struct Resolver::Impl {
         ssize_t n = ::recvfrom(udp.get(), buf.data(), buf.size(), 0, reinterpret_cast<sockaddr*>(&from), &len);
         if (n > 0) FromClient(from, buf.data(), static_cast<size_t>(n));
       }
-      if (p[2].revents) {
-        sockaddr_in from{};
-        socklen_t len = sizeof from;
-        ssize_t n = ::recvfrom(up.get(), buf.data(), buf.size(), 0, reinterpret_cast<sockaddr*>(&from), &len);
-        if (n > 0) FromUpstream(from, buf.data(), static_cast<size_t>(n));
+      for (size_t i = 0; i < ids.size(); ++i) {
+        if (!p[3 + i].revents) continue;
+        auto it = pending.find(ids[i]);
+        if (it == pending.end()) continue;  // answered earlier in this round
+        // Connected: only the server asked gets through.
+        ssize_t n = ::recv(it->second.sock.get(), buf.data(), buf.size(), 0);
+        if (n > 0) FromUpstream(ids[i], buf.data(), static_cast<size_t>(n));
+        else if (n < 0 && errno == ECONNREFUSED) it->second.deadline = Clock::now();  // no server there: the next try
       }
       Expire();
     }
@@ -207,19 +218,20 @@ struct Resolver::Impl {
     const sockaddr_in& to = o.upstream[(p->tries / 2) % o.upstream.size()];
     ++p->tries;
     p->deadline = Clock::now() + std::chrono::milliseconds(o.timeout_ms);
+    p->sock = UniqueFd(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    if (!p->sock || ::connect(p->sock.get(), reinterpret_cast<const sockaddr*>(&to), sizeof to) != 0) {
+      p->deadline = Clock::now();  // tried again (or failed) at once by Expire
+      return;
+    }
     auto msg = dns::AQuery(qid, p->name);
-    (void)::sendto(up.get(), msg.data(), msg.size(), 0, reinterpret_cast<const sockaddr*>(&to), sizeof to);
+    (void)::send(p->sock.get(), msg.data(), msg.size(), 0);
   }
 
-  void FromUpstream(const sockaddr_in& from, const uint8_t* data, size_t n) {
+  void FromUpstream(uint16_t qid, const uint8_t* data, size_t n) {
     auto r = dns::ParseResponse(data, n);
-    if (!r) return;
-    auto it = pending.find(r->id);
+    if (!r || r->id != qid) return;
+    auto it = pending.find(qid);
     if (it == pending.end() || it->second.name != r->name) return;
-    bool known = false;
-    for (const auto& u : o.upstream)
-      known |= u.sin_addr.s_addr == from.sin_addr.s_addr && u.sin_port == from.sin_port;
-    if (!known) return;  // not from a server we asked
     Pending p = std::move(it->second);
     pending.erase(it);
     Unwait(p);
@@ -288,9 +300,8 @@ Result<std::unique_ptr<Resolver>> Resolver::Start(ResolverOptions options) {
                                           " (in use? dsecd --sandbox-dns-port another)");
     (type == SOCK_DGRAM ? impl->udp : impl->tcp) = std::move(fd);
   }
-  impl->up = UniqueFd(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   impl->stop = UniqueFd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  if (!impl->up || !impl->stop) return Status::FromErrno(errno, "sandbox networking: the resolver's sockets");
+  if (!impl->stop) return Status::FromErrno(errno, "sandbox networking: the resolver's eventfd");
   Impl* p = impl.get();
   impl->thread = std::thread([p] { p->Run(); });
   return std::unique_ptr<Resolver>(new Resolver(std::move(impl)));

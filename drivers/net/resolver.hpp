@@ -14,9 +14,8 @@
 // at most max_ttl_s; NXDOMAIN for 10 s); at most `max_pending` names wait
 // for the upstream at once, and 32 queries of one sandbox: the rest get
 // SERVFAIL (a sandbox asking random names of a slow domain starves no
-// other). Queries to the upstream leave from one socket (its port fixed
-// while dsecd runs; the 16-bit id is random): the upstream is the node's
-// own resolver, on a path sandboxes do not reach. DNS over TCP is closed
+// other). Each query to the upstream leaves from a socket of its own (a
+// random port and a random id), connected to the server asked. DNS over TCP is closed
 // at once (answers fit in UDP: at most 29 addresses). One thread.
 #pragma once
 

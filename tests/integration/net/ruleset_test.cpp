@@ -495,6 +495,74 @@ TEST_F(Ruleset, TheResolverAnswersListedNamesAndPinsOnlyTheirAddresses) {
   Sh("ip netns del " + ns);
 }
 
+// An upstream that never answers: one sandbox's queries wait on it 32 at a
+// time, the rest are answered SERVFAIL at once, so it cannot hold the
+// node's whole pending table.
+TEST_F(Ruleset, OneSandboxCannotFillTheResolversPendingTable) {
+  UniqueFd silent = InNs(kNet, [] {
+    UniqueFd s(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+    sockaddr_in a = testing::Ipv4Addr("198.51.100.3", 53);
+    if (::bind(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) return UniqueFd();
+    return s;
+  });
+  ASSERT_TRUE(silent);
+  NodeNetworkOptions o;
+  o.rules.table = "dsecq";
+  o.rules.ifprefix = "dsq";
+  o.rules.resolver_port = kResolverPort + 3;
+  o.pool = 0x64720000;  // 100.114.0.0/16
+  o.pool_prefix = 16;
+  o.upstream = {testing::Ipv4Addr("198.51.100.3", 53)};
+  auto nn = InNs(kHost, [&] { return NodeNetwork::Start(o); });
+  ASSERT_TRUE(nn.ok()) << nn.status().ToString();
+  const std::string ns = "dsn" + kPid + "q";
+  ASSERT_TRUE(Sh("ip netns add " + ns));
+  UniqueFd netns(::open(("/run/netns/" + ns).c_str(), O_RDONLY | O_CLOEXEC));
+  auto net = (*nn)->Reserve("sb-q");
+  ASSERT_TRUE(net.ok());
+  ASSERT_TRUE(InNs(kHost, [&] { return (*nn)->Attach("sb-q", netns.get(), Parsed(v1::NETWORK_MODE_ALLOW, {"*.slow.test"})); }).ok());
+  int servfail_at_once = InNs(ns, [&] {
+    std::vector<UniqueFd> socks;
+    for (int i = 0; i < 40; ++i) {
+      UniqueFd s(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+      std::string label = "n" + std::to_string(i);
+      std::vector<unsigned char> q = {0x51, 0x7a, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0};
+      q.push_back(static_cast<unsigned char>(label.size()));
+      q.insert(q.end(), label.begin(), label.end());
+      for (const char* l : {"slow", "test"}) {
+        q.push_back(4);
+        q.insert(q.end(), l, l + 4);
+      }
+      q.insert(q.end(), {0, 0, 1, 0, 1});
+      sockaddr_in to = testing::Ipv4Addr(Ipv4Text(net->gateway), 53);
+      ::sendto(s.get(), q.data(), q.size(), 0, reinterpret_cast<sockaddr*>(&to), sizeof to);
+      socks.push_back(std::move(s));
+    }
+    // What comes back within 300 ms (the upstream's timeout is 1.5 s).
+    int n = 0;
+    auto end = Clock::now() + std::chrono::milliseconds(300);
+    std::vector<bool> seen(socks.size());
+    for (auto now = Clock::now(); now < end; now = Clock::now()) {
+      std::vector<pollfd> p;
+      for (auto& s : socks) p.push_back({s.get(), POLLIN, 0});
+      int left = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(end - now).count()) + 1;
+      if (::poll(p.data(), p.size(), left) <= 0) break;
+      for (size_t i = 0; i < p.size(); ++i) {
+        unsigned char r[512];
+        if (!p[i].revents || seen[i]) continue;
+        seen[i] = true;
+        if (::recv(socks[i].get(), r, sizeof r, 0) >= 12 && (r[3] & 0x0f) == 2) ++n;
+      }
+    }
+    return n;
+  });
+  EXPECT_EQ(servfail_at_once, 8) << "32 wait on the upstream; the other 8 are told at once";
+  EXPECT_TRUE(InNs(kHost, [&] { return (*nn)->Release("sb-q"); }).ok());
+  nn->reset();
+  EXPECT_TRUE(InNs(kHost, [&] { return nft_->Run(NodeTableRemove(o.rules)); }).ok());
+  Sh("ip netns del " + ns);
+}
+
 // A batch is one transaction: a bad line undoes the good ones before it.
 TEST_F(Ruleset, ABadBatchIsRefusedWithNftsReasonAndChangesNothing) {
   Apply(Parsed(v1::NETWORK_MODE_ALLOW, {"198.51.100.2:80"}));
