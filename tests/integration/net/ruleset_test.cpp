@@ -390,6 +390,60 @@ TEST_F(Ruleset, TheNodeNetworkAttachesReplacesReadoptsAndReleases) {
   Sh("ip netns del " + ns);
 }
 
+// A NodeNetwork of the test's own (table dsec<tag>, links ds<tag><n>, pool
+// 100.<pool>.0.0/16, resolver port `port`, asking `upstream`) with one
+// sandbox `id`, attached in a namespace of its own under `policy`; all of
+// it removed when it goes, an assertion's early return included.
+struct OwnNode {
+  OwnNode(Nft* nft, const std::string& tag, uint8_t pool, uint16_t port, const std::string& upstream,
+          const std::string& id, const Policy& policy)
+      : nft(nft), id(id), ns("dsn" + kPid + tag) {
+    o.rules.table = "dsec" + tag;
+    o.rules.ifprefix = "ds" + tag;
+    o.rules.resolver_port = port;
+    o.rules.log_group = port;
+    o.pool = 0x64000000u | uint32_t{pool} << 16;
+    o.pool_prefix = 16;
+    o.upstream = {testing::Ipv4Addr(upstream, 53)};
+    auto started = InNs(kHost, [&] { return NodeNetwork::Start(o); });
+    if (!started.ok()) {
+      ADD_FAILURE() << started.status().ToString();
+      return;
+    }
+    nn = std::move(*started);
+    if (!Sh("ip netns add " + ns)) {
+      ADD_FAILURE() << "ip netns add " << ns;
+      return;
+    }
+    made_ns = true;
+    UniqueFd netns(::open(("/run/netns/" + ns).c_str(), O_RDONLY | O_CLOEXEC));
+    auto reserved = nn->Reserve(id);
+    if (!reserved.ok()) {
+      ADD_FAILURE() << reserved.status().ToString();
+      return;
+    }
+    net = *reserved;
+    Status attached = InNs(kHost, [&] { return nn->Attach(id, netns.get(), policy); });
+    if (!attached.ok()) {
+      ADD_FAILURE() << attached.ToString();
+      return;
+    }
+    ok = true;
+  }
+  ~OwnNode() {
+    if (nn) EXPECT_TRUE(InNs(kHost, [&] { return nn->Release(id); }).ok());
+    nn.reset();
+    EXPECT_TRUE(InNs(kHost, [&] { return nft->Run(NodeTableRemove(o.rules)); }).ok());
+    if (made_ns) Sh("ip netns del " + ns);
+  }
+  Nft* nft;  // the test's, for the table's removal
+  NodeNetworkOptions o;
+  std::unique_ptr<NodeNetwork> nn;
+  std::string id, ns;
+  SandboxNet net;
+  bool ok = false, made_ns = false;
+};
+
 // The node's resolver: a sandbox's listed names resolve through the
 // upstream (a DNS server of the test's internet) and their addresses, only
 // those and only on the entry's ports, become reachable; unlisted names
@@ -400,23 +454,12 @@ TEST_F(Ruleset, TheResolverAnswersListedNamesAndPinsOnlyTheirAddresses) {
   testing::DnsServer upstream(kNet, "198.51.100.2", 53,
                               {{"pypi.test", {"198.51.100.2", 60}}, {"files.pypi.test", {"198.51.100.3", 60}}});
   ASSERT_TRUE(upstream.ok());
-  NodeNetworkOptions o;
-  o.rules.table = "dsecr";
-  o.rules.ifprefix = "dsr";
-  o.rules.resolver_port = kResolverPort + 2;
-  o.rules.log_group = kResolverPort + 2;
-  o.pool = 0x64710000;  // 100.113.0.0/16
-  o.pool_prefix = 16;
-  o.upstream = {testing::Ipv4Addr("198.51.100.2", 53)};
-  auto nn = InNs(kHost, [&] { return NodeNetwork::Start(o); });
-  ASSERT_TRUE(nn.ok()) << nn.status().ToString();
-  const std::string ns = "dsn" + kPid + "r";
-  ASSERT_TRUE(Sh("ip netns add " + ns));
-  UniqueFd netns(::open(("/run/netns/" + ns).c_str(), O_RDONLY | O_CLOEXEC));
-  auto net = (*nn)->Reserve("sb-r");
-  ASSERT_TRUE(net.ok());
   Policy p = Parsed(v1::NETWORK_MODE_ALLOW, {"pypi.test:80/tcp"});
-  ASSERT_TRUE(InNs(kHost, [&] { return (*nn)->Attach("sb-r", netns.get(), p); }).ok());
+  OwnNode node(nft_.get(), "r", 113, kResolverPort + 2, "198.51.100.2", "sb-r", p);
+  ASSERT_TRUE(node.ok);
+  const auto& nn = node.nn;
+  const std::string& ns = node.ns;
+  const SandboxNet* net = &node.net;
   const std::string gw = Ipv4Text(net->gateway);
 
   EXPECT_EQ(Connect(ns, "198.51.100.2", 80), ECONNREFUSED) << "not before its name is resolved";
@@ -443,7 +486,7 @@ TEST_F(Ruleset, TheResolverAnswersListedNamesAndPinsOnlyTheirAddresses) {
   v1::NetworkReport r;
   auto deadline = Clock::now() + std::chrono::seconds(5);
   do {
-    auto got = (*nn)->Report("sb-r");
+    auto got = nn->Report("sb-r");
     ASSERT_TRUE(got.ok()) << got.status().ToString();
     r = *got;
   } while (r.recent_size() < 5 && Clock::now() < deadline &&
@@ -469,30 +512,28 @@ TEST_F(Ruleset, TheResolverAnswersListedNamesAndPinsOnlyTheirAddresses) {
     return 0;
   });
   EXPECT_EQ(Connect(ns, "198.51.100.2", 80), 0) << "what it is allowed still answers at once";
-  auto flooded = (*nn)->Report("sb-r");
+  auto flooded = nn->Report("sb-r");
   ASSERT_TRUE(flooded.ok());
   EXPECT_EQ(flooded->refused_packets(), 3u + kFlood) << "each denied connect counted";
   EXPECT_LE(flooded->recent_size(), 32) << "the record's memory is bounded";
 
   // A change that drops the name, then one that lists it again: its cached
   // answer is pinned with the change, no query needed.
-  ASSERT_TRUE((*nn)->Replace("sb-r", Parsed(v1::NETWORK_MODE_ALLOW, {"198.51.100.3:80"})).ok());
+  ASSERT_TRUE(nn->Replace("sb-r", Parsed(v1::NETWORK_MODE_ALLOW, {"198.51.100.3:80"})).ok());
   EXPECT_EQ(Connect(ns, "198.51.100.2", 80), ECONNREFUSED) << "its pins went with the old list";
-  ASSERT_TRUE((*nn)->Replace("sb-r", p).ok());
+  ASSERT_TRUE(nn->Replace("sb-r", p).ok());
   EXPECT_EQ(Connect(ns, "198.51.100.2", 80), 0) << "pinned again from the cache";
   EXPECT_EQ(upstream.asked().size(), 1u);
 
   // Two entries naming one name (an ADD of other ports): an answer opens
   // the ports of both.
-  ASSERT_TRUE((*nn)->Replace("sb-r", Parsed(v1::NETWORK_MODE_ALLOW, {"pypi.test:80/tcp", "*.test:8080/tcp"})).ok());
+  ASSERT_TRUE(nn->Replace("sb-r", Parsed(v1::NETWORK_MODE_ALLOW, {"pypi.test:80/tcp", "*.test:8080/tcp"})).ok());
   EXPECT_THAT(testing::AskDns(ns, gw, "pypi.test").addrs, ::testing::ElementsAre("198.51.100.2"));
   EXPECT_EQ(Connect(ns, "198.51.100.2", 80), 0);
   EXPECT_EQ(Connect(ns, "198.51.100.2", 8080), 0) << "the second entry's port too";
 
-  EXPECT_TRUE(InNs(kHost, [&] { return (*nn)->Release("sb-r"); }).ok());
-  EXPECT_EQ((*nn)->Report("sb-r").status().code(), Status::Code::kNotFound);
-  EXPECT_TRUE(InNs(kHost, [&] { return nft_->Run(NodeTableRemove(o.rules)); }).ok());
-  Sh("ip netns del " + ns);
+  EXPECT_TRUE(InNs(kHost, [&] { return nn->Release("sb-r"); }).ok());
+  EXPECT_EQ(nn->Report("sb-r").status().code(), Status::Code::kNotFound);
 }
 
 // An upstream that never answers: one sandbox's queries wait on it 32 at a
@@ -506,21 +547,10 @@ TEST_F(Ruleset, OneSandboxCannotFillTheResolversPendingTable) {
     return s;
   });
   ASSERT_TRUE(silent);
-  NodeNetworkOptions o;
-  o.rules.table = "dsecq";
-  o.rules.ifprefix = "dsq";
-  o.rules.resolver_port = kResolverPort + 3;
-  o.pool = 0x64720000;  // 100.114.0.0/16
-  o.pool_prefix = 16;
-  o.upstream = {testing::Ipv4Addr("198.51.100.3", 53)};
-  auto nn = InNs(kHost, [&] { return NodeNetwork::Start(o); });
-  ASSERT_TRUE(nn.ok()) << nn.status().ToString();
-  const std::string ns = "dsn" + kPid + "q";
-  ASSERT_TRUE(Sh("ip netns add " + ns));
-  UniqueFd netns(::open(("/run/netns/" + ns).c_str(), O_RDONLY | O_CLOEXEC));
-  auto net = (*nn)->Reserve("sb-q");
-  ASSERT_TRUE(net.ok());
-  ASSERT_TRUE(InNs(kHost, [&] { return (*nn)->Attach("sb-q", netns.get(), Parsed(v1::NETWORK_MODE_ALLOW, {"*.slow.test"})); }).ok());
+  OwnNode node(nft_.get(), "q", 114, kResolverPort + 3, "198.51.100.3", "sb-q", Parsed(v1::NETWORK_MODE_ALLOW, {"*.slow.test"}));
+  ASSERT_TRUE(node.ok);
+  const SandboxNet* net = &node.net;
+  const std::string& ns = node.ns;
   int servfail_at_once = InNs(ns, [&] {
     std::vector<UniqueFd> socks;
     for (int i = 0; i < 40; ++i) {
@@ -557,10 +587,6 @@ TEST_F(Ruleset, OneSandboxCannotFillTheResolversPendingTable) {
     return n;
   });
   EXPECT_EQ(servfail_at_once, 8) << "32 wait on the upstream; the other 8 are told at once";
-  EXPECT_TRUE(InNs(kHost, [&] { return (*nn)->Release("sb-q"); }).ok());
-  nn->reset();
-  EXPECT_TRUE(InNs(kHost, [&] { return nft_->Run(NodeTableRemove(o.rules)); }).ok());
-  Sh("ip netns del " + ns);
 }
 
 // A batch is one transaction: a bad line undoes the good ones before it.
