@@ -144,9 +144,9 @@ Status ConfigurePeer(const VethSpec& spec) {
       out = nl.status();
       return;
     }
+    // `lo` is up since its namespace was made (the spawner's pool).
     out = AddAddress(**nl, "eth0", spec.addr, spec.prefix);
     if (out.ok()) out = Up(**nl, "eth0");
-    if (out.ok()) out = Up(**nl, "lo");
     if (out.ok()) out = DefaultRoute(**nl, "eth0", spec.gateway);
   });
   t.join();
@@ -160,8 +160,10 @@ Status MakeVeth(const VethSpec& spec) {
     return Status::InvalidArgument("interface name '" + spec.host_if + "' is not 1-15 bytes");
   auto nl = Rtnl::Open();
   if (!nl.ok()) return nl.status();
+  // The host's end up as it is made (one round trip less).
   nlmsghdr* nlh = (*nl)->Begin(RTM_NEWLINK, NLM_F_CREATE | NLM_F_EXCL);
-  PutIfinfo(nlh);
+  ifinfomsg* host = PutIfinfo(nlh);
+  host->ifi_flags = host->ifi_change = IFF_UP;
   mnl_attr_put_strz(nlh, IFLA_IFNAME, spec.host_if.c_str());
   nlattr* info = mnl_attr_nest_start(nlh, IFLA_LINKINFO);
   mnl_attr_put_strz(nlh, IFLA_INFO_KIND, "veth");
@@ -175,7 +177,6 @@ Status MakeVeth(const VethSpec& spec) {
   mnl_attr_nest_end(nlh, info);
   DSEC_RETURN_IF_ERROR((*nl)->Call(nlh, "make veth " + spec.host_if));
   Status st = AddAddress(**nl, spec.host_if.c_str(), spec.gateway, spec.prefix);
-  if (st.ok()) st = Up(**nl, spec.host_if.c_str());
   if (st.ok()) st = ConfigurePeer(spec);
   if (!st.ok()) {
     (void)RemoveLink(spec.host_if);  // best effort: the failure below is what the caller needs

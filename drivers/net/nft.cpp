@@ -23,19 +23,7 @@ Nft::~Nft() {
 
 Result<std::string> Nft::Run(const std::string& commands) {
   std::lock_guard<std::mutex> lk(mu_);
-  return RunLocked(commands, false);
-}
-
-Status Nft::Check(const std::string& commands) {
-  std::lock_guard<std::mutex> lk(mu_);
-  auto r = RunLocked(commands, true);
-  return r.ok() ? Status::Ok() : r.status();
-}
-
-Result<std::string> Nft::RunLocked(const std::string& commands, bool dry) {
-  nft_ctx_set_dry_run(ctx_, dry);
   int rc = nft_run_cmd_from_buffer(ctx_, commands.c_str());
-  nft_ctx_set_dry_run(ctx_, false);
   std::string out = nft_ctx_get_output_buffer(ctx_);  // each get empties its buffer
   std::string err = nft_ctx_get_error_buffer(ctx_);
   if (rc != 0) {

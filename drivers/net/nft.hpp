@@ -26,12 +26,9 @@ class Nft {
   // what nft printed (a list command's output). On failure, nft's own
   // error text, which names the line.
   Result<std::string> Run(const std::string& commands);
-  // Checks `commands` against the kernel without applying them.
-  Status Check(const std::string& commands);
 
  private:
   Nft() = default;
-  Result<std::string> RunLocked(const std::string& commands, bool dry);
   std::mutex mu_;  // libnftables' context is not thread-safe
   nft_ctx* ctx_ = nullptr;
 };

@@ -44,6 +44,9 @@ Result<std::unique_ptr<NodeNetwork>> NodeNetwork::Start(NodeNetworkOptions optio
   n->nft_ = std::move(*nft);
   if (auto r = n->nft_->Run(NodeTable(n->opts_.rules)); !r.ok())
     return Status::FailedPrecondition("sandbox networking: the node's table: " + r.status().message());
+  auto wire = NftSocket::Open();
+  if (!wire.ok()) return wire.status();
+  n->wire_ = std::move(*wire);
   if (n->opts_.forward) {
     UniqueFd fd(::open("/proc/sys/net/ipv4/ip_forward", O_WRONLY | O_CLOEXEC));
     if (!fd || ::write(fd.get(), "1\n", 2) != 2)
@@ -148,8 +151,10 @@ void NodeNetwork::PinFor(const std::string& id, uint64_t gen, size_t index, cons
     link = SandboxLink{it->second.net.ifname, it->second.net.addr};
     entry = it->second.policy.rules[index].text;
   }
-  if (auto r = nft_->Run(Pin(opts_.rules, link, index, addrs, ttl)); !r.ok())
-    Log(2, "sandbox " + id + ": pinning the addresses of " + entry + ": " + r.status().message());
+  NftBatch b;
+  WirePin(b, opts_.rules, link, index, addrs, ttl);
+  (void)Commit(b, "sandbox " + id + ": pinning the addresses of " + entry,
+               [&] { return Pin(opts_.rules, link, index, addrs, ttl); });
 }
 
 void NodeNetwork::Refused(const std::string& id, Refusal r) {
@@ -190,10 +195,9 @@ Result<v1::NetworkReport> NodeNetwork::Report(const std::string& id) const {
         x->set_address(e.address);
       }
   }
-  auto listed = nft_->Run(CounterList(opts_.rules, SandboxLink{ifname, 0}));
-  if (!listed.ok()) return listed.status().Annotate("sandbox " + id + ": its refusals' counter");
-  size_t at = listed->find("packets ");
-  if (at != std::string::npos) out.set_refused_packets(std::strtoull(listed->c_str() + at + 8, nullptr, 10));
+  auto packets = wire_->CounterPackets(opts_.rules.table, "r_" + ifname);
+  if (!packets.ok()) return packets.status().Annotate("sandbox " + id + ": its refusals' counter");
+  out.set_refused_packets(*packets);
   return out;
 }
 
@@ -277,16 +281,36 @@ Status NodeNetwork::AttachWith(const std::string& id, const Policy& policy,
   }
   DSEC_RETURN_IF_ERROR(make(net).Annotate("sandbox " + id));
   SandboxLink link{net.ifname, net.addr};
-  if (auto r = nft_->Run(SandboxAdd(opts_.rules, link, policy)); !r.ok()) {
+  if (Status st = AddRules(id, link, policy); !st.ok()) {
     (void)RemoveLink(net.ifname);  // the rules' failure is the answer
-    return r.status().Annotate("sandbox " + id + ": its rules");
+    return st;
   }
   if (Status st = Expose(id, net, policy); !st.ok()) {
-    (void)nft_->Run(SandboxRemove(opts_.rules, link, policy));
+    (void)RemoveRules(id, link, policy);
     (void)RemoveLink(net.ifname);
     return st;
   }
   return Attached(id, policy);
+}
+
+Status NodeNetwork::Commit(const NftBatch& b, const std::string& what,
+                           const std::function<std::string()>& text) const {
+  Status st = wire_->Commit(b);
+  if (st.ok()) return st;
+  Log(2, what + ": " + st.message() + "; the batch, in nft's syntax:\n" + text());
+  return st.Annotate(what);
+}
+
+Status NodeNetwork::AddRules(const std::string& id, const SandboxLink& link, const Policy& policy) const {
+  NftBatch b;
+  WireSandboxAdd(b, opts_.rules, link, policy);
+  return Commit(b, "sandbox " + id + ": its rules", [&] { return SandboxAdd(opts_.rules, link, policy); });
+}
+
+Status NodeNetwork::RemoveRules(const std::string& id, const SandboxLink& link, const Policy& policy) const {
+  NftBatch b;
+  WireSandboxRemove(b, opts_.rules, link, policy);
+  return Commit(b, "sandbox " + id + ": removing its rules", [&] { return SandboxRemove(opts_.rules, link, policy); });
 }
 
 Status NodeNetwork::Expose(const std::string& id, const SandboxNet& net, const Policy& policy) {
@@ -325,11 +349,9 @@ Status NodeNetwork::Readopt(const std::string& id, const SandboxNet& net, const 
     by_addr_[e.net.addr] = id;
     by_if_[e.net.ifname] = id;
   }
-  Status st = Status::Ok();
-  if (auto r = nft_->Run(SandboxAdd(opts_.rules, SandboxLink{net.ifname, net.addr}, policy)); !r.ok())
-    st = r.status().Annotate("sandbox " + id + ": its rules");
-  else if (st = Expose(id, ForSlot(net.slot), policy); !st.ok())
-    (void)nft_->Run(SandboxRemove(opts_.rules, SandboxLink{net.ifname, net.addr}, policy));
+  SandboxLink link{net.ifname, net.addr};
+  Status st = AddRules(id, link, policy);
+  if (st.ok() && !(st = Expose(id, ForSlot(net.slot), policy)).ok()) (void)RemoveRules(id, link, policy);
   if (!st.ok()) {
     std::lock_guard<std::mutex> lk(mu_);
     by_id_.erase(id);
@@ -359,13 +381,21 @@ Status NodeNetwork::Replace(const std::string& id, const Policy& policy) {
   // batch: a name it could reach before the change and still lists stays
   // reachable without a new query.
   SandboxLink link{net.ifname, net.addr};
-  std::string batch = SandboxReplace(opts_.rules, link, old, policy);
+  NftBatch b;
+  WireSandboxReplace(b, opts_.rules, link, old, policy);
+  std::vector<std::pair<size_t, std::pair<std::vector<uint32_t>, uint32_t>>> pins;
   if (resolver_)
     for (size_t i = 0; i < policy.rules.size(); ++i)
       if (policy.rules[i].is_name())
-        for (const auto& [addrs, ttl] : resolver_->Cached(policy.rules[i]))
-          batch += Pin(opts_.rules, link, i, addrs, ttl);
-  if (auto r = nft_->Run(batch); !r.ok()) return r.status().Annotate("sandbox " + id);
+        for (auto& cached : resolver_->Cached(policy.rules[i])) {
+          WirePin(b, opts_.rules, link, i, cached.first, cached.second);
+          pins.push_back({i, std::move(cached)});
+        }
+  DSEC_RETURN_IF_ERROR(Commit(b, "sandbox " + id + ": its new policy", [&] {
+    std::string text = SandboxReplace(opts_.rules, link, old, policy);
+    for (const auto& [i, pin] : pins) text += Pin(opts_.rules, link, i, pin.first, pin.second);
+    return text;
+  }));
   std::lock_guard<std::mutex> lk(mu_);
   auto it = by_id_.find(id);
   if (it == by_id_.end()) return Status::NotFound("sandbox " + id + " was released during its policy change");
@@ -386,9 +416,7 @@ Status NodeNetwork::Release(const std::string& id) {
     std::lock_guard<std::mutex> lk(proxy_mu_);
     if (proxy_) proxy_->Close(id);
   }
-  if (e.attached)
-    if (auto r = nft_->Run(SandboxRemove(opts_.rules, SandboxLink{e.net.ifname, e.net.addr}, e.policy)); !r.ok())
-      return r.status().Annotate("sandbox " + id + ": removing its rules");
+  if (e.attached) DSEC_RETURN_IF_ERROR(RemoveRules(id, SandboxLink{e.net.ifname, e.net.addr}, e.policy));
   // Its link goes even when it was never attached: a creation cut short
   // may have made it.
   DSEC_RETURN_IF_ERROR(RemoveLink(e.net.ifname).Annotate("sandbox " + id));

@@ -22,6 +22,7 @@
 
 #include "drivers/net/nflog.hpp"
 #include "drivers/net/nft.hpp"
+#include "drivers/net/nft_wire.hpp"
 #include "drivers/net/port_proxy.hpp"
 #include "drivers/net/resolver.hpp"
 #include "drivers/net/ruleset.hpp"
@@ -129,7 +130,13 @@ class NodeNetwork {
   // Reads the refusals' log until stop_.
   void ReadLog();
   NodeNetworkOptions opts_;
-  std::unique_ptr<Nft> nft_;
+  std::unique_ptr<Nft> nft_;        // the node's table, once (nft's syntax)
+  std::unique_ptr<NftSocket> wire_;  // every sandbox's rules (nft_wire.hpp)
+  // Commits `b`; a failure is annotated with `what` and logged with the
+  // same batch in nft's syntax (`text`, made only then).
+  Status Commit(const NftBatch& b, const std::string& what, const std::function<std::string()>& text) const;
+  Status AddRules(const std::string& id, const SandboxLink& link, const Policy& policy) const;
+  Status RemoveRules(const std::string& id, const SandboxLink& link, const Policy& policy) const;
   std::unique_ptr<Resolver> resolver_;
   std::unique_ptr<Nflog> nflog_;
   // Listeners of exposed ports: made with the first sandbox that has one.

@@ -50,7 +50,7 @@ std::string Fill(const NodeNet& n, const SandboxLink& l, const Policy& p) {
     out += "add rule " + t + " " + c + " " + dst + " " + Transport(r) + " accept\n";
   }
   if (p.mode == v1::NETWORK_MODE_OPEN)
-    out += "add rule " + t + " " + c + " ip daddr != @special ip protocol { tcp, udp } accept\n";
+    out += "add rule " + t + " " + c + " ip daddr != @special meta l4proto { tcp, udp } accept\n";
   if (n.log_group)
     out += "add rule " + t + " " + c + " limit rate " + std::to_string(n.log_rate) + "/second log group " +
            std::to_string(n.log_group) + " prefix \"dsec " + l.ifname + " \"\n";

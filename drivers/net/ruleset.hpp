@@ -1,7 +1,10 @@
 // The nftables rules that enforce sandboxes' network policies (policy.hpp)
-// on the host side of their links, as batches for Nft::Run. Pure text: the
-// kernel side is proven by tests/integration/net/ruleset_test.cpp in
-// network namespaces of its own.
+// on the host side of their links, in nft's syntax: the node's table is
+// made from it (Nft::Run, once at start); each sandbox's batches are sent
+// as netlink messages (nft_wire.hpp, the same rules: net_ruleset_test
+// checks the kernel lists the same for both), and said in this syntax in
+// a failure's log. The kernel side is proven by
+// tests/integration/net/ruleset_test.cpp in network namespaces of its own.
 //
 // One table per node (`inet <table>`), its base chains keyed on the
 // sandboxes' host-side interfaces (<ifprefix><n>: a container's veth, a

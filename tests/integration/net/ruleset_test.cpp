@@ -29,6 +29,7 @@
 
 #include "drivers/net/link.hpp"
 #include "drivers/net/nft.hpp"
+#include "drivers/net/nft_wire.hpp"
 #include "drivers/net/node_network.hpp"
 #include "drivers/net/ruleset.hpp"
 #include "harness/daemon.hpp"
@@ -86,6 +87,12 @@ class Ruleset : public ::testing::Test {
       return n.ok() ? std::move(*n) : nullptr;
     });
     if (!nft_) return;
+    wire_ = InNs(kHost, [&] {
+      auto w = NftSocket::Open();
+      if (!w.ok()) Fail(w.status().ToString());
+      return w.ok() ? std::move(*w) : nullptr;
+    });
+    if (!wire_) return;
     const std::string h = "ip -n " + kHost + " ";
     const std::string steps[] = {"ip netns add " + kSbA, "ip netns add " + kSbB, "ip netns add " + kNet,
                            h + "link set lo up",
@@ -112,12 +119,13 @@ class Ruleset : public ::testing::Test {
     listeners_.push_back(Listen(kHost, "0.0.0.0", 7000));  // "dsecd's port"
     listeners_.push_back(Listen(kSbB, "100.96.0.6", 80));  // another sandbox's server
     for (auto& [link, ns] : {std::pair<SandboxLink*, const char*>{&a_, "a"}, {&b_, "b"}}) {
-      auto add = InNs(kHost, [&] { return nft_->Run(SandboxAdd(node_, *link, Parsed(v1::NETWORK_MODE_NONE, {}))); });
-      if (!add.ok()) return Fail(std::string("sandbox ") + ns + ": " + add.status().ToString());
+      Status add = Wire([&](NftBatch& b) { WireSandboxAdd(b, node_, *link, Parsed(v1::NETWORK_MODE_NONE, {})); });
+      if (!add.ok()) return Fail(std::string("sandbox ") + ns + ": " + add.ToString());
     }
   }
   static void TearDownTestSuite() {
     listeners_.clear();
+    wire_.reset();
     nft_.reset();
     if (made_)
       for (const auto& ns : {kHost, kSbA, kSbB, kNet}) Sh("ip netns del " + ns + " 2>/dev/null");
@@ -129,26 +137,34 @@ class Ruleset : public ::testing::Test {
     ASSERT_TRUE(failure_.empty()) << failure_;
   }
 
-  // Sandbox a's policy, replaced in one batch; how long nft took.
+  // A batch `fill` makes, committed in the host (dsecd's path, nft_wire.hpp).
+  static Status Wire(const std::function<void(NftBatch&)>& fill) {
+    NftBatch b;
+    fill(b);
+    return InNs(kHost, [&] { return wire_->Commit(b); });
+  }
+  // Sandbox a's policy, replaced in one batch; how long it took.
   static double Apply(const Policy& p) {
     auto t0 = Clock::now();
-    auto r = InNs(kHost, [&] { return nft_->Run(SandboxReplace(node_, a_, a_policy_, p)); });
-    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    Status r = Wire([&](NftBatch& b) { WireSandboxReplace(b, node_, a_, a_policy_, p); });
+    EXPECT_TRUE(r.ok()) << r.ToString();
     if (r.ok()) a_policy_ = p;
     return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   }
   // Packets sandbox a's chain refused so far.
   static long Refused() {
-    auto out = InNs(kHost, [] { return nft_->Run(CounterList(node_, a_)); });
-    std::string text = out.ok() ? *out : "";
-    long n = -1;
-    static const std::regex re("packets (\\d+) bytes \\d+");
-    for (auto it = std::sregex_iterator(text.begin(), text.end(), re); it != std::sregex_iterator(); ++it)
-      n = std::stol((*it)[1]);
-    return n;
+    auto n = InNs(kHost, [] { return wire_->CounterPackets(node_.table, "r_" + a_.ifname); });
+    EXPECT_TRUE(n.ok()) << n.status().ToString();
+    return n.ok() ? static_cast<long>(*n) : -1;
+  }
+  // What the kernel lists for `what` (nft's syntax).
+  static std::string Listed(const std::string& what) {
+    auto out = InNs(kHost, [&] { return nft_->Run("list " + what); });
+    return out.ok() ? *out : out.status().ToString();
   }
 
   static inline std::unique_ptr<Nft> nft_;
+  static inline std::unique_ptr<NftSocket> wire_;
   static inline NodeNet node_;
   static inline SandboxLink a_{"dsv1", 0x64600002}, b_{"dsv2", 0x64600006};
   static inline Policy a_policy_;  // what sandbox a's rules are now (SandboxReplace needs the old policy)
@@ -196,8 +212,8 @@ TEST_F(Ruleset, ANamesAddressesAreReachableForTheirTtlOnly) {
   Policy p = Parsed(v1::NETWORK_MODE_ALLOW, {"pypi.test:80"});
   Apply(p);
   EXPECT_EQ(Connect(kSbA, "198.51.100.2", 80), ECONNREFUSED) << "nothing until the resolver answers";
-  auto pin = InNs(kHost, [&] { return nft_->Run(Pin(node_, a_, 0, {0xC6336402}, 1)); });
-  ASSERT_TRUE(pin.ok()) << pin.status().ToString();
+  Status pin = Wire([&](NftBatch& b) { WirePin(b, node_, a_, 0, {0xC6336402}, 1); });
+  ASSERT_TRUE(pin.ok()) << pin.ToString();
   EXPECT_EQ(Connect(kSbA, "198.51.100.2", 80), 0) << "the answered address, on the entry's port";
   EXPECT_EQ(Connect(kSbA, "198.51.100.2", 8080), ECONNREFUSED) << "not on another port";
   // The pin's timeout (1 s) ends it: polled, bounded at 5 s.
@@ -246,11 +262,11 @@ TEST_F(Ruleset, ARemovedSandboxsInterfaceReachesNothing) {
   Policy open = Parsed(v1::NETWORK_MODE_OPEN, {});
   Apply(open);
   ASSERT_EQ(Connect(kSbA, "198.51.100.2", 80), 0);
-  auto rm = InNs(kHost, [&] { return nft_->Run(SandboxRemove(node_, a_, open)); });
-  ASSERT_TRUE(rm.ok()) << rm.status().ToString();
+  Status rm = Wire([&](NftBatch& b) { WireSandboxRemove(b, node_, a_, open); });
+  ASSERT_TRUE(rm.ok()) << rm.ToString();
   EXPECT_EQ(Connect(kSbA, "198.51.100.2", 80), ECONNREFUSED) << "an interface without a chain is refused";
-  auto add = InNs(kHost, [&] { return nft_->Run(SandboxAdd(node_, a_, open)); });
-  ASSERT_TRUE(add.ok()) << add.status().ToString();
+  Status add = Wire([&](NftBatch& b) { WireSandboxAdd(b, node_, a_, open); });
+  ASSERT_TRUE(add.ok()) << add.ToString();
   EXPECT_EQ(Connect(kSbA, "198.51.100.2", 80), 0);
 }
 
@@ -272,8 +288,8 @@ TEST_F(Ruleset, AVethLinkMadeThroughRtnetlinkCarriesASandboxsTraffic) {
   EXPECT_TRUE(made.ok()) << made.ToString();
   SandboxLink c{"dsv3", spec.addr};
   Policy p = Parsed(v1::NETWORK_MODE_ALLOW, {"198.51.100.2:80"});
-  auto add = InNs(kHost, [&] { return nft_->Run(SandboxAdd(node_, c, p)); });
-  EXPECT_TRUE(add.ok()) << add.status().ToString();
+  Status add = Wire([&](NftBatch& b) { WireSandboxAdd(b, node_, c, p); });
+  EXPECT_TRUE(add.ok()) << add.ToString();
   EXPECT_EQ(Connect(ns, "198.51.100.2", 80), 0) << "through dsec's link and the sandbox's chain";
   EXPECT_EQ(Connect(ns, "198.51.100.3", 80), ECONNREFUSED) << "under its policy";
   EXPECT_EQ(Connect(ns, "100.96.0.2", 80), ECONNREFUSED) << "not to sandbox a";
@@ -282,8 +298,8 @@ TEST_F(Ruleset, AVethLinkMadeThroughRtnetlinkCarriesASandboxsTraffic) {
   EXPECT_FALSE(again.ok());
   EXPECT_THAT(again.message(), HasSubstr("dsv3"));
   EXPECT_EQ(Connect(ns, "198.51.100.2", 80), 0);
-  auto rm = InNs(kHost, [&] { return nft_->Run(SandboxRemove(node_, c, p)); });
-  EXPECT_TRUE(rm.ok()) << rm.status().ToString();
+  Status rm = Wire([&](NftBatch& b) { WireSandboxRemove(b, node_, c, p); });
+  EXPECT_TRUE(rm.ok()) << rm.ToString();
   EXPECT_TRUE(InNs(kHost, [] { return RemoveLink("dsv3"); }).ok());
   EXPECT_TRUE(InNs(kHost, [] { return RemoveLink("dsv3"); }).ok()) << "gone already is fine";
   EXPECT_EQ(InNs(ns, [] { return if_nametoindex("eth0"); }), 0u) << "the sandbox's end went with it";
@@ -431,7 +447,9 @@ struct OwnNode {
     ok = true;
   }
   ~OwnNode() {
-    if (nn) EXPECT_TRUE(InNs(kHost, [&] { return nn->Release(id); }).ok());
+    if (nn) {
+      EXPECT_TRUE(InNs(kHost, [&] { return nn->Release(id); }).ok());
+    }
     nn.reset();
     EXPECT_TRUE(InNs(kHost, [&] { return nft->Run(NodeTableRemove(o.rules)); }).ok());
     if (made_ns) Sh("ip netns del " + ns);
@@ -589,14 +607,94 @@ TEST_F(Ruleset, OneSandboxCannotFillTheResolversPendingTable) {
   EXPECT_EQ(servfail_at_once, 8) << "32 wait on the upstream; the other 8 are told at once";
 }
 
-// A batch is one transaction: a bad line undoes the good ones before it.
-TEST_F(Ruleset, ABadBatchIsRefusedWithNftsReasonAndChangesNothing) {
+// A batch is one transaction: a bad line undoes the good ones before it,
+// in nft's syntax (the node's table) and on the wire (every sandbox's).
+TEST_F(Ruleset, ABadBatchIsRefusedWithTheReasonAndChangesNothing) {
   Apply(Parsed(v1::NETWORK_MODE_ALLOW, {"198.51.100.2:80"}));
   auto r = InNs(kHost, [] { return nft_->Run("flush chain inet dsec s_dsv1\nadd rule inet dsec s_dsv1 nonsense\n"); });
   ASSERT_FALSE(r.ok());
   EXPECT_THAT(r.status().message(), HasSubstr("nftables refused the batch: Error: syntax error"));
   EXPECT_EQ(Connect(kSbA, "198.51.100.2", 80), 0) << "the flush before the bad line did not apply";
+  // A new policy, then a pin into a set sandbox a does not have.
+  Status w = Wire([&](NftBatch& b) {
+    WireSandboxReplace(b, node_, a_, a_policy_, Parsed(v1::NETWORK_MODE_ALLOW, {"198.51.100.3:80"}));
+    WirePin(b, node_, a_, 7, {0xC6336402}, 60);
+  });
+  ASSERT_FALSE(w.ok());
+  EXPECT_THAT(w.message(), HasSubstr("nf_tables refused the addresses pinned in set n7_dsv1"));
+  EXPECT_EQ(Connect(kSbA, "198.51.100.2", 80), 0) << "the new policy before the bad message did not apply";
   EXPECT_EQ(Connect(kSbA, "198.51.100.3", 80), ECONNREFUSED);
+}
+
+// The wire batches are nft's text, expression for expression: for each
+// kind of entry, the kernel lists the same chain, sets and map entries
+// for a sandbox made each way (the log rule too), after a change, and
+// nothing of either after their removal.
+TEST_F(Ruleset, TheKernelListsTheSameRulesForTheTextAndTheWireBatches) {
+  NodeNet node = node_;
+  node.log_group = 7;
+  SandboxLink text{"dsv7", 0x64600022}, wire{"dsv8", 0x64600026};
+  auto same = [&](const std::string& step) {
+    auto norm = [&](std::string t) {
+      for (size_t at; (at = t.find("dsv7")) != std::string::npos;) t.replace(at, 4, "dsv8");
+      return std::regex_replace(t, std::regex("100\\.96\\.0\\.34"), "100.96.0.38");
+    };
+    std::string listed_text = norm(Listed("chain inet dsec s_dsv7")), listed_wire = Listed("chain inet dsec s_dsv8");
+    EXPECT_EQ(listed_text, listed_wire) << step;
+    EXPECT_THAT(listed_wire, HasSubstr("s_dsv8")) << step;
+    std::string sets = Listed("sets inet dsec");
+    for (int i = 0; i < 8; ++i) {
+      bool t = sets.find("n" + std::to_string(i) + "_dsv7") != std::string::npos;
+      EXPECT_EQ(t, sets.find("n" + std::to_string(i) + "_dsv8") != std::string::npos) << step << ": set n" << i;
+      // Without the time each pin has left (they were made apart).
+      auto set = [&](const char* dsv) {
+        return std::regex_replace(Listed("set inet dsec n" + std::to_string(i) + "_" + dsv),
+                                  std::regex(" expires [0-9hms]+"), "");
+      };
+      if (t) {
+        EXPECT_EQ(norm(set("dsv7")), set("dsv8")) << step;
+      }
+    }
+    std::string map = Listed("map inet dsec egress"), exposed = Listed("set inet dsec exposed");
+    EXPECT_EQ(map.find("\"dsv7\" : jump s_dsv7") != std::string::npos,
+              map.find("\"dsv8\" : jump s_dsv8") != std::string::npos) << step << "\n" << map;
+    EXPECT_EQ(exposed.find("100.96.0.34 . 8080") != std::string::npos,
+              exposed.find("100.96.0.38 . 8080") != std::string::npos) << step << "\n" << exposed;
+  };
+  Policy many = Parsed(v1::NETWORK_MODE_ALLOW, {"198.51.100.2:80/tcp", "10.0.0.0/8:80,443,1000-2000", "198.51.100.3",
+                                                "pypi.test:443", "*.example.test/udp", "198.51.100.0/24:1000-2000/udp",
+                                                "198.51.100.4:65000-65535,22,23,24", "192.0.2.1:53/udp"});
+  many.expose = {8080};
+  auto text_ok = [&](const std::string& batch) {
+    auto r = InNs(kHost, [&] { return nft_->Run(batch); });
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+  };
+  text_ok(SandboxAdd(node, text, many) + Pin(node, text, 3, {0xC6336402, 0xC6336403}, 3600));
+  ASSERT_TRUE(Wire([&](NftBatch& b) {
+                WireSandboxAdd(b, node, wire, many);
+                WirePin(b, node, wire, 3, {0xC6336402, 0xC6336403}, 3600);
+              }).ok());
+  {
+    SCOPED_TRACE("added");
+    same("an allow-list of every kind of entry");
+  }
+  EXPECT_THAT(Listed("set inet dsec n3_dsv8"), HasSubstr("198.51.100.2 timeout 1h"));
+  Policy text_policy = many;
+  for (const Policy& next : {Parsed(v1::NETWORK_MODE_OPEN, {}), Parsed(v1::NETWORK_MODE_NONE, {}),
+                             Parsed(v1::NETWORK_MODE_ALLOW, {"a.test:80", "b.test"})}) {
+    Policy old = text_policy;
+    text_ok(SandboxReplace(node, text, old, next));
+    ASSERT_TRUE(Wire([&](NftBatch& b) { WireSandboxReplace(b, node, wire, old, next); }).ok());
+    text_policy = next;
+    same("replaced by a policy of mode " + std::to_string(next.mode) + " with " + std::to_string(next.rules.size()));
+  }
+  Policy last = text_policy;
+  last.expose = {8080};
+  text_ok(SandboxRemove(node, text, last));
+  ASSERT_TRUE(Wire([&](NftBatch& b) { WireSandboxRemove(b, node, wire, last); }).ok());
+  std::string after = Listed("table inet dsec");
+  for (const char* gone : {"dsv7", "dsv8", "100.96.0.34", "100.96.0.38"})
+    EXPECT_THAT(after, ::testing::Not(HasSubstr(gone))) << "both removed whole";
 }
 
 }  // namespace
