@@ -3,11 +3,14 @@
 #include <fcntl.h>
 #include <libvirt/libvirt.h>
 #include <libvirt/virterror.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -357,12 +360,28 @@ void VmDriver::AddStats(nlohmann::json& stats) const {
 }
 
 // libvirtd starts the guest's QEMU, which opens the tap by name in
-// libvirtd's network namespace: that must be dsecd's. Unknown (no pid file)
-// is taken for the same (the creation then says what failed).
+// libvirtd's network namespace: that must be dsecd's. libvirtd is whoever
+// answers on the local socket of qemu:///system (its peer credentials: a
+// pid file names the host's libvirtd even when dsecd talks to another one,
+// in a mount namespace of its own). Unknown (no local socket answers: a
+// remote URI, or libvirtd down) is taken for the same (the creation then
+// says what failed).
 std::string VmDriver::NetworkGap() const {
-  std::ifstream pidfile("/run/libvirtd.pid");
-  long pid = 0;
-  if (!(pidfile >> pid) || pid <= 0) return "";
+  pid_t pid = 0;
+  for (const char* path : {"/run/libvirt/libvirt-sock", "/run/libvirt/virtqemud-sock"}) {
+    UniqueFd s(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::strncpy(a.sun_path, path, sizeof a.sun_path - 1);
+    ucred cred{};
+    socklen_t len = sizeof cred;
+    if (s && ::connect(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+        ::getsockopt(s.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 && cred.pid > 0) {
+      pid = cred.pid;
+      break;
+    }
+  }
+  if (pid <= 0) return "";
   struct stat ours{}, theirs{};
   if (::stat("/proc/self/ns/net", &ours) != 0 || ::stat(("/proc/" + std::to_string(pid) + "/ns/net").c_str(), &theirs) != 0)
     return "";

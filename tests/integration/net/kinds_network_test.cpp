@@ -9,6 +9,9 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <csignal>
+#include <fstream>
+#include <sstream>
 #include <regex>
 #include <memory>
 #include <string>
@@ -65,6 +68,85 @@ std::string HttpGet(const std::string& ns, const std::string& addr) {
   return r.substr(0, r.find("\r\n"));
 }
 
+// A libvirtd (and its virtlogd) of the test's own, in the test's "host"
+// network namespace: a vm's QEMU is libvirtd's child and opens the
+// guest's tap there, where dsecd made it. Its runtime, state, cache and
+// log directories are tmpfs in a mount namespace of its own (the host's
+// libvirtd keeps its /run/libvirt); dsecd joins that mount namespace to
+// reach its socket. The holder keeps the namespace and reaps what
+// libvirtd leaves; everything goes, by pid, at the end.
+class PrivateLibvirt {
+ public:
+  // Empty, or why there is none (then the vm cases say so and skip).
+  std::string Start(const std::string& nsenter, const std::string& netns) {
+    std::string err;
+    if (!Sh("command -v libvirtd >/dev/null && command -v virtlogd >/dev/null && command -v unshare >/dev/null &&"
+            " command -v virsh >/dev/null && test -x /usr/bin/python3", &err))
+      return "needs libvirtd, virtlogd and virsh (apt-get install libvirt-daemon-system), util-linux's unshare and python3";
+    // The holder reaps: libvirtd's QEMUs (its capability probe's too) are
+    // orphans that land on the nearest subreaper, and libvirtd waits for
+    // the ones it stopped to be gone, which an unreaped zombie never is.
+    std::string setup =
+        "set -e; for d in /run/libvirt /var/lib/libvirt /var/cache/libvirt /var/log/libvirt; do mkdir -p $d; "
+        "mount -t tmpfs -o mode=0755 dsec-test-libvirt $d; done; "
+        "mkdir -p /var/lib/libvirt/qemu /var/log/libvirt/qemu /var/cache/libvirt/qemu; "
+        "virtlogd -d -p /run/libvirt/virtlogd-test.pid; libvirtd -d -p /run/libvirt/libvirtd-test.pid";
+    std::string holder =
+        "import ctypes, os, subprocess, sys, time\n"
+        "ctypes.CDLL(None).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER\n"
+        "subprocess.run(['/bin/sh', '-c', sys.argv[1]], check=True)\n"
+        "print('READY', flush=True)\n"
+        "while True:\n"
+        "  try: os.wait()\n"
+        "  except ChildProcessError: time.sleep(1)\n";
+    auto c = Child::Start({nsenter, "--net=/run/netns/" + netns, "--", "/usr/bin/unshare", "--mount",
+                           "--propagation", "private", "/usr/bin/python3", "-c", holder, setup});
+    if (!c.ok()) return "cannot start a libvirtd of the test's own: " + c.status().ToString();
+    holder_ = std::move(*c);
+    std::string line;
+    if (!holder_->ReadLine(&line, 60) || line != "READY") return "a libvirtd of the test's own did not start";
+    wrapper_ = {nsenter, "--net=/run/netns/" + netns, "--mount=" + Ns(), "--"};
+    // Up when its socket answers (it probes QEMU first).
+    for (int i = 0; i < 300; ++i) {
+      if (Virsh("list --all", &err)) return "";
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));  // polling its socket, bounded at 30 s
+    }
+    return "a libvirtd of the test's own did not answer within 30 s: " + err;
+  }
+  ~PrivateLibvirt() {
+    if (!holder_) return;
+    std::string names;
+    if (Virsh("list --name", &names)) {  // what a failed case left
+      std::istringstream in(names);
+      for (std::string n; std::getline(in, n);)
+        if (!n.empty()) Virsh("destroy " + n);
+    }
+    for (const char* f : {"libvirtd-test.pid", "virtlogd-test.pid"}) {
+      std::ifstream pid("/proc/" + std::to_string(holder_->pid()) + "/root/run/libvirt/" + f);
+      long p = 0;
+      if (pid >> p && p > 0) {
+        ::kill(static_cast<pid_t>(p), SIGTERM);
+        for (int i = 0; i < 100 && ::kill(static_cast<pid_t>(p), 0) == 0; ++i)
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));  // its exit, bounded at 5 s
+        ::kill(static_cast<pid_t>(p), SIGKILL);
+      }
+    }
+    holder_.reset();  // the holder goes, and the mount namespace with it
+  }
+  // Runs a command through it: dsecd is started so.
+  const std::vector<std::string>& wrapper() const { return wrapper_; }
+
+ private:
+  std::string Ns() const { return "/proc/" + std::to_string(holder_->pid()) + "/ns/mnt"; }
+  bool Virsh(const std::string& args, std::string* out = nullptr) const {
+    std::string cmd;
+    for (const auto& w : wrapper_) cmd += w + " ";
+    return Sh(cmd + "virsh -q -c qemu:///system " + args, out);
+  }
+  std::unique_ptr<Child> holder_;
+  std::vector<std::string> wrapper_;
+};
+
 class KindsNetwork : public ::testing::TestWithParam<KindParam> {
  protected:
   static void SetUpTestSuite() {
@@ -97,6 +179,11 @@ class KindsNetwork : public ::testing::TestWithParam<KindParam> {
     // /sys, hiding the host's cgroups from dsecd.
     o.wrapper = {nsenter, "--net=/run/netns/" + kHost, "--"};
     o.ctl_wrapper = o.wrapper;
+    if (auto vm = VmKind(); vm.traits.network && KindHostGap(vm).empty()) {
+      libvirt_ = std::make_unique<PrivateLibvirt>();
+      vm_gap_ = libvirt_->Start(nsenter, kHost);
+      if (vm_gap_.empty()) o.wrapper = libvirt_->wrapper();
+    }
     o.network = true;
     o.extra_args = {"--sandbox-dns-upstream", "198.51.100.2:53"};
     auto d = TestDaemon::Start(o);
@@ -116,6 +203,7 @@ class KindsNetwork : public ::testing::TestWithParam<KindParam> {
     if (daemon_)
       for (const auto& id : made_ids_) (void)daemon_->Ctl({"rm", id});
     daemon_.reset();
+    libvirt_.reset();
     listeners_.clear();
     dns_.reset();
     if (made_)
@@ -127,16 +215,14 @@ class KindsNetwork : public ::testing::TestWithParam<KindParam> {
     if (!skip_.empty()) GTEST_SKIP() << skip_;
     ASSERT_TRUE(failure_.empty()) << failure_;
     if (auto gap = KindHostGap(GetParam()); !gap.empty()) GTEST_SKIP() << gap;
-    if (GetParam().kind == v1::KIND_VM) {
-      // A vm's QEMU is libvirtd's child, in libvirtd's network namespace (the
-      // host's), and this test's dsecd is in a namespace of its own: the
-      // kind says so and refuses, and what remains needs the host's own
-      // network, which the tests never touch.
+    if (GetParam().kind == v1::KIND_VM && !vm_gap_.empty()) {
+      // Without a libvirtd of its own, the host's runs this vm's QEMU in
+      // the host's network namespace, not dsecd's: the kind says so and
+      // refuses.
       std::string err;
       EXPECT_TRUE(Create({"--allow", "198.51.100.2:80"}, &err).empty());
       EXPECT_THAT(err, HasSubstr("runs in another network namespace than dsecd"));
-      GTEST_SKIP() << "vm networking needs dsecd in libvirtd's network namespace (the host's); the tests only use "
-                      "namespaces they make";
+      GTEST_SKIP() << "vm networking needs a libvirtd in the test's network namespace: " << vm_gap_;
     }
   }
   bool IsContainer() const { return GetParam().kind == v1::KIND_CONTAINER; }
@@ -177,6 +263,13 @@ class KindsNetwork : public ::testing::TestWithParam<KindParam> {
     return r.exit_code == 0 ? out : "exec failed (" + std::to_string(r.exit_code) + "): " + r.err;
   }
 
+  static KindParam VmKind() {
+    for (const auto& k : RegisteredKinds())
+      if (k.kind == v1::KIND_VM) return k;
+    return KindParam{"vm", v1::KIND_VM, {}};
+  }
+  static inline std::unique_ptr<PrivateLibvirt> libvirt_;
+  static inline std::string vm_gap_ = "not started";
   static inline std::unique_ptr<TestDaemon> daemon_;
   static inline std::unique_ptr<DnsServer> dns_;
   static inline std::vector<UniqueFd> listeners_;
