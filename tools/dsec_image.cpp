@@ -112,7 +112,7 @@ int main(int argc, char** argv) {
                  "dsecd SDK address (default: $DSEC_ADDR, else <data-dir>/dsecd.json when it runs)");
 
   std::string src, name, compression = "lz4";
-  bool keep_owners = false, replace = false;
+  bool keep_owners = false, replace = false, git_scrub = false;
   dsec::images::DebianOptions deb;
   std::string deb_suite;
   auto* build = app.add_subcommand(
@@ -136,6 +136,10 @@ int main(int argc, char** argv) {
   build->add_option("--compress", compression, "none | lz4 | lz4hc")->capture_default_str();
   build->add_flag("--keep-owners", keep_owners, "directory sources: keep file owners (default: all root)");
   build->add_flag("--replace", replace, "replace an existing, unused image of that name");
+  build->add_flag("--git-scrub", git_scrub,
+                  "git repositories in the tree keep only the history reachable from their checked-out commit (no "
+                  "later commits, branches or tags past it, stashes, remote-tracking refs, reflogs or unreachable "
+                  "objects); prints what it removed. A directory source is copied, never changed");
 
   bool json_out = false;
   auto* ls = app.add_subcommand("ls", "list images");
@@ -194,6 +198,7 @@ int main(int argc, char** argv) {
     dsec::images::BuildOptions o;
     o.compression = compression;
     o.keep_owners = keep_owners;
+    o.git_scrub = git_scrub;
     o.progress = [](const std::string& s) { std::fprintf(stderr, "dsec-image: %s\n", s.c_str()); };
     if (!deb_suite.empty()) {
       deb.suite = deb_suite;

@@ -1,4 +1,5 @@
 #include "drivers/images/builder.hpp"
+#include "drivers/images/git_scrub.hpp"
 
 #include <archive.h>
 #include <cstdio>
@@ -422,6 +423,23 @@ Result<v1::ImageManifest> BuildImage(const std::string& source_in, const std::st
     }
   }
 
+  if (o.git_scrub) {
+    if (tree == source) {  // the user's directory: scrub a copy
+      std::string copy = scratch + "/rootfs";
+      say("copying " + source_in + " to scrub its git history");
+      int rc = RunToFile({"/bin/cp", "-a", "--reflink=auto", source + "/.", copy}, scratch + "/cp.log");
+      if (rc != 0) {
+        auto log = ReadFileToString(scratch + "/cp.log");
+        return Status::Internal("copy " + source_in + " for --git-scrub: cp exited " + std::to_string(rc) + ": " +
+                                (log.ok() ? *log : ""));
+      }
+      tree = copy;
+    }
+    auto scrubbed = ScrubGitHistory(tree);
+    if (!scrubbed.ok()) return scrubbed.status();
+    if (scrubbed->empty()) say("git-scrub: no git repository in the tree");
+    for (const auto& r : *scrubbed) say(ScrubSummary(r));
+  }
   TreeCount count;
   g_count = &count;
   ::nftw(tree.c_str(), CountOne, 64, FTW_PHYS);

@@ -20,6 +20,10 @@ struct BuildOptions {
   // Directory sources: keep file owners (default: every file owned by root,
   // as a tree unpacked by hand usually should be). Archives keep their owners.
   bool keep_owners = false;
+  // Git repositories in the tree keep only the history reachable from
+  // their checked-out commit (git_scrub.hpp); a directory source is copied
+  // first (it is never changed). What went is said through `progress`.
+  bool git_scrub = false;
   // Scratch space for unpacking (default: a fresh dir under the store root).
   std::string scratch_dir;
   // Progress lines for the user; may be empty.

@@ -1,0 +1,166 @@
+// The reward guard's path pieces (drivers/guard): the task spec's globs,
+// and what a container changed, read from a real overlay's upper
+// directory after real writes through the merged mount.
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "drivers/guard/path_glob.hpp"
+#include "drivers/guard/upper_diff.hpp"
+#include "harness/daemon.hpp"
+
+namespace dsec::guard {
+namespace {
+
+using ::testing::HasSubstr;
+
+bool M(const std::string& glob, const std::string& path) {
+  auto g = PathGlob::Parse(glob);
+  EXPECT_TRUE(g.ok()) << g.status().ToString();
+  return g.ok() && g->Matches(path);
+}
+
+TEST(PathGlob, TheTaskSpecsGlobsMatchWhatTheySay) {
+  EXPECT_TRUE(M("tests/**", "tests"));
+  EXPECT_TRUE(M("tests/**", "tests/test_calc.py"));
+  EXPECT_TRUE(M("tests/**", "tests/unit/deep/x.py"));
+  EXPECT_FALSE(M("tests/**", "src/tests/x.py"));
+  EXPECT_FALSE(M("tests/**", "tests2/x.py"));
+  EXPECT_TRUE(M("**/conftest.py", "conftest.py"));
+  EXPECT_TRUE(M("**/conftest.py", "a/b/conftest.py"));
+  EXPECT_FALSE(M("**/conftest.py", "a/b/conftest.pyc"));
+  EXPECT_TRUE(M("pytest.ini", "pytest.ini"));
+  EXPECT_FALSE(M("pytest.ini", "sub/pytest.ini"));
+  EXPECT_TRUE(M(".git/**", ".git/refs/heads/main"));
+  EXPECT_TRUE(M("tests/*", "tests/.hidden")) << "no hidden corner in a protected tree";
+  EXPECT_FALSE(M("tests/*", "tests/a/b"));
+  EXPECT_TRUE(M("src/*.py", "src/calc.py"));
+  EXPECT_TRUE(M("src/[ab]?.py", "src/a1.py"));
+  EXPECT_FALSE(M("src/[ab]?.py", "src/c1.py"));
+  EXPECT_TRUE(M("a/**/b/**/c", "a/x/b/y/z/c"));
+  auto g = PathGlob::Parse("grader/**");
+  ASSERT_TRUE(g.ok());
+  EXPECT_TRUE(g->MayMatchUnder("")) << "the root leads to it";
+  EXPECT_TRUE(g->MayMatchUnder("grader"));
+  EXPECT_FALSE(g->MayMatchUnder("src"));
+  auto any = PathGlob::Parse("**/secret.txt");
+  ASSERT_TRUE(any.ok());
+  EXPECT_TRUE(any->MayMatchUnder("src/deep"));
+}
+
+TEST(PathGlob, BadGlobsAreRefusedNamingThemAndWhy) {
+  struct Bad {
+    std::string glob, why;
+  };
+  for (const auto& b : std::vector<Bad>{{"", "empty"},
+                                        {"/work/tests/**", "is absolute"},
+                                        {"tests//x", "empty segment"},
+                                        {"tests/", "empty segment"},
+                                        {"../etc/passwd", "'..' segment"},
+                                        {"./x", "'.' segment"},
+                                        {"a**/b", "inside a segment"},
+                                        {"src/[ab.py", "unclosed '['"},
+                                        {std::string(600, 'a'), "longer than 512"}}) {
+    auto g = PathGlob::Parse(b.glob);
+    ASSERT_FALSE(g.ok()) << b.glob;
+    EXPECT_EQ(g.status().code(), Status::Code::kInvalidArgument);
+    EXPECT_THAT(g.status().message(), HasSubstr(b.why)) << b.glob;
+    if (!b.glob.empty() && b.glob.size() < 100) {
+      EXPECT_THAT(g.status().message(), HasSubstr(b.glob));
+    }
+  }
+  auto list = ParseGlobs({"tests/**", "a**"}, "protected paths");
+  ASSERT_FALSE(list.ok());
+  EXPECT_THAT(list.status().message(), HasSubstr("protected paths"));
+  EXPECT_THAT(list.status().message(), HasSubstr("'a**'"));
+  EXPECT_FALSE(ParseGlobs(std::vector<std::string>(kMaxGlobs + 1, "x"), "hidden paths").ok());
+  auto ok = ParseGlobs({"tests/**", "**/conftest.py"}, "protected paths");
+  ASSERT_TRUE(ok.ok());
+  ASSERT_NE(FirstMatch(*ok, "a/conftest.py"), nullptr);
+  EXPECT_EQ(FirstMatch(*ok, "a/conftest.py")->text(), "**/conftest.py");
+  EXPECT_EQ(FirstMatch(*ok, "src/calc.py"), nullptr);
+}
+
+void Put(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+
+// A real overlay (lower: an image-like tree; upper and work: the
+// container's), written through its merged mount as a container would.
+class UpperDiffTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (::geteuid() != 0) GTEST_SKIP() << "needs root (an overlay mount)";
+    char tmpl[] = "/tmp/dsec-upper-diff-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    for (const char* d : {"/lower", "/upper", "/work", "/merged", "/lower/tests", "/lower/src", "/lower/old",
+                          "/lower/old/sub"})
+      ASSERT_EQ(::mkdir((dir_ + d).c_str(), 0755), 0) << d;
+    Put(dir_ + "/lower/tests/test_calc.py", "def test_add():\n    assert add(1, 2) == 3\n");
+    Put(dir_ + "/lower/src/calc.py", "def add(a, b):\n    return a - b\n");
+    Put(dir_ + "/lower/src/same.py", "x = 1\n");
+    Put(dir_ + "/lower/old/sub/f", "old\n");
+    Put(dir_ + "/lower/pytest.ini", "[pytest]\n");
+    std::string opts = "lowerdir=" + dir_ + "/lower,upperdir=" + dir_ + "/upper,workdir=" + dir_ + "/work";
+    if (::mount("overlay", (dir_ + "/merged").c_str(), "overlay", 0, opts.c_str()) != 0)
+      GTEST_SKIP() << "this kernel cannot mount overlayfs here: " << std::strerror(errno);
+    mounted_ = true;
+  }
+  void TearDown() override {
+    if (mounted_) ::umount2((dir_ + "/merged").c_str(), MNT_DETACH);
+    if (!dir_.empty()) testing::RunProcess({"/bin/rm", "-rf", dir_});
+  }
+  std::string Sh(const std::string& script) {
+    auto r = testing::RunProcess({"/bin/sh", "-c", "cd " + dir_ + "/merged && " + script});
+    EXPECT_EQ(r.exit_code, 0) << script << ": " << r.err;
+    return r.out;
+  }
+  std::vector<std::string> Diff(size_t limit = 1000, bool* truncated = nullptr) {
+    auto d = ReadUpperDiff(dir_ + "/upper", {dir_ + "/lower"}, limit);
+    EXPECT_TRUE(d.ok()) << d.status().ToString();
+    std::vector<std::string> out;
+    if (!d.ok()) return out;
+    for (const auto& c : d->changes) out.push_back(std::string(ChangeKindName(c.kind)) + " " + c.path + (c.dir ? "/" : ""));
+    if (truncated) *truncated = d->truncated;
+    return out;
+  }
+  std::string dir_;
+  bool mounted_ = false;
+};
+
+TEST_F(UpperDiffTest, CreatedModifiedDeletedAndReplacedAreReadFromTheUpperLayer) {
+  EXPECT_THAT(Diff(), ::testing::IsEmpty()) << "a fresh container changed nothing";
+  Sh("echo 'def test_add(): assert True' > tests/test_calc.py");  // the classic
+  Sh("mkdir -p a/b && echo 'import pytest' > a/b/conftest.py");
+  Sh("rm pytest.ini");
+  Sh("cat src/same.py > /dev/null && touch -r src/same.py src/same.py");  // copied up (metadata), unchanged
+  Sh("rm -r old && mkdir old && echo new > old/g");                       // replaced
+  Sh("sed -i 's/a - b/a + b/' src/calc.py && touch -r tests/test_calc.py src/calc.py");
+  EXPECT_THAT(Diff(), ::testing::ElementsAre("created a/", "created a/b/", "created a/b/conftest.py",
+                                             "replaced old/", "created old/g", "deleted pytest.ini",
+                                             "modified src/calc.py", "modified tests/test_calc.py"));
+  bool truncated = false;
+  EXPECT_EQ(Diff(2, &truncated).size(), 2u);
+  EXPECT_TRUE(truncated) << "a bounded read says it is cut";
+  EXPECT_FALSE(ReadUpperDiff(dir_ + "/nope", {dir_ + "/lower"}, 10).ok());
+}
+
+// A copy-up that changed nothing is not a change; a write that puts the
+// old mtime and size back is (the bytes decide).
+TEST_F(UpperDiffTest, TheBytesDecideWhenTheMetadataIsTheSame) {
+  Sh("chmod 0644 src/same.py");  // copy-up, same mode
+  EXPECT_THAT(Diff(), ::testing::IsEmpty());
+  Sh("printf 'x = 2\\n' > src/same.py && touch -d @0 src/same.py && touch -r " + dir_ + "/lower/src/same.py src/same.py");
+  EXPECT_THAT(Diff(), ::testing::ElementsAre("modified src/same.py"));
+  Sh("chmod 0600 src/calc.py");
+  EXPECT_THAT(Diff(), ::testing::Contains("modified src/calc.py")) << "a mode change is a change";
+}
+
+}  // namespace
+}  // namespace dsec::guard
