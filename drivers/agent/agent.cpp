@@ -259,8 +259,28 @@ void Agent::OnListen() {
       ::close(fd);  // the client sees EOF; it may retry once others leave
       continue;
     }
+    if (pid1_ && !FromOutside(fd)) {
+      ::close(fd);  // the sandbox's own process: a forged request runs nothing
+      continue;
+    }
     if (!AddConn(fd)) ::close(fd);
   }
+}
+
+// As the sandbox's PID 1, the agent serves only peers outside its pid
+// namespace (dsecd, the spawner): SO_PEERCRED gives their pid as 0 here. A
+// process of the sandbox (root in it included) has a pid here, and its
+// connection is closed unread, logged (DSec saw agents forge requests to
+// their daemon's socket, to run as another user or to fake what the
+// trainer reads).
+bool Agent::FromOutside(int fd) {
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return false;
+  if (cred.pid == 0) return true;
+  std::fprintf(stderr, "dsec-agent: refused a connection to the agent's socket from the sandbox's own pid %d (uid %u)\n",
+               static_cast<int>(cred.pid), static_cast<unsigned>(cred.uid));
+  return false;
 }
 
 Conn* Agent::AddConn(int fd) {

@@ -114,6 +114,7 @@ class Agent {
   void OnSignalFd();
   void OnListen();
   Conn* AddConn(int fd);
+  bool FromOutside(int fd);  // a peer outside the sandbox's pid namespace
   void OnConnEvent(Conn& c, uint32_t events);
   void OnConnReadable(Conn& c);
   void ProcessFrames(Conn& c);

@@ -11,6 +11,8 @@
 #include <cstring>
 #include <string>
 
+#include <gmock/gmock.h>
+
 #include "runtime/files.hpp"
 #include "tests/support/container_fixture.hpp"
 #include "tests/support/probes.hpp"
@@ -175,6 +177,39 @@ TEST_F(ContainerFiles, TheAgentAndItsSocketCannotBeReplaced) {
   // Still served by the real agent.
   EXPECT_EQ(ShIn(*sb, "echo alive").stdout(), "alive\n");
   EXPECT_EQ(ShIn(*sb, "ls /run/dsec | tr '\\n' ' '").stdout(), "agent agent.sock etc ");
+  Destroy(*sb);
+}
+
+// A forged request to the agent's socket from inside the sandbox (DSec saw
+// agents do it): the agent, the sandbox's PID 1, serves only peers outside
+// its pid namespace (dsecd), so the request runs nothing and the caller
+// reads EOF. What the agent logs is not in the sandbox's reach either: its
+// stderr goes to the host, and /proc/1 is closed to the sandbox.
+TEST_F(ContainerFiles, AForgedRequestToTheAgentsSocketRunsNothing) {
+  auto sb = Make();
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  // agent.proto's Request{id: 7, exec: {argv: [/bin/sh, -c, touch /tmp/forged]}}, framed.
+  const std::string forge =
+      "import socket, struct\n"
+      "def s(field, b): return bytes([field << 3 | 2, len(b)]) + b\n"
+      "exec_ = b''.join(s(1, a) for a in (b'/bin/sh', b'-c', b'touch /tmp/forged'))\n"
+      "req = bytes([8, 7]) + s(2, exec_)\n"
+      "c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); c.settimeout(5)\n"
+      "try:\n"
+      "  c.connect('/run/dsec/agent.sock')\n"
+      "  c.sendall(struct.pack('<I', len(req)) + req)\n"
+      "  print('answer', len(c.recv(4096)))\n"
+      "except OSError as e: print(type(e).__name__)\n";
+  auto r = ShIn(*sb, "python3 -c \"" + forge + "\"; test -e /tmp/forged && echo RAN || echo nothing");
+  EXPECT_THAT(r.stdout(), ::testing::AnyOf(::testing::StartsWith("answer 0\n"), ::testing::StartsWith("ConnectionResetError\n"),
+                                           ::testing::StartsWith("BrokenPipeError\n")))
+      << "closed at once, no answer: " << r.stdout() << r.stderr();
+  EXPECT_THAT(r.stdout(), ::testing::EndsWith("nothing\n")) << "the forged exec ran";
+  auto logs = ShIn(*sb, "python3 -c \"import os\nfor f in (lambda: open('/proc/1/fd/2').read(1), "
+                       "lambda: os.readlink('/proc/1/fd/2')):\n  try: f(); print('read')\n"
+                       "  except OSError as e: print(type(e).__name__)\"");
+  EXPECT_EQ(logs.stdout(), "PermissionError\nPermissionError\n") << "the agent's stderr (its log): neither read nor named";
+  EXPECT_EQ(ShIn(*sb, "echo alive").stdout(), "alive\n") << "dsecd's own connection is still served";
   Destroy(*sb);
 }
 
