@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "drivers/guard/path_glob.hpp"
+#include "drivers/guard/task_paths.hpp"
 #include "drivers/guard/upper_diff.hpp"
 #include "harness/daemon.hpp"
 
@@ -89,6 +90,41 @@ TEST(PathGlob, BadGlobsAreRefusedNamingThemAndWhy) {
 }
 
 void Put(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+
+// The image's paths a task's globs name: matched directories whole, the
+// walk only where a glob leads.
+TEST(TaskPaths, TheGlobsPathsInAnImageTreeAreFoundWithoutReadingTheRest) {
+  char tmpl[] = "/tmp/dsec-task-paths-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  std::string root = tmpl;
+  for (const char* d : {"/tests", "/tests/sub", "/src", "/deep", "/deep/er", "/.git", "/big"})
+    ASSERT_EQ(::mkdir((root + d).c_str(), 0755), 0);
+  for (const char* f : {"/tests/test_a.py", "/tests/sub/x", "/src/a.py", "/src/conftest.py", "/deep/er/conftest.py",
+                        "/pytest.ini", "/.git/HEAD"})
+    Put(root + f, "x");
+  for (int i = 0; i < 500; ++i) Put(root + "/big/f" + std::to_string(i), "");
+  auto globs = ParseGlobs({"tests/**", "**/conftest.py", "pytest.ini", ".git/**"}, "protected paths");
+  ASSERT_TRUE(globs.ok());
+  auto found = FindTaskPaths(root, *globs, 100);
+  ASSERT_TRUE(found.ok()) << found.status().ToString();
+  EXPECT_THAT(found->paths,
+              ::testing::ElementsAre(".git", "deep/er/conftest.py", "pytest.ini", "src/conftest.py", "tests"));
+  // Without a `**/` glob, only the root and what the globs lead into.
+  auto narrow = ParseGlobs({"tests/**", "src/*.py"}, "hidden paths");
+  ASSERT_TRUE(narrow.ok());
+  found = FindTaskPaths(root, *narrow, 100);
+  ASSERT_TRUE(found.ok());
+  EXPECT_THAT(found->paths, ::testing::ElementsAre("src/a.py", "src/conftest.py", "tests"));
+  EXPECT_LT(found->read_entries, 20u) << "big/ (500 files) was not read";
+  auto many = ParseGlobs({"big/*"}, "hidden paths");
+  ASSERT_TRUE(many.ok());
+  auto over = FindTaskPaths(root, *many, 100);
+  ASSERT_FALSE(over.ok());
+  EXPECT_EQ(over.status().code(), Status::Code::kResourceExhausted);
+  EXPECT_THAT(over.status().message(), HasSubstr("'big/*'"));
+  EXPECT_FALSE(FindTaskPaths(root + "/nope", *globs, 100).ok());
+  testing::RunProcess({"/bin/rm", "-rf", root});
+}
 
 // A real overlay (lower: an image-like tree; upper and work: the
 // container's), written through its merged mount as a container would.
