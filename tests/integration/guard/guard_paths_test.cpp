@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "drivers/guard/mask_layer.hpp"
 #include "drivers/guard/path_glob.hpp"
 #include "drivers/guard/task_paths.hpp"
 #include "drivers/guard/upper_diff.hpp"
@@ -196,6 +197,59 @@ TEST_F(UpperDiffTest, TheBytesDecideWhenTheMetadataIsTheSame) {
   EXPECT_THAT(Diff(), ::testing::ElementsAre("modified src/same.py"));
   Sh("chmod 0600 src/calc.py");
   EXPECT_THAT(Diff(), ::testing::Contains("modified src/calc.py")) << "a mode change is a change";
+}
+
+// The enforcement a container will get, on a real overlay, for a process
+// that is root without CAP_SYS_ADMIN (a container's root): hidden paths
+// are whiteouts of a mask layer (gone: not read, not listed), protected
+// ones a read-only bind mount (not written, removed, renamed or
+// unmounted), and the task's directory keeps its owner and mode.
+TEST(GuardMounts, HiddenPathsAreGoneAndProtectedOnesReadOnlyEvenForRoot) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root (mounts, mknod)";
+  if (::access("/usr/bin/setpriv", X_OK) != 0 || ::access("/usr/bin/unshare", X_OK) != 0)
+    GTEST_SKIP() << "needs util-linux's setpriv and unshare";
+  char tmpl[] = "/tmp/dsec-guard-mounts-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  std::string dir = tmpl, lower = dir + "/lower", merged = dir + "/merged";
+  for (const char* d : {"/lower", "/mask", "/upper", "/work", "/merged", "/lower/tests", "/lower/grader", "/lower/src"})
+    ASSERT_EQ(::mkdir((dir + d).c_str(), 0755), 0) << d;
+  Put(lower + "/tests/test_calc.py", "assert add(1, 2) == 3\n");
+  Put(lower + "/tests/secret_answer.py", "return a + b\n");
+  Put(lower + "/grader/run.py", "grade\n");
+  Put(lower + "/src/calc.py", "return a - b\n");
+  ASSERT_EQ(::chown((lower + "/tests").c_str(), 1000, 1000), 0);
+  ASSERT_EQ(::chmod((lower + "/tests").c_str(), 0750), 0);
+  auto hidden = ParseGlobs({"grader/**", "tests/secret_*"}, "hidden paths");
+  ASSERT_TRUE(hidden.ok());
+  auto paths = FindTaskPaths(lower, *hidden, 100);
+  ASSERT_TRUE(paths.ok()) << paths.status().ToString();
+  EXPECT_THAT(paths->paths, ::testing::ElementsAre("grader", "tests/secret_answer.py"));
+  Status mask = MakeMaskLayer(dir + "/mask", lower, paths->paths);
+  ASSERT_TRUE(mask.ok()) << mask.ToString();
+  std::string opts = "lowerdir=" + dir + "/mask:" + lower + ",upperdir=" + dir + "/upper,workdir=" + dir + "/work";
+  if (::mount("overlay", merged.c_str(), "overlay", 0, opts.c_str()) != 0) {
+    testing::RunProcess({"/bin/rm", "-rf", dir});
+    GTEST_SKIP() << "this kernel cannot mount overlayfs here: " << std::strerror(errno);
+  }
+  // As a container's set-up would: tests/ bound read-only in the
+  // container's mount namespace, then root without CAP_SYS_ADMIN.
+  std::string agent =
+      "cd " + merged + "; try() { if \"$@\" 2>/dev/null; then echo \"$1 ok\"; else echo \"$1 refused\"; fi; }; "
+      "try cat grader/run.py; try ls grader; ls; ls tests; try cat tests/secret_answer.py; "
+      "try sh -c 'echo x > tests/test_calc.py'; try rm tests/test_calc.py; try mv tests tests2; "
+      "try umount tests; try mount -o remount,bind,rw tests; stat -c '%u %a' tests; "
+      "echo mine > src/new.py && echo made";
+  Put(dir + "/agent.sh", agent);
+  auto r = testing::RunProcess(
+      {"/usr/bin/unshare", "--mount", "--propagation", "private", "/bin/sh", "-c",
+       "mount --bind " + merged + "/tests " + merged + "/tests && mount -o remount,bind,ro " + merged + "/tests && " +
+           "exec /usr/bin/setpriv --bounding-set=-sys_admin -- /bin/sh " + dir + "/agent.sh"});
+  EXPECT_EQ(r.out,
+            "cat refused\nls refused\nsrc\ntests\ntest_calc.py\ncat refused\nsh refused\nrm refused\nmv refused\n"
+            "umount refused\nmount refused\n1000 750\nmade\n")
+      << r.err;
+  ::umount2(merged.c_str(), MNT_DETACH);
+  testing::RunProcess({"/bin/rm", "-rf", dir});
 }
 
 }  // namespace
