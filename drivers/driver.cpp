@@ -1,5 +1,6 @@
 #include "drivers/driver.hpp"
 
+#include "drivers/guard/task_guard.hpp"
 #include "drivers/limits.hpp"
 #include "drivers/net/policy.hpp"
 
@@ -22,6 +23,7 @@ const char* CapabilityName(Capability c) {
     case Capability::kSnapshot: return "snapshot";
     case Capability::kFork: return "fork";
     case Capability::kNetwork: return "network";
+    case Capability::kGuard: return "guard";
   }
   return "?";
 }
@@ -34,6 +36,7 @@ bool Has(const KindTraits& t, Capability c) {
     case Capability::kSnapshot: return t.snapshot;
     case Capability::kFork: return t.fork;
     case Capability::kNetwork: return t.network;
+    case Capability::kGuard: return t.guard;
   }
   return false;
 }
@@ -55,7 +58,7 @@ Status CheckSandboxWideLimits(const char* kind, const v1::SandboxRecord& sb, con
 Status Require(const Driver& driver, Capability c) {
   if (Has(driver.traits(), c)) return Status::Ok();
   static const char* const kWhat[] = {"read or write files", "pause", "stream output", "snapshot", "fork",
-                                      "enforce a network policy other than none"};
+                                      "enforce a network policy other than none", "guard a task's paths"};
   return Status::Unimplemented(std::string("sandbox kind '") + driver.name() + "' cannot " +
                                kWhat[static_cast<int>(c)] + " (it has no '" + CapabilityName(c) +
                                "' capability; `dsecctl status` lists each kind's)");
@@ -66,6 +69,9 @@ Status Admissible(const LimitPolicy& limits, const Driver& driver, const v1::San
   auto net = net::ParsePolicy(spec.network());
   if (!net.ok()) return net.status();
   if (net->mode != v1::NETWORK_MODE_NONE || !net->expose.empty()) DSEC_RETURN_IF_ERROR(Require(driver, Capability::kNetwork));
+  auto guard = guard::ParseGuard(spec.task());
+  if (!guard.ok()) return guard.status();
+  if (guard->active()) DSEC_RETURN_IF_ERROR(Require(driver, Capability::kGuard));
   return driver.CanHandle(spec);
 }
 
@@ -94,6 +100,10 @@ void Driver::SetNetwork(const v1::SandboxRecord& sb, const v1::NetworkPolicy&, S
 }
 Result<v1::NetworkReport> Driver::Network(const v1::SandboxRecord& sb) const {
   return Status::NotFound("sandbox " + sb.id() + " has no network link");
+}
+
+Result<guard::UpperDiff> Driver::Changes(const v1::SandboxRecord& sb) const {
+  return Status::Unimplemented("sandbox " + sb.id() + ": " + name() + " sandboxes cannot say what they changed");
 }
 
 Status CheckSandboxPath(const std::string& path) {

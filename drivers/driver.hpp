@@ -7,6 +7,7 @@
 #include <functional>
 #include <string>
 
+#include "drivers/guard/upper_diff.hpp"
 #include "dsec/status.hpp"
 #include "dsec/v1/service.pb.h"
 #include "dsec/v1/types.pb.h"
@@ -53,11 +54,14 @@ struct KindTraits {
   // Network policies beyond none (allow-lists, open), enforced by the kernel
   // on the host side of the sandbox's link (drivers/net/policy.hpp).
   bool network = false;
+  // A task guard (spec.task): protected paths read-only, hidden ones gone,
+  // and what a step changed of them flagged (drivers/guard).
+  bool guard = false;
 };
 
 // What a call may need of a kind beyond the basics.
-enum class Capability { kFiles, kPause, kStreaming, kSnapshot, kFork, kNetwork };
-// "files", "pause", "streaming", "snapshot", "fork", "network"
+enum class Capability { kFiles, kPause, kStreaming, kSnapshot, kFork, kNetwork, kGuard };
+// "files", "pause", "streaming", "snapshot", "fork", "network", "guard"
 const char* CapabilityName(Capability c);
 bool Has(const KindTraits& traits, Capability c);
 
@@ -117,6 +121,9 @@ class Driver {
   // Its network as a read shows it (address, refusals); NotFound when it
   // has no link here.
   virtual Result<v1::NetworkReport> Network(const v1::SandboxRecord& sandbox) const;
+  // What the sandbox changed of its image, read after a step (kinds with
+  // the guard capability; Unimplemented elsewhere). Cheap: the changes only.
+  virtual Result<guard::UpperDiff> Changes(const v1::SandboxRecord& sandbox) const;
 
   // After a daemon restart: reconnect to a sandbox from its record (`done`
   // Ok), or say why it is gone. Returns at once, like every call here.

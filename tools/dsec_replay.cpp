@@ -114,6 +114,8 @@ json ToJson(const Log& log) {
     json notes = json::object();
     for (const auto& [k, v] : s.meta().notes()) notes[k] = v;
     meta["notes"] = notes;
+    json flags = json::array();
+    for (const auto& f : s.flags()) flags.push_back({{"what", f.what()}, {"evidence", f.evidence()}});
     steps.push_back({{"index", s.index()},
                      {"sandbox", RoleOf(s)},
                      {"started_ms", s.started_ms()},
@@ -133,7 +135,8 @@ json ToJson(const Log& log) {
                      {"wall_us", x.wall_us()},
                      {"peak_memory_bytes", x.peak_memory_bytes()},
                      {"error", x.error()},
-                     {"meta", meta}});
+                     {"meta", meta},
+                     {"flags", flags}});
   }
   return {{"schema", "dsec-replay/1"},
           {"session",
@@ -202,6 +205,7 @@ void PrintTimeline(const Log& log, size_t max_lines) {
     std::printf("\n");
     if (!x.error().empty() && x.verdict() != dsec::v1::VERDICT_OK) std::printf("    error: %s\n", x.error().c_str());
     for (const auto& [k, v] : s.meta().notes()) std::printf("    note %s: %s\n", k.c_str(), v.c_str());
+    for (const auto& f : s.flags()) std::printf("    FLAG %s: %s\n", f.what().c_str(), f.evidence().c_str());
     bool cut = false;
     if (!x.stdout().empty()) {
       std::printf("    stdout%s:\n%s", x.stdout_truncated() ? " (truncated at the limit)" : "",

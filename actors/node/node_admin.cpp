@@ -105,7 +105,7 @@ json Capabilities(const NodeContext& ctx, const std::vector<std::string>& kinds)
     json list = json::array();
     for (auto c : {drivers::Capability::kFiles, drivers::Capability::kPause, drivers::Capability::kStreaming,
                    drivers::Capability::kSnapshot, drivers::Capability::kFork,
-                   drivers::Capability::kNetwork})
+                   drivers::Capability::kNetwork, drivers::Capability::kGuard})
       if (drivers::Has((*d)->traits(), c)) list.push_back(drivers::CapabilityName(c));
     caps[name] = list;
   }

@@ -66,6 +66,9 @@ struct SessionState {
   StepCache steps;
   // Trainers (their SDK actors) that opened or stepped, monitored.
   std::unordered_set<caf::actor_addr> trainers;
+  // What the task guard flagged in this actor's life (Flag evidence): a
+  // change that stays is flagged at the first step that shows it.
+  std::unordered_set<std::string> flagged;
   uint64_t lease_gen = 0;
   bool lease_armed = false;  // a lease timer of lease_gen is pending
   int64_t forwarded_ms = 0;  // the last call the controller forwarded, steady clock (0: none)

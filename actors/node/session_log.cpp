@@ -4,6 +4,7 @@
 
 #include <map>
 
+#include "drivers/guard/task_guard.hpp"
 #include "dsec/status_proto.hpp"
 #include "state/table.hpp"
 
@@ -97,6 +98,67 @@ void FastForward(Self self, const v1::StepRequest& req, StepPromise rp) {
   rp.deliver(std::move(r));
 }
 
+// The task guard's flags of `step`: what the agent sandbox now has changed
+// under a protected path that was not flagged before (drivers/guard). Read
+// from the sandbox's changes (its overlay's upper dir: the walk is over the
+// changes only). A failure to read is logged, never fails the step.
+void AddFlags(Self self, v1::StepRecord* step) {
+  auto& st = self->state;
+  const auto* role = FindRole(st.rec, step->sandbox());
+  if (!role || role->id().empty() || !role->spec().has_task()) return;
+  auto g = guard::ParseGuard(role->spec().task());
+  if (!g.ok() || g->protect.empty()) return;
+  auto d = st.ctx->kinds->DriverFor(role->spec());
+  if (!d.ok()) return;
+  v1::SandboxRecord rec;
+  rec.set_id(role->id());
+  auto diff = (*d)->Changes(rec);
+  if (!diff.ok()) {
+    st.ctx->log->warn("{}: the task guard could not read what the step changed: {}",
+                      StepName(st.rec.name(), step->index()), diff.status().message());
+    return;
+  }
+  const std::string root = g->root.empty() ? "" : g->root.substr(1);
+  constexpr int kMaxFlagsPerStep = 64;
+  int more = 0;
+  for (const auto& c : diff->changes) {
+    std::string rel;
+    bool gone = c.kind == guard::ChangeKind::kDeleted || c.kind == guard::ChangeKind::kReplaced;
+    if (root.empty()) {
+      rel = c.path;
+    } else if (c.path.size() > root.size() && c.path.compare(0, root.size(), root) == 0 && c.path[root.size()] == '/') {
+      rel = c.path.substr(root.size() + 1);
+    } else if (gone && (c.path == root || root.compare(0, c.path.size() + 1, c.path + "/") == 0)) {
+      rel = "";  // the task's root itself went (or what holds it)
+    } else {
+      continue;
+    }
+    if (!rel.empty() && !guard::FirstMatch(g->protect, rel)) continue;
+    std::string evidence = std::string(guard::ChangeKindName(c.kind)) + " " + (rel.empty() ? "/" + c.path : rel);
+    if (!st.flagged.insert(evidence).second) continue;
+    if (step->flags_size() >= kMaxFlagsPerStep) {
+      ++more;
+      continue;
+    }
+    auto* f = step->add_flags();
+    f->set_what("protected_write");
+    f->set_evidence(evidence);
+  }
+  if (more) {
+    auto* f = step->add_flags();
+    f->set_what("protected_write");
+    f->set_evidence("and " + std::to_string(more) + " more protected paths changed");
+  }
+  if (diff->truncated) {
+    auto* f = step->add_flags();
+    f->set_what("changes_truncated");
+    f->set_evidence("more than " + std::to_string(diff->changes.size()) + " changed paths: the rest not checked");
+  }
+  if (step->flags_size())
+    st.ctx->log->warn("{}: the task guard flagged {} change(s) of protected paths",
+                      StepName(st.rec.name(), step->index()), step->flags_size());
+}
+
 // Logs the step (the step row and the new log length in one atomic, durable
 // batch) and answers everyone waiting for it. The trainer hears of a step
 // only after it is on disk.
@@ -128,6 +190,7 @@ void LogStep(Self self, const v1::StepRequest& req, int64_t started, Result<v1::
   step.set_not_replayable(req.not_replayable());
   step.set_started_ms(started);
   step.set_finished_ms(WallClockMs());
+  AddFlags(self, &step);
   state::WriteBatch b;
   state::TypedTable<v1::StepRecord>(st.ctx->store, state::Table::kSteps)
       .Put(&b, state::StepKey(st.rec.name(), index), step);

@@ -1,5 +1,9 @@
 #include "drivers/container/container_driver.hpp"
 
+#include "drivers/guard/mask_layer.hpp"
+#include "drivers/guard/task_guard.hpp"
+#include "drivers/guard/task_paths.hpp"
+
 #include <fcntl.h>
 #include <ftw.h>
 #include <limits.h>
@@ -30,6 +34,7 @@ const KindTraits& ContainerDriver::Traits() {
     KindTraits k = StatefulTraits(v1::ISOLATION_CONTAINER);
     k.own_disk = true;  // its upper layer, on the sandbox disk (sandbox_disk.hpp)
     k.network = true;   // a veth link and the node's rules (drivers/net/), where the node has them
+    k.guard = true;     // a mask layer and read-only mounts (drivers/guard/), ContainerGuard
     return k;
   }();
   return t;
@@ -286,7 +291,10 @@ Result<std::string> ContainerDriver::CreateNow(const v1::SandboxRecord& sb) {
   }
   c->set_id(rid);
   c->set_sandbox_id(id);
-  c->set_lower(*lower + ":" + skeleton_);
+  auto guarded = GuardMounts(id, base, *lower, sb.spec().task());
+  if (!guarded.ok()) return undo(guarded.status());
+  c->set_lower(guarded->mask.empty() ? *lower + ":" + skeleton_ : guarded->mask + ":" + *lower + ":" + skeleton_);
+  for (const auto& ro : guarded->read_only) c->add_read_only(ro);
   c->set_upper(base + "/upper");
   c->set_work(base + "/work");
   c->set_run_dir(base + "/run");
@@ -626,6 +634,51 @@ std::string ContainerDriver::StatsJson() const {
               {"execs_in_flight", RunsInFlight()},
               {"image_mounts", mounts}}
       .dump();
+}
+
+Result<ContainerDriver::Guarded> ContainerDriver::GuardMounts(const std::string& id, const std::string& base,
+                                                            const std::string& image_root,
+                                                            const v1::TaskGuard& task) const {
+  Guarded out;
+  auto g = guard::ParseGuard(task);
+  if (!g.ok()) return g.status();
+  if (!g->active()) return out;
+  auto t0 = std::chrono::steady_clock::now();
+  std::string root_rel = g->root.empty() ? "" : g->root.substr(1);
+  std::string task_root = image_root + g->root;
+  auto in_image = [&](const std::string& p) { return root_rel.empty() ? p : root_rel + "/" + p; };
+  if (!g->hide.empty()) {
+    auto hidden = guard::FindTaskPaths(task_root, g->hide, guard::kMaxGuardedPaths);
+    if (!hidden.ok()) return hidden.status().Annotate("task: hidden paths");
+    out.mask = base + "/mask";
+    if (::mkdir(out.mask.c_str(), 0755) != 0 && errno != EEXIST) return Status::FromErrno(errno, "mkdir " + out.mask);
+    std::vector<std::string> paths;
+    for (const auto& p : hidden->paths) paths.push_back(in_image(p));
+    DSEC_RETURN_IF_ERROR(guard::MakeMaskLayer(out.mask, image_root, paths));
+    out.hidden = hidden->paths.size();
+  }
+  if (!g->protect.empty()) {
+    auto kept = guard::FindTaskPaths(task_root, g->protect, guard::kMaxGuardedPaths);
+    if (!kept.ok()) return kept.status().Annotate("task: protected paths");
+    for (const auto& p : kept->paths) out.read_only.push_back("/" + in_image(p));
+  }
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+  Log(1, "container " + id + ": task guard under " + (g->root.empty() ? std::string("/") : g->root) + ": " +
+             std::to_string(out.read_only.size()) + " protected and " + std::to_string(out.hidden) +
+             " hidden path(s) of the image, found in " + std::to_string(ms) + " ms");
+  return out;
+}
+
+Result<guard::UpperDiff> ContainerDriver::Changes(const v1::SandboxRecord& sb) const {
+  auto box = Find(sb.id());
+  if (!box) return Status::NotFound("container " + sb.id() + " is not on this node");
+  std::string base = SandboxDir(opts_.data_dir, sb.id());
+  std::vector<std::string> lowers;
+  struct stat st;
+  if (::stat((base + "/mask").c_str(), &st) == 0) lowers.push_back(base + "/mask");
+  lowers.push_back(mounts_->PathFor(box->digest));
+  lowers.push_back(skeleton_);
+  return guard::ReadUpperDiff(base + "/upper", lowers, kMaxChanges);
 }
 
 }  // namespace dsec::drivers

@@ -73,6 +73,9 @@ class ContainerDriver : public BoxDriver {
   void Destroy(const v1::SandboxRecord& sandbox, const std::string& driver_state, StatusCallback done) override;
   void Readopt(const v1::SandboxRecord& sandbox, const std::string& driver_state, StatusCallback done) override;
   Result<uint64_t> DiskUsage(const v1::SandboxRecord& sandbox) const override;
+  // Its overlay upper dir against the image (and its mask layer).
+  Result<guard::UpperDiff> Changes(const v1::SandboxRecord& sandbox) const override;
+  static constexpr size_t kMaxChanges = 100000;
   void Restored() override;
   std::string StatsJson() const override;
   std::string DescribeState(const std::string& driver_state) const override;
@@ -89,6 +92,16 @@ class ContainerDriver : public BoxDriver {
   struct Box;
   void OnEvent(spawner::Event& ev);
   Result<std::string> CreateNow(const v1::SandboxRecord& sb);
+  // A task guard's mounts (spec.task, drivers/guard): the hidden paths'
+  // mask layer in <base>/mask ("" without one) and the protected paths to
+  // mount read-only, found in the image mounted at `image_root`.
+  struct Guarded {
+    std::string mask;
+    std::vector<std::string> read_only;  // absolute in the container
+    size_t hidden = 0;
+  };
+  Result<Guarded> GuardMounts(const std::string& id, const std::string& base, const std::string& image_root,
+                              const v1::TaskGuard& task) const;
   Status ReadoptNow(const v1::SandboxRecord& sb, const std::string& driver_state);
   void RestoredNow();
   // At start, before any container of this run: the last run's kept dirs

@@ -208,6 +208,15 @@ int ContainerInitEntry(void* arg) {
         "mount /dev/pts");
   Call(SYS_symlink, "pts/ptmx", Path(r, "/dev/ptmx").buf);
   ProtectProc(s, r);
+  // A task's protected paths: each bound over itself, read-only. Root in
+  // the container has no CAP_SYS_ADMIN to unmount or remount them, and a
+  // mount point is not renamed or removed (EBUSY).
+  for (int i = 0; i < s->read_only_count; ++i) {
+    Path p(r, s->read_only[i]);
+    CHECK(Call(SYS_mount, p.buf, p.buf, 0, MS_BIND | MS_REC, 0), "bind a protected path");
+    CHECK(Call(SYS_mount, 0, p.buf, 0, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, 0),
+          "make a protected path read-only");
+  }
   // /run/dsec: the host's per-sandbox dir (the agent's socket), and the
   // agent binary over the empty file the host left there.
   CHECK(Call(SYS_move_mount, run_mnt, "", AT_FDCWD, Path(r, "/run/dsec").buf, MOVE_MOUNT_F_EMPTY_PATH),

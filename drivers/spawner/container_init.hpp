@@ -61,6 +61,8 @@ struct ContainerSetup {
   bool has_net_ns = false;             // false: cloned with CLONE_NEWNET
   bool loopback_up = true;             // bring `lo` up inside
   int cgroups = 0;                     // kInitSlotCgroup slots filled
+  const char* const* read_only = nullptr;  // paths in the root bound read-only over themselves
+  int read_only_count = 0;
   const sock_fprog* seccomp = nullptr;
   char* const* agent_argv = nullptr;
   char* const* agent_envp = nullptr;

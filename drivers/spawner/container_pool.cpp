@@ -55,6 +55,11 @@ void Spawner::CreateContainer(const spawner::CreateContainer& req) {
   };
   if (!opts_.containers) return fail("this spawner was not started with --containers");
   if (req.cgroup_procs_size() > 6) return fail("too many cgroup hierarchies");
+  if (req.read_only_size() > 4096) return fail("more than 4096 read-only paths");
+  for (const auto& ro : req.read_only())
+    if (ro.empty() || ro[0] != '/' || ro.size() >= 3000 || ro.find("/../") != std::string::npos ||
+        ro.find("/..", ro.size() >= 3 ? ro.size() - 3 : 0) != std::string::npos)
+      return fail("read-only path '" + ro.substr(0, 64) + "' is not an absolute path inside the root");
   std::string err;
   int netns = container_netns_.Acquire(&err);
   if (netns < 0) return fail(err);
@@ -75,6 +80,8 @@ void Spawner::CreateContainer(const spawner::CreateContainer& req) {
   in->run_dir = req.run_dir();
   in->agent_path = req.agent_path();
   in->hostname = req.hostname();
+  in->read_only.assign(req.read_only().begin(), req.read_only().end());
+  for (const auto& ro : in->read_only) in->read_only_ptrs.push_back(ro.c_str());
   in->argv[0] = in->argv0.data();
   in->argv[1] = in->listen_flag.data();
   in->argv[2] = in->listen_fd.data();
@@ -89,6 +96,8 @@ void Spawner::CreateContainer(const spawner::CreateContainer& req) {
   setup.has_net_ns = true;
   setup.loopback_up = false;  // up since the pool made it
   setup.cgroups = static_cast<int>(procs.size());
+  setup.read_only = in->read_only_ptrs.data();
+  setup.read_only_count = static_cast<int>(in->read_only_ptrs.size());
   setup.seccomp = &seccomp_prog_;
   setup.agent_argv = in->argv;
   setup.agent_envp = in->envp;

@@ -183,6 +183,8 @@ class Spawner {
   struct PendingInit {
     uint64_t id = 0;  // dsecd's request id
     std::string sandbox_id, lower, upper, work, run_dir, agent_path, hostname;
+    std::vector<std::string> read_only;  // a task's protected paths
+    std::vector<const char*> read_only_ptrs;
     std::string argv0 = "dsec-agent", listen_flag = "--listen-fd", listen_fd = "3",
                 env_path = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
     char* argv[4] = {};

@@ -140,6 +140,21 @@ def test_sessions_step_replay_annotate_and_close(cclient: dsec.Client) -> None:
         cclient.attach_session("pytest/calls/none")
 
 
+def test_a_task_guard_flags_a_protected_path_the_agent_makes(cclient: dsec.Client) -> None:
+    task = {"root": "/", "protected_paths": ["**/conftest.py"], "hidden_paths": []}
+    s = cclient.open_session("pytest/calls/guard", spec={"task": task}, kind="container", image=IMAGE)
+    assert s.record.spec.task == dsec.TaskGuard(**task) or s.record.spec.task.root == "/"
+    made = s.step(0, "echo 'import pytest' > /work/conftest.py")
+    assert [(f.what, f.evidence) for f in made.step.flags] == [("protected_write", "created work/conftest.py")]
+    again = s.step(1, "true")
+    assert again.step.flags in (None, [])  # flagged once
+    assert [len(st.flags or []) for st in s.steps()] == [1, 0]
+    s.close()
+    with pytest.raises(dsec.InvalidArgument, match="'a\\*\\*'"):
+        cclient.open_session("pytest/calls/guard-bad", spec={"task": {"root": "/", "hidden_paths": ["a**"]}},
+                             kind="container", image=IMAGE)
+
+
 def test_a_session_context_manager_closes_only_without_an_exception(cclient: dsec.Client) -> None:
     with cclient.open_session("pytest/calls/ctx-ok", kind="fncall") as s:
         s.step(0, "true")

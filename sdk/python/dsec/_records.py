@@ -104,6 +104,24 @@ class NetworkPolicy(Record):
     expose: List[int]
 
 
+class TaskGuard(Record):
+    """A task's paths the kernel guards in a container: globs relative to ``root``
+    (docs/running.md, "Guarding a task's paths")."""
+
+    _message = "dsec.v1.TaskGuard"
+    root: str
+    protected_paths: List[str]
+    hidden_paths: List[str]
+
+
+class Flag(Record):
+    """Misbehaviour seen during a step: ``what`` ("protected_write") and its evidence."""
+
+    _message = "dsec.v1.Flag"
+    what: str
+    evidence: str
+
+
 class SandboxSpec(Record):
     """What a sandbox is: kind, image, limits, network, environment."""
 
@@ -119,6 +137,7 @@ class SandboxSpec(Record):
     ttl_s: Optional[int]
     idle_timeout_s: Optional[int]
     on_idle: str
+    task: TaskGuard
 
 
 class NetworkRefusal(Record):
@@ -316,6 +335,8 @@ class StepRecord(Record):
     finished_ms: int
     sandbox: str
     meta: StepMeta
+    not_replayable: bool
+    flags: List[Flag]
 
 
 class StepReply(Record):

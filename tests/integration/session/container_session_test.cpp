@@ -7,6 +7,7 @@
 #include <chrono>
 #include <thread>
 
+#include "harness/rootfs.hpp"
 #include "tests/support/container_fixture.hpp"
 
 namespace dsec::testing {
@@ -456,6 +457,77 @@ TEST_F(ContainerSessions, ReplayOfAnUnknownSessionSaysSo) {
   auto bad = Replay({"x", "--data-dir", "/nonexistent"});
   EXPECT_EQ(bad.exit_code, 3);
   EXPECT_THAT(bad.err, HasSubstr("/nonexistent"));
+}
+
+// A task guard (spec.task, drivers/guard) on a session's agent sandbox:
+// the hidden grader is not there at all, the protected tests are readable
+// and read-only even for root, and a protected path the agent makes
+// anyway (a conftest.py) is flagged once, in the step that made it; an
+// honest fix raises nothing.
+TEST_F(ContainerSessions, ATaskGuardHidesProtectsAndFlagsWhatTheAgentDoes) {
+  char tmpl[] = "/tmp/dsec-guard-task-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  std::string rootfs = tmpl;
+  ASSERT_TRUE(MakeRootfs(rootfs).ok());
+  ASSERT_TRUE(RunProcess({"/bin/sh", "-c",
+                          "cd " + rootfs + " && mkdir -p work/repo/tests work/repo/src work/repo/grader && "
+                          "echo 'from src.calc import add' > work/repo/tests/test_calc.py && "
+                          "echo 'def add(a, b): return a - b' > work/repo/src/calc.py && "
+                          "echo 'the hidden grader' > work/repo/grader/grade.py && chmod -R a+rwX work"})
+                  .exit_code == 0);
+  auto built = RunProcess({BinDir() + "/dsec-image", "--data-dir", daemon_->data_dir(), "build", rootfs, "guarded"});
+  RunProcess({"/bin/rm", "-rf", rootfs});
+  ASSERT_EQ(built.exit_code, 0) << built.err;
+  v1::SandboxSpec spec = ContainerSpec("guarded");
+  auto* task = spec.mutable_task();
+  task->set_root("/work/repo");
+  task->add_protected_paths("tests/**");
+  task->add_protected_paths("**/conftest.py");
+  task->add_hidden_paths("grader/**");
+  auto s = client_->OpenSession("cs/guard/0", spec);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  auto step = [&](uint64_t k, const std::string& sh) {
+    auto r = s->Step(k, Sh("cd /work/repo && " + sh));
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? r->step() : v1::StepRecord();
+  };
+  auto flags = [](const v1::StepRecord& st) {
+    std::vector<std::string> out;
+    for (const auto& f : st.flags()) out.push_back(f.what() + ": " + f.evidence());
+    return out;
+  };
+  auto look = step(0, "ls; cat tests/test_calc.py; cat grader/grade.py 2>&1; ls grader 2>&1; true");
+  EXPECT_THAT(look.result().stdout(), HasSubstr("src\ntests\nfrom src.calc import add\n"));
+  EXPECT_THAT(look.result().stdout(), ::testing::Not(HasSubstr("grader\n"))) << "hidden: not listed";
+  EXPECT_THAT(look.result().stdout(), ::testing::Not(HasSubstr("the hidden grader"))) << "hidden: not read";
+  EXPECT_THAT(flags(look), ::testing::IsEmpty());
+  auto cheat = step(1, "echo 'def test_x(): assert True' > tests/test_calc.py; echo rc=$?; rm tests/test_calc.py; "
+                       "echo rc=$?; mv tests t2; echo rc=$?");
+  EXPECT_EQ(cheat.result().stdout(), "rc=2\nrc=1\nrc=1\n") << "protected, for root too (sh: 2 for a redirection): " << cheat.result().stderr();
+  EXPECT_THAT(cheat.result().stderr(), HasSubstr("Read-only file system"));
+  auto conftest = step(2, "echo 'import pytest' > conftest.py && echo made");
+  EXPECT_EQ(conftest.result().stdout(), "made\n") << "a new file cannot be stopped by a mount";
+  EXPECT_THAT(flags(conftest), ::testing::ElementsAre("protected_write: created conftest.py")) << "but it is flagged";
+  auto fix = step(3, "echo 'def add(a, b): return a + b' > src/calc.py && echo fixed");
+  EXPECT_EQ(fix.result().stdout(), "fixed\n");
+  EXPECT_THAT(flags(fix), ::testing::IsEmpty()) << "an honest fix, and the conftest.py is not flagged again";
+  // The flags are in the durable log (what Report and dsec-replay read).
+  auto logged = s->Steps(0, 10);
+  ASSERT_TRUE(logged.ok()) << logged.status().ToString();
+  ASSERT_EQ(logged->steps_size(), 4);
+  EXPECT_EQ(logged->steps(2).flags_size(), 1);
+  auto shown = RunProcess({BinDir() + "/dsec-replay", "cs/guard/0", "--data-dir", daemon_->data_dir()});
+  EXPECT_THAT(shown.out, HasSubstr("    FLAG protected_write: created conftest.py\n")) << shown.err;
+  auto json_out = RunProcess({BinDir() + "/dsec-replay", "cs/guard/0", "--json", "--data-dir", daemon_->data_dir()});
+  EXPECT_THAT(json_out.out, HasSubstr("\"evidence\": \"created conftest.py\"")) << json_out.err;
+  EXPECT_TRUE(s->Close().ok());
+
+  // A bad glob is refused at the open, naming it; a kind that cannot guard says so.
+  v1::SandboxSpec bad = spec;
+  bad.mutable_task()->add_hidden_paths("a**");
+  auto refused = client_->OpenSession("cs/guard/1", bad);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(), HasSubstr("'a**'"));
 }
 
 }  // namespace
