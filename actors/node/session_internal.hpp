@@ -69,6 +69,9 @@ struct SessionState {
   // What the task guard flagged in this actor's life (Flag evidence): a
   // change that stays is flagged at the first step that shows it.
   std::unordered_set<std::string> flagged;
+  // Per role: the refused packets and names its network report showed at
+  // the last step (network_refused / name_refused flags are the growth).
+  std::map<std::string, std::pair<uint64_t, uint64_t>> refusals_seen;
   uint64_t lease_gen = 0;
   bool lease_armed = false;  // a lease timer of lease_gen is pending
   int64_t forwarded_ms = 0;  // the last call the controller forwarded, steady clock (0: none)

@@ -102,10 +102,50 @@ void FastForward(Self self, const v1::StepRequest& req, StepPromise rp) {
 // under a protected path that was not flagged before (drivers/guard). Read
 // from the sandbox's changes (its overlay's upper dir: the walk is over the
 // changes only). A failure to read is logged, never fails the step.
+// Refusals of the sandbox's network policy since the last step: a flag
+// for the connections refused (with the last few, address and port) and
+// one for the names (the record keeps the 32 most recent).
+void AddNetworkFlags(Self self, const v1::SessionSandbox& role, drivers::Driver& d, v1::StepRecord* step) {
+  auto& st = self->state;
+  v1::SandboxRecord rec;
+  rec.set_id(role.id());
+  auto net = d.Network(rec);
+  if (!net.ok()) return;  // no link (mode none): nothing to refuse
+  auto& seen = st.refusals_seen[role.role()];
+  uint64_t packets = net->refused_packets(), names = net->refused_names();
+  // A counter below what was seen: made anew (a dsecd restart); all is new.
+  uint64_t new_packets = packets >= seen.first ? packets - seen.first : packets;
+  uint64_t new_names = names >= seen.second ? names - seen.second : names;
+  seen = {packets, names};
+  if (!new_packets && !new_names) return;
+  std::string conns, refused_names;
+  for (int i = net->recent_size() - 1; i >= 0; --i) {
+    const std::string& w = net->recent(i).what();
+    bool is_name = w.rfind("name ", 0) == 0;
+    std::string& into = is_name ? refused_names : conns;
+    if (into.size() < 200) into += (into.empty() ? "" : ", ") + (is_name ? w.substr(5) : w);
+  }
+  if (new_packets) {
+    auto* f = step->add_flags();
+    f->set_what("network_refused");
+    f->set_evidence(std::to_string(new_packets) + " packet(s) refused" + (conns.empty() ? "" : " (latest: " + conns + ")"));
+  }
+  if (new_names) {
+    auto* f = step->add_flags();
+    f->set_what("name_refused");
+    f->set_evidence(std::to_string(new_names) + " name(s) refused" +
+                    (refused_names.empty() ? "" : " (latest: " + refused_names + ")"));
+  }
+}
+
 void AddFlags(Self self, v1::StepRecord* step) {
   auto& st = self->state;
   const auto* role = FindRole(st.rec, step->sandbox());
-  if (!role || role->id().empty() || !role->spec().has_task()) return;
+  if (!role || role->id().empty()) return;
+  if (role->spec().network().mode() != v1::NETWORK_MODE_NONE &&
+      role->spec().network().mode() != v1::NETWORK_MODE_UNSPECIFIED)
+    if (auto d = st.ctx->kinds->DriverFor(role->spec()); d.ok()) AddNetworkFlags(self, *role, **d, step);
+  if (!role->spec().has_task()) return;
   auto g = guard::ParseGuard(role->spec().task());
   if (!g.ok() || g->protect.empty()) return;
   auto d = st.ctx->kinds->DriverFor(role->spec());

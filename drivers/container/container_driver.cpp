@@ -646,6 +646,14 @@ Result<ContainerDriver::Guarded> ContainerDriver::GuardMounts(const std::string&
   auto t0 = std::chrono::steady_clock::now();
   std::string root_rel = g->root.empty() ? "" : g->root.substr(1);
   std::string task_root = image_root + g->root;
+  struct stat st;
+  if ((::stat(task_root.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) &&
+      ::stat((skeleton_ + g->root).c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    // A directory dsec makes in every container (/work) and the image
+    // lacks: nothing of the image to guard there; new files are flagged.
+    Log(1, "container " + id + ": task guard under " + g->root + ": the image has nothing there");
+    return out;
+  }
   auto in_image = [&](const std::string& p) { return root_rel.empty() ? p : root_rel + "/" + p; };
   if (!g->hide.empty()) {
     auto hidden = guard::FindTaskPaths(task_root, g->hide, guard::kMaxGuardedPaths);

@@ -76,6 +76,13 @@ void AddLimitFlags(CLI::App* c, LimitFlags* l, bool spec_only) {
                   "an allow-list entry (implies --network allow), repeatable: ADDRESS[/PREFIX][:PORTS][/tcp|/udp] "
                   "or NAME[:PORTS][/tcp|/udp], NAME exact or *.suffix; PORTS 443 or 80,443 or 8000-8100");
     c->add_option("--expose", l->expose, "a TCP port inside the sandbox reachable from the host through dsec; repeatable");
+    c->add_option("--task-root", l->task_root,
+                  "container: the task's directory in the image, which --protect and --hide globs are relative to "
+                  "(docs/running.md, \"Guarding a task's paths\")");
+    c->add_option("--protect", l->protect,
+                  "container: a glob of task paths kept read-only, root included (tests/**, **/conftest.py); new "
+                  "files matching it are flagged in the session's steps; repeatable");
+    c->add_option("--hide", l->hide, "container: a glob of task paths taken out of the sandbox (grader/**); repeatable");
   }
 }
 
@@ -174,6 +181,13 @@ std::string BuildSpec(const LimitFlags& l, dsec::v1::SandboxSpec* spec) {
                                    : dsec::v1::NETWORK_MODE_NONE);
     for (const auto& a : l.allow) net->add_allow(a);
     for (uint32_t p : l.expose) net->add_expose(p);
+  }
+  if (!l.task_root.empty() || !l.protect.empty() || !l.hide.empty()) {
+    // Checked by the node, which names a bad glob.
+    auto* task = spec->mutable_task();
+    task->set_root(l.task_root);
+    for (const auto& g : l.protect) task->add_protected_paths(g);
+    for (const auto& g : l.hide) task->add_hidden_paths(g);
   }
   return ApplyLimits(l, spec->mutable_limits());
 }

@@ -52,6 +52,8 @@ struct LimitFlags {
   std::string network;              // none | allow | open ("": none, or allow with --allow)
   std::vector<std::string> allow;   // allow-list entries (drivers/net/policy.hpp)
   std::vector<uint32_t> expose;     // TCP ports reachable from the host through dsec
+  std::string task_root;            // a task guard (spec.task): its root and globs
+  std::vector<std::string> protect, hide;
 };
 
 struct LifetimeFlags {

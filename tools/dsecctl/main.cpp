@@ -366,6 +366,9 @@ int main(int argc, char** argv) {
       if (r->fast_forwarded())
         std::fprintf(stderr, "dsecctl: step %llu answered from the log (not run again)\n",
                      static_cast<unsigned long long>(s_index));
+      for (const auto& f : r->step().flags())
+        std::fprintf(stderr, "dsecctl: step %llu flagged: %s: %s\n", static_cast<unsigned long long>(s_index),
+                     f.what().c_str(), f.evidence().c_str());
       if (!s_json) return Report(r->step().result(), false);
       std::cout << ToJson(r->step());
       return ExitCode(r->step().result(), [](const std::string&) {});

@@ -500,6 +500,30 @@ TEST_P(KindsNetwork, ModeOpenIsRefusedUnlessTheNodeAllowsItAndBadEntriesAreNamed
   EXPECT_THAT(err, HasSubstr("exposed port 70000 is not a port"));
 }
 
+// A session's step that the policy refused something in is flagged, with
+// what (the misbehaviour report's network part): connections and names.
+TEST_P(KindsNetwork, RefusalsDuringASessionStepAreFlaggedInTheStep) {
+  if (!IsContainer()) GTEST_SKIP() << "the flags come from the same report for every kind; run on the container";
+  const std::string name = "net/flags/" + kPid;
+  auto open = daemon_->Ctl({"session", "open", name, "--kind", "container", "--image", kImage, "--allow",
+                            "198.51.100.2:80/tcp", "--allow", "pypi.test:80"});
+  ASSERT_EQ(open.exit_code, 0) << open.err;
+  auto step = [&](int k, const std::string& py) {
+    return daemon_->Ctl({"session", "step", name, std::to_string(k), "--", "python3", "-c", py});
+  };
+  auto ok = step(0, ConnectScript("198.51.100.2", 80));
+  EXPECT_EQ(ok.out, "ok\n");
+  EXPECT_THAT(ok.err, ::testing::Not(HasSubstr("flagged"))) << "an allowed connection raises nothing";
+  auto scan = step(1, "import socket\nfor p in (22, 8080):\n try: socket.create_connection(('198.51.100.3', p), 2)\n"
+                      " except OSError: pass\ntry: socket.gethostbyname('mirror.test')\nexcept OSError: pass\n");
+  EXPECT_THAT(scan.err, HasSubstr("flagged: network_refused: "));
+  EXPECT_THAT(scan.err, HasSubstr("tcp 198.51.100.3:8080"));
+  EXPECT_THAT(scan.err, HasSubstr("flagged: name_refused: 1 name(s) refused (latest: mirror.test)"));
+  auto quiet = step(2, ConnectScript("198.51.100.2", 80));
+  EXPECT_THAT(quiet.err, ::testing::Not(HasSubstr("flagged"))) << "flagged at the step that did it, not after";
+  (void)daemon_->Ctl({"session", "close", name});
+}
+
 INSTANTIATE_TEST_SUITE_P(Kinds, KindsNetwork,
                          ::testing::ValuesIn(RegisteredKinds([](const drivers::KindTraits& t) { return t.network; })),
                          KindParamName);
