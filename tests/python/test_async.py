@@ -74,6 +74,7 @@ def test_every_async_call(container_daemon: Daemon) -> None:
             meta = await s.annotate(2, reward=2.5, completion_tokens=7)
             assert (meta.reward, meta.completion_tokens) == (2.5, 7)
             assert [st.index for st in await s.steps()] == [0, 1, 2]
+            assert await s.report() == []  # no guard, no network: nothing to flag
             assert (await s.get()).step_count == 3
             with pytest.raises(dsec.NotFound):
                 await s.sandbox("nope")  # answered before anything is sent

@@ -149,6 +149,7 @@ def test_a_task_guard_flags_a_protected_path_the_agent_makes(cclient: dsec.Clien
     again = s.step(1, "true")
     assert again.step.flags in (None, [])  # flagged once
     assert [len(st.flags or []) for st in s.steps()] == [1, 0]
+    assert s.report() == [dsec.StepFlag(step=0, what="protected_write", evidence="created work/conftest.py")]
     s.close()
     with pytest.raises(dsec.InvalidArgument, match="'a\\*\\*'"):
         cclient.open_session("pytest/calls/guard-bad", spec={"task": {"root": "/", "hidden_paths": ["a**"]}},

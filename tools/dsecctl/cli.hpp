@@ -95,6 +95,8 @@ int ExitCode(const v1::ExecResult& r, const std::function<void(const std::string
 int Report(const v1::ExecResult& r, bool json);
 // `dsecctl session show`: the record and its steps, one line each (or JSON).
 int ShowSession(const Session& session, bool json);
+// `session report`: every flag of its steps, a line each (or JSON lines).
+int ReportSession(const Session& session, bool json);
 // One admin console command; its reply printed (pretty JSON, or as is).
 int Admin(const Common& c, const std::string& line, bool raw);
 // The same, its reply line in *reply; or kPlatformError with why there.

@@ -150,6 +150,10 @@ int main(int argc, char** argv) {
   auto* s_show = session->add_subcommand("show", "a session's record and its steps, one line each");
   s_show->add_option("name", s_name, "the session (job/prompt/sample)")->required();
   s_show->add_flag("--json", s_json, "the record and every step as JSON");
+  auto* s_report = session->add_subcommand(
+      "report", "the session's misbehaviour report: every flag its steps raised (task guard, network policy)");
+  s_report->add_option("name", s_name, "the session (job/prompt/sample)")->required();
+  s_report->add_flag("--json", s_json, "one JSON object per flag: step, what, evidence");
   std::vector<std::string> s_close_names;
   std::string s_close_prefix;
   auto* s_close = session->add_subcommand("close", "close sessions (their sandboxes go; their logs stay)");
@@ -374,6 +378,7 @@ int main(int argc, char** argv) {
       return ExitCode(r->step().result(), [](const std::string&) {});
     }
     if (*s_show) return ShowSession(*session, s_json);
+    if (*s_report) return ReportSession(*session, s_json);
   }
   return 0;
 }

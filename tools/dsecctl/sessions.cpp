@@ -4,8 +4,11 @@
 #include <cstdio>
 #include <iostream>
 
+#include <nlohmann/json.hpp>
+
 #include "runtime/clock.hpp"
 #include "runtime/proto_json.hpp"
+#include "dsec/report.hpp"
 #include "tools/dsecctl/cli.hpp"
 
 namespace dsec::ctl {
@@ -102,6 +105,22 @@ int CloseSessions(const Common& c, std::vector<std::string> names, const std::st
     else std::cout << name << "\n";
   }
   return rc;
+}
+
+int ReportSession(const Session& session, bool json) {
+  auto flags = dsec::Report(session);
+  if (!flags.ok()) return Fail(flags.status());
+  for (const auto& f : *flags) {
+    if (json) {
+      std::cout << nlohmann::json{{"step", f.step}, {"what", f.flag.what()}, {"evidence", f.flag.evidence()}}.dump()
+                << "\n";
+    } else {
+      std::printf("step %llu  %s  %s\n", static_cast<unsigned long long>(f.step), f.flag.what().c_str(),
+                  f.flag.evidence().c_str());
+    }
+  }
+  if (!json && flags->empty()) std::fprintf(stderr, "dsecctl: session %s: no flags\n", session.name().c_str());
+  return 0;
 }
 
 }  // namespace dsec::ctl

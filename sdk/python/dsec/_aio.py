@@ -26,7 +26,7 @@ from typing import (Any, Callable, Coroutine, Generator, Generic, List, Mapping,
 from . import _args, _core
 from ._errors import NotFound
 from ._client import Chunk, _Connection, _chunks, _content, _flag, _mode, _nonneg, _positive_seconds
-from ._records import (ExecResult, FileList, ImageManifest, SandboxPage, SandboxRecord, SessionRecord, StepMeta,
+from ._records import (ExecResult, FileList, ImageManifest, SandboxPage, SandboxRecord, SessionRecord, StepFlag, StepMeta,
                        StepRecord, StepReply)
 
 
@@ -291,6 +291,17 @@ class AsyncSession:
 
     async def steps(self, start: int = 0, limit: int = 0) -> List[StepRecord]:
         return (await _call(self._s.steps, _args.index(start), _nonneg(limit, "limit", _args.U32))).steps
+
+    async def report(self) -> List[StepFlag]:
+        """As Session.report()."""
+        out: List[StepFlag] = []
+        start = 0
+        while True:
+            page = await self.steps(start, 1000)
+            out += [StepFlag(step=st.index, what=f.what, evidence=f.evidence) for st in page for f in (st.flags or [])]
+            if len(page) < 1000:
+                return out
+            start = page[-1].index + 1
 
     async def get(self) -> SessionRecord:
         return await _call(self._s.get)

@@ -13,7 +13,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Union
 
 from . import _args, _core
 from ._errors import InvalidArgument, NotFound
-from ._records import (ExecResult, FileList, ImageManifest, SandboxPage, SandboxRecord, SessionRecord, StepMeta,
+from ._records import (ExecResult, FileList, ImageManifest, SandboxPage, SandboxRecord, SessionRecord, StepFlag, StepMeta,
                        StepRecord, StepReply, StepsPage)
 
 _live: "weakref.WeakSet[_core.Client]" = weakref.WeakSet()
@@ -241,6 +241,18 @@ class Session:
     def steps(self, start: int = 0, limit: int = 0) -> List[StepRecord]:
         """Logged steps from `start` (limit 0: up to 1 000 per call)."""
         return self._s.steps(_args.index(start), _nonneg(limit, "limit", _args.U32), None).steps
+
+    def report(self) -> List[StepFlag]:
+        """Every flag the session's steps raised (task guard, network policy), in step
+        order, from its durable log: what a trainer zeroes or discounts a reward on."""
+        out: List[StepFlag] = []
+        start = 0
+        while True:
+            page = self.steps(start, 1000)
+            out += [StepFlag(step=st.index, what=f.what, evidence=f.evidence) for st in page for f in (st.flags or [])]
+            if len(page) < 1000:
+                return out
+            start = page[-1].index + 1
 
     def get(self) -> SessionRecord:
         return self._s.get(None)

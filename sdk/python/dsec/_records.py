@@ -122,6 +122,15 @@ class Flag(Record):
     evidence: str
 
 
+class StepFlag(Record):
+    """One flag of Session.report(): the step that raised it, what, and the evidence."""
+
+    _message = ""
+    step: int
+    what: str
+    evidence: str
+
+
 class SandboxSpec(Record):
     """What a sandbox is: kind, image, limits, network, environment."""
 

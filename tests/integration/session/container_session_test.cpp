@@ -7,6 +7,7 @@
 #include <chrono>
 #include <thread>
 
+#include "dsec/report.hpp"
 #include "harness/rootfs.hpp"
 #include "tests/support/container_fixture.hpp"
 
@@ -516,6 +517,13 @@ TEST_F(ContainerSessions, ATaskGuardHidesProtectsAndFlagsWhatTheAgentDoes) {
   ASSERT_TRUE(logged.ok()) << logged.status().ToString();
   ASSERT_EQ(logged->steps_size(), 4);
   EXPECT_EQ(logged->steps(2).flags_size(), 1);
+  auto report = Report(*s);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  ASSERT_EQ(report->size(), 1u) << "the session's whole misbehaviour report";
+  EXPECT_EQ((*report)[0].step, 2u);
+  EXPECT_EQ((*report)[0].flag.evidence(), "created conftest.py");
+  auto ctl = daemon_->Ctl({"session", "report", "cs/guard/0"});
+  EXPECT_EQ(ctl.out, "step 2  protected_write  created conftest.py\n") << ctl.err;
   auto shown = RunProcess({BinDir() + "/dsec-replay", "cs/guard/0", "--data-dir", daemon_->data_dir()});
   EXPECT_THAT(shown.out, HasSubstr("    FLAG protected_write: created conftest.py\n")) << shown.err;
   auto json_out = RunProcess({BinDir() + "/dsec-replay", "cs/guard/0", "--json", "--data-dir", daemon_->data_dir()});
