@@ -668,7 +668,13 @@ Result<ContainerDriver::Guarded> ContainerDriver::GuardMounts(const std::string&
   if (!g->protect.empty()) {
     auto kept = guard::FindTaskPaths(task_root, g->protect, guard::kMaxGuardedPaths);
     if (!kept.ok()) return kept.status().Annotate("task: protected paths");
-    for (const auto& p : kept->paths) out.read_only.push_back("/" + in_image(p));
+    for (const auto& p : kept->paths) {
+      // A symlink is not bound: mount(2) would follow it (to wherever it
+      // points, before the init enters the root). Changing it is flagged.
+      struct stat ls;
+      if (::lstat((task_root + "/" + p).c_str(), &ls) == 0 && S_ISLNK(ls.st_mode)) continue;
+      out.read_only.push_back("/" + in_image(p));
+    }
   }
   auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
   Log(1, "container " + id + ": task guard under " + (g->root.empty() ? std::string("/") : g->root) + ": " +

@@ -474,7 +474,8 @@ TEST_F(ContainerSessions, ATaskGuardHidesProtectsAndFlagsWhatTheAgentDoes) {
                           "cd " + rootfs + " && mkdir -p work/repo/tests work/repo/src work/repo/grader && "
                           "echo 'from src.calc import add' > work/repo/tests/test_calc.py && "
                           "echo 'def add(a, b): return a - b' > work/repo/src/calc.py && "
-                          "echo 'the hidden grader' > work/repo/grader/grade.py && chmod -R a+rwX work"})
+                          "echo 'the hidden grader' > work/repo/grader/grade.py && chmod -R a+rwX work && "
+                          "ln -s /nonexistent/dsec-guard work/repo/link"})
                   .exit_code == 0);
   auto built = RunProcess({BinDir() + "/dsec-image", "--data-dir", daemon_->data_dir(), "build", rootfs, "guarded"});
   RunProcess({"/bin/rm", "-rf", rootfs});
@@ -484,6 +485,7 @@ TEST_F(ContainerSessions, ATaskGuardHidesProtectsAndFlagsWhatTheAgentDoes) {
   task->set_root("/work/repo");
   task->add_protected_paths("tests/**");
   task->add_protected_paths("**/conftest.py");
+  task->add_protected_paths("link");  // a symlink: never followed by the guard's mounts (it dangles here)
   task->add_hidden_paths("grader/**");
   auto s = client_->OpenSession("cs/guard/0", spec);
   ASSERT_TRUE(s.ok()) << s.status().ToString();
