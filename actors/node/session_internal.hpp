@@ -66,10 +66,10 @@ struct SessionState {
   StepCache steps;
   // Trainers (their SDK actors) that opened or stepped, monitored.
   std::unordered_set<caf::actor_addr> trainers;
-  // What the task guard flagged in this actor's life (Flag evidence): a
-  // change that stays is flagged at the first step that shows it.
+  // What the task guard flagged in this actor's life (sandbox id and Flag
+  // evidence): a change that stays is flagged at the first step that shows it.
   std::unordered_set<std::string> flagged;
-  // Per role: the refused packets and names its network report showed at
+  // Per sandbox id: the refused packets and names its network report showed at
   // the last step (network_refused / name_refused flags are the growth).
   std::map<std::string, std::pair<uint64_t, uint64_t>> refusals_seen;
   uint64_t lease_gen = 0;

@@ -111,7 +111,7 @@ void AddNetworkFlags(Self self, const v1::SessionSandbox& role, drivers::Driver&
   rec.set_id(role.id());
   auto net = d.Network(rec);
   if (!net.ok()) return;  // no link (mode none): nothing to refuse
-  auto& seen = st.refusals_seen[role.role()];
+  auto& seen = st.refusals_seen[role.id()];
   uint64_t packets = net->refused_packets(), names = net->refused_names();
   // A counter below what was seen: made anew (a dsecd restart); all is new.
   uint64_t new_packets = packets >= seen.first ? packets - seen.first : packets;
@@ -156,6 +156,9 @@ void AddFlags(Self self, v1::StepRecord* step) {
   if (!diff.ok()) {
     st.ctx->log->warn("{}: the task guard could not read what the step changed: {}",
                       StepName(st.rec.name(), step->index()), diff.status().message());
+    auto* f = step->add_flags();  // unread is not clean
+    f->set_what("guard_unreadable");
+    f->set_evidence(diff.status().message());
     return;
   }
   const std::string root = g->root.empty() ? "" : g->root.substr(1);
@@ -175,11 +178,12 @@ void AddFlags(Self self, v1::StepRecord* step) {
     }
     if (!rel.empty() && !guard::FirstMatch(g->protect, rel)) continue;
     std::string evidence = std::string(guard::ChangeKindName(c.kind)) + " " + (rel.empty() ? "/" + c.path : rel);
-    if (!st.flagged.insert(evidence).second) continue;
+    if (st.flagged.count(role->id() + "\n" + evidence)) continue;
     if (step->flags_size() >= kMaxFlagsPerStep) {
-      ++more;
+      ++more;  // not marked seen: named at a later step
       continue;
     }
+    st.flagged.insert(role->id() + "\n" + evidence);
     auto* f = step->add_flags();
     f->set_what("protected_write");
     f->set_evidence(evidence);

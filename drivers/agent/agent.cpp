@@ -278,8 +278,14 @@ bool Agent::FromOutside(int fd) {
   socklen_t len = sizeof cred;
   if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return false;
   if (cred.pid == 0) return true;
-  std::fprintf(stderr, "dsec-agent: refused a connection to the agent's socket from the sandbox's own pid %d (uid %u)\n",
-               static_cast<int>(cred.pid), static_cast<unsigned>(cred.uid));
+  // Logged 10 times, then every 1000th (a loop of connects is no way to
+  // fill the host's log).
+  static uint64_t refused = 0;
+  if (++refused <= 10 || refused % 1000 == 0)
+    std::fprintf(stderr,
+                 "dsec-agent: refused a connection to the agent's socket from the sandbox's own pid %d (uid %u); "
+                 "%llu so far\n",
+                 static_cast<int>(cred.pid), static_cast<unsigned>(cred.uid), static_cast<unsigned long long>(refused));
   return false;
 }
 

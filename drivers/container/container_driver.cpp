@@ -1,8 +1,5 @@
 #include "drivers/container/container_driver.hpp"
 
-#include "drivers/guard/mask_layer.hpp"
-#include "drivers/guard/task_guard.hpp"
-#include "drivers/guard/task_paths.hpp"
 
 #include <fcntl.h>
 #include <ftw.h>
@@ -634,53 +631,6 @@ std::string ContainerDriver::StatsJson() const {
               {"execs_in_flight", RunsInFlight()},
               {"image_mounts", mounts}}
       .dump();
-}
-
-Result<ContainerDriver::Guarded> ContainerDriver::GuardMounts(const std::string& id, const std::string& base,
-                                                            const std::string& image_root,
-                                                            const v1::TaskGuard& task) const {
-  Guarded out;
-  auto g = guard::ParseGuard(task);
-  if (!g.ok()) return g.status();
-  if (!g->active()) return out;
-  auto t0 = std::chrono::steady_clock::now();
-  std::string root_rel = g->root.empty() ? "" : g->root.substr(1);
-  std::string task_root = image_root + g->root;
-  struct stat st;
-  if ((::stat(task_root.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) &&
-      ::stat((skeleton_ + g->root).c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
-    // A directory dsec makes in every container (/work) and the image
-    // lacks: nothing of the image to guard there; new files are flagged.
-    Log(1, "container " + id + ": task guard under " + g->root + ": the image has nothing there");
-    return out;
-  }
-  auto in_image = [&](const std::string& p) { return root_rel.empty() ? p : root_rel + "/" + p; };
-  if (!g->hide.empty()) {
-    auto hidden = guard::FindTaskPaths(task_root, g->hide, guard::kMaxGuardedPaths);
-    if (!hidden.ok()) return hidden.status().Annotate("task: hidden paths");
-    out.mask = base + "/mask";
-    if (::mkdir(out.mask.c_str(), 0755) != 0 && errno != EEXIST) return Status::FromErrno(errno, "mkdir " + out.mask);
-    std::vector<std::string> paths;
-    for (const auto& p : hidden->paths) paths.push_back(in_image(p));
-    DSEC_RETURN_IF_ERROR(guard::MakeMaskLayer(out.mask, image_root, paths));
-    out.hidden = hidden->paths.size();
-  }
-  if (!g->protect.empty()) {
-    auto kept = guard::FindTaskPaths(task_root, g->protect, guard::kMaxGuardedPaths);
-    if (!kept.ok()) return kept.status().Annotate("task: protected paths");
-    for (const auto& p : kept->paths) {
-      // A symlink is not bound: mount(2) would follow it (to wherever it
-      // points, before the init enters the root). Changing it is flagged.
-      struct stat ls;
-      if (::lstat((task_root + "/" + p).c_str(), &ls) == 0 && S_ISLNK(ls.st_mode)) continue;
-      out.read_only.push_back("/" + in_image(p));
-    }
-  }
-  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
-  Log(1, "container " + id + ": task guard under " + (g->root.empty() ? std::string("/") : g->root) + ": " +
-             std::to_string(out.read_only.size()) + " protected and " + std::to_string(out.hidden) +
-             " hidden path(s) of the image, found in " + std::to_string(ms) + " ms");
-  return out;
 }
 
 Result<guard::UpperDiff> ContainerDriver::Changes(const v1::SandboxRecord& sb) const {

@@ -30,7 +30,9 @@ Status Dir(const std::string& layer, const std::string& image_root, const std::s
 
 Status MakeMaskLayer(const std::string& layer, const std::string& image_root, const std::vector<std::string>& paths) {
   for (const auto& p : paths) {
-    if (p.empty() || p[0] == '/' || p.find("..") != std::string::npos)
+    bool dotdot = p == ".." || p.rfind("../", 0) == 0 || p.find("/../") != std::string::npos ||
+                  (p.size() >= 3 && p.compare(p.size() - 3, 3, "/..") == 0);
+    if (p.empty() || p[0] == '/' || dotdot)
       return Status::InvalidArgument("mask layer: '" + p + "' is not a path relative to the task's root");
     for (size_t slash = p.find('/'); slash != std::string::npos; slash = p.find('/', slash + 1))
       DSEC_RETURN_IF_ERROR(Dir(layer, image_root, p.substr(0, slash)));

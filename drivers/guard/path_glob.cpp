@@ -22,21 +22,27 @@ bool SegMatch(const std::string& pat, const std::string& seg) {
   return ::fnmatch(pat.c_str(), seg.c_str(), 0) == 0;
 }
 
-// Whether pattern segments [p..] match path segments [s..]; with
-// `prefix`, whether they could once more segments follow the path.
-bool Match(const std::vector<std::string>& pat, size_t p, const std::vector<std::string>& path, size_t s,
-           bool prefix) {
-  while (p < pat.size()) {
-    if (pat[p] == "**") {
-      // None, or one more path segment and `**` again.
-      if (Match(pat, p + 1, path, s, prefix)) return true;
-      return s < path.size() ? Match(pat, p, path, s + 1, prefix) : prefix;
+// Whether pattern segments match path segments; with `prefix`, whether
+// they could once more segments follow the path. A table over (pattern
+// segment, path segment): linear in each, whatever the number of `**`
+// (a deep path an agent makes costs no more than its length).
+bool Match(const std::vector<std::string>& pat, const std::vector<std::string>& path, bool prefix) {
+  const size_t P = pat.size(), S = path.size();
+  // ok[p][s]: pat[p..] matches path[s..].
+  std::vector<std::vector<char>> ok(P + 1, std::vector<char>(S + 1, 0));
+  for (size_t s = 0; s <= S; ++s) ok[P][s] = s == S;
+  for (size_t p = P; p-- > 0;) {
+    for (size_t s = S + 1; s-- > 0;) {
+      if (pat[p] == "**") {
+        ok[p][s] = ok[p + 1][s] || (s < S ? ok[p][s + 1] : prefix);
+      } else if (s == S) {
+        ok[p][s] = prefix;
+      } else {
+        ok[p][s] = SegMatch(pat[p], path[s]) && ok[p + 1][s + 1];
+      }
     }
-    if (s == path.size()) return prefix;
-    if (!SegMatch(pat[p], path[s])) return false;
-    ++p, ++s;
   }
-  return s == path.size();
+  return ok[0][0];
 }
 
 // An unclosed '[' (fnmatch would take it as a literal, silently).
@@ -81,11 +87,11 @@ Result<PathGlob> PathGlob::Parse(std::string_view text) {
   return g;
 }
 
-bool PathGlob::Matches(std::string_view path) const { return Match(segs_, 0, Split(path), 0, false); }
+bool PathGlob::Matches(std::string_view path) const { return Match(segs_, Split(path), false); }
 
 bool PathGlob::MayMatchUnder(std::string_view dir) const {
   if (dir.empty()) return true;
-  return Match(segs_, 0, Split(dir), 0, true);
+  return Match(segs_, Split(dir), true);
 }
 
 Result<std::vector<PathGlob>> ParseGlobs(const std::vector<std::string>& texts, const std::string& what) {

@@ -42,8 +42,14 @@ bool Opaque(const std::string& path) {
 
 // Same bytes (both regular files of one size).
 bool SameContent(const std::string& a, const std::string& b) {
-  UniqueFd fa(::open(a.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW)), fb(::open(b.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+  // Non-blocking, no symlink, regular files only: the upper dir is the
+  // agent's, and what was a file at the lstat may be a FIFO by now.
+  constexpr int kFlags = O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK;
+  UniqueFd fa(::open(a.c_str(), kFlags)), fb(::open(b.c_str(), kFlags));
   if (!fa || !fb) return false;
+  struct stat sa, sb;
+  if (::fstat(fa.get(), &sa) != 0 || ::fstat(fb.get(), &sb) != 0 || !S_ISREG(sa.st_mode) || !S_ISREG(sb.st_mode))
+    return false;
   char x[65536], y[65536];
   for (;;) {
     ssize_t n = ::read(fa.get(), x, sizeof x);
@@ -88,7 +94,10 @@ Result<UpperDiff> ReadUpperDiff(const std::string& upper, const std::vector<std:
   auto lower_of = [&](const std::string& rel, struct stat* st, std::string* path) {
     for (const auto& l : lowers) {
       *path = l + "/" + rel;
-      if (::lstat(path->c_str(), st) == 0) return true;
+      if (::lstat(path->c_str(), st) != 0) continue;
+      // A whiteout in a lower layer (a task's hidden path) hides what is
+      // below it: the path is not there.
+      return !(S_ISCHR(st->st_mode) && st->st_rdev == makedev(0, 0));
     }
     return false;
   };
@@ -107,8 +116,16 @@ Result<UpperDiff> ReadUpperDiff(const std::string& upper, const std::vector<std:
     auto [rel_dir, hidden] = dirs.back();
     dirs.pop_back();
     std::string abs_dir = rel_dir.empty() ? upper : upper + "/" + rel_dir;
-    DIR* d = ::opendir(abs_dir.c_str());
-    if (!d) return Status::FromErrno(errno, "read " + abs_dir);
+    // Never through a symlink (the agent may swap a directory for one
+    // mid-walk); one gone or swapped since it was listed is skipped.
+    int dfd = ::open(abs_dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    DIR* d = dfd >= 0 ? ::fdopendir(dfd) : nullptr;
+    if (!d) {
+      int err = errno;
+      if (dfd >= 0) ::close(dfd);
+      if (err == ENOENT || err == ENOTDIR || err == ELOOP) continue;
+      return Status::FromErrno(err, "read " + abs_dir);
+    }
     std::vector<std::string> names;
     while (dirent* e = ::readdir(d))
       if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) names.emplace_back(e->d_name);

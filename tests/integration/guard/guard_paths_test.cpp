@@ -47,6 +47,12 @@ TEST(PathGlob, TheTaskSpecsGlobsMatchWhatTheySay) {
   EXPECT_TRUE(M("src/[ab]?.py", "src/a1.py"));
   EXPECT_FALSE(M("src/[ab]?.py", "src/c1.py"));
   EXPECT_TRUE(M("a/**/b/**/c", "a/x/b/y/z/c"));
+  // Many `**` against a deep path an agent made: a table, not a search
+  // (this took exponential time before; it returns at once now).
+  std::string deep;
+  for (int i = 0; i < 400; ++i) deep += "a/";
+  EXPECT_FALSE(M("**/**/**/**/**/**/**/**/**/**/z", deep + "y"));
+  EXPECT_TRUE(M("**/**/**/**/**/**/**/**/**/**/z", deep + "z"));
   auto g = PathGlob::Parse("grader/**");
   ASSERT_TRUE(g.ok());
   EXPECT_TRUE(g->MayMatchUnder("")) << "the root leads to it";
