@@ -71,7 +71,7 @@ Status Admissible(const LimitPolicy& limits, const Driver& driver, const v1::San
   if (net->mode != v1::NETWORK_MODE_NONE || !net->expose.empty()) DSEC_RETURN_IF_ERROR(Require(driver, Capability::kNetwork));
   auto guard = guard::ParseGuard(spec.task());
   if (!guard.ok()) return guard.status();
-  if (guard->active()) DSEC_RETURN_IF_ERROR(Require(driver, Capability::kGuard));
+  if (guard->active() || !spec.carry().sandbox_id().empty()) DSEC_RETURN_IF_ERROR(Require(driver, Capability::kGuard));
   return driver.CanHandle(spec);
 }
 

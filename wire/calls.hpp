@@ -47,6 +47,7 @@
   X(ListSandboxesRequest, ListSandboxesReply, kFanout, _)                        \
   X(OpenSessionRequest, SessionReply, kNewSession, name)                         \
   X(StepRequest, StepReply, kSession, session)                                   \
+  X(GradeRequest, StepReply, kSession, session)                                  \
   X(CloseSessionRequest, SessionReply, kSession, name)                           \
   X(GetSessionRequest, SessionReply, kSession, name)                             \
   X(AnnotateStepRequest, StepReply, kSession, session)                           \

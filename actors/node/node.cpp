@@ -351,6 +351,8 @@ Status SetLifetime(NodeSelf self, const v1::CreateRequest& req, const drivers::D
   std::string what = "sandbox " + rec->id();
   // A session's own sandboxes end with the session; only dsecd's own actors may say so.
   bool local = self->current_sender() && self->current_sender()->node() == self->node();
+  if (!spec->carry().sandbox_id().empty() && (req.session().empty() || !local))
+    return Status::InvalidArgument(what + ": spec.carry is set by a session's Grade only (Session.Grade)");
   if (!req.session().empty() && local) {
     rec->set_session(req.session());
     spec->set_ttl_s(0);

@@ -208,6 +208,7 @@ caf::result<v1::SessionReply> OpenNew(Self self, const v1::OpenSessionRequest& r
   v1::SessionRecord rec;
   rec.set_name(req.name());
   *rec.mutable_spec() = req.spec();
+  if (req.has_grade()) *rec.mutable_grade() = req.grade();
   for (const auto& [role, spec] : roles) {
     auto d = ctx.kinds->DriverFor(spec);
     can = d.ok() ? drivers::Admissible(ctx.options.limits, **d, spec) : d.status();
@@ -269,6 +270,7 @@ caf::result<v1::SessionReply> OpenNew(Self self, const v1::OpenSessionRequest& r
 bool SameSpecs(const v1::OpenSessionRequest& req, const v1::SessionRecord& rec) {
   using google::protobuf::util::MessageDifferencer;
   if (!MessageDifferencer::Equals(req.spec(), rec.spec())) return false;
+  if (!MessageDifferencer::Equals(req.grade(), rec.grade())) return false;
   if (req.more_sandboxes_size() + 1 != rec.sandboxes_size()) return false;
   for (int i = 0; i < req.more_sandboxes_size(); ++i) {
     const auto& a = req.more_sandboxes(i);
@@ -318,6 +320,17 @@ caf::result<v1::StepReply> Handle(Self self, v1::StepRequest& req) {
     st.deferred.push_back([self, req, rp]() mutable { HandleStep(self, req, rp); });
   else
     HandleStep(self, req, rp);
+  return rp;
+}
+
+caf::result<v1::StepReply> Handle(Self self, v1::GradeRequest& req) {
+  auto& st = self->state;
+  Attach(self);
+  auto rp = self->make_response_promise<v1::StepReply>();
+  if (st.opening)
+    st.deferred.push_back([self, req, rp]() mutable { HandleGrade(self, req, rp); });
+  else
+    HandleGrade(self, req, rp);
   return rp;
 }
 
@@ -393,6 +406,8 @@ session_actor::behavior_type SessionActor(Self self, std::shared_ptr<NodeContext
     // may still be queued in the committer: requests wait behind an empty
     // write (first in, first out) so no older step is read into the cache.
     st.opening = true;
+    // A grade begun before the restart is finished first (session_grade.cpp).
+    if (st.rec.grading()) st.deferred.push_back([self] { ResumeGrade(self); });
     Persist(self, state::WriteBatch{}, [self](const Status&) {
       if (self->state.rec.ready()) return OpenDone(self);
       // Restored before its sandboxes were all created: finish that first.
@@ -450,6 +465,7 @@ Status CheckOpenRequest(const NodeContext& ctx, const v1::OpenSessionRequest& re
   Status s = drivers::CheckSpec(ctx.options.limits, req.spec()).Annotate("session " + name + ": sandbox 'agent'");
   if (s.ok()) s = lifetime(req.spec(), "agent");
   if (!s.ok()) return s;
+  if (Status g = CheckGradeSpec(ctx.options.limits, req); !g.ok()) return g;
   std::unordered_set<std::string> seen{kAgentRole};
   for (const auto& more : req.more_sandboxes()) {
     const std::string& role = more.role();
@@ -458,6 +474,9 @@ Status CheckOpenRequest(const NodeContext& ctx, const v1::OpenSessionRequest& re
     if (!ok)
       return Status::InvalidArgument("session " + name + ": sandbox role '" + role +
                                      "' must be 1-32 characters of [a-z0-9_-]");
+    if (role == kGradeRole)
+      return Status::InvalidArgument("session " + name + ": sandbox role 'grade' is reserved for Session.Grade's "
+                                     "sandbox; name the role otherwise");
     if (!seen.insert(role).second)
       return Status::InvalidArgument("session " + name + ": sandbox role '" + role + "' is given twice" +
                                      (role == kAgentRole ? " ('agent' is the spec the session is opened with)" : ""));

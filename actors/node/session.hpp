@@ -47,6 +47,7 @@ namespace dsec {
 //   OpenSessionRequest  first message after spawn for a new session; later
 //                       ones are idempotent re-opens (same specs required)
 //   StepRequest         while open
+//   GradeRequest        while open, for a session opened with a grade spec
 //   AnnotateStepRequest while open, for a logged (or running) step
 //   ListStepsRequest    any time
 //   CloseSessionRequest while open; the actor quits after replying
@@ -81,5 +82,12 @@ Status CheckSessionName(const std::string& name);
 // Checks an open request: the name, every role and spec. Does not check
 // whether the kinds can run here (the session actor does).
 Status CheckOpenRequest(const NodeContext& ctx, const v1::OpenSessionRequest& req);
+
+namespace drivers {
+struct LimitPolicy;
+}
+// An open request's grade spec (session_grade.cpp): its command, timeout and
+// image name within bounds, and a task root to carry.
+Status CheckGradeSpec(const drivers::LimitPolicy& limits, const v1::OpenSessionRequest& req);
 
 }  // namespace dsec

@@ -37,6 +37,7 @@ struct StepPromise {
 using SessionPromise = caf::typed_response_promise<v1::SessionReply>;
 
 constexpr const char* kAgentRole = "agent";
+constexpr const char* kGradeRole = "grade";  // Session.Grade's steps (a reserved role)
 constexpr int kMaxSandboxes = 8;
 // How long the session waits for the node to create, run in or destroy a
 // sandbox, beyond an exec's own time limit.
@@ -114,6 +115,18 @@ using AnswerFn = std::function<void(v1::StepReply)>;
 Status Serving(Self self);
 // A step: run it (the next index), fast-forward it (a logged one), or refuse.
 void HandleStep(Self self, const v1::StepRequest& req, StepPromise rp);
+// A logged step, from the cache or the store.
+Result<StepCache::Ptr> LoggedStep(Self self, uint64_t index);
+// Logs a step run (with its flags) and answers everyone waiting for it;
+// an error is answered, not logged. Then runs `after_step`.
+void LogStep(Self self, const v1::StepRequest& req, int64_t started, Result<v1::ExecResult> r);
+
+// ---- grades (session_grade.cpp) ---------------------------------------------
+
+// A grade: run it as the next step, answer a logged one, or refuse.
+void HandleGrade(Self self, const v1::GradeRequest& req, StepPromise rp);
+// After a restart: finishes the grade the record's mark names.
+void ResumeGrade(Self self);
 void StartAnnotate(Self self, const v1::AnnotateStepRequest& req, AnswerFn answer);
 
 }  // namespace dsec::session_detail

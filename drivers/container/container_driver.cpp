@@ -1,4 +1,5 @@
 #include "drivers/container/container_driver.hpp"
+#include "drivers/container/container_box.hpp"
 
 
 #include <fcntl.h>
@@ -47,20 +48,6 @@ std::string CgroupRel(const std::string& parent, const std::string& id) { return
 
 std::string SandboxDir(const std::string& data_dir, const std::string& id) { return data_dir + "/sandboxes/" + id; }
 
-struct ContainerDriver::Box : AgentBox {
-  uint64_t OomKills() const override { return groups ? groups->OomKills(cgroup_rel) : 0; }
-
-  std::string digest;
-  std::string image_file;
-  std::string cgroup_rel;
-  int init_pid = 0;
-  cgroup::Groups* groups = nullptr;  // the driver's, once the box has its group
-  cgroup::GroupLimits group_limits;  // what its group holds
-  // Idle freezing (IdleLoop), under idle_mu (active and last_active_ms too).
-  bool idle_frozen = false;  // frozen by the idle timer; the next call thaws it
-  bool user_paused = false;  // frozen by Pause; only Resume thaws it
-  uint64_t cpu_ns_at_check = 0;
-};
 
 ContainerDriver::ContainerDriver(ContainerOptions o) : BoxDriver("container", o.log), opts_(std::move(o)) {
   if (opts_.agent_path.empty()) opts_.agent_path = SiblingExecutable("DSEC_AGENT", "dsec-agent");
@@ -290,7 +277,13 @@ Result<std::string> ContainerDriver::CreateNow(const v1::SandboxRecord& sb) {
   c->set_sandbox_id(id);
   auto guarded = GuardMounts(id, base, *lower, sb.spec().task());
   if (!guarded.ok()) return undo(guarded.status());
-  c->set_lower(guarded->mask.empty() ? *lower + ":" + skeleton_ : guarded->mask + ":" + *lower + ":" + skeleton_);
+  std::string above = guarded->mask.empty() ? "" : guarded->mask + ":";
+  if (!sb.spec().carry().sandbox_id().empty()) {
+    auto layers = CarryLayers(id, base, *lower, box->digest, sb.spec().carry());
+    if (!layers.ok()) return undo(layers.status());
+    above = *layers;
+  }
+  c->set_lower(above + *lower + ":" + skeleton_);
   for (const auto& ro : guarded->read_only) c->add_read_only(ro);
   c->set_upper(base + "/upper");
   c->set_work(base + "/work");

@@ -102,6 +102,11 @@ class ContainerDriver : public BoxDriver {
   };
   Result<Guarded> GuardMounts(const std::string& id, const std::string& base, const std::string& image_root,
                               const v1::TaskGuard& task) const;
+  // A grade sandbox's layers above its image (spec.carry): the agent
+  // sandbox's changes in <base>/changes and the grader image's files in
+  // <base>/grader, as a lowerdir prefix ("<base>/grader:<base>/changes:").
+  Result<std::string> CarryLayers(const std::string& id, const std::string& base, const std::string& image_root,
+                                  const std::string& digest, const v1::CarriedChanges& carry);
   Status ReadoptNow(const v1::SandboxRecord& sb, const std::string& driver_state);
   void RestoredNow();
   // At start, before any container of this run: the last run's kept dirs

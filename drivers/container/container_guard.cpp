@@ -5,7 +5,10 @@
 #include <cerrno>
 #include <chrono>
 
-#include "drivers/container/container_driver.hpp"
+#include "drivers/container/container_box.hpp"
+#include "drivers/guard/carry.hpp"
+#include "drivers/images/image_store.hpp"
+#include "drivers/images/mounts.hpp"
 #include "drivers/guard/mask_layer.hpp"
 #include "drivers/guard/task_guard.hpp"
 #include "drivers/guard/task_paths.hpp"
@@ -74,6 +77,59 @@ Result<ContainerDriver::Guarded> ContainerDriver::GuardMounts(const std::string&
              std::to_string(out.read_only.size()) + " protected and " + std::to_string(out.hidden) +
              " hidden path(s) of the image, found in " + std::to_string(ms) + " ms");
   return out;
+}
+
+}  // namespace dsec::drivers
+
+namespace dsec::drivers {
+
+Result<std::string> ContainerDriver::CarryLayers(const std::string& id, const std::string& base,
+                                                 const std::string& image_root, const std::string& digest,
+                                                 const v1::CarriedChanges& carry) {
+  auto t0 = std::chrono::steady_clock::now();
+  const std::string& from = carry.sandbox_id();
+  auto agent = Find(from);
+  if (!agent) return Status::FailedPrecondition("the sandbox to grade (" + from + ") is not a container on this node");
+  if (agent->digest != digest)
+    return Status::FailedPrecondition("the sandbox to grade (" + from + ") runs another image than this one");
+  auto g = guard::ParseGuard(carry.task());
+  if (!g.ok()) return g.status();
+  guard::CarryOptions opts;
+  opts.root = g->root.empty() ? "" : g->root.substr(1);
+  opts.image_wins = g->protect;
+  opts.image_wins.insert(opts.image_wins.end(), g->hide.begin(), g->hide.end());
+  std::string prefix;
+  if (!carry.grader_image().empty()) {
+    // First, while nothing is frozen: the grader's files, from its image.
+    auto image = opts_.images->Get(carry.grader_image());
+    if (!image.ok()) return image.status().Annotate("grader image");
+    auto file = opts_.images->Open(*image);
+    if (!file.ok()) return file.status().Annotate("grader image " + carry.grader_image());
+    image->set_file(*file);
+    auto mounted = mounts_->Acquire(*image);
+    if (!mounted.ok()) return mounted.status().Annotate("grader image " + carry.grader_image());
+    auto copied = guard::CopyLayer(*mounted, base + "/grader");
+    mounts_->Release(image->digest());
+    if (!copied.ok()) return copied.status().Annotate("grader image " + carry.grader_image());
+    prefix = base + "/grader:";
+  }
+  // The agent stands still while its changes are read (frozen unless it
+  // is already), so the copy is one moment of its tree.
+  Result<guard::CarryStats> carried = Status::Ok();
+  {
+    std::lock_guard<std::mutex> lk(agent->idle_mu);
+    bool freeze = agent->groups && !agent->user_paused && !agent->idle_frozen;
+    if (freeze) (void)agent->groups->Freeze(agent->cgroup_rel, true);
+    carried = guard::CarryChanges(SandboxDir(opts_.data_dir, from) + "/upper", image_root, base + "/changes", opts);
+    if (freeze) (void)agent->groups->Freeze(agent->cgroup_rel, false);
+  }
+  if (!carried.ok()) return carried.status().Annotate("carrying the changes of " + from);
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+  Log(1, "container " + id + ": carries " + std::to_string(carried->entries) + " changed entries (" +
+             std::to_string(carried->bytes) + " bytes, " + std::to_string(carried->reflinked) + " reflinked) of " +
+             from + "; " + std::to_string(carried->skipped) + " under protected or hidden paths left to the image, " +
+             std::to_string(carried->restored) + " put back; " + std::to_string(ms) + " ms");
+  return prefix + base + "/changes:";
 }
 
 }  // namespace dsec::drivers

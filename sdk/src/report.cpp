@@ -1,5 +1,7 @@
 #include "dsec/report.hpp"
 
+#include "sdk/src/client_impl.hpp"
+
 namespace dsec {
 
 Result<std::vector<StepFlag>> Report(const Session& session) {
@@ -14,6 +16,25 @@ Result<std::vector<StepFlag>> Report(const Session& session) {
     from = page->steps(page->steps_size() - 1).index() + 1;
   }
   return out;
+}
+
+}  // namespace dsec
+
+namespace dsec {
+
+void GradeAsync(const Session& session, uint64_t index, Done<v1::StepReply> done) {
+  v1::GradeRequest req;
+  req.set_session(session.name());
+  req.set_index(index);
+  const v1::SessionRecord& rec = session.record();
+  uint32_t t = rec.grade().timeout_s() ? rec.grade().timeout_s() : 600;
+  // Its sandbox is made (the agent's changes copied) before the command runs.
+  auto timeout = std::chrono::seconds(t) + std::chrono::seconds(120);
+  session.client_->impl_->CallVia<v1::StepReply>(rec.node_address(), std::move(req), timeout, std::move(done));
+}
+
+Result<v1::StepReply> Grade(const Session& session, uint64_t index) {
+  return Wait<v1::StepReply>([&](Done<v1::StepReply> d) { GradeAsync(session, index, std::move(d)); });
 }
 
 }  // namespace dsec

@@ -75,6 +75,8 @@ def test_every_async_call(container_daemon: Daemon) -> None:
             assert (meta.reward, meta.completion_tokens) == (2.5, 7)
             assert [st.index for st in await s.steps()] == [0, 1, 2]
             assert await s.report() == []  # no guard, no network: nothing to flag
+            with pytest.raises(dsec.FailedPrecondition, match="without a grade spec"):
+                await s.grade(3)
             assert (await s.get()).step_count == 3
             with pytest.raises(dsec.NotFound):
                 await s.sandbox("nope")  # answered before anything is sent

@@ -156,6 +156,23 @@ def test_a_task_guard_flags_a_protected_path_the_agent_makes(cclient: dsec.Clien
                              kind="container", image=IMAGE)
 
 
+def test_a_grade_runs_in_a_fresh_sandbox_on_the_agents_changes(cclient: dsec.Client) -> None:
+    grade = dsec.GradeSpec(command=["sh", "-c", "cat /work/answer /work/conftest.py 2>&1; cat /work/answer"],
+                           timeout_s=30)
+    s = cclient.open_session("pytest/calls/grade", spec={"task": {"root": "/work", "protected_paths": ["conftest.py"]}},
+                             kind="container", image=IMAGE, grade=grade)
+    assert s.record.grade.command == grade.command
+    s.step(0, "echo 0.75 > /work/answer; echo cheat > /work/conftest.py")
+    g = s.grade(1)
+    assert (g.step.sandbox, g.step.meta.reward) == ("grade", 0.75)
+    assert "No such file" in g.step.result.text  # the protected path as the image has it: absent
+    assert s.grade(1).replayed
+    assert s.step(2, "cat /work/conftest.py").result.text == "cheat\n"  # the agent's sandbox untouched
+    s.close()
+    with pytest.raises(dsec.InvalidArgument, match="no task root"):
+        cclient.open_session("pytest/calls/grade-bad", kind="container", image=IMAGE, grade={"command": ["true"]})
+
+
 def test_a_session_context_manager_closes_only_without_an_exception(cclient: dsec.Client) -> None:
     with cclient.open_session("pytest/calls/ctx-ok", kind="fncall") as s:
         s.step(0, "true")

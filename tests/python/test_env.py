@@ -64,3 +64,18 @@ def test_bad_use_is_a_clear_error(cclient: dsec.Client) -> None:
     env = dsec.env.SandboxEnv(cclient, kind="fncall")
     with pytest.raises(RuntimeError, match="reset"):
         env.step("true")
+
+
+def test_the_reward_can_come_from_the_sessions_grade(cclient: dsec.Client) -> None:
+    grade = {"command": ["sh", "-c", "grep -q fixed /work/calc.py && echo 1 || echo 0"], "timeout_s": 30}
+    with dsec.env.SandboxEnv(cclient, kind="container", image=IMAGE, max_steps=2, name_prefix="pytest-env-grade",
+                             reward_from_grade=True, grade=grade, spec={"task": {"root": "/work"}}) as env:
+        env.reset()
+        _, r, term, trunc, info = env.step("echo broken > /work/calc.py")
+        assert (r, term, trunc) == (0.0, False, False) and "grade" not in info
+        _, r, term, trunc, info = env.step("echo fixed > /work/calc.py")
+        assert (r, term, trunc) == (1.0, False, True) and info["grade"] == "passed, reward from its last line"
+        assert [(s.sandbox, s.meta.reward) for s in env.session.steps()] == [("agent", 0.0), ("agent", 0.0),
+                                                                              ("grade", 1.0)]
+    with pytest.raises(ValueError, match="needs a grade spec"):
+        dsec.env.SandboxEnv(cclient, reward_from_grade=True)

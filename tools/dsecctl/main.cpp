@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "dsec/client.hpp"
+#include "dsec/report.hpp"
 #include "dsec/status_proto.hpp"
 #include "tools/dsecctl/cli.hpp"
 
@@ -129,6 +130,16 @@ int main(int argc, char** argv) {
   s_open->add_option("name", s_name, "job/prompt/sample")->required();
   AddLimitFlags(s_open, &s_l);
   s_open->add_option("--lease", s_lease, "seconds the session lives on without a trainer (default: the node's)");
+  std::string s_grade_cmd, s_grader_image;
+  uint32_t s_grade_timeout = 0;
+  std::vector<std::string> s_grade_allow;
+  s_open->add_option("--grade", s_grade_cmd,
+                     "the grade command (sh -c), which `session grade` runs in a fresh sandbox with the agent's "
+                     "changes under --task-root");
+  s_open->add_option("--grade-timeout", s_grade_timeout, "seconds the grade may take (default 600)");
+  s_open->add_option("--grader-image", s_grader_image, "an image whose files the grade sandbox gets (never the agent)");
+  s_open->add_option("--grade-allow", s_grade_allow,
+                     "what the grade sandbox may reach (as --allow; default: no network); repeatable");
   uint64_t s_index = 0;
   std::vector<std::string> s_cmd;
   LimitFlags s_step_l;
@@ -147,6 +158,12 @@ int main(int argc, char** argv) {
   auto* reward_opt = s_step->add_option("--reward", s_reward, "reward to log with the step");
   s_step->add_flag("--json", s_json, "print the step record as JSON");
   s_step->add_option("command", s_cmd, "the command (after --)")->required();
+  auto* s_grade = session->add_subcommand(
+      "grade", "grade the session as step INDEX (the log's next) in a fresh grade sandbox; prints its output, "
+               "and its reward on stderr; exits like dsecctl run");
+  s_grade->add_option("name", s_name, "the session (job/prompt/sample)")->required();
+  s_grade->add_option("index", s_index, "the step's number: the log's length, or a logged grade's")->required();
+  s_grade->add_flag("--json", s_json, "print the step record as JSON");
   auto* s_show = session->add_subcommand("show", "a session's record and its steps, one line each");
   s_show->add_option("name", s_name, "the session (job/prompt/sample)")->required();
   s_show->add_flag("--json", s_json, "the record and every step as JSON");
@@ -350,6 +367,16 @@ int main(int argc, char** argv) {
       if (auto e = BuildSpec(s_l, &spec); !e.empty()) return Fail(e, kUsage);
       dsec::SessionOptions options;
       options.lease_s = s_lease;
+      if (!s_grade_cmd.empty()) {
+        for (const char* a : {"/bin/sh", "-c"}) options.grade.add_command(a);
+        options.grade.add_command(s_grade_cmd);
+        options.grade.set_timeout_s(s_grade_timeout);
+        options.grade.set_grader_image(s_grader_image);
+        if (!s_grade_allow.empty()) options.grade.mutable_network()->set_mode(dsec::v1::NETWORK_MODE_ALLOW);
+        for (const auto& a : s_grade_allow) options.grade.mutable_network()->add_allow(a);
+      } else if (s_grade_timeout || !s_grader_image.empty() || !s_grade_allow.empty()) {
+        return Fail("--grade-timeout, --grader-image and --grade-allow go with --grade (the grade command)", kUsage);
+      }
       auto s = client->OpenSession(s_name, spec, options);
       if (!s.ok()) return Fail(s.status());
       std::cout << ToJson(s->record());
@@ -373,6 +400,18 @@ int main(int argc, char** argv) {
       for (const auto& f : r->step().flags())
         std::fprintf(stderr, "dsecctl: step %llu flagged: %s: %s\n", static_cast<unsigned long long>(s_index),
                      f.what().c_str(), f.evidence().c_str());
+      if (!s_json) return Report(r->step().result(), false);
+      std::cout << ToJson(r->step());
+      return ExitCode(r->step().result(), [](const std::string&) {});
+    }
+    if (*s_grade) {
+      auto r = dsec::Grade(*session, s_index);
+      if (!r.ok()) return Fail(r.status());
+      const auto& meta = r->step().meta();
+      auto note = meta.notes().find("grade");
+      std::fprintf(stderr, "dsecctl: step %llu%s: reward %g (%s)\n", static_cast<unsigned long long>(s_index),
+                   r->fast_forwarded() ? ", graded before (from the log)" : " graded", meta.reward(),
+                   note == meta.notes().end() ? "" : note->second.c_str());
       if (!s_json) return Report(r->step().result(), false);
       std::cout << ToJson(r->step());
       return ExitCode(r->step().result(), [](const std::string&) {});

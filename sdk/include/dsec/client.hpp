@@ -171,7 +171,7 @@ class Session {
   Result<v1::StepMeta> Annotate(uint64_t index, const v1::StepMeta& meta) const;
   std::future<Result<v1::StepMeta>> AnnotateAsync(uint64_t index, const v1::StepMeta& meta) const;
   void AnnotateAsync(uint64_t index, const v1::StepMeta& meta, std::function<void(Result<v1::StepMeta>)> done) const;
-  // Logged steps [from, from + limit) (limit 0: up to 1 000) and the record.
+  // Logged steps [from, from + limit) (limit 0: up to 1 000) and the record; Grade: dsec/report.hpp.
   Result<v1::StepsReply> Steps(uint64_t from = 0, uint32_t limit = 0) const;
   Result<v1::SessionRecord> Get() const;
   // The session's sandbox for `role`, to look at it outside the log (files,
@@ -180,7 +180,6 @@ class Session {
   // Closes the session: its sandboxes go; its log is kept for dsec-replay.
   Status Close() const;
 
-  // Callback forms (see Done).
   void StepsAsync(uint64_t from, uint32_t limit, Done<v1::StepsReply> done) const;
   void GetAsync(Done<v1::SessionRecord> done) const;
   void SandboxAsync(const std::string& role, Done<Sandbox> done) const;
@@ -188,6 +187,7 @@ class Session {
 
  private:
   friend class Client;
+  friend void GradeAsync(const Session& session, uint64_t index, Done<v1::StepReply> done);
   Session(Client* c, std::string name, v1::SessionRecord rec)
       : client_(c), name_(std::move(name)), rec_(std::make_shared<const v1::SessionRecord>(std::move(rec))) {}
   Client* client_;
@@ -199,12 +199,12 @@ struct SessionOptions {
   // Sandboxes beyond "agent" (the spec OpenSession gets), by role, e.g.
   // {"eval", ContainerSpec("py311")}. Roles: [a-z0-9_-], at most 32 bytes.
   std::vector<std::pair<std::string, v1::SandboxSpec>> more_sandboxes;
-  // Seconds the session outlives its last trainer; 0: the node's default.
-  uint32_t lease_s = 0;
+  uint32_t lease_s = 0;  // seconds it outlives its last trainer; 0: the node's default
   // In a cluster: if its node dies, the controller re-runs its log's steps
   // on another node and the session goes on there (docs/cluster.md). Its
   // steps then go through the controller, which keeps the log's copy.
   bool restartable = false;
+  v1::GradeSpec grade;  // how Grade (dsec/report.hpp) grades it; needs spec.task.root
 };
 
 struct CreateOptions {
@@ -272,8 +272,7 @@ class Client {
   void ListImagesAsync(Done<std::vector<v1::ImageManifest>> done);
   void RemoveImageAsync(const std::string& name, DoneStatus done);
 
-  // This client's id: the owner of the sandboxes it makes (SandboxRecord.owner).
-  const std::string& client_id() const;
+  const std::string& client_id() const;  // the owner of the sandboxes it makes (SandboxRecord.owner)
   // Connected right now (the client reconnects by itself when not).
   bool connected() const;
   // Connections made so far (1 after Connect; +1 per reconnect).
@@ -285,6 +284,7 @@ class Client {
  private:
   friend class Sandbox;
   friend class Session;
+  friend void GradeAsync(const Session& session, uint64_t index, Done<v1::StepReply> done);
   explicit Client(std::unique_ptr<Impl> impl);
   // Attach through `route` (a node's SDK address; "": the dialed one).
   static void AttachVia(Client* c, const std::string& route, const std::string& sandbox_id, Done<Sandbox> done);

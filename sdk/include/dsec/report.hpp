@@ -1,4 +1,4 @@
-// Session.Report(): the misbehaviour report of a rollout session, every
+// Session.Report() and Session.Grade(). Report: the misbehaviour report of a rollout session, every
 // flag its steps raised (the task guard's, the network policy's), each with
 // the step that raised it, read from the session's durable log (steps and
 // their flags are written together). A trainer zeroes or discounts the
@@ -19,5 +19,12 @@ struct StepFlag {
 
 // Every flag of `session`'s logged steps, in step order.
 Result<std::vector<StepFlag>> Report(const Session& session);
+
+// Session.Grade(): grades the session as its step `index` (the log's next)
+// in a fresh grade sandbox (SessionOptions::grade, docs/running.md "Grading
+// a session"). The step, in role "grade", holds the grader's output and
+// meta.reward; a grade already logged is answered from the log.
+Result<v1::StepReply> Grade(const Session& session, uint64_t index);
+void GradeAsync(const Session& session, uint64_t index, Done<v1::StepReply> done);  // `done` on an SDK thread
 
 }  // namespace dsec

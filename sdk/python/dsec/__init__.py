@@ -29,7 +29,7 @@ import threading as _threading
 _core._set_main_thread(_threading.main_thread().ident)
 
 from ._records import (KINDS, VERDICTS, ExecRequest, ExecResult, FileInfo, FileList, HostPort, ImageManifest,
-                       Limits, Flag, StepFlag, NetworkPolicy, NetworkRefusal, TaskGuard, NetworkReport, ExposedPort, Record, SandboxPage, SandboxRecord, SandboxSpec, SessionRecord, SessionSandbox,
+                       Limits, Flag, StepFlag, GradeSpec, NetworkPolicy, NetworkRefusal, TaskGuard, NetworkReport, ExposedPort, Record, SandboxPage, SandboxRecord, SandboxSpec, SessionRecord, SessionSandbox,
                        StepMeta, StepRecord, StepReply)
 from ._client import Chunk, Client, ExecStream, Sandbox, Session
 from ._aio import AsyncClient, AsyncExecStream, AsyncOpening, AsyncSandbox, AsyncSession
@@ -40,7 +40,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Client", "Sandbox", "Session", "ExecStream", "Chunk",
     "AsyncClient", "AsyncSandbox", "AsyncSession", "AsyncExecStream", "AsyncOpening",
-    "Record", "ExecResult", "ExecRequest", "SandboxSpec", "TaskGuard", "Flag", "StepFlag", "SandboxRecord", "SandboxPage", "Limits", "NetworkPolicy", "NetworkReport",
+    "Record", "ExecResult", "ExecRequest", "SandboxSpec", "TaskGuard", "GradeSpec", "Flag", "StepFlag", "SandboxRecord", "SandboxPage", "Limits", "NetworkPolicy", "NetworkReport",
     "NetworkRefusal", "ExposedPort", "HostPort",
     "FileInfo", "FileList", "SessionRecord", "SessionSandbox", "StepMeta", "StepRecord", "StepReply",
     "ImageManifest", "KINDS", "VERDICTS",

@@ -25,7 +25,7 @@ from typing import (Any, Callable, Coroutine, Generator, Generic, List, Mapping,
 
 from . import _args, _core
 from ._errors import NotFound
-from ._client import Chunk, _Connection, _chunks, _content, _flag, _mode, _nonneg, _positive_seconds
+from ._client import Chunk, _Connection, _chunks, _content, _flag, _grade, _mode, _nonneg, _positive_seconds
 from ._records import (ExecResult, FileList, ImageManifest, SandboxPage, SandboxRecord, SessionRecord, StepFlag, StepMeta,
                        StepRecord, StepReply)
 
@@ -292,6 +292,10 @@ class AsyncSession:
     async def steps(self, start: int = 0, limit: int = 0) -> List[StepRecord]:
         return (await _call(self._s.steps, _args.index(start), _nonneg(limit, "limit", _args.U32))).steps
 
+    async def grade(self, index: int) -> StepReply:
+        """As Session.grade()."""
+        return await _call(self._s.grade, _args.index(index))
+
     async def report(self) -> List[StepFlag]:
         """As Session.report()."""
         out: List[StepFlag] = []
@@ -384,13 +388,13 @@ class AsyncClient(_Connection):
                            spec: Any = None, limits: Any = None, timeout: Optional[float] = None,
                            memory: Optional[int] = None, network: Any = None,
                            env: Optional[Mapping[str, str]] = None, workdir: Optional[str] = None,
-                           restartable: bool = False) -> AsyncSession:
+                           restartable: bool = False, grade: Any = None) -> AsyncSession:
         """See dsec.Client.open_session."""
         s = _args.spec(kind, image, spec=spec, limits=limits, timeout=timeout, memory=memory, network=network,
                        env=env, workdir=workdir)
         core = await _call(self._c.open_session, _args.name(name, "session name"), s,
                            _args.more_sandboxes(sandboxes), _args.whole_seconds(lease, "lease") or 0,
-                           _flag(restartable, "restartable"))
+                           _flag(restartable, "restartable"), _grade(grade))
         return AsyncSession(self, core)
 
     @_opening

@@ -13,7 +13,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Union
 
 from . import _args, _core
 from ._errors import InvalidArgument, NotFound
-from ._records import (ExecResult, FileList, ImageManifest, SandboxPage, SandboxRecord, SessionRecord, StepFlag, StepMeta,
+from ._records import (ExecResult, FileList, GradeSpec, ImageManifest, SandboxPage, SandboxRecord, SessionRecord, StepFlag, StepMeta,
                        StepRecord, StepReply, StepsPage)
 
 _live: "weakref.WeakSet[_core.Client]" = weakref.WeakSet()
@@ -232,6 +232,14 @@ class Session:
                             _args.meta(reward, prompt_tokens, completion_tokens, notes),
                             _flag(not_replayable, "not_replayable"), None)
 
+    def grade(self, index: int) -> StepReply:
+        """Grades the session as its step `index` (the log's next): the grade command of the
+        session's GradeSpec runs in a fresh sandbox that gets the agent's changes under the
+        task root (protected and hidden paths as the image has them) and the grader image's
+        files. The step (role "grade") holds the output and ``meta.reward``; asked again, the
+        logged grade comes back (``reply.replayed``). The agent's sandbox goes on untouched."""
+        return self._s.grade(_args.index(index), None)
+
     def annotate(self, index: int, *, reward: Optional[float] = None, prompt_tokens: Optional[int] = None,
                  completion_tokens: Optional[int] = None, notes: Optional[Mapping[str, str]] = None) -> StepMeta:
         """Adds to a logged step's metadata (a reward or token count replaces the old one;
@@ -380,20 +388,22 @@ class Client(_Connection):
                      sandboxes: Optional[Mapping[str, Any]] = None, lease: Optional[float] = None,
                      spec: Any = None, limits: Any = None, timeout: Optional[float] = None,
                      memory: Optional[int] = None, network: Any = None, env: Optional[Mapping[str, str]] = None,
-                     workdir: Optional[str] = None, restartable: bool = False) -> Session:
+                     workdir: Optional[str] = None, restartable: bool = False, grade: Any = None) -> Session:
         """Opens the session `name` (e.g. "job1/p0/s0"), or opens it again
         (the same arguments: idempotent). Its "agent" sandbox has the given
         spec; `sandboxes` adds more by role ({"eval": {"kind": "container",
         "image": "py311"}}). It outlives this trainer by `lease` seconds.
         `restartable` (against a controller): the controller keeps a copy of
         the step log, and when the session's node dies it opens the session
-        on another node and re-runs the logged steps there."""
+        on another node and re-runs the logged steps there. `grade` (a dsec.GradeSpec or
+        dict: command, timeout_s, network, grader_image) is how Session.grade() grades it;
+        it needs a task root in the spec (spec={"task": TaskGuard(root=...)})."""
         s = _args.spec(kind, image, spec=spec, limits=limits, timeout=timeout, memory=memory, network=network,
                        env=env, workdir=workdir)
         return Session(self, self._c.open_session(_args.name(name, "session name"), s,
                                                   _args.more_sandboxes(sandboxes),
                                                   _args.whole_seconds(lease, "lease") or 0,
-                                                  _flag(restartable, "restartable"), None))
+                                                  _flag(restartable, "restartable"), _grade(grade), None))
 
     def attach_session(self, name: str) -> Session:
         """A handle to an open session (dsec.NotFound if there is none)."""
@@ -412,6 +422,10 @@ class Client(_Connection):
 
     def remove_image(self, name: str) -> None:
         self._c.remove_image(_args.name(name, "image name"), None)
+
+def _grade(grade: Any) -> Optional[Dict[str, Any]]:
+    return None if grade is None else _args.fields(grade, "grade", GradeSpec)
+
 
 def _nonneg(v: Any, what: str, most: int = _args.U64) -> int:
     return _args.count(v, what, most)

@@ -114,6 +114,18 @@ class TaskGuard(Record):
     hidden_paths: List[str]
 
 
+class GradeSpec(Record):
+    """How Session.grade() grades a session (docs/running.md, "Grading a session"): the
+    command (argv) run in a fresh sandbox that gets the agent's changes under the task
+    root, its time limit, the grading phase's network and the grader image."""
+
+    _message = "dsec.v1.GradeSpec"
+    command: List[str]
+    timeout_s: int
+    network: NetworkPolicy
+    grader_image: str
+
+
 class Flag(Record):
     """Misbehaviour seen during a step: ``what`` ("protected_write") and its evidence."""
 
@@ -320,6 +332,8 @@ class SessionRecord(Record):
     node_address: str  # that node's SDK address
     restartable: bool  # opened restartable: a controller re-runs it on another node when its node dies
     moves: int         # times a controller did so
+    grade: GradeSpec   # as opened (Session.grade)
+    grading: int       # a grade begun and not finished: its step + 1 (0: none)
 
 
 class StepMeta(Record):

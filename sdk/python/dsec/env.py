@@ -21,6 +21,12 @@ depending on gymnasium, which Debian 12 does not package.
     obs, reward, terminated, truncated, info = e.step("python3 -m pytest -q")
     e.close()
 
+With ``reward_from_grade=True`` (and a ``grade`` spec and a task root:
+Session.grade), the last step of an episode (terminated or truncated) is
+followed by the session's grade, logged as the next step, and that step's
+reward is the grade's (the others' are reward_fn's, 0.0 by default);
+info["grade"] says how the grade went.
+
 Observations are the step's output as text (stdout, then stderr). A
 trainer that is killed and started again can pass the same ``name_prefix``
 and ``seed``: the episode's session is opened again by name and its steps
@@ -51,11 +57,15 @@ class SandboxEnv:
     def __init__(self, client: Client, *, kind: str = "container", image: Optional[str] = None,
                  reward_fn: Optional[RewardFn] = None, done_fn: Optional[DoneFn] = None, max_steps: int = 16,
                  setup: Any = None, name_prefix: str = "env", step_timeout: Optional[float] = None,
-                 lease: Optional[float] = None, close_sessions: bool = True, **spec: Any) -> None:
+                 lease: Optional[float] = None, close_sessions: bool = True, reward_from_grade: bool = False,
+                 **spec: Any) -> None:
         if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
             raise ValueError(f"max_steps must be a positive int (got {max_steps!r})")
         self.client = client
-        self.reward_fn = reward_fn or (lambda action, result, env: 1.0 if result.ok else 0.0)
+        if reward_from_grade and not spec.get("grade"):
+            raise ValueError("reward_from_grade needs a grade spec (grade={'command': [...]}) and a task root")
+        self.reward_from_grade = reward_from_grade
+        self.reward_fn = reward_fn or (lambda action, result, env: 0.0 if reward_from_grade else 1.0 if result.ok else 0.0)
         self.done_fn = done_fn or (lambda action, result, env: False)
         self.max_steps = max_steps
         self.setup = setup
@@ -106,6 +116,11 @@ class SandboxEnv:
         truncated = not terminated and self.actions >= self.max_steps
         info = {"exit_code": result.exit_code, "verdict": result.verdict, "replayed": reply.replayed,
                 "step": self.index - 1, "session": self.session.name}
+        if self.reward_from_grade and (terminated or truncated):
+            graded = self.session.grade(self.index)
+            self.index += 1
+            reward = float(graded.step.meta.reward or 0.0)
+            info["grade"] = (graded.step.meta.notes or {}).get("grade", "")
         return _observation(result), reward, terminated, truncated, info
 
     def close(self) -> None:

@@ -161,6 +161,12 @@ void BindHandles(pb::module_& m) {
                  },
                  [](Result<v1::StepReply>& r) { return ToPy(*r); });
            })
+      .def("grade",
+           [](const PySession& s, uint64_t index, pb::object aio) {
+             return Issue<Result<v1::StepReply>>(
+                 s.core, aio, [&s, index](Client&, Done<v1::StepReply> d) { GradeAsync(s.s, index, std::move(d)); },
+                 [](Result<v1::StepReply>& r) { return ToPy(*r); });
+           })
       .def("annotate",
            [](const PySession& s, uint64_t index, pb::object meta, pb::object aio) {
              auto m = Proto<v1::StepMeta>(meta, "meta");

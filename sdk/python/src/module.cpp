@@ -132,11 +132,12 @@ PYBIND11_MODULE(_core, m) {
            })
       .def("open_session",
            [](const CoreRef& core, std::string name, pb::object spec, pb::dict more, uint32_t lease_s,
-              bool restartable, pb::object aio) {
+              bool restartable, pb::object grade, pb::object aio) {
              auto sp = Proto<v1::SandboxSpec>(spec, "spec");
              SessionOptions o;
              o.lease_s = lease_s;
              o.restartable = restartable;
+             if (!grade.is_none()) o.grade = Proto<v1::GradeSpec>(grade, "grade");
              for (auto [role, more_spec] : more) {
                std::string r = role.cast<std::string>();
                o.more_sandboxes.emplace_back(r, Proto<v1::SandboxSpec>(more_spec, "sandboxes['" + r + "']"));

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "drivers/guard/carry.hpp"
 #include "drivers/guard/mask_layer.hpp"
 #include "drivers/guard/path_glob.hpp"
 #include "drivers/guard/task_paths.hpp"
@@ -255,6 +256,64 @@ TEST(GuardMounts, HiddenPathsAreGoneAndProtectedOnesReadOnlyEvenForRoot) {
             "umount refused\nmount refused\n1000 750\nmade\n")
       << r.err;
   ::umount2(merged.c_str(), MNT_DETACH);
+  testing::RunProcess({"/bin/rm", "-rf", dir});
+}
+
+// What a grade sandbox gets of an agent that could change anything (no
+// read-only mounts: as the layer must cope with whatever an upper dir
+// holds): on a real overlay, the changes under the task's root, with its
+// protected paths as the image has them, even where the agent removed or
+// replaced the directory that held them; nothing outside the root.
+TEST(CarryChanges, TheGradeSeesTheAgentsChangesWithTheImagesProtectedPaths) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root (overlay mounts)";
+  char tmpl[] = "/tmp/dsec-guard-carry-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  std::string dir = tmpl, image = dir + "/image", merged = dir + "/merged";
+  for (const char* d : {"/image", "/upper", "/work", "/merged", "/image/repo", "/image/repo/tests", "/image/repo/src",
+                        "/image/repo/lib", "/image/repo/pkg", "/image/outside"})
+    ASSERT_EQ(::mkdir((dir + d).c_str(), 0755), 0) << d;
+  Put(image + "/repo/tests/test_a.py", "original test\n");
+  Put(image + "/repo/src/calc.py", "bug\n");
+  Put(image + "/repo/src/old.py", "old\n");
+  Put(image + "/repo/lib/test_c.py", "lib test\n");
+  Put(image + "/repo/lib/other.py", "lib other\n");
+  Put(image + "/repo/pkg/test_b.py", "pkg test\n");
+  Put(image + "/repo/pkg/util.py", "pkg util\n");
+  Put(image + "/outside/x", "image x\n");
+  std::string opts = "lowerdir=" + image + ",upperdir=" + dir + "/upper,workdir=" + dir + "/work";
+  if (::mount("overlay", merged.c_str(), "overlay", 0, opts.c_str()) != 0) {
+    testing::RunProcess({"/bin/rm", "-rf", dir});
+    GTEST_SKIP() << "this kernel cannot mount overlayfs here: " << std::strerror(errno);
+  }
+  auto agent = testing::RunProcess(
+      {"/bin/sh", "-c",
+       "set -e; cd " + merged + "/repo; echo fixed > src/calc.py; rm src/old.py; echo new > src/new.py; "
+       "echo 'assert True' > tests/test_a.py; echo cheat > conftest.py; echo cheat > src/conftest.py; "
+       "rm -r pkg; mkdir pkg; echo mine > pkg/util2.py; rm -r lib; ln -s /etc/shadow src/link; "
+       "echo agent > ../outside/x; mkfifo src/fifo"});
+  ASSERT_EQ(agent.exit_code, 0) << agent.err;
+  ::umount2(merged.c_str(), MNT_DETACH);
+  CarryOptions carry;
+  carry.root = "repo";
+  auto globs = ParseGlobs({"**/test_*.py", "**/conftest.py"}, "protected paths");
+  ASSERT_TRUE(globs.ok());
+  carry.image_wins = *globs;
+  auto stats = CarryChanges(dir + "/upper", image, dir + "/changes", carry);
+  ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+  EXPECT_EQ(stats->skipped, 3u) << "test_a.py and the two conftest.py";
+  EXPECT_EQ(stats->restored, 2u) << "pkg/test_b.py and lib/test_c.py";
+  std::string grade = "lowerdir=" + dir + "/changes:" + image;
+  ASSERT_EQ(::mount("overlay", merged.c_str(), "overlay", MS_RDONLY, grade.c_str()), 0) << std::strerror(errno);
+  auto seen = testing::RunProcess(
+      {"/bin/sh", "-c", "cd " + merged + " && find . | LC_ALL=C sort && cat repo/src/calc.py repo/tests/test_a.py "
+                        "repo/pkg/test_b.py repo/lib/test_c.py outside/x && readlink repo/src/link"});
+  ::umount2(merged.c_str(), MNT_DETACH);
+  EXPECT_EQ(seen.out,
+            ".\n./outside\n./outside/x\n./repo\n./repo/lib\n./repo/lib/test_c.py\n./repo/pkg\n./repo/pkg/test_b.py\n"
+            "./repo/pkg/util2.py\n./repo/src\n./repo/src/calc.py\n./repo/src/fifo\n./repo/src/link\n"
+            "./repo/src/new.py\n./repo/tests\n./repo/tests/test_a.py\n"
+            "fixed\noriginal test\npkg test\nlib test\nimage x\n/etc/shadow\n")
+      << seen.err;
   testing::RunProcess({"/bin/rm", "-rf", dir});
 }
 

@@ -1,0 +1,26 @@
+// A container as its driver holds it (internal to drivers/container: the
+// driver's files share it).
+#pragma once
+
+#include <string>
+
+#include "drivers/container/container_driver.hpp"
+
+namespace dsec::drivers {
+
+struct ContainerDriver::Box : AgentBox {
+  uint64_t OomKills() const override { return groups ? groups->OomKills(cgroup_rel) : 0; }
+
+  std::string digest;
+  std::string image_file;
+  std::string cgroup_rel;
+  int init_pid = 0;
+  cgroup::Groups* groups = nullptr;  // the driver's, once the box has its group
+  cgroup::GroupLimits group_limits;  // what its group holds
+  // Idle freezing (IdleLoop), under idle_mu (active and last_active_ms too).
+  bool idle_frozen = false;  // frozen by the idle timer; the next call thaws it
+  bool user_paused = false;  // frozen by Pause; only Resume thaws it
+  uint64_t cpu_ns_at_check = 0;
+};
+
+}  // namespace dsec::drivers
