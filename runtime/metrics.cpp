@@ -65,6 +65,14 @@ Family<Counter>& DnsAnswers() {
   static auto* f = new Family<Counter>;
   return *f;
 }
+Family<Counter>& Flags() {
+  static auto* f = new Family<Counter>;
+  return *f;
+}
+Family<Counter>& Grades() {
+  static auto* f = new Family<Counter>;
+  return *f;
+}
 Family<Gauge>& Sandboxes() {
   static auto* f = new Family<Gauge>;
   return *f;
@@ -178,6 +186,11 @@ std::string Render() {
   Describe(&out, "dsec_dns_answers_total", "counter", "The sandboxes' resolver's answers, by kind.");
   DnsAnswers().ForEach(
       [&](const std::string& l, const Counter& c) { Line(&out, "dsec_dns_answers_total", l, c.value.load()); });
+  Describe(&out, "dsec_flags_total", "counter",
+           "Misbehaviour flags logged with session steps (the task guard's, the network policy's), by what.");
+  Flags().ForEach([&](const std::string& l, const Counter& c) { Line(&out, "dsec_flags_total", l, c.value.load()); });
+  Describe(&out, "dsec_grades_total", "counter", "Session grades logged, by how the grader ended.");
+  Grades().ForEach([&](const std::string& l, const Counter& c) { Line(&out, "dsec_grades_total", l, c.value.load()); });
   HostFigures h = ReadHostFigures();
   Describe(&out, "dsec_node_memory_bytes", "gauge", "The host's memory: total and available.");
   Line(&out, "dsec_node_memory_bytes", "state=\"total\"", static_cast<double>(h.memory_total));

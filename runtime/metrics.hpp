@@ -77,6 +77,8 @@ Histogram& StepSeconds();                   // dsec_step_seconds
 Histogram& PlacementSeconds();              // dsec_placement_seconds
 Family<Counter>& NetworkRefusals();         // dsec_network_refusals_total{what}: "name", "packet" (logged ones)
 Family<Counter>& DnsAnswers();              // dsec_dns_answers_total{answer}
+Family<Counter>& Flags();                   // dsec_flags_total{what}: flags logged with session steps
+Family<Counter>& Grades();                  // dsec_grades_total{outcome}: "passed", "failed", "time_limit", ...
 
 // A sandbox's place in Sandboxes() while it lives: Set moves it, the
 // destructor takes it out.

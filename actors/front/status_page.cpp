@@ -75,7 +75,7 @@ function bar(fraction, label) {
 function draw(s) {
   const nodes = document.getElementById("nodes"), sbs = document.getElementById("sandboxes");
   nodes.replaceChildren(); sbs.replaceChildren();
-  let live = 0, listed = 0;
+  let live = 0, listed = 0, flags = 0;
   for (const n of s.nodes || []) {
     const tr = document.createElement("tr"); tr.dataset.node = n.node;
     // A controller's page: every node with its state; a node down says why and has no figures.
@@ -89,6 +89,7 @@ function draw(s) {
     cell(tr, n.cpus ? (n.load1 || 0).toFixed(2) + " on " + n.cpus + " CPUs" : "");
     nodes.appendChild(tr);
     live += n.sandboxes || 0;
+    flags += n.flags || 0;
     for (const sb of n.sandbox_list || []) {
       const r = document.createElement("tr"); r.dataset.sandbox = sb.id;
       cell(r, sb.id); cell(r, sb.kind); cell(r, sb.image); cell(r, span(sb.phase, "phase phase-" + sb.phase));
@@ -97,7 +98,8 @@ function draw(s) {
     }
   }
   document.getElementById("summary").textContent =
-      (s.nodes || []).length + " node(s), " + live + " sandbox(es) live, " + (s.sessions || 0) + " session(s) open";
+      (s.nodes || []).length + " node(s), " + live + " sandbox(es) live, " + (s.sessions || 0) + " session(s) open, " +
+      flags + " misbehaviour flag(s) raised";
   document.getElementById("sbcount").textContent = listed < live ? "(first " + listed + " of " + live + ")" : "";
   document.getElementById("updated").textContent = "updated " + new Date(s.now_ms).toLocaleTimeString();
 }

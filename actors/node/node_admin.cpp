@@ -57,6 +57,7 @@ json SessionSummary(const v1::SessionRecord& r) {
          {"kind", KindName(r.spec().kind())},
          {"image", r.spec().image().empty() ? "host" : r.spec().image()},
          {"steps", r.step_count()},       {"restarts", r.restarts()},
+         {"flags", r.flags()},
          {"sandboxes", sandboxes},        {"lease_s", r.lease_s()},
          {"created_ms", r.created_ms()},  {"updated_ms", r.updated_ms()}};
   if (!r.close_reason().empty()) j["close_reason"] = r.close_reason();
@@ -75,6 +76,13 @@ caf::result<std::string> OffThread(NodeSelf self, std::function<std::string()> s
     Post(handle, [rp, out = std::move(out)]() mutable { rp.deliver(std::move(out)); });
   });
   return rp;
+}
+
+// Misbehaviour flags logged with this node's session steps since dsecd started.
+uint64_t FlagsRaised() {
+  uint64_t n = 0;
+  metrics::Flags().ForEach([&](const std::string&, const metrics::Counter& c) { n += c.value.load(); });
+  return n;
 }
 
 // `sessions`: every session (open ones with a live actor marked), newest
@@ -283,6 +291,7 @@ caf::result<std::string> Overview(NodeSelf self) {
             {"unavailable", unavailable},
             {"sandboxes", st.dir.sandboxes().size()},
             {"sessions", st.dir.sessions().size()},
+            {"flags", FlagsRaised()},
             {"runs_in_flight", st.host->runs().size()},
             {"memory", json{{"total", h.memory_total}, {"available", h.memory_available}}},
             {"cpus", h.cpus},

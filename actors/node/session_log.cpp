@@ -203,6 +203,20 @@ void AddFlags(Self self, v1::StepRecord* step) {
                       StepName(st.rec.name(), step->index()), step->flags_size());
 }
 
+// The metrics of a logged step: its flags, and a grade's outcome.
+void CountLogged(const v1::StepRecord& step) {
+  for (const auto& f : step.flags()) metrics::Flags().At(metrics::Labels({{"what", f.what()}})).Add();
+  if (step.sandbox() != kGradeRole) return;
+  const auto& r = step.result();
+  const char* outcome = r.verdict() == v1::VERDICT_OK && r.exit_code() == 0 ? "passed"
+                        : r.verdict() == v1::VERDICT_OK || r.verdict() == v1::VERDICT_RUNTIME_ERROR ? "failed"
+                        : r.verdict() == v1::VERDICT_TIME_LIMIT                                      ? "time_limit"
+                        : r.verdict() == v1::VERDICT_MEMORY_LIMIT                                    ? "memory_limit"
+                        : r.verdict() == v1::VERDICT_OUTPUT_LIMIT                                    ? "output_limit"
+                                                                                                     : "platform_error";
+  metrics::Grades().At(metrics::Labels({{"outcome", outcome}})).Add();
+}
+
 // Logs the step (the step row and the new log length in one atomic, durable
 // batch) and answers everyone waiting for it. The trainer hears of a step
 // only after it is on disk.
@@ -240,6 +254,7 @@ void LogStep(Self self, const v1::StepRequest& req, int64_t started, Result<v1::
       .Put(&b, state::StepKey(st.rec.name(), index), step);
   v1::SessionRecord next = st.rec;
   next.set_step_count(index + 1);
+  next.set_flags(st.rec.flags() + static_cast<uint64_t>(step.flags_size()));
   next.set_updated_ms(WallClockMs());
   state::TypedTable<v1::SessionRecord>(st.ctx->store, state::Table::kSessions).Put(&b, next.name(), next);
   Persist(self, std::move(b), [self, step = std::move(step), next, finish](const Status& w) mutable {
@@ -250,7 +265,9 @@ void LogStep(Self self, const v1::StepRequest& req, int64_t started, Result<v1::
     // Only the log length changed; a close that waited for this step runs
     // after it (finish), never in between.
     self->state.rec.set_step_count(step.index() + 1);
+    self->state.rec.set_flags(next.flags());
     self->state.rec.set_updated_ms(next.updated_ms());
+    CountLogged(step);
     v1::StepReply reply;
     *reply.mutable_step() = step;
     self->state.steps.Put(std::make_shared<v1::StepRecord>(std::move(step)));

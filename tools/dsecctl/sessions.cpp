@@ -63,12 +63,13 @@ int ListSessions(const Common& c, const SessionsFlags& f) {
     return 0;
   }
   int64_t now = WallClockMs();
-  std::printf("%-36s %-7s %5s %-9s %-12s %-20s %-7s %s\n", "NAME", "STATE", "STEPS", "KIND", "IMAGE", "AGENT",
-              "UPDATED", "NODE");
+  std::printf("%-36s %-7s %5s %5s %-9s %-12s %-20s %-7s %s\n", "NAME", "STATE", "STEPS", "FLAGS", "KIND", "IMAGE",
+              "AGENT", "UPDATED", "NODE");
   for (const auto& row : kept) {
     std::string agent = row.contains("sandboxes") && row["sandboxes"].is_object() ? row["sandboxes"].value("agent", "") : "";
-    std::printf("%-36s %-7s %5llu %-9s %-12s %-20s %-7s %s\n", row.value("name", "").c_str(),
+    std::printf("%-36s %-7s %5llu %5llu %-9s %-12s %-20s %-7s %s\n", row.value("name", "").c_str(),
                 row.value("phase", "").c_str(), static_cast<unsigned long long>(row.value("steps", uint64_t{0})),
+                static_cast<unsigned long long>(row.value("flags", uint64_t{0})),
                 row.value("kind", "").c_str(), row.value("image", "").c_str(), agent.empty() ? "-" : agent.c_str(),
                 AgeOf(now - row.value("updated_ms", int64_t{0})).c_str(), row.value("node", "").c_str());
   }

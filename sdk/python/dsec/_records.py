@@ -334,6 +334,7 @@ class SessionRecord(Record):
     moves: int         # times a controller did so
     grade: GradeSpec   # as opened (Session.grade)
     grading: int       # a grade begun and not finished: its step + 1 (0: none)
+    flags: int         # flags its steps raised (Session.report lists them)
 
 
 class StepMeta(Record):

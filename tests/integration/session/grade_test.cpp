@@ -15,6 +15,7 @@
 #include "dsec/report.hpp"
 #include "harness/rootfs.hpp"
 #include "tests/support/container_fixture.hpp"
+#include "tests/support/http_probe.hpp"
 
 namespace dsec::testing {
 namespace {
@@ -154,6 +155,17 @@ TEST_F(Grades, AGradeRunsTheOriginalTestsOnTheAgentsChangesAndTheAgentGoesOn) {
   ASSERT_TRUE(steps.ok());
   EXPECT_EQ(steps->steps(1).meta().reward(), 0.0);
   EXPECT_EQ(steps->steps(3).meta().reward(), 1.0);
+  // The metrics, the console and dsecctl count what the guard flagged.
+  std::string metrics = HttpGet(daemon_->http_addr(), "/metrics").body;
+  EXPECT_THAT(metrics, ::testing::ContainsRegex("dsec_flags_total\\{what=\"protected_write\"\\} [1-9]"));
+  EXPECT_THAT(metrics, ::testing::ContainsRegex("dsec_grades_total\\{outcome=\"passed\"\\} [2-9]"));
+  ASSERT_TRUE(s->Get().ok());
+  EXPECT_EQ(s->Get()->flags(), 1u) << "created conftest.py";
+  auto rows = daemon_->Admin("sessions");
+  bool counted = false;
+  for (const auto& row : rows["sessions"])
+    counted = counted || (row.value("name", "") == "grade/changes/0" && row.value("flags", 0) == 1);
+  EXPECT_TRUE(counted) << rows.dump();
   EXPECT_TRUE(s->Close().ok());
   auto closed = Grade(*s, 5);
   ASSERT_FALSE(closed.ok());

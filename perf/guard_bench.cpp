@@ -1,0 +1,142 @@
+// The reward guard's costs (issue 29), with its own dsecd, on an image whose
+// task repository has 10 000 files, of which the agent changes 100:
+//
+//   build/bin/guard_bench --grades 50 --steps 200
+//
+// Prints, each from this one run:
+//   - Grade(): from the call to its answer, with a grader of `true` (a fresh
+//     sandbox carrying the 100 changed files, its first exec, the step
+//     logged), p50/p99, next to a plain container created and its first exec
+//     (`true`) on the same image;
+//   - the per-step cost of the protected-path check: a session step (`true`)
+//     on a guarded agent sandbox holding 100 changes against the same step on
+//     an unguarded one with the same changes, p50/p99.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "dsec/client.hpp"
+#include "dsec/report.hpp"
+#include "harness/daemon.hpp"
+#include "harness/rootfs.hpp"
+#include "perf/bench_util.hpp"
+
+namespace {
+
+using namespace dsec::bench;  // NOLINT: the benchmark helpers
+
+constexpr const char* kChange100 = "cd /work/repo && for d in 0 1 2 3 4 5 6 7 8 9; do for f in 0 1 2 3 4 5 6 7 8 9; "
+                                   "do echo changed >> d$d/f$f.py; done; done";
+
+dsec::v1::SandboxSpec Spec(bool guarded) {
+  auto spec = dsec::ContainerSpec("guard-bench");
+  if (guarded) {
+    auto* task = spec.mutable_task();
+    task->set_root("/work/repo");
+    for (const char* p : {"tests/**", "**/conftest.py", "pytest.ini"}) task->add_protected_paths(p);
+  }
+  return spec;
+}
+
+int Fail(const std::string& what, const dsec::Status& s) {
+  std::fprintf(stderr, "guard_bench: %s: %s\n", what.c_str(), s.ToString().c_str());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"the reward guard's costs: Grade() latency and the per-step check (starts its own dsecd)"};
+  int grades = 50, steps = 200;
+  app.add_option("--grades", grades, "grades timed (each a fresh grade sandbox)")->capture_default_str();
+  app.add_option("--steps", steps, "session steps timed per variant")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  dsec::testing::TestDaemonOptions dopt;
+  dopt.cgroup_parent = "dsec-bench";
+  dopt.test_hooks = false;
+  auto daemon = dsec::testing::TestDaemon::Start(dopt);
+  if (!daemon.ok()) return Fail("dsecd", daemon.status());
+  auto& d = **daemon;
+  char tmpl[] = "/tmp/dsec-guard-bench-XXXXXX";
+  if (!::mkdtemp(tmpl)) return 1;
+  std::string rootfs = tmpl;
+  dsec::testing::RootfsOptions ro;
+  ro.programs = {"sh", "true", "cat", "echo"};
+  ro.python = false;
+  if (auto made = dsec::testing::MakeRootfs(rootfs, ro); !made.ok()) return Fail("rootfs", made);
+  auto repo = dsec::testing::RunProcess(
+      {"/bin/sh", "-c",
+       "cd " + rootfs + " && mkdir -p work/repo/tests && cd work/repo && for d in $(seq 0 99); do mkdir d$d; "
+       "for f in $(seq 0 99); do echo \"x = $d$f\" > d$d/f$f.py; done; done && echo 'def test(): pass' > "
+       "tests/test_x.py && chmod -R a+rwX " + rootfs + "/work"});
+  auto built = dsec::testing::RunProcess(
+      {dsec::testing::BinDir() + "/dsec-image", "--data-dir", d.data_dir(), "build", rootfs, "guard-bench"});
+  dsec::testing::RunProcess({"/bin/rm", "-rf", rootfs});
+  if (repo.exit_code != 0 || built.exit_code != 0) {
+    std::fprintf(stderr, "guard_bench: image: %s %s\n", repo.err.c_str(), built.err.c_str());
+    return 1;
+  }
+  dsec::ClientOptions co;
+  co.address = d.sdk_addr();
+  co.data_dir = d.data_dir();
+  auto client = dsec::Client::Connect(co);
+  if (!client.ok()) return Fail("connect", client.status());
+  auto& c = **client;
+  auto truth = dsec::Command({"/bin/true"});
+  std::printf("# guard_bench: dsecd pid %d; image: 10 000 files under /work/repo, 100 of them changed\n", d.pid());
+
+  // Grade() against a plain container's creation and first exec.
+  {
+    dsec::SessionOptions o;
+    o.grade.add_command("/bin/true");
+    auto s = c.OpenSession("bench/grade/0", Spec(true), o);
+    if (!s.ok()) return Fail("open", s.status());
+    auto changed = s->Step(0, dsec::Command({"/bin/sh", "-c", kChange100}));
+    if (!changed.ok()) return Fail("change", changed.status());
+    std::vector<double> grade_ms, plain_ms;
+    for (int i = 0; i < grades; ++i) {
+      auto t0 = Clock::now();
+      auto g = dsec::Grade(*s, 1 + i);
+      auto t1 = Clock::now();
+      if (!g.ok()) return Fail("grade", g.status());
+      grade_ms.push_back(Ms(t0, t1));
+      auto sb = c.Create(Spec(false));
+      if (!sb.ok()) return Fail("create", sb.status());
+      auto e = sb->Exec(truth);
+      plain_ms.push_back(Ms(t1, Clock::now()));
+      if (!e.ok()) return Fail("exec", e.status());
+      (void)sb->Destroy();
+    }
+    Pct gp = Percentiles(grade_ms), pp = Percentiles(plain_ms);
+    std::printf("Grade() (grader `true`, 100 changed files carried): p50 %.1f ms, p99 %.1f ms  "
+                "(a container created + its first exec: p50 %.1f ms, p99 %.1f ms; ratio p50 %.2f)\n",
+                gp.p50, gp.p99, pp.p50, pp.p99, pp.p50 > 0 ? gp.p50 / pp.p50 : 0);
+    (void)s->Close();
+  }
+
+  // The per-step check: guarded against unguarded, both holding 100 changes.
+  {
+    Pct p[2];
+    for (int guarded = 0; guarded < 2; ++guarded) {
+      auto s = c.OpenSession("bench/step/" + std::to_string(guarded), Spec(guarded));
+      if (!s.ok()) return Fail("open", s.status());
+      if (auto r = s->Step(0, dsec::Command({"/bin/sh", "-c", kChange100})); !r.ok()) return Fail("change", r.status());
+      std::vector<double> ms;
+      for (int k = 1; k <= steps; ++k) {
+        auto t0 = Clock::now();
+        auto r = s->Step(k, truth);
+        if (!r.ok()) return Fail("step", r.status());
+        ms.push_back(Ms(t0, Clock::now()));
+      }
+      p[guarded] = Percentiles(ms);
+      (void)s->Close();
+    }
+    std::printf("session step (`true`, 100 changes in the upper dir): guarded p50 %.2f ms, p99 %.2f ms; "
+                "unguarded p50 %.2f ms, p99 %.2f ms; the check adds %.2f ms at p50\n",
+                p[1].p50, p[1].p99, p[0].p50, p[0].p99, p[1].p50 - p[0].p50);
+  }
+  return 0;
+}
