@@ -260,8 +260,8 @@ ProcResult RunProcess(const std::vector<std::string>& argv, const std::string& s
 Result<std::unique_ptr<TestDaemon>> TestDaemon::Start(Options options) {
   std::unique_ptr<TestDaemon> d(new TestDaemon());
   d->options_ = std::move(options);
-  char tmpl[] = "/tmp/dsec-test-XXXXXX";
-  if (!::mkdtemp(tmpl)) return Status::FromErrno(errno, "mkdtemp");
+  std::string tmpl = "/tmp/" + d->options_.data_dir_name + "-XXXXXX";
+  if (!::mkdtemp(tmpl.data())) return Status::FromErrno(errno, "mkdtemp");
   d->data_dir_ = tmpl;
   d->log_path_ = d->data_dir_ + ".log";
   std::string any = d->options_.host + ":0";

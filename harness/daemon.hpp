@@ -93,6 +93,9 @@ struct TestDaemonOptions {
   // dsecd leads a process group of its own, as a shell's foreground job
   // does (Interrupt() sends its group a terminal's Ctrl-C).
   bool own_process_group = false;
+  // The data dir's name after /tmp/ (a unique suffix is added): a long one
+  // shows what paths of the data dir pass kernel limits.
+  std::string data_dir_name = "dsec-test";
 };
 
 class TestDaemon {

@@ -246,6 +246,8 @@ void SweepSessions(NodeSelf self) {
                      c.name = key;
                      for (const auto& sb : r.sandboxes())
                        if (!sb.id().empty()) c.sandboxes.push_back(sb.id());
+                     // A grade's sandbox of a mark left set (session_grade.cpp).
+                     if (r.grading()) c.sandboxes.push_back(GradeSandboxId(r, r.grading() - 1));
                      int64_t ended = r.closed_ms() ? r.closed_ms() : r.updated_ms();
                      c.expired = ended <= cutoff;
                      if (c.expired || !c.sandboxes.empty()) closed.push_back(std::move(c));

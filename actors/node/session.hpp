@@ -86,6 +86,9 @@ Status CheckOpenRequest(const NodeContext& ctx, const v1::OpenSessionRequest& re
 namespace drivers {
 struct LimitPolicy;
 }
+// The id of the sandbox that grades step `index` of `rec` (the agent's id +
+// "-g<index>"; session_grade.cpp).
+std::string GradeSandboxId(const v1::SessionRecord& rec, uint64_t index);
 // An open request's grade spec (session_grade.cpp): its command, timeout and
 // image name within bounds, and a task root to carry.
 Status CheckGradeSpec(const drivers::LimitPolicy& limits, const v1::OpenSessionRequest& req);

@@ -24,13 +24,8 @@ namespace {
 
 constexpr uint32_t kDefaultGradeTimeoutS = 600;
 
-std::string GradeSandboxId(const v1::SessionRecord& rec, uint64_t index) {
-  const auto* agent = FindRole(rec, kAgentRole);
-  return (agent ? agent->id() : std::string("ss")) + "-g" + std::to_string(index);
-}
-
 // The step a grade logs: its command, run in the task's root.
-v1::StepRequest GradeStep(const v1::SessionRecord& rec, uint64_t index) {
+v1::StepRequest GradeStep(const v1::SessionRecord& rec, uint64_t index, uint64_t max_ms) {
   v1::StepRequest req;
   req.set_session(rec.name());
   req.set_index(index);
@@ -38,8 +33,8 @@ v1::StepRequest GradeStep(const v1::SessionRecord& rec, uint64_t index) {
   auto* exec = req.mutable_exec();
   for (const auto& a : rec.grade().command()) exec->add_argv(a);
   exec->set_cwd(rec.spec().task().root());
-  uint32_t t = rec.grade().timeout_s() ? rec.grade().timeout_s() : kDefaultGradeTimeoutS;
-  exec->mutable_limits()->set_timeout_ms(uint64_t{t} * 1000);
+  uint64_t ms = uint64_t{rec.grade().timeout_s() ? rec.grade().timeout_s() : kDefaultGradeTimeoutS} * 1000;
+  exec->mutable_limits()->set_timeout_ms(max_ms ? std::min(ms, max_ms) : ms);
   return req;
 }
 
@@ -110,6 +105,10 @@ void EndGrade(Self self, uint64_t index, std::function<void()> then) {
     }
     if (st.rec.grading() != index + 1) return then();
     st.rec.set_grading(0);
+    // Written now only when no other write of the record can be in flight
+    // (a step being logged, a close): else the next one carries it, and a
+    // restart before that removes a sandbox already gone.
+    if (st.running || st.closing || st.rec.phase() != v1::SESSION_PHASE_OPEN) return then();
     PersistRecord(self, [then](const Status&) { then(); });
   };
   self->request(st.node, kNodeMargin, std::move(d))
@@ -130,15 +129,20 @@ void CreateGradeSandbox(Self self, v1::StepRequest req, int64_t started, int att
   c.set_id(GradeSandboxId(st.rec, req.index()));
   c.set_session(st.rec.name());
   std::string what = StepName(st.rec.name(), req.index()) + ": the grade sandbox " + c.id();
-  self->request(st.node, kNodeMargin, std::move(c))
+  // Its creation copies the agent's changes and the grader's files.
+  self->request(st.node, kNodeMargin * 10, std::move(c))
       .then(
           [self, req, started, attempt, what](v1::SandboxReply& r) {
             Status s = FromProto(r.status());
             auto phase = r.sandbox().phase();
             if (s.ok() || (s.code() == Status::Code::kAlreadyExists && phase == v1::SANDBOX_PHASE_RUNNING))
               return RunGrade(self, req, started);
-            if (s.code() == Status::Code::kAlreadyExists &&
-                (phase == v1::SANDBOX_PHASE_PENDING || phase == v1::SANDBOX_PHASE_STARTING) && attempt < 600) {
+            bool making = phase == v1::SANDBOX_PHASE_PENDING || phase == v1::SANDBOX_PHASE_STARTING;
+            if (s.code() == Status::Code::kAlreadyExists && making && attempt >= 6000)
+              return LogStep(self, req, started,
+                             Status::Unavailable(what + " is still being made after 10 minutes; grade again later: it "
+                                                        "runs once"));
+            if (s.code() == Status::Code::kAlreadyExists && making) {
               self->delayed_send(caf::actor_cast<session_actor>(self), std::chrono::milliseconds(100),
                                  Continuation{[self, req, started, attempt] {
                                    CreateGradeSandbox(self, req, started, attempt + 1);
@@ -188,7 +192,16 @@ void RunGrade(Self self, v1::StepRequest req, int64_t started) {
 void StartGrade(Self self, uint64_t index) {
   auto& st = self->state;
   st.running = true;
-  st.running_req = GradeStep(st.rec, index);
+  st.running_req = GradeStep(st.rec, index, st.ctx->options.limits.maxima.timeout_ms());
+  if (st.rec.grading() && st.rec.grading() != index + 1) {
+    // A grade of an earlier step that never got logged: its sandbox goes
+    // first (`running` keeps everything else waiting meanwhile).
+    uint64_t stale = st.rec.grading() - 1;
+    return EndGrade(self, stale, [self, index] {
+      self->state.rec.set_grading(0);
+      StartGrade(self, index);
+    });
+  }
   int64_t started = WallClockMs();
   v1::StepRequest req = st.running_req;
   if (st.rec.grading() == index + 1) return CreateGradeSandbox(self, req, started, 0);
@@ -259,6 +272,11 @@ void ResumeGrade(Self self) {
 }  // namespace dsec::session_detail
 
 namespace dsec {
+
+std::string GradeSandboxId(const v1::SessionRecord& rec, uint64_t index) {
+  const auto* agent = session_detail::FindRole(rec, session_detail::kAgentRole);
+  return (agent ? agent->id() : std::string("ss")) + "-g" + std::to_string(index);
+}
 
 Status CheckGradeSpec(const drivers::LimitPolicy& limits, const v1::OpenSessionRequest& req) {
   if (!req.has_grade()) return Status::Ok();

@@ -370,6 +370,17 @@ void HandleStep(Self self, const v1::StepRequest& req, StepPromise rp) {
   }
   uint64_t len = st.rec.step_count();
   if (req.index() < len) return FastForward(self, req, std::move(rp));
+  if (req.index() == len && st.running && RoleOf(st.running_req) == kGradeRole) {
+    rp.deliver(StepError(Status::FailedPrecondition(StepName(name, len) + " is a grade in progress; send step " +
+                                                    std::to_string(len + 1) + " once it is logged")));
+    return;
+  }
+  if (req.index() == len && !st.running && st.rec.grading() == len + 1) {
+    rp.deliver(StepError(Status::FailedPrecondition(
+        StepName(name, len) + " is a grade that began and was not logged (its grader may have run); grade again as "
+                              "step " + std::to_string(len) + ": it runs once")));
+    return;
+  }
   if (req.index() == len && st.running) {
     Status same =
         SameRequest(name, req.index(), RoleOf(st.running_req), st.running_req.exec(), RoleOf(req), req.exec());

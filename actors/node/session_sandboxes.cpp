@@ -44,15 +44,16 @@ void EnsureSandbox(Self self, int i, int attempt, std::function<void(const Statu
 // gone is fine); `done` runs once all have answered.
 void DestroySandboxes(Self self, std::function<void()> done) {
   auto& st = self->state;
-  auto left = std::make_shared<int>(0);
+  std::vector<std::string> ids;
   for (const auto& sb : st.rec.sandboxes())
-    if (!sb.id().empty()) ++*left;
-  if (*left == 0) return done();
-  for (const auto& sb : st.rec.sandboxes()) {
-    if (sb.id().empty()) continue;
+    if (!sb.id().empty()) ids.push_back(sb.id());
+  // A grade begun and not ended: its sandbox too (session_grade.cpp).
+  if (st.rec.grading()) ids.push_back(GradeSandboxId(st.rec, st.rec.grading() - 1));
+  if (ids.empty()) return done();
+  auto left = std::make_shared<size_t>(ids.size());
+  for (const auto& id : ids) {
     v1::DestroyRequest req;
-    req.set_sandbox_id(sb.id());
-    const std::string& id = sb.id();
+    req.set_sandbox_id(id);
     auto one = [self, left, done, id](const Status& s) {
       if (!s.ok() && s.code() != Status::Code::kNotFound)
         self->state.ctx->log->warn("session {}: destroying sandbox {}: {}", self->state.rec.name(), id, s.message());

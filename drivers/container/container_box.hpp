@@ -20,6 +20,7 @@ struct ContainerDriver::Box : AgentBox {
   // Idle freezing (IdleLoop), under idle_mu (active and last_active_ms too).
   bool idle_frozen = false;  // frozen by the idle timer; the next call thaws it
   bool user_paused = false;  // frozen by Pause; only Resume thaws it
+  bool carrying = false;     // frozen while a grade copies its changes (CarryLayers); the idle timer leaves it
   uint64_t cpu_ns_at_check = 0;
 };
 

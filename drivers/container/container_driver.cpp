@@ -358,7 +358,7 @@ void ContainerDriver::ScanIdle(const std::shared_ptr<AgentBox>& agent_box, int64
   auto* b = static_cast<Box*>(agent_box.get());
   const int64_t idle = opts_.idle_freeze_ms;
   std::lock_guard<std::mutex> lk(b->idle_mu);
-  if (b->idle_frozen || b->user_paused || b->active > 0 || !b->groups) return;
+  if (b->idle_frozen || b->user_paused || b->carrying || b->active > 0 || !b->groups) return;
   // Background work (a build started with &) keeps a container awake:
   // idle means under 1% of a CPU over the idle period.
   uint64_t cpu = groups_->CpuUsageNs(b->cgroup_rel);

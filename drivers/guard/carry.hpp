@@ -16,9 +16,15 @@
 //
 // Whiteouts (0:0 character devices) and opaque directories are carried as
 // the overlay made them (they delete in a lower layer as in the upper);
-// other trusted.overlay.* attributes (origin, impure, redirect) are not.
-// Symlinks are copied, never followed; the walk opens each directory
-// relative to its parent with O_NOFOLLOW (the upper dir is the agent's).
+// other trusted.overlay.* attributes (origin, impure, redirect) and any
+// user.overlay.* are not. Symlinks are copied, never followed; the walk
+// opens each directory relative to its parent with O_NOFOLLOW and skips
+// one swapped meanwhile (the upper dir is the agent's), holds no more than
+// a directory's names at once, recurses nowhere (the depth is the agent's
+// to choose), copies hard links once and files up to the size seen.
+// Where the agent removed, replaced or made anew a directory above the
+// task root, the root is opaque in the copy (empty when it is gone), with
+// the image's protected and hidden paths back.
 #pragma once
 
 #include <cstddef>
@@ -34,7 +40,9 @@ namespace dsec::guard {
 struct CarryOptions {
   std::string root;                  // the task's root, relative ("work/repo"); "" for the whole tree
   std::vector<PathGlob> image_wins;  // protected and hidden globs, relative to the root
-  size_t max_entries = 200000;       // ResourceExhausted past it
+  size_t max_entries = 200000;       // ResourceExhausted past any of these
+  uint64_t max_bytes = 4ull << 30;   // of regular files (hard links count once)
+  int max_depth = 512;               // directory levels under the root
 };
 
 struct CarryStats {
@@ -54,6 +62,7 @@ Result<CarryStats> CarryChanges(const std::string& upper, const std::string& ima
 
 // Copies the tree `src` into `dest` (made; must not exist): files, dirs,
 // symlinks, owners, modes, times. A grader image's files, for one.
-Result<CarryStats> CopyLayer(const std::string& src, const std::string& dest, size_t max_entries = 200000);
+Result<CarryStats> CopyLayer(const std::string& src, const std::string& dest, size_t max_entries = 200000,
+                             uint64_t max_bytes = 4ull << 30);
 
 }  // namespace dsec::guard

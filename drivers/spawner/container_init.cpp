@@ -53,6 +53,43 @@ long Mkdir(const char* p, int mode) {
   return rc == -EEXIST ? 0 : rc;
 }
 
+// The overlay's layers as /proc/self/fd/N, each opened here (O_PATH):
+// fsconfig takes at most 255 bytes, which three or four layers under a
+// data dir of 40 bytes or more pass. `out` gets the colon-separated list,
+// `fds` what was opened (-1 past the last; closed once the overlay is
+// made); 0 or a negative errno.
+constexpr int kMaxLayers = 16;
+long ShortLower(const char* lower, char* out, unsigned long cap, long (&fds)[kMaxLayers]) {
+  unsigned long n = 0;
+  int layers = 0;
+  for (long& fd : fds) fd = -1;
+  for (const char* p = lower; *p;) {
+    char path[4096];
+    unsigned long k = 0;
+    while (*p && *p != ':' && k < sizeof path - 1) path[k++] = *p++;
+    path[k] = 0;
+    if (*p == ':') ++p;
+    if (layers == kMaxLayers) return -E2BIG;
+    long fd = Call(SYS_openat, AT_FDCWD, path, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return fd;
+    fds[layers++] = fd;
+    char digits[12];
+    int d = 0;
+    for (long v = fd; d == 0 || v > 0; v /= 10) digits[d++] = static_cast<char>('0' + v % 10);
+    const char* prefix = n ? ":/proc/self/fd/" : "/proc/self/fd/";
+    for (const char* c = prefix; *c; ++c) {
+      if (n + 1 >= cap) return -ENAMETOOLONG;
+      out[n++] = *c;
+    }
+    while (d > 0) {
+      if (n + 1 >= cap) return -ENAMETOOLONG;
+      out[n++] = digits[--d];
+    }
+  }
+  out[n] = 0;
+  return 0;
+}
+
 struct KernelSigaction {
   void (*handler)(int);
   unsigned long flags;
@@ -141,7 +178,14 @@ int ContainerInitEntry(void* arg) {
   // nodev: device nodes shipped in an image are inert; /dev is our own.
   long fs = Call(SYS_fsopen, "overlay", FSOPEN_CLOEXEC);
   if (fs < 0) Fail(s, "fsopen(overlay) (Linux 5.2 or later is needed)", fs);
-  CHECK(Call(SYS_fsconfig, fs, FSCONFIG_SET_STRING, "lowerdir", s->lower, 0), "overlay lowerdir");
+  char lower[256];
+  long lower_fds[kMaxLayers];
+  CHECK(ShortLower(s->lower, lower, sizeof lower, lower_fds), "open the overlay's lower layers");
+  CHECK(Call(SYS_fsconfig, fs, FSCONFIG_SET_STRING, "lowerdir", lower, 0), "overlay lowerdir");
+  // What a grade copies of the upper dir must be whole files and plain
+  // directories (drivers/guard/carry.hpp), whatever the host's defaults.
+  CHECK(Call(SYS_fsconfig, fs, FSCONFIG_SET_STRING, "redirect_dir", "off", 0), "overlay redirect_dir=off");
+  CHECK(Call(SYS_fsconfig, fs, FSCONFIG_SET_STRING, "metacopy", "off", 0), "overlay metacopy=off");
   CHECK(Call(SYS_fsconfig, fs, FSCONFIG_SET_STRING, "upperdir", s->upper, 0), "overlay upperdir");
   CHECK(Call(SYS_fsconfig, fs, FSCONFIG_SET_STRING, "workdir", s->work, 0), "overlay workdir");
   // Inode numbers that agree: the upper and the image are different
@@ -149,6 +193,8 @@ int ContainerInitEntry(void* arg) {
   // (find, tar, rsync and CPython's test_os compare them).
   CHECK(Call(SYS_fsconfig, fs, FSCONFIG_SET_STRING, "xino", "on", 0), "overlay xino=on");
   CHECK(Call(SYS_fsconfig, fs, FSCONFIG_CMD_CREATE, 0, 0, 0), "create the overlay root");
+  for (long fd : lower_fds)
+    if (fd >= 0) Call(SYS_close, fd);
   long root_mnt = Call(SYS_fsmount, fs, FSMOUNT_CLOEXEC, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV);
   if (root_mnt < 0) Fail(s, "mount the overlay root", root_mnt);
   Call(SYS_close, fs);

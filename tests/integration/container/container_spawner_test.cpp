@@ -94,7 +94,7 @@ TEST(ContainerSpawner, InitsThatFailInTheirSetupAreAnsweredAndLeaveNothing) {
   }
   for (const auto& [id, a] : answers) {
     EXPECT_EQ(a.pid(), 0) << id;
-    EXPECT_NE(a.error().find("container sb-bad" + std::to_string(id) + ": overlay lowerdir"), std::string::npos)
+    EXPECT_NE(a.error().find("container sb-bad" + std::to_string(id) + ": open the overlay's lower layers"), std::string::npos)
         << a.error();
   }
   // Every failed init exits and is reaped by the spawner.

@@ -317,5 +317,62 @@ TEST(CarryChanges, TheGradeSeesTheAgentsChangesWithTheImagesProtectedPaths) {
   testing::RunProcess({"/bin/rm", "-rf", dir});
 }
 
+// What an agent's upper dir may hold to hurt the copy, and what the
+// copy does: a tree deeper than the limit is an error (no recursion to
+// overflow), hard links are copied once, a sparse file counts its size
+// against the limit; a directory above the task root made anew or a root
+// removed take the image's root with them, but for its protected paths.
+TEST(CarryChanges, HostileTreesEndInAClearErrorAndAncestorsAreKept) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root (whiteouts, trusted xattrs)";
+  char tmpl[] = "/tmp/dsec-guard-hostile-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  std::string dir = tmpl, image = dir + "/image";
+  auto sh = [&](const std::string& script) {
+    auto r = testing::RunProcess({"/bin/sh", "-c", "set -e; cd " + dir + "; " + script});
+    EXPECT_EQ(r.exit_code, 0) << script << ": " << r.err;
+  };
+  sh("mkdir -p image/work/repo/tests up1/work/repo up2/work/repo up3/work up4/work; "
+     "echo t > image/work/repo/tests/test_a.py; echo o > image/work/repo/old.py; "
+     "python3 -c \"import os; os.makedirs('up1/work/repo/' + '/'.join(['d'] * 600))\"; "
+     "dd if=/dev/zero of=up2/work/repo/big bs=1M count=1 2>/dev/null; "
+     "for i in $(seq 500); do ln up2/work/repo/big up2/work/repo/link$i; done; "
+     "truncate -s 3M up2/work/repo/sparse; "
+     "mkdir -p up3/work/repo && echo n > up3/work/repo/new.py; "
+     "python3 -c \"import os; os.setxattr('up3/work', 'trusted.overlay.opaque', b'y')\"; "
+     "mknod up4/work/repo c 0 0");
+  CarryOptions carry;
+  carry.root = "work/repo";
+  auto globs = ParseGlobs({"**/test_*.py"}, "protected paths");
+  ASSERT_TRUE(globs.ok());
+  carry.image_wins = *globs;
+  auto deep = CarryChanges(dir + "/up1", image, dir + "/out1", carry);
+  ASSERT_FALSE(deep.ok());
+  EXPECT_THAT(deep.status().message(), HasSubstr("deeper than 512 levels"));
+  carry.max_bytes = 2 << 20;
+  auto big = CarryChanges(dir + "/up2", image, dir + "/out2", carry);
+  ASSERT_FALSE(big.ok()) << "1 MiB (its 500 links count once) and a 3 MiB sparse file";
+  EXPECT_THAT(big.status().message(), HasSubstr("pass 2 MiB"));
+  sh("rm up2/work/repo/sparse");
+  auto links = CarryChanges(dir + "/up2", image, dir + "/out2b", carry);
+  ASSERT_TRUE(links.ok()) << links.status().ToString();
+  EXPECT_EQ(links->bytes, 1u << 20) << "copied once";
+  struct stat st;
+  ASSERT_EQ(::stat((dir + "/out2b/work/repo/link77").c_str(), &st), 0);
+  EXPECT_EQ(st.st_nlink, 501u);
+  carry.max_bytes = 4ull << 30;
+  auto remade = CarryChanges(dir + "/up3", image, dir + "/out3", carry);
+  ASSERT_TRUE(remade.ok()) << remade.status().ToString();
+  auto gone = CarryChanges(dir + "/up4", image, dir + "/out4", carry);
+  ASSERT_TRUE(gone.ok()) << gone.status().ToString();
+  auto r = testing::RunProcess({"/bin/sh", "-c", "cd " + dir + " && find out3 out4 | LC_ALL=C sort && "
+                                "python3 -c \"import os; print(*(os.getxattr(p, 'trusted.overlay.opaque').decode() for p in "
+                                "('out3/work/repo', 'out4/work/repo')), sep='')\""});
+  EXPECT_EQ(r.out,
+            "out3\nout3/work\nout3/work/repo\nout3/work/repo/new.py\nout3/work/repo/tests\nout3/work/repo/tests/test_a.py\n"
+            "out4\nout4/work\nout4/work/repo\nout4/work/repo/tests\nout4/work/repo/tests/test_a.py\nyy\n")
+      << r.err;
+  testing::RunProcess({"/bin/rm", "-rf", dir});
+}
+
 }  // namespace
 }  // namespace dsec::guard

@@ -25,7 +25,12 @@ using ::testing::HasSubstr;
 class Grades : public ContainerTest {
  protected:
   static void SetUpTestSuite() {
-    ContainerTest::SetUpTestSuite();
+    // A data dir of 50 bytes (its agent sockets' paths stay within 107):
+    // the grade's four lower layers are 360 bytes of paths, past what the
+    // kernel takes in one overlay option (255).
+    TestDaemonOptions o;
+    o.data_dir_name = "dsec-test-grades-in-a-longer-data-dir";
+    start_ = TryStartContainerDaemon(o, &daemon_, &client_);
     if (!client_) return;
     // The task: a repository whose test fails until calc.py adds; its
     // hidden grader and a grader image of its own.
@@ -205,6 +210,11 @@ TEST_F(Grades, AHangingGraderIsCutAtItsLimitAndBadGradeSpecsAreRefused) {
   auto r = client_->OpenSession("grade/bad/3", rootless, Graded("run.sh"));
   ASSERT_FALSE(r.ok());
   EXPECT_THAT(r.status().message(), HasSubstr("no task root"));
+  v1::SandboxSpec fncall = FncallSpec();
+  fncall.mutable_task()->set_root("/work");
+  auto f = client_->OpenSession("grade/bad/6", fncall, Graded("run.sh"));
+  ASSERT_FALSE(f.ok());
+  EXPECT_THAT(f.status().message(), HasSubstr("which a fncall sandbox cannot give; grade a container session"));
   SessionOptions no_cmd = Graded("run.sh");
   no_cmd.grade.clear_command();
   no_cmd.grade.set_timeout_s(5);
@@ -248,6 +258,9 @@ TEST_F(Grades, AGradeCutByKill9RunsOnceAndIsLoggedOnce) {
     if (!pid) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   ASSERT_NE(pid, 0) << "the grader did not start";
+  auto meanwhile = s->Step(1, Sh("true"));
+  ASSERT_FALSE(meanwhile.ok());
+  EXPECT_THAT(meanwhile.status().message(), HasSubstr("step 1 is a grade in progress; send step 2 once it is logged"));
   daemon_->Kill9();
   auto cut = pending.get();
   EXPECT_FALSE(cut.ok()) << "its caller heard dsecd go";
