@@ -4,7 +4,9 @@
 // the result to its own actor instead of doing work there.
 #pragma once
 
+#include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 
 #include "drivers/guard/upper_diff.hpp"
@@ -124,6 +126,9 @@ class Driver {
   // What the sandbox changed of its image, read after a step (kinds with
   // the guard capability; Unimplemented elsewhere). Cheap: the changes only.
   virtual Result<guard::UpperDiff> Changes(const v1::SandboxRecord& sandbox) const;
+  // The syscalls its seccomp filter denied and counted since this dsecd
+  // started, by name (containers: NotifiedSyscalls; empty elsewhere).
+  virtual std::map<std::string, uint64_t> DeniedCalls(const v1::SandboxRecord& sandbox) const { return {}; }
 
   // After a daemon restart: reconnect to a sandbox from its record (`done`
   // Ok), or say why it is gone. Returns at once, like every call here.

@@ -70,6 +70,9 @@ class FaultDriver final : public Driver {
   }
   Result<v1::NetworkReport> Network(const v1::SandboxRecord& sb) const override { return base_->Network(sb); }
   Result<guard::UpperDiff> Changes(const v1::SandboxRecord& sb) const override { return base_->Changes(sb); }
+  std::map<std::string, uint64_t> DeniedCalls(const v1::SandboxRecord& sb) const override {
+    return base_->DeniedCalls(sb);
+  }
   void Readopt(const v1::SandboxRecord& sb, const std::string& driver_state, StatusCallback done) override;
   void Restored() override { base_->Restored(); }
   std::string StatsJson() const override { return base_->StatsJson(); }

@@ -73,6 +73,8 @@ struct SessionState {
   // Per sandbox id: the refused packets and names its network report showed at
   // the last step (network_refused / name_refused flags are the growth).
   std::map<std::string, std::pair<uint64_t, uint64_t>> refusals_seen;
+  // Per sandbox id: the syscalls its filter had denied at the last step.
+  std::map<std::string, std::map<std::string, uint64_t>> denied_seen;
   uint64_t lease_gen = 0;
   bool lease_armed = false;  // a lease timer of lease_gen is pending
   int64_t forwarded_ms = 0;  // the last call the controller forwarded, steady clock (0: none)

@@ -138,10 +138,31 @@ void AddNetworkFlags(Self self, const v1::SessionSandbox& role, drivers::Driver&
   }
 }
 
+// What the sandbox's seccomp filter denied since the last step (the clock
+// set, a debugger, a mount or namespace tried: NotifiedSyscalls), by name.
+void AddDeniedFlags(Self self, const v1::SessionSandbox& role, drivers::Driver& d, v1::StepRecord* step) {
+  auto& st = self->state;
+  v1::SandboxRecord rec;
+  rec.set_id(role.id());
+  auto now = d.DeniedCalls(rec);
+  auto& seen = st.denied_seen[role.id()];
+  std::string evidence;
+  for (const auto& [name, n] : now) {
+    uint64_t before = seen.count(name) && seen[name] <= n ? seen[name] : 0;  // below: counted anew (a restart)
+    if (n > before) evidence += (evidence.empty() ? "" : ", ") + name + " x" + std::to_string(n - before);
+  }
+  seen = std::move(now);
+  if (evidence.empty()) return;
+  auto* f = step->add_flags();
+  f->set_what("denied_syscall");
+  f->set_evidence(evidence);
+}
+
 void AddFlags(Self self, v1::StepRecord* step) {
   auto& st = self->state;
   const auto* role = FindRole(st.rec, step->sandbox());
   if (!role || role->id().empty()) return;
+  if (auto d = st.ctx->kinds->DriverFor(role->spec()); d.ok()) AddDeniedFlags(self, *role, **d, step);
   if (role->spec().network().mode() != v1::NETWORK_MODE_NONE &&
       role->spec().network().mode() != v1::NETWORK_MODE_UNSPECIFIED)
     if (auto d = st.ctx->kinds->DriverFor(role->spec()); d.ok()) AddNetworkFlags(self, *role, **d, step);

@@ -2,6 +2,7 @@
 // driver's files share it).
 #pragma once
 
+#include <map>
 #include <string>
 
 #include "drivers/container/container_driver.hpp"
@@ -22,6 +23,8 @@ struct ContainerDriver::Box : AgentBox {
   bool user_paused = false;  // frozen by Pause; only Resume thaws it
   bool carrying = false;     // frozen while a grade copies its changes (CarryLayers); the idle timer leaves it
   uint64_t cpu_ns_at_check = 0;
+  // Syscalls its seccomp listener denied (the spawner's Denied events), under idle_mu.
+  std::map<std::string, uint64_t> denied;
 };
 
 }  // namespace dsec::drivers

@@ -167,6 +167,13 @@ void ContainerDriver::Stop() {
 }
 
 void ContainerDriver::OnEvent(spawner::Event& ev) {
+  if (ev.has_denied()) {
+    if (auto box = Find(ev.denied().sandbox_id())) {
+      std::lock_guard<std::mutex> lk(box->idle_mu);
+      for (const auto& [name, n] : ev.denied().calls()) box->denied[name] += n;
+    }
+    return;
+  }
   if (!ev.has_container_created()) return;
   const auto& c = ev.container_created();
   std::promise<Result<int>> prom;

@@ -75,6 +75,7 @@ class ContainerDriver : public BoxDriver {
   Result<uint64_t> DiskUsage(const v1::SandboxRecord& sandbox) const override;
   // Its overlay upper dir against the image (and its mask layer).
   Result<guard::UpperDiff> Changes(const v1::SandboxRecord& sandbox) const override;
+  std::map<std::string, uint64_t> DeniedCalls(const v1::SandboxRecord& sandbox) const override;
   static constexpr size_t kMaxChanges = 100000;
   void Restored() override;
   std::string StatsJson() const override;

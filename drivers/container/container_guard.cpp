@@ -150,3 +150,14 @@ Result<std::string> ContainerDriver::CarryLayers(const std::string& id, const st
 }
 
 }  // namespace dsec::drivers
+
+namespace dsec::drivers {
+
+std::map<std::string, uint64_t> ContainerDriver::DeniedCalls(const v1::SandboxRecord& sb) const {
+  auto box = Find(sb.id());
+  if (!box) return {};
+  std::lock_guard<std::mutex> lk(box->idle_mu);
+  return box->denied;
+}
+
+}  // namespace dsec::drivers

@@ -90,6 +90,31 @@ long ShortLower(const char* lower, char* out, unsigned long cap, long (&fds)[kMa
   return 0;
 }
 
+// Sends the seccomp filter's listener to the spawner (kInitSlotNotify), with
+// the sandbox's id; then neither stays here. Best effort: a listener that
+// does not arrive is closed, and the syscalls it would have seen fail with
+// ENOSYS instead of EPERM, uncounted.
+void HandListener(long listener, const char* sandbox_id) {
+  unsigned long len = 0;
+  while (sandbox_id && sandbox_id[len] && len < 64) ++len;
+  iovec iov{const_cast<char*>(sandbox_id ? sandbox_id : "?"), len ? len : 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  int fd = static_cast<int>(listener);
+  __builtin_memcpy(CMSG_DATA(c), &fd, sizeof fd);
+  Call(SYS_sendmsg, kInitSlotNotify, &msg, MSG_NOSIGNAL);
+  Call(SYS_close, listener);
+  Call(SYS_close, kInitSlotNotify);
+}
+
 struct KernelSigaction {
   void (*handler)(int);
   unsigned long flags;
@@ -215,8 +240,8 @@ int ContainerInitEntry(void* arg) {
   CHECK(Call(SYS_setns, kInitSlotMntBase, CLONE_NEWNS), "enter the container base mount namespace");
   CHECK(Call(SYS_unshare, CLONE_NEWNS), "unshare the mount namespace");
   // The slots are used; fd 3 (the fncall runners' root) is not ours.
+  // (The status and listener slots stay, to the agent's execve.)
   Call(SYS_close_range, 3u, kInitSlotStatus - 1, 0u);
-  Call(SYS_close_range, kInitSlotStatus + 1, kInitFirstFree - 1, 0u);
   const char* r = "/mnt";
   CHECK(Call(SYS_move_mount, root_mnt, "", AT_FDCWD, r, MOVE_MOUNT_F_EMPTY_PATH), "attach the overlay root");
   Call(SYS_close, root_mnt);
@@ -337,12 +362,14 @@ int ContainerInitEntry(void* arg) {
     Call(SYS_fcntl, 3, F_SETFD, 0);
   }
   Call(SYS_close_range, 4u, kInitSlotStatus - 1, 0u);
-  Call(SYS_close_range, kInitSlotStatus + 1, ~0u, 0u);
+  Call(SYS_close_range, kInitSlotNotify + 1, ~0u, 0u);
   // The spawner's priority (kContainerLaneNice) ends with the setup.
   CHECK(Call(SYS_setpriority, PRIO_PROCESS, 0, 0), "reset the nice value");
   DropCapabilities(s);
   CHECK(Call(SYS_prctl, PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs");
-  CHECK(Call(SYS_prctl, PR_SET_SECCOMP, SECCOMP_MODE_FILTER, s->seccomp, 0, 0), "install seccomp");
+  long listener = Call(SYS_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_NEW_LISTENER, s->seccomp);
+  if (listener < 0) Fail(s, "install seccomp", listener);
+  HandListener(listener, s->sandbox_id);
   __atomic_store_n(&s->reached_exec, 1, __ATOMIC_RELEASE);
   long rc = Call(SYS_execve, "/run/dsec/agent", s->agent_argv, s->agent_envp);
   Fail(s, "execute the agent (/run/dsec/agent)", rc);

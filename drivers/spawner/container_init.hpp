@@ -29,10 +29,13 @@ inline constexpr int kInitSlotMntBase = 11; // mount namespace to start from (Bu
 // Write end of a pipe the init keeps until it executes the agent (close on
 // exec) or fails: EOF there tells the spawner the init is done either way.
 inline constexpr int kInitSlotStatus = 12;
+// A socket to the spawner, where the init sends its seccomp filter's
+// listener (SCM_RIGHTS) with the sandbox's id, right before the agent.
+inline constexpr int kInitSlotNotify = 13;
 // The spawner's own descriptors start here (and the fncall runner slots end).
 inline constexpr int kInitFirstFree = fncall::kFirstSpawnerFd;
 static_assert(kInitSlotCgroup + 6 <= kInitSlotMntBase && kInitSlotMntBase < kInitSlotStatus &&
-                  kInitSlotStatus < kInitFirstFree,
+                  kInitSlotStatus < kInitSlotNotify && kInitSlotNotify < kInitFirstFree,
               "container slots overlap each other or the spawner's fds");
 
 // Root in the container keeps what package managers and build tools use
@@ -64,6 +67,7 @@ struct ContainerSetup {
   const char* const* read_only = nullptr;  // paths in the root bound read-only over themselves
   int read_only_count = 0;
   const sock_fprog* seccomp = nullptr;
+  const char* sandbox_id = nullptr;    // sent with the filter's listener (kInitSlotNotify)
   char* const* agent_argv = nullptr;
   char* const* agent_envp = nullptr;
   // Futex word: 1 once the init has its own fd table (the spawner's slots

@@ -98,7 +98,8 @@ void Spawner::CreateContainer(const spawner::CreateContainer& req) {
   setup.cgroups = static_cast<int>(procs.size());
   setup.read_only = in->read_only_ptrs.data();
   setup.read_only_count = static_cast<int>(in->read_only_ptrs.size());
-  setup.seccomp = &seccomp_prog_;
+  setup.seccomp = &container_seccomp_prog_;
+  setup.sandbox_id = in->sandbox_id.c_str();
   setup.agent_argv = in->argv;
   setup.agent_envp = in->envp;
   in->stack = AcquireInitStack();
@@ -113,6 +114,7 @@ void Spawner::CreateContainer(const spawner::CreateContainer& req) {
   ::dup2(container_base_ns_.get(), container::kInitSlotMntBase);
   for (size_t i = 0; i < procs.size(); ++i) ::dup2(procs[i].get(), container::kInitSlotCgroup + static_cast<int>(i));
   ::dup2(status[1], container::kInitSlotStatus);
+  ::dup2(notify_tx_.get(), container::kInitSlotNotify);
   ::close(status[1]);
   // No CLONE_NEWNS: the init makes its mount namespace from the base.
   int flags = CLONE_VM | CLONE_FILES | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | SIGCHLD;

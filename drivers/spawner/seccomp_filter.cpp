@@ -6,6 +6,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstring>
 #include <memory>
 
 namespace dsec::fncall {
@@ -37,7 +39,15 @@ const std::vector<const char*>& DeniedSyscalls() {
   return kDenied;
 }
 
-Result<SeccompProgram> BuildSandboxSeccomp() {
+const std::vector<const char*>& NotifiedSyscalls() {
+  static const std::vector<const char*> kNotified = {
+      "settimeofday", "clock_settime", "ptrace", "process_vm_readv", "process_vm_writev", "mount", "umount2",
+      "pivot_root", "unshare", "setns", "bpf",
+  };
+  return kNotified;
+}
+
+Result<SeccompProgram> BuildSandboxSeccomp(bool notify) {
   std::unique_ptr<void, void (*)(scmp_filter_ctx)> ctx(seccomp_init(SCMP_ACT_ALLOW),
                                                         seccomp_release);
   if (!ctx) return Status::Internal("seccomp_init failed");
@@ -47,7 +57,9 @@ Result<SeccompProgram> BuildSandboxSeccomp() {
   for (const char* name : DeniedSyscalls()) {
     int nr = seccomp_syscall_resolve_name(name);
     if (nr == __NR_SCMP_ERROR) continue;  // not on this architecture
-    int rc = seccomp_rule_add(ctx.get(), SCMP_ACT_ERRNO(EPERM), nr, 0);
+    bool notified = notify && std::any_of(NotifiedSyscalls().begin(), NotifiedSyscalls().end(),
+                                          [&](const char* n) { return std::strcmp(n, name) == 0; });
+    int rc = seccomp_rule_add(ctx.get(), notified ? SCMP_ACT_NOTIFY : SCMP_ACT_ERRNO(EPERM), nr, 0);
     if (rc < 0) return Status::FromErrno(-rc, std::string("seccomp rule for ") + name);
   }
   constexpr uint64_t kNsFlags = CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER |

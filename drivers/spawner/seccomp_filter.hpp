@@ -24,7 +24,15 @@ struct SeccompProgram {
 // CLONE_NEW*), ptrace and process_vm_*, module loading, kexec, bpf, keyrings,
 // perf, userfaultfd, io_uring, clock setting, reboot, swap, and friends.
 // clone3 gets ENOSYS so libc falls back to clone, whose flags we can check.
-Result<SeccompProgram> BuildSandboxSeccomp();
+// notify: NotifiedSyscalls() go to the filter's listener (seccomp user
+// notification) instead, which answers EPERM and counts them per sandbox:
+// containers' filter (container_init.cpp, denials.cpp).
+Result<SeccompProgram> BuildSandboxSeccomp(bool notify = false);
+
+// Of DeniedSyscalls, the ones a container's listener sees (each a sign of
+// misbehaviour, none a read: the clock set, a debugger attached, a mount or
+// a namespace tried, a BPF program loaded).
+const std::vector<const char*>& NotifiedSyscalls();
 
 // The syscall names BuildSandboxSeccomp denies (for docs and tests).
 const std::vector<const char*>& DeniedSyscalls();

@@ -76,6 +76,13 @@ std::string Spawner::Init() {
   auto sc = BuildSandboxSeccomp();
   if (!sc.ok()) return sc.status().message();
   seccomp_ = std::move(*sc);
+  if (opts_.containers) {
+    auto notifying = BuildSandboxSeccomp(true);
+    if (!notifying.ok()) return notifying.status().message();
+    container_seccomp_ = std::move(*notifying);
+    container_seccomp_prog_ = container_seccomp_.prog();
+    if (Status st = OpenNotify(); !st.ok()) return st.message();
+  }
   auto groups = cgroup::Groups::Discover();
   if (!groups.ok()) return groups.status().message();
   groups_ = std::move(*groups);
@@ -168,6 +175,10 @@ void Spawner::Loop() {
         OnSignal();
       } else if (inits_.count(key)) {
         OnInitDone(key);
+      } else if (key == kNotifyKey) {
+        OnNotifyReadable();
+      } else if (listeners_.count(key)) {
+        OnListener(key, events[i].events);
       } else {
         OnRunnerEvent(key, stream, events[i].events);
       }
@@ -182,6 +193,7 @@ void Spawner::Loop() {
       it->second->timed_out = true;
       Kill(*it->second, "wall-clock limit");
     }
+    if (!denied_.empty()) FlushDenied();
     // Outcomes go out now, before Refill spends time starting runners.
     FlushControl();
     if (control_eof_) break;
@@ -633,6 +645,8 @@ void Spawner::Shutdown() {
       uint64_t key = events[i].data.u64 >> 2, stream = events[i].data.u64 & 3;
       if (key == kSignalKey) OnSignal();
       else if (inits_.count(key)) OnInitDone(key);
+      else if (key == kNotifyKey) OnNotifyReadable();
+      else if (listeners_.count(key)) OnListener(key, events[i].events);
       else if (key != kControlKey) OnRunnerEvent(key, stream, events[i].events);
     }
     OnSignal();

@@ -58,7 +58,7 @@ inline void SetNonBlocking(int fd) { ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) |
 // epoll tags: (key << 2) | stream. Keys 0 and 1 are the dsecd socket and the
 // signalfd; runners count up from 2.
 enum Stream : uint64_t { kCtl = 0, kOut = 1, kErr = 2, kIn = 3 };
-constexpr uint64_t kControlKey = 0, kSignalKey = 1;
+constexpr uint64_t kControlKey = 0, kSignalKey = 1, kNotifyKey = 2;
 
 enum class State { kStarting, kReady, kRunning };
 
@@ -135,6 +135,22 @@ class Spawner {
   // failed; answers dsecd and frees what the init used.
   void OnInitDone(uint64_t key);
   void ContainerGone(pid_t pid);
+  // Containers' seccomp listeners (denials.cpp): each init sends its own on
+  // notify_rx_ before it executes the agent; each notification is answered
+  // EPERM and counted, and the counts go to dsecd once per loop.
+  Status OpenNotify();
+  void OnNotifyReadable();
+  void OnListener(uint64_t key, uint32_t events);
+  void FlushDenied();
+  UniqueFd notify_rx_, notify_tx_;
+  struct Listener {
+    UniqueFd fd;
+    std::string sandbox_id;
+  };
+  std::unordered_map<uint64_t, Listener> listeners_;  // epoll key -> listener
+  std::map<std::string, std::map<std::string, uint64_t>> denied_;  // not sent yet
+  SeccompProgram container_seccomp_;
+  sock_fprog container_seccomp_prog_{};
   // Net namespaces of live containers we keep a descriptor for (to recycle
   // them); past this, a container's namespace is simply not recycled.
   static constexpr size_t kMaxTrackedContainerNetns = 4096;
@@ -211,7 +227,7 @@ class Spawner {
   std::deque<uint64_t> ready_;
   std::deque<spawner::Run> pending_;
   std::multimap<int64_t, uint64_t> deadlines_;  // deadline -> runner key
-  uint64_t next_key_ = 2;
+  uint64_t next_key_ = 3;
   size_t starting_ = 0, running_ = 0;
   uint64_t runs_ = 0, runner_failures_ = 0, consecutive_failures_ = 0, ipcns_dropped_ = 0;
   // Runner starts failing in a row: back off (doubling up to 5 s), and while

@@ -137,6 +137,10 @@ inline void ExpectOnlyTheFilterDenies(pid_t pid, const std::vector<RawCall>& cal
       continue;
     }
     auto said = [](int e) { return e > 0 ? std::strerror(e) : e == 0 ? "success" : "the child died"; };
+    // A container's filter sends some calls to its listener (dsec-spawner's,
+    // which answers EPERM: the sandbox's own probes show it); under the copy
+    // installed here there is no listener, and the kernel says ENOSYS.
+    if (with[i] == ENOSYS && without[i] != ENOSYS) continue;
     EXPECT_EQ(with[i], EPERM) << name << " is not refused by the sandbox's seccomp filter: " << said(with[i])
                               << " (without it: " << said(without[i]) << ")";
   }

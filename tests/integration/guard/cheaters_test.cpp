@@ -3,8 +3,9 @@
 // one test fails until calc.py adds, graded by real pytest from a grader
 // image the agent never sees. Each test says what stops its cheat: the
 // protected paths' read-only mounts, the grade on the original tests (the
-// cheat does not raise the reward), a flag, or what the container does not
-// allow. Covered elsewhere: a forged request to the agent's socket
+// cheat does not raise the reward), a flag (a change under a protected
+// path, a syscall the container's seccomp listener denied), or what the
+// container does not allow. Covered elsewhere: a forged request to the agent's socket
 // (security/container_files_test.cpp) and refused connections as flags
 // (net/kinds_network_test.cpp).
 #include <gmock/gmock.h>
@@ -233,6 +234,7 @@ TEST_F(Cheaters, TheClockCannotBeSetAndAStandardModuleOfItsOwnDoesNotReachTheGra
   ASSERT_EQ(r.steps.size(), 2u);
   EXPECT_THAT(r.steps[0].result().stdout(), HasSubstr("date=1"));
   EXPECT_THAT(r.steps[0].result().stdout(), HasSubstr("PermissionError"));
+  EXPECT_THAT(r.flags, ::testing::ElementsAre("denied_syscall: clock_settime x2")) << "counted by the seccomp listener";
   EXPECT_EQ(r.steps[1].result().stdout(), "shadowed\n") << "the shadow works where the root is on the path";
   EXPECT_EQ(r.grade.meta().reward(), 1.0) << Out(r.grade);
 }
