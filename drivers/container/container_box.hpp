@@ -3,6 +3,7 @@
 #pragma once
 
 #include <map>
+#include <mutex>
 #include <string>
 
 #include "drivers/container/container_driver.hpp"
@@ -23,7 +24,9 @@ struct ContainerDriver::Box : AgentBox {
   bool user_paused = false;  // frozen by Pause; only Resume thaws it
   bool carrying = false;     // frozen while a grade copies its changes (CarryLayers); the idle timer leaves it
   uint64_t cpu_ns_at_check = 0;
-  // Syscalls its seccomp listener denied (the spawner's Denied events), under idle_mu.
+  // Syscalls its seccomp listener denied (the spawner's Denied events); a
+  // lock of its own (idle_mu is held through freezes and grade copies).
+  mutable std::mutex denied_mu;
   std::map<std::string, uint64_t> denied;
 };
 

@@ -169,7 +169,7 @@ void ContainerDriver::Stop() {
 void ContainerDriver::OnEvent(spawner::Event& ev) {
   if (ev.has_denied()) {
     if (auto box = Find(ev.denied().sandbox_id())) {
-      std::lock_guard<std::mutex> lk(box->idle_mu);
+      std::lock_guard<std::mutex> lk(box->denied_mu);
       for (const auto& [name, n] : ev.denied().calls()) box->denied[name] += n;
     }
     return;

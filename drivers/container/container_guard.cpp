@@ -156,7 +156,7 @@ namespace dsec::drivers {
 std::map<std::string, uint64_t> ContainerDriver::DeniedCalls(const v1::SandboxRecord& sb) const {
   auto box = Find(sb.id());
   if (!box) return {};
-  std::lock_guard<std::mutex> lk(box->idle_mu);
+  std::lock_guard<std::mutex> lk(box->denied_mu);
   return box->denied;
 }
 

@@ -74,14 +74,16 @@ void Spawner::OnListener(uint64_t key, uint32_t events) {
       std::memset(&resp, 0, sizeof resp);
       resp.id = req.id;
       resp.error = -EPERM;
-      (void)::ioctl(it->second.fd.get(), SECCOMP_IOCTL_NOTIF_SEND, &resp);  // ENOENT: it died meanwhile
-      char* name = seccomp_syscall_resolve_num_arch(SCMP_ARCH_NATIVE, req.data.nr);
-      ++denied_[it->second.sandbox_id][name ? name : std::to_string(req.data.nr)];
-      std::free(name);
+      // Counted once answered: a call interrupted meanwhile (ENOENT) comes again.
+      if (::ioctl(it->second.fd.get(), SECCOMP_IOCTL_NOTIF_SEND, &resp) == 0) {
+        char* name = seccomp_syscall_resolve_num_arch(SCMP_ARCH_NATIVE, req.data.nr);
+        ++denied_[it->second.sandbox_id][name ? name : std::to_string(req.data.nr)];
+        std::free(name);
+      }
     }
   }
   // Every process under the filter is gone: so is the container.
-  if (events & (EPOLLHUP | EPOLLERR)) listeners_.erase(it);  // closing leaves the epoll set
+  if (events & EPOLLHUP) listeners_.erase(it);  // closing leaves the epoll set
 }
 
 void Spawner::FlushDenied() {

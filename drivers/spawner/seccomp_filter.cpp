@@ -41,8 +41,7 @@ const std::vector<const char*>& DeniedSyscalls() {
 
 const std::vector<const char*>& NotifiedSyscalls() {
   static const std::vector<const char*> kNotified = {
-      "settimeofday", "clock_settime", "ptrace", "process_vm_readv", "process_vm_writev", "mount", "umount2",
-      "pivot_root", "unshare", "setns", "bpf",
+      "settimeofday", "clock_settime", "mount", "umount2", "pivot_root", "bpf",
   };
   return kNotified;
 }

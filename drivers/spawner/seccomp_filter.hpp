@@ -30,8 +30,9 @@ struct SeccompProgram {
 Result<SeccompProgram> BuildSandboxSeccomp(bool notify = false);
 
 // Of DeniedSyscalls, the ones a container's listener sees (each a sign of
-// misbehaviour, none a read: the clock set, a debugger attached, a mount or
-// a namespace tried, a BPF program loaded).
+// misbehaviour that honest tools do not show, none a read: the clock set, a
+// mount tried, a BPF program loaded). Not ptrace (LeakSanitizer, gdb and
+// strace call it) nor unshare/setns (nested sandboxes such as bwrap try).
 const std::vector<const char*>& NotifiedSyscalls();
 
 // The syscall names BuildSandboxSeccomp denies (for docs and tests).

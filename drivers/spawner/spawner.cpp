@@ -655,6 +655,7 @@ void Spawner::Shutdown() {
   for (auto& [key, init] : inits_) (void)init.release();
   for (auto& [pid, init] : dying_inits_) (void)init.release();
   if (!control_eof_) {
+    if (!denied_.empty()) FlushDenied();
     ::fcntl(control_, F_SETFL, ::fcntl(control_, F_GETFL) & ~O_NONBLOCK);
     (void)WriteFull(control_, control_out_.data(), control_out_.size());  // dsecd may be gone: nobody to tell
   }

@@ -234,7 +234,15 @@ TEST_F(Cheaters, TheClockCannotBeSetAndAStandardModuleOfItsOwnDoesNotReachTheGra
   ASSERT_EQ(r.steps.size(), 2u);
   EXPECT_THAT(r.steps[0].result().stdout(), HasSubstr("date=1"));
   EXPECT_THAT(r.steps[0].result().stdout(), HasSubstr("PermissionError"));
-  EXPECT_THAT(r.flags, ::testing::ElementsAre("denied_syscall: clock_settime x2")) << "counted by the seccomp listener";
+  // Counted by the seccomp listener (flagged at the step, or at the next
+  // one when the count arrives after the step's result).
+  uint64_t clock_calls = 0;
+  for (const auto& f : r.flags) {
+    auto at = f.find("clock_settime x");
+    if (f.rfind("denied_syscall: ", 0) == 0 && at != std::string::npos)
+      clock_calls += std::stoull(f.substr(at + 15));
+  }
+  EXPECT_EQ(clock_calls, 2u) << ::testing::PrintToString(r.flags);
   EXPECT_EQ(r.steps[1].result().stdout(), "shadowed\n") << "the shadow works where the root is on the path";
   EXPECT_EQ(r.grade.meta().reward(), 1.0) << Out(r.grade);
 }
