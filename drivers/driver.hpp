@@ -129,6 +129,15 @@ class Driver {
   // The syscalls its seccomp filter denied and counted since this dsecd
   // started, by name (containers: NotifiedSyscalls; empty elsewhere).
   virtual std::map<std::string, uint64_t> DeniedCalls(const v1::SandboxRecord& sandbox) const { return {}; }
+  // Waits (briefly) until what the sandbox's counters above saw before now
+  // has reached them: a step's flags are read after it.
+  virtual void SyncCounts(const v1::SandboxRecord& sandbox) const {}
+  // Its reads of its image's watched files (ImageManifest.watched) since
+  // this dsecd watched it, by path in the sandbox.
+  virtual std::map<std::string, uint64_t> WatchedReads(const v1::SandboxRecord& sandbox) const { return {}; }
+  // Its writes a read-only mount refused (a protected path's), by "<call>
+  // <path>", since this dsecd started (containers; empty elsewhere).
+  virtual std::map<std::string, uint64_t> RefusedWrites(const v1::SandboxRecord& sandbox) const { return {}; }
 
   // After a daemon restart: reconnect to a sandbox from its record (`done`
   // Ok), or say why it is gone. Returns at once, like every call here.

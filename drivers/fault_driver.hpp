@@ -73,6 +73,13 @@ class FaultDriver final : public Driver {
   std::map<std::string, uint64_t> DeniedCalls(const v1::SandboxRecord& sb) const override {
     return base_->DeniedCalls(sb);
   }
+  std::map<std::string, uint64_t> WatchedReads(const v1::SandboxRecord& sb) const override {
+    return base_->WatchedReads(sb);
+  }
+  void SyncCounts(const v1::SandboxRecord& sb) const override { base_->SyncCounts(sb); }
+  std::map<std::string, uint64_t> RefusedWrites(const v1::SandboxRecord& sb) const override {
+    return base_->RefusedWrites(sb);
+  }
   void Readopt(const v1::SandboxRecord& sb, const std::string& driver_state, StatusCallback done) override;
   void Restored() override { base_->Restored(); }
   std::string StatsJson() const override { return base_->StatsJson(); }

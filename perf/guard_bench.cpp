@@ -10,7 +10,17 @@
 //     (`true`) on the same image;
 //   - the per-step cost of the protected-path check: a session step (`true`)
 //     on a guarded agent sandbox holding 100 changes against the same step on
-//     an unguarded one with the same changes, p50/p99.
+//     an unguarded one with the same changes, p50/p99;
+//   - the read detector's cost to a file-heavy step: `git status` over the
+//     10 000 files (committed, with 100 more changed on a later branch the
+//     image's git-watch marks: some 300 watched objects) in a sandbox of the
+//     image built with git-watch against one of the same tree built with
+//     --no-git-watch, steps interleaved, p50/p99;
+//   - the write detector's cost to a write-heavy step in a guarded task's
+//     container: 1 000 files written by shell redirections (each an open for
+//     writing through the container's seccomp listener) against the same
+//     step on a second dsecd started with --no-write-watch, steps
+//     interleaved, p50/p99.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -30,8 +40,8 @@ using namespace dsec::bench;  // NOLINT: the benchmark helpers
 constexpr const char* kChange100 = "cd /work/repo && for d in 0 1 2 3 4 5 6 7 8 9; do for f in 0 1 2 3 4 5 6 7 8 9; "
                                    "do echo changed >> d$d/f$f.py; done; done";
 
-dsec::v1::SandboxSpec Spec(bool guarded) {
-  auto spec = dsec::ContainerSpec("guard-bench");
+dsec::v1::SandboxSpec Spec(bool guarded, const std::string& image = "guard-bench") {
+  auto spec = dsec::ContainerSpec(image);
   if (guarded) {
     auto* task = spec.mutable_task();
     task->set_root("/work/repo");
@@ -64,19 +74,42 @@ int main(int argc, char** argv) {
   if (!::mkdtemp(tmpl)) return 1;
   std::string rootfs = tmpl;
   dsec::testing::RootfsOptions ro;
-  ro.programs = {"sh", "true", "cat", "echo"};
+  ro.programs = {"sh", "true", "cat", "echo", "git"};
   ro.python = false;
   if (auto made = dsec::testing::MakeRootfs(rootfs, ro); !made.ok()) return Fail("rootfs", made);
   auto repo = dsec::testing::RunProcess(
       {"/bin/sh", "-c",
        "cd " + rootfs + " && mkdir -p work/repo/tests && cd work/repo && for d in $(seq 0 99); do mkdir d$d; "
        "for f in $(seq 0 99); do echo \"x = $d$f\" > d$d/f$f.py; done; done && echo 'def test(): pass' > "
-       "tests/test_x.py && chmod -R a+rwX " + rootfs + "/work"});
-  auto built = dsec::testing::RunProcess(
-      {dsec::testing::BinDir() + "/dsec-image", "--data-dir", d.data_dir(), "build", rootfs, "guard-bench"});
+       "tests/test_x.py && mkdir -p ../../etc && printf '[safe]\\n\\tdirectory = *\\n' > ../../etc/gitconfig && "
+       "export GIT_CONFIG_GLOBAL=/dev/null && git init -q -b main . && git config gc.auto 0 && git add -A && "
+       "git -c user.name=b -c user.email=b@b commit -qm repo && git checkout -qb later && "
+       "for f in $(seq 0 99); do echo later >> d7/f$f.py; done && "
+       "git -c user.name=b -c user.email=b@b commit -qam later && git checkout -q main && chmod -R a+rwX " +
+           rootfs + "/work"});
+  auto image = [&](const std::string& name, bool watch) {
+    std::vector<std::string> argv{dsec::testing::BinDir() + "/dsec-image", "--data-dir", d.data_dir(), "build"};
+    if (!watch) argv.push_back("--no-git-watch");
+    argv.push_back(rootfs);
+    argv.push_back(name);
+    return dsec::testing::RunProcess(argv);
+  };
+  auto built = image("guard-bench", false), watched = image("guard-bench-watched", true);
+  // The write detector's baseline: a second dsecd without it, same image.
+  dsec::testing::TestDaemonOptions nopt = dopt;
+  nopt.extra_args.push_back("--no-write-watch");
+  auto unwatched_daemon = dsec::testing::TestDaemon::Start(nopt);
+  if (!unwatched_daemon.ok()) return Fail("dsecd --no-write-watch", unwatched_daemon.status());
+  auto& nd = **unwatched_daemon;
+  auto built_nd = dsec::testing::RunProcess(
+      {dsec::testing::BinDir() + "/dsec-image", "--data-dir", nd.data_dir(), "build", rootfs, "guard-bench"});
   dsec::testing::RunProcess({"/bin/rm", "-rf", rootfs});
-  if (repo.exit_code != 0 || built.exit_code != 0) {
-    std::fprintf(stderr, "guard_bench: image: %s %s\n", repo.err.c_str(), built.err.c_str());
+  if (built_nd.exit_code != 0) {
+    std::fprintf(stderr, "guard_bench: image for the second dsecd: %s\n", built_nd.err.c_str());
+    return 1;
+  }
+  if (repo.exit_code != 0 || built.exit_code != 0 || watched.exit_code != 0) {
+    std::fprintf(stderr, "guard_bench: image: %s %s %s\n", repo.err.c_str(), built.err.c_str(), watched.err.c_str());
     return 1;
   }
   dsec::ClientOptions co;
@@ -137,6 +170,66 @@ int main(int argc, char** argv) {
     std::printf("session step (`true`, 100 changes in the upper dir): guarded p50 %.2f ms, p99 %.2f ms; "
                 "unguarded p50 %.2f ms, p99 %.2f ms; the check adds %.2f ms at p50\n",
                 p[1].p50, p[1].p99, p[0].p50, p[0].p99, p[1].p50 - p[0].p50);
+  }
+
+  // The read detector: `git status` on 10 000 files, watched against not.
+  {
+    std::vector<dsec::Session> sessions;
+    for (const char* image : {"guard-bench", "guard-bench-watched"}) {
+      auto s = c.OpenSession(std::string("bench/read/") + image, Spec(false, image));
+      if (!s.ok()) return Fail("open", s.status());
+      sessions.push_back(std::move(*s));
+    }
+    auto status = dsec::Command({"/bin/sh", "-c", "cd /work/repo && git status --short | wc -l"});
+    std::vector<double> ms[2];
+    for (int k = 0; k <= steps / 4; ++k)
+      for (int w = 0; w < 2; ++w) {
+        auto t0 = Clock::now();
+        auto r = sessions[w].Step(k, status);
+        if (!r.ok()) return Fail("git status", r.status());
+        if (k > 0) ms[w].push_back(Ms(t0, Clock::now()));  // the first refreshes the index
+      }
+    Pct off = Percentiles(ms[0]), on = Percentiles(ms[1]);
+    std::printf("session step `git status` on 10 000 files: read detector on (git-watch marks) p50 %.1f ms, p99 %.1f "
+                "ms; off (--no-git-watch) p50 %.1f ms, p99 %.1f ms; ratio p50 %.3f\n",
+                on.p50, on.p99, off.p50, off.p99, off.p50 > 0 ? on.p50 / off.p50 : 0);
+    for (auto& s : sessions) (void)s.Close();
+  }
+
+  // The write detector: 1 000 writes by redirection, watched against not.
+  {
+    dsec::ClientOptions nco;
+    nco.address = nd.sdk_addr();
+    nco.data_dir = nd.data_dir();
+    auto nclient = dsec::Client::Connect(nco);
+    if (!nclient.ok()) return Fail("connect to the second dsecd", nclient.status());
+    std::vector<dsec::Session> sessions;
+    for (dsec::Client* cl : {&**nclient, &c}) {
+      auto s = cl->OpenSession("bench/write/0", Spec(true));  // a guarded task's container: watched
+      if (!s.ok()) return Fail("open", s.status());
+      sessions.push_back(std::move(*s));
+    }
+    auto writes = dsec::Command(
+        {"/bin/sh", "-c", "cd /tmp && i=0; while [ $i -lt 1000 ]; do echo x > f$i; i=$((i+1)); done"});
+    std::vector<double> ms[2];
+    for (int k = 0; k <= steps / 10; ++k)
+      for (int w = 0; w < 2; ++w) {
+        auto t0 = Clock::now();
+        auto r = sessions[w].Step(k, writes);
+        if (!r.ok()) return Fail("writes", r.status());
+        if (k > 0) ms[w].push_back(Ms(t0, Clock::now()));
+      }
+    // The watched side did watch: a write to a protected file is flagged.
+    auto probe = sessions[1].Step(steps / 10 + 1, dsec::Command({"/bin/sh", "-c", "echo x > /work/repo/tests/test_x.py"}));
+    if (!probe.ok() || probe->step().flags_size() != 1 || probe->step().flags(0).what() != "write_refused") {
+      std::fprintf(stderr, "guard_bench: the write detector flagged nothing on the watched side\n");
+      return 1;
+    }
+    Pct off = Percentiles(ms[0]), on = Percentiles(ms[1]);
+    std::printf("session step of 1 000 writes (shell redirections): write detector on p50 %.1f ms, p99 %.1f ms; off "
+                "(dsecd --no-write-watch) p50 %.1f ms, p99 %.1f ms; ratio p50 %.2f (%.1f us per watched open)\n",
+                on.p50, on.p99, off.p50, off.p99, off.p50 > 0 ? on.p50 / off.p50 : 0, (on.p50 - off.p50));
+    for (auto& s : sessions) (void)s.Close();
   }
   return 0;
 }

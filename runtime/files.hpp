@@ -4,6 +4,7 @@
 
 #include <sys/types.h>
 
+#include <set>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,11 @@ std::string SiblingExecutable(const char* env_var, const std::string& name);
 Status RemoveTree(const std::string& path);
 // Absolute form of `path` (need not exist).
 std::string AbsolutePath(const std::string& path);
+
+// The mount ids of the mount namespace process `pid` is in (its
+// mountinfo's first field: what statx's STATX_MNT_ID gives); empty when
+// it is gone.
+std::set<uint64_t> MountIds(int pid);
 // Runs argv (argv[0] a path; no shell) with stdout and stderr to `output`
 // ("/dev/null" to drop them) and waits: its exit status, -1 when it could
 // not run or was killed.

@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 
 #include "runtime/files.hpp"
 
@@ -67,6 +69,17 @@ std::string SiblingExecutable(const char* env_var, const std::string& name) {
   if (n <= 0) return name;
   std::string self(buf, static_cast<size_t>(n));
   return self.substr(0, self.rfind('/') + 1) + name;
+}
+
+std::set<uint64_t> MountIds(int pid) {
+  std::set<uint64_t> out;
+  std::ifstream in("/proc/" + std::to_string(pid) + "/mountinfo");
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream f(line);
+    uint64_t id;
+    if (f >> id) out.insert(id);
+  }
+  return out;
 }
 
 }  // namespace dsec

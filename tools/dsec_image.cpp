@@ -112,7 +112,7 @@ int main(int argc, char** argv) {
                  "dsecd SDK address (default: $DSEC_ADDR, else <data-dir>/dsecd.json when it runs)");
 
   std::string src, name, compression = "lz4";
-  bool keep_owners = false, replace = false, git_scrub = false;
+  bool keep_owners = false, replace = false, git_scrub = false, no_git_watch = false;
   dsec::images::DebianOptions deb;
   std::string deb_suite;
   auto* build = app.add_subcommand(
@@ -140,6 +140,9 @@ int main(int argc, char** argv) {
                   "git repositories in the tree keep only the history reachable from their checked-out commit (no "
                   "later commits, branches or tags past it, stashes, remote-tracking refs, reflogs or unreachable "
                   "objects); prints what it removed. A directory source is copied, never changed");
+  build->add_flag("--no-git-watch", no_git_watch,
+                  "without --git-scrub, each repository's files that hold only history past its checked-out commit "
+                  "are watched: a session flags a sandbox's read of one (watched_read). This leaves them unwatched");
 
   bool json_out = false;
   auto* ls = app.add_subcommand("ls", "list images");
@@ -199,6 +202,7 @@ int main(int argc, char** argv) {
     o.compression = compression;
     o.keep_owners = keep_owners;
     o.git_scrub = git_scrub;
+    o.git_watch = !no_git_watch;
     o.progress = [](const std::string& s) { std::fprintf(stderr, "dsec-image: %s\n", s.c_str()); };
     if (!deb_suite.empty()) {
       deb.suite = deb_suite;

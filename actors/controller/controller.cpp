@@ -167,10 +167,8 @@ caf::result<v1::StepReply> Handle(Self self, v1::StepRequest& req) {
 
 // A grade runs up to its spec's timeout (at most an hour) on the node.
 caf::result<v1::StepReply> Handle(Self self, v1::GradeRequest& req) {
-  if (self->state.restartable.count(req.session()))
-    return ErrorReply<v1::StepReply>(Status::Unimplemented(
-        "session " + req.session() + " is restartable, and the controller's copy of its log has no grades yet; "
-        "open it without restartable to grade it"));
+  auto re = self->state.restartable.find(req.session());
+  if (re != self->state.restartable.end()) return RestartableGrade(self, re->second, req);
   return ToSessionNode<v1::StepReply>(self, req.session(), req, std::chrono::hours(1) + kCallTimeout);
 }
 

@@ -86,8 +86,15 @@ void EnsureImage(Self self, const std::string& node, const v1::SandboxSpec& spec
 // more_sandboxes), one after another; `then` gets the first failure.
 void EnsureSessionImages(Self self, const std::string& node, const v1::OpenSessionRequest& open,
                          std::function<void(Status)> then, int next) {
-  if (next >= open.more_sandboxes_size()) return then(Status::Ok());
-  const v1::SandboxSpec& spec = next < 0 ? open.spec() : open.more_sandboxes(next).spec();
+  if (next > open.more_sandboxes_size() ||
+      (next == open.more_sandboxes_size() && open.grade().grader_image().empty()))
+    return then(Status::Ok());
+  // Then the grader's image, which its grades need there.
+  v1::SandboxSpec grader;
+  grader.set_image(open.grade().grader_image());
+  const v1::SandboxSpec& spec = next < 0 ? open.spec()
+                                : next < open.more_sandboxes_size() ? open.more_sandboxes(next).spec()
+                                                                    : grader;
   EnsureImage(self, node, spec, [self, node, open, then, next](Status ready) {
     if (!ready.ok()) return then(ready);
     EnsureSessionImages(self, node, open, then, next + 1);

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "actors/controller/forward.hpp"
+#include "actors/node/session.hpp"
 #include "dsec/status_proto.hpp"
 #include "state/group_commit.hpp"
 #include "state/table.hpp"
@@ -71,6 +72,21 @@ void Replay(Self self, const std::string& name, const std::string& node, const s
                           " is marked not replayable (it has effects outside the sandbox), so it was not re-run on "
                           "another node; its log up to there is kept (dsec-replay, Steps()); open a new session");
   }
+  auto next = [self, name, node, from, i](v1::StepReply rep) {
+    if (rep.status().code() != v1::Status::OK)
+      return EndRestart(self, name,
+                        "re-running step " + std::to_string(i) + " on node " + node + " failed: " + rep.status().message());
+    Replay(self, name, node, from, i + 1);
+  };
+  if (step->sandbox() == kGradeRole) {
+    // A grade is graded again there (its copy here stays what the trainer got).
+    v1::GradeRequest grade;
+    grade.set_session(name);
+    grade.set_index(i);
+    Forward<v1::StepReply>(self, node, "session " + name, std::move(grade), std::chrono::hours(1) + kCallTimeout,
+                           std::move(next));
+    return;
+  }
   v1::StepRequest again;
   again.set_session(name);
   again.set_index(i);
@@ -78,14 +94,7 @@ void Replay(Self self, const std::string& name, const std::string& node, const s
   again.set_sandbox(step->sandbox());
   *again.mutable_meta() = step->meta();
   auto timeout = ExecTimeout(again.exec());
-  Forward<v1::StepReply>(self, node, "session " + name, std::move(again), timeout,
-                         [self, name, node, from, i](v1::StepReply rep) {
-                           if (rep.status().code() != v1::Status::OK)
-                             return EndRestart(self, name,
-                                               "re-running step " + std::to_string(i) + " on node " + node +
-                                                   " failed: " + rep.status().message());
-                           Replay(self, name, node, from, i + 1);
-                         });
+  Forward<v1::StepReply>(self, node, "session " + name, std::move(again), timeout, std::move(next));
 }
 
 // Session `name` was on node `from`, which went down: open it on another
@@ -127,27 +136,28 @@ void Restart(Self self, const std::string& name, const std::string& from) {
   });
 }
 
-// A step of a restartable session: answered from the log's copy when it is
-// there (a fast-forward), else run on its node and copied here (durably)
-// before the trainer hears of it.
-caf::result<v1::StepReply> RestartableStep(Self self, Restartable& r, v1::StepRequest& req) {
-  const std::string name = req.session();
+namespace {
+
+// A call that logs step `index` of restartable session `name` (a step or a
+// grade): answered from the log's copy when it is there (a fast-forward;
+// `differs` says why the copy does not answer this call), else run on its
+// node and copied here (durably) before the trainer hears of it.
+template <class Req>
+caf::result<v1::StepReply> LoggedCall(Self self, Restartable& r, const std::string& name, uint64_t index, Req& req,
+                                      std::chrono::milliseconds timeout,
+                                      std::function<std::string(const v1::StepRecord&)> differs) {
   if (!r.failed.empty())
     return ErrorReply<v1::StepReply>(Status::FailedPrecondition("session " + name + " " + r.failed));
   if (!r.restarting_on.empty())
     return ErrorReply<v1::StepReply>(
         Status::Unavailable("session " + name + " is being restarted on node " + r.restarting_on +
                             " (its node went down); send the step again in a moment"));
-  if (req.index() < r.logged) {
-    auto step = CopiedStep(self, name, req.index());
+  if (index < r.logged) {
+    auto step = CopiedStep(self, name, index);
     if (!step.ok()) return ErrorReply<v1::StepReply>(step.status());
-    const auto& a = step->request().argv();
-    const auto& b = req.exec().argv();
-    std::string role = req.sandbox().empty() ? "agent" : req.sandbox();
-    if (a.size() != b.size() || !std::equal(a.begin(), a.end(), b.begin()) || step->sandbox() != role)
+    if (std::string why = differs(*step); !why.empty())
       return ErrorReply<v1::StepReply>(Status::FailedPrecondition(
-          "session " + name + " step " + std::to_string(req.index()) +
-          " is logged with another request; a replay must send the same steps"));
+          "session " + name + " step " + std::to_string(index) + " is logged " + why));
     v1::StepReply reply;
     *reply.mutable_step() = std::move(*step);
     reply.set_fast_forwarded(true);
@@ -157,7 +167,6 @@ caf::result<v1::StepReply> RestartableStep(Self self, Restartable& r, v1::StepRe
   if (it == self->state.session_node.end())
     return ErrorReply<v1::StepReply>(Status::NotFound("no session '" + name + "' in this cluster"));
   auto rp = self->make_response_promise<v1::StepReply>();
-  auto timeout = ExecTimeout(req.exec());
   Forward<v1::StepReply>(
       self, it->second, "session " + name, std::move(req), timeout, [self, rp, name](v1::StepReply rep) mutable {
         auto re = self->state.restartable.find(name);
@@ -183,6 +192,32 @@ caf::result<v1::StepReply> RestartableStep(Self self, Restartable& r, v1::StepRe
         });
       });
   return rp;
+}
+
+}  // namespace
+
+caf::result<v1::StepReply> RestartableStep(Self self, Restartable& r, v1::StepRequest& req) {
+  std::string role = req.sandbox().empty() ? "agent" : req.sandbox();
+  std::vector<std::string> argv(req.exec().argv().begin(), req.exec().argv().end());
+  auto timeout = ExecTimeout(req.exec());
+  std::string name = req.session();
+  return LoggedCall(self, r, name, req.index(), req, timeout, [argv, role](const v1::StepRecord& step) {
+    const auto& a = step.request().argv();
+    bool same = a.size() == static_cast<int>(argv.size()) && std::equal(a.begin(), a.end(), argv.begin()) &&
+                step.sandbox() == role;
+    return same ? std::string() : std::string("with another request; a replay must send the same steps");
+  });
+}
+
+// A grade: logged like a step (role "grade"), re-run as a grade when the
+// session moves.
+caf::result<v1::StepReply> RestartableGrade(Self self, Restartable& r, v1::GradeRequest& req) {
+  std::string name = req.session();
+  return LoggedCall(self, r, name, req.index(), req, std::chrono::hours(1) + kCallTimeout,
+                    [](const v1::StepRecord& step) {
+                      return step.sandbox() == kGradeRole ? std::string()
+                                                          : std::string("as a step, not a grade: grade at the log's end");
+                    });
 }
 
 }  // namespace dsec::controller_detail

@@ -130,6 +130,7 @@ void Restart(Self self, const std::string& name, const std::string& from);
 // A step of a restartable session (answered from the log's copy, or run
 // on its node and copied here durably before the answer).
 caf::result<v1::StepReply> RestartableStep(Self self, Restartable& r, v1::StepRequest& req);
+caf::result<v1::StepReply> RestartableGrade(Self self, Restartable& r, v1::GradeRequest& req);
 
 // --- admin.cpp: the console's commands on a controller.
 caf::result<std::string> Admin(Self self, const std::string& cmd, const std::vector<std::string>& args);

@@ -86,6 +86,9 @@ Status CheckOpenRequest(const NodeContext& ctx, const v1::OpenSessionRequest& re
 namespace drivers {
 struct LimitPolicy;
 }
+// Session.Grade's steps are logged in this role (reserved: no sandbox of
+// a session's spec takes it).
+constexpr const char* kGradeRole = "grade";
 // The id of the sandbox that grades step `index` of `rec` (the agent's id +
 // "-g<index>"; session_grade.cpp).
 std::string GradeSandboxId(const v1::SessionRecord& rec, uint64_t index);

@@ -37,7 +37,6 @@ struct StepPromise {
 using SessionPromise = caf::typed_response_promise<v1::SessionReply>;
 
 constexpr const char* kAgentRole = "agent";
-constexpr const char* kGradeRole = "grade";  // Session.Grade's steps (a reserved role)
 constexpr int kMaxSandboxes = 8;
 // How long the session waits for the node to create, run in or destroy a
 // sandbox, beyond an exec's own time limit.
@@ -75,6 +74,8 @@ struct SessionState {
   std::map<std::string, std::pair<uint64_t, uint64_t>> refusals_seen;
   // Per sandbox id: the syscalls its filter had denied at the last step.
   std::map<std::string, std::map<std::string, uint64_t>> denied_seen;
+  std::map<std::string, std::map<std::string, uint64_t>> watched_seen;  // reads of watched files, likewise
+  std::map<std::string, std::map<std::string, uint64_t>> writes_seen;   // writes refused, likewise
   uint64_t lease_gen = 0;
   bool lease_armed = false;  // a lease timer of lease_gen is pending
   int64_t forwarded_ms = 0;  // the last call the controller forwarded, steady clock (0: none)

@@ -138,31 +138,62 @@ void AddNetworkFlags(Self self, const v1::SessionSandbox& role, drivers::Driver&
   }
 }
 
+// What grew in a sandbox's count since the last step, "name xN, ..." (at
+// most `shown` names, then how many more); a count below what was seen
+// was made anew (a dsecd restart): all of it is new.
+std::string Growth(std::map<std::string, uint64_t> now, std::map<std::string, uint64_t>* seen, size_t shown,
+                   uint64_t* total) {
+  std::string out;
+  size_t names = 0;
+  for (const auto& [name, n] : now) {
+    uint64_t before = seen->count(name) && (*seen)[name] <= n ? (*seen)[name] : 0;
+    if (n <= before) continue;
+    *total += n - before;
+    if (names++ < shown) out += (out.empty() ? "" : ", ") + name + " x" + std::to_string(n - before);
+  }
+  if (names > shown) out += " and " + std::to_string(names - shown) + " more";
+  *seen = std::move(now);
+  return out;
+}
+
 // What the sandbox's seccomp filter denied since the last step (the clock
-// set, a debugger, a mount or namespace tried: NotifiedSyscalls), by name.
-void AddDeniedFlags(Self self, const v1::SessionSandbox& role, drivers::Driver& d, v1::StepRecord* step) {
+// set, a debugger, a mount or namespace tried: NotifiedSyscalls), by name;
+// its writes refused by a read-only mount (a protected path), by call and
+// path; its reads of its image's watched files (git-watch: the repository's
+// history past the checked-out commit), by path.
+void AddCountedFlags(Self self, const v1::SessionSandbox& role, drivers::Driver& d, v1::StepRecord* step) {
   auto& st = self->state;
   v1::SandboxRecord rec;
   rec.set_id(role.id());
-  auto now = d.DeniedCalls(rec);
-  auto& seen = st.denied_seen[role.id()];
-  std::string evidence;
-  for (const auto& [name, n] : now) {
-    uint64_t before = seen.count(name) && seen[name] <= n ? seen[name] : 0;  // below: counted anew (a restart)
-    if (n > before) evidence += (evidence.empty() ? "" : ", ") + name + " x" + std::to_string(n - before);
+  uint64_t calls = 0, reads = 0;
+  d.SyncCounts(rec);
+  std::string denied = Growth(d.DeniedCalls(rec), &st.denied_seen[role.id()], 64, &calls);
+  if (!denied.empty()) {
+    auto* f = step->add_flags();
+    f->set_what("denied_syscall");
+    f->set_evidence(denied);
   }
-  seen = std::move(now);
-  if (evidence.empty()) return;
-  auto* f = step->add_flags();
-  f->set_what("denied_syscall");
-  f->set_evidence(evidence);
+  uint64_t writes = 0;
+  std::string refused = Growth(d.RefusedWrites(rec), &st.writes_seen[role.id()], 8, &writes);
+  if (!refused.empty()) {
+    auto* f = step->add_flags();
+    f->set_what("write_refused");
+    f->set_evidence(std::to_string(writes) + " write(s) refused by a read-only path (protected): " + refused);
+  }
+  std::string read = Growth(d.WatchedReads(rec), &st.watched_seen[role.id()], 8, &reads);
+  if (!read.empty()) {
+    auto* f = step->add_flags();
+    f->set_what("watched_read");
+    f->set_evidence(std::to_string(reads) + " read(s) of the image's watched files (git history past the "
+                    "checked-out commit): " + read);
+  }
 }
 
 void AddFlags(Self self, v1::StepRecord* step) {
   auto& st = self->state;
   const auto* role = FindRole(st.rec, step->sandbox());
   if (!role || role->id().empty()) return;
-  if (auto d = st.ctx->kinds->DriverFor(role->spec()); d.ok()) AddDeniedFlags(self, *role, **d, step);
+  if (auto d = st.ctx->kinds->DriverFor(role->spec()); d.ok()) AddCountedFlags(self, *role, **d, step);
   if (role->spec().network().mode() != v1::NETWORK_MODE_NONE &&
       role->spec().network().mode() != v1::NETWORK_MODE_UNSPECIFIED)
     if (auto d = st.ctx->kinds->DriverFor(role->spec()); d.ok()) AddNetworkFlags(self, *role, **d, step);

@@ -28,6 +28,7 @@ struct ContainerDriver::Box : AgentBox {
   // lock of its own (idle_mu is held through freezes and grade copies).
   mutable std::mutex denied_mu;
   std::map<std::string, uint64_t> denied;
+  std::map<std::string, uint64_t> writes;  // refused by a read-only mount, "<call> <path>" (Denied.writes)
 };
 
 }  // namespace dsec::drivers

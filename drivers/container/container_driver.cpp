@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "drivers/container/etc_files.hpp"
+#include "drivers/guard/read_watch.hpp"
 #include "drivers/spawner/spawner.pb.h"
 #include "drivers/images/image_store.hpp"
 #include "drivers/net/node_network.hpp"
@@ -111,24 +112,34 @@ Result<std::unique_ptr<ContainerDriver>> ContainerDriver::Start(ContainerOptions
   lo.args = {"--containers", "--pool", "0", "--container-netns", std::to_string(d->opts_.netns_pool), "--cgroup-parent",
              d->opts_.cgroup_parent};
   if (d->opts_.fresh_netns) lo.args.push_back("--fresh-namespaces");
+  if (!d->opts_.watch_writes) lo.args.push_back("--no-write-watch");
   lo.log = d->opts_.log;
   auto* p = d.get();
+  lo.on_restarted = [p] {
+    for (const auto& b : p->BoxesAs<Box>()) p->AdoptListener(*b);
+  };
   auto link = SpawnerLink::Start(
       std::move(lo), [p](spawner::Event& ev) { p->OnEvent(ev); },
       [p](const std::string& why, bool) {
         // Creations in flight fail; containers themselves live on.
         std::unordered_map<uint64_t, std::promise<Result<int>>> lost;
+        std::unordered_map<uint64_t, std::promise<void>> unflushed;
         {
           std::lock_guard<std::mutex> lk(p->mu_);
           lost.swap(p->creating_);
+          unflushed.swap(p->flushing_);
         }
         for (auto& [id, prom] : lost) prom.set_value(Status::Unavailable(why));
+        for (auto& [id, prom] : unflushed) prom.set_value();
       });
   if (!link.ok()) return link.status();
   d->link_ = std::move(*link);
   // Creations wait on the spawner and the agent's handshake, removals on the
   // container's exit: with only 4, churn queued behind those waits.
   d->StartWorkers(16);
+  auto reads = guard::ReadWatch::Start(d->opts_.log);
+  if (reads.ok()) d->reads_ = std::move(*reads);
+  else d->Log(2, "reads of images' watched files (git-watch) are not flagged on this node: " + reads.status().message());
   if (d->opts_.idle_freeze_ms > 0 && d->groups_->CanFreeze())
     d->StartIdleScan(std::chrono::milliseconds(std::clamp<int64_t>(d->opts_.idle_freeze_ms / 4, 10, 1000)));
   return d;
@@ -171,7 +182,22 @@ void ContainerDriver::OnEvent(spawner::Event& ev) {
     if (auto box = Find(ev.denied().sandbox_id())) {
       std::lock_guard<std::mutex> lk(box->denied_mu);
       for (const auto& [name, n] : ev.denied().calls()) box->denied[name] += n;
+      constexpr size_t kMaxWrites = 256;  // distinct paths kept per container
+      for (const auto& [what, n] : ev.denied().writes())
+        box->writes[box->writes.count(what) || box->writes.size() < kMaxWrites ? what : "(more paths)"] += n;
     }
+    return;
+  }
+  if (ev.has_flushed()) {
+    std::promise<void> done;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      auto it = flushing_.find(ev.flushed().id());
+      if (it == flushing_.end()) return;
+      done = std::move(it->second);
+      flushing_.erase(it);
+    }
+    done.set_value();
     return;
   }
   if (!ev.has_container_created()) return;
@@ -292,6 +318,8 @@ Result<std::string> ContainerDriver::CreateNow(const v1::SandboxRecord& sb) {
   }
   c->set_lower(above + *lower + ":" + skeleton_);
   for (const auto& ro : guarded->read_only) c->add_read_only(ro);
+  // Tries to write to its protected paths are flagged (a guarded task's).
+  c->set_watch_writes(!sb.spec().task().protected_paths().empty());
   c->set_upper(base + "/upper");
   c->set_work(base + "/work");
   c->set_run_dir(base + "/run");
@@ -320,6 +348,7 @@ Result<std::string> ContainerDriver::CreateNow(const v1::SandboxRecord& sb) {
   }
   auto t_spawned = std::chrono::steady_clock::now();
   if (st = ConnectAgent(*box); !st.ok()) return undo(st);
+  WatchReads(*box, *image);
   {
     // Slow creations say where the time went (the spawner is one lane for
     // every creation on the node; the agent's answer is per container).
@@ -418,6 +447,7 @@ void ContainerDriver::Destroy(const v1::SandboxRecord& sb, const std::string&, S
 Status ContainerDriver::DestroyNow(const std::string& id, const std::string& held_digest) {
   auto box = std::static_pointer_cast<Box>(TakeBox(id));
   if (box && box->agent) box->agent->Close();
+  if (reads_) reads_->Forget(id);
   // Killing every process of the container's cgroup ends its namespaces and
   // with them its overlay; then its files go, then its hold on the image.
   std::string rel = box ? box->cgroup_rel : CgroupRel(opts_.cgroup_parent, id);
@@ -508,6 +538,9 @@ Status ContainerDriver::ReadoptNow(const v1::SandboxRecord& sb, const std::strin
   // timer of the dsecd before: left thawed (the timer freezes it again).
   bool frozen = groups_->Frozen(box->cgroup_rel);
   if (frozen) (void)groups_->Freeze(box->cgroup_rel, false);  // one still frozen fails the handshake, saying so
+  // Its listener first: an agent stuck in a call its filter notifies (a
+  // write) answers the handshake once the spawner has it.
+  AdoptListener(*box);
   Status connected = ConnectAgent(*box);
   if (connected.ok() && state->network()) {
     // The node's table was made anew at this start: its rules again.
@@ -524,6 +557,8 @@ Status ContainerDriver::ReadoptNow(const v1::SandboxRecord& sb, const std::strin
     mounts_->Release(box->digest);
     return fail(connected);
   }
+  if (auto image = opts_.images->Get(sb.spec().image()); image.ok() && image->digest() == box->digest)
+    WatchReads(*box, *image);
   PutBox(box);
   return Status::Ok();
 }

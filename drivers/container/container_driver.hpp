@@ -19,10 +19,14 @@
 #include "drivers/container/container_state.pb.h"
 #include "drivers/container/sandbox_disk.hpp"
 #include "drivers/cgroup/groups.hpp"
+#include "drivers/guard/task_paths.hpp"
 #include "drivers/images/image_source.hpp"
 #include "drivers/images/mounts.hpp"
 #include "drivers/spawner/spawner_link.hpp"
 
+namespace dsec::guard {
+class ReadWatch;
+}
 namespace dsec::net {
 class NodeNetwork;
 }
@@ -52,6 +56,9 @@ struct ContainerOptions {
   net::NodeNetwork* network = nullptr;
   std::string network_unavailable;
   bool network_open = false;
+  // Writes refused by a read-only mount (a protected path) are counted and
+  // flagged (the spawner's --no-write-watch when off).
+  bool watch_writes = true;
   std::function<void(int level, const std::string& text)> log;
 };
 
@@ -76,6 +83,10 @@ class ContainerDriver : public BoxDriver {
   // Its overlay upper dir against the image (and its mask layer).
   Result<guard::UpperDiff> Changes(const v1::SandboxRecord& sandbox) const override;
   std::map<std::string, uint64_t> DeniedCalls(const v1::SandboxRecord& sandbox) const override;
+  std::map<std::string, uint64_t> WatchedReads(const v1::SandboxRecord& sandbox) const override;
+  std::map<std::string, uint64_t> RefusedWrites(const v1::SandboxRecord& sandbox) const override;
+  // A Flush round trip to the spawner (its listener read, its counts sent).
+  void SyncCounts(const v1::SandboxRecord& sandbox) const override;
   static constexpr size_t kMaxChanges = 100000;
   void Restored() override;
   std::string StatsJson() const override;
@@ -103,12 +114,25 @@ class ContainerDriver : public BoxDriver {
   };
   Result<Guarded> GuardMounts(const std::string& id, const std::string& base, const std::string& image_root,
                               const v1::TaskGuard& task) const;
+  // guard::FindTaskPaths under `root` of the image mounted at `image_root`,
+  // walked once per image, root and globs (kept for the next creation).
+  Result<guard::TaskPaths> TaskPathsOf(const std::string& image_root, const std::string& root,
+                                       const std::vector<guard::PathGlob>& globs) const;
+  static constexpr size_t kMaxTaskPaths = 256;
+  mutable std::mutex paths_mu_;
+  mutable std::unordered_map<std::string, guard::TaskPaths> task_paths_;
   // A grade sandbox's layers above its image (spec.carry): the agent
   // sandbox's changes in <base>/changes and the grader image's files in
   // <base>/grader, as a lowerdir prefix ("<base>/grader:<base>/changes:").
   Result<std::string> CarryLayers(const std::string& id, const std::string& base, const std::string& image_root,
                                   const std::string& digest, const v1::CarriedChanges& carry);
   Status ReadoptNow(const v1::SandboxRecord& sb, const std::string& driver_state);
+  // Its image's watched files (ImageManifest.watched), marked in the read
+  // watch once its init has made its mounts. Logged, never fatal.
+  void WatchReads(const Box& box, const v1::ImageManifest& image) const;
+  // Asks the spawner to take back the seccomp listener the container's
+  // agent keeps (after a dsecd or spawner restart).
+  void AdoptListener(const Box& box) const;
   void RestoredNow();
   // At start, before any container of this run: the last run's kept dirs
   // and groups, and its sandbox dirs as leftovers (BoxDriver's: each is
@@ -155,9 +179,12 @@ class ContainerDriver : public BoxDriver {
   // Removes a sandbox dir (a subvolume when there is a disk).
   Status RemoveSandboxDir(const std::string& name);
   std::unique_ptr<SpawnerLink> link_;
+  std::unique_ptr<guard::ReadWatch> reads_;  // null: no fanotify here (logged at start)
 
   // Under mu_ (BoxDriver's):
   std::unordered_map<uint64_t, std::promise<Result<int>>> creating_;  // spawner request id -> init pid
+  mutable std::unordered_map<uint64_t, std::promise<void>> flushing_;  // SyncCounts' Flush id -> its answer
+  mutable uint64_t next_flush_ = 1;
   uint64_t next_id_ = 1;
   // Recycled cgroups, <parent>/c/<group_tag_>.<n>: this data dir's only
   // (other dsecds may share the parent).

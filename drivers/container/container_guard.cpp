@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <cerrno>
+#include <future>
 #include <chrono>
 
 #include "drivers/container/container_box.hpp"
@@ -10,8 +11,10 @@
 #include "drivers/images/image_store.hpp"
 #include "drivers/images/mounts.hpp"
 #include "drivers/guard/mask_layer.hpp"
+#include "drivers/guard/read_watch.hpp"
 #include "drivers/guard/task_guard.hpp"
 #include "drivers/guard/task_paths.hpp"
+#include "drivers/spawner/spawner.pb.h"
 
 namespace dsec::drivers {
 
@@ -42,8 +45,9 @@ Result<ContainerDriver::Guarded> ContainerDriver::GuardMounts(const std::string&
     return out;
   }
   auto in_image = [&](const std::string& p) { return root_rel.empty() ? p : root_rel + "/" + p; };
+  auto find = [&](const std::vector<guard::PathGlob>& globs) { return TaskPathsOf(image_root, g->root, globs); };
   if (!g->hide.empty()) {
-    auto hidden = guard::FindTaskPaths(task_root, g->hide, guard::kMaxGuardedPaths);
+    auto hidden = find(g->hide);
     if (!hidden.ok()) return hidden.status().Annotate("task: hidden paths");
     out.mask = base + "/mask";
     if (::mkdir(out.mask.c_str(), 0755) != 0 && errno != EEXIST) return Status::FromErrno(errno, "mkdir " + out.mask);
@@ -53,11 +57,11 @@ Result<ContainerDriver::Guarded> ContainerDriver::GuardMounts(const std::string&
     out.hidden = hidden->paths.size();
   }
   if (!g->protect.empty()) {
-    auto kept = guard::FindTaskPaths(task_root, g->protect, guard::kMaxGuardedPaths);
+    auto kept = find(g->protect);
     if (!kept.ok()) return kept.status().Annotate("task: protected paths");
     std::vector<std::string> hidden_paths;
     if (!g->hide.empty()) {
-      auto h = guard::FindTaskPaths(task_root, g->hide, guard::kMaxGuardedPaths);
+      auto h = find(g->hide);
       if (h.ok()) hidden_paths = h->paths;
     }
     for (const auto& p : kept->paths) {
@@ -77,6 +81,25 @@ Result<ContainerDriver::Guarded> ContainerDriver::GuardMounts(const std::string&
              std::to_string(out.read_only.size()) + " protected and " + std::to_string(out.hidden) +
              " hidden path(s) of the image, found in " + std::to_string(ms) + " ms");
   return out;
+}
+
+Result<guard::TaskPaths> ContainerDriver::TaskPathsOf(const std::string& image_root, const std::string& root,
+                                                     const std::vector<guard::PathGlob>& globs) const {
+  // An image's files do not change under its mount (EROFS, named by its
+  // digest's mount point): one walk per image, root and globs.
+  std::string key = image_root + "\n" + root;
+  for (const auto& g : globs) key += "\n" + g.text();
+  {
+    std::lock_guard<std::mutex> lk(paths_mu_);
+    auto it = task_paths_.find(key);
+    if (it != task_paths_.end()) return it->second;
+  }
+  auto found = guard::FindTaskPaths(image_root + root, globs, guard::kMaxGuardedPaths);
+  if (!found.ok()) return found.status();
+  std::lock_guard<std::mutex> lk(paths_mu_);
+  if (task_paths_.size() >= kMaxTaskPaths) task_paths_.clear();
+  task_paths_.emplace(key, *found);
+  return found;
 }
 
 }  // namespace dsec::drivers
@@ -100,6 +123,20 @@ Result<std::string> ContainerDriver::CarryLayers(const std::string& id, const st
   opts.root = g->root.empty() ? "" : g->root.substr(1);
   opts.image_wins = g->protect;
   opts.image_wins.insert(opts.image_wins.end(), g->hide.begin(), g->hide.end());
+  // Found before the agent is frozen (and once per image and task).
+  std::vector<std::string> kept;
+  if (!opts.image_wins.empty()) {
+    struct stat st;
+    if (::stat((image_root + g->root).c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+      for (const auto* globs : {&g->protect, &g->hide}) {
+        if (globs->empty()) continue;
+        auto found = TaskPathsOf(image_root, g->root, *globs);
+        if (!found.ok()) return found.status().Annotate("the image's protected and hidden paths");
+        kept.insert(kept.end(), found->paths.begin(), found->paths.end());
+      }
+    }
+    opts.image_kept = &kept;
+  }
   std::string prefix;
   if (!carry.grader_image().empty()) {
     // First, while nothing is frozen: the grader's files, from its image.
@@ -158,6 +195,60 @@ std::map<std::string, uint64_t> ContainerDriver::DeniedCalls(const v1::SandboxRe
   if (!box) return {};
   std::lock_guard<std::mutex> lk(box->denied_mu);
   return box->denied;
+}
+
+}  // namespace dsec::drivers
+
+namespace dsec::drivers {
+
+void ContainerDriver::WatchReads(const Box& box, const v1::ImageManifest& image) const {
+  if (image.watched().empty() || !reads_) return;
+  std::vector<std::string> paths;
+  for (const auto& w : image.watched()) paths.push_back("/" + w);
+  auto marked = reads_->Watch(box.id, box.init_pid, paths);
+  if (!marked.ok()) Log(2, "container " + box.id + ": its reads of watched files are not flagged: " +
+                           marked.status().message());
+  else Log(0, "container " + box.id + ": " + std::to_string(*marked) + " of its image's " +
+              std::to_string(paths.size()) + " watched file(s) marked");
+}
+
+std::map<std::string, uint64_t> ContainerDriver::RefusedWrites(const v1::SandboxRecord& sb) const {
+  auto box = Find(sb.id());
+  if (!box) return {};
+  std::lock_guard<std::mutex> lk(box->denied_mu);
+  return box->writes;
+}
+
+void ContainerDriver::SyncCounts(const v1::SandboxRecord& sb) const {
+  if (!Find(sb.id())) return;
+  spawner::Request req;
+  std::future<void> done;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    uint64_t id = next_flush_++;
+    req.mutable_flush()->set_id(id);
+    done = flushing_[id].get_future();
+  }
+  req.mutable_flush()->set_sandbox_id(sb.id());
+  // The session actor waits: briefly. A spawner busy past that (a creation
+  // in its lane): the counts come with a later step.
+  if (link_->Send(req).ok() && done.wait_for(std::chrono::milliseconds(100)) == std::future_status::ready) return;
+  std::lock_guard<std::mutex> lk(mu_);
+  flushing_.erase(req.flush().id());
+}
+
+void ContainerDriver::AdoptListener(const Box& box) const {
+  if (box.init_pid <= 0) return;
+  spawner::Request req;
+  req.mutable_adopt_listener()->set_sandbox_id(box.id);
+  req.mutable_adopt_listener()->set_pid(static_cast<uint32_t>(box.init_pid));
+  req.mutable_adopt_listener()->set_cgroup(box.cgroup_rel);
+  if (Status st = link_->Send(req); !st.ok())
+    Log(2, "container " + box.id + ": its seccomp listener is not taken back: " + st.message());
+}
+
+std::map<std::string, uint64_t> ContainerDriver::WatchedReads(const v1::SandboxRecord& sb) const {
+  return reads_ ? reads_->Reads(sb.id()) : std::map<std::string, uint64_t>{};
 }
 
 }  // namespace dsec::drivers

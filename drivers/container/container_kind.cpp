@@ -30,6 +30,10 @@ class Container : public Kind {
         ->transform(CLI::AsSizeValue(false))
         ->capture_default_str();
     app.add_flag("--no-sandbox-disk", no_disk_, "keep container sandboxes on the data dir's own filesystem: no disk limits");
+    app.add_flag("--no-write-watch", no_write_watch_,
+                 "do not count containers' writes refused by a read-only path (a task's protected paths): session "
+                 "steps then get no write_refused flag, and each open for writing, unlink or rename in a container "
+                 "no longer passes through dsec-spawner");
   }
 
   Result<std::unique_ptr<Driver>> Start(const DriverEnv& env) override {
@@ -38,6 +42,7 @@ class Container : public Kind {
     o.cgroup_parent = env.cgroup_parent;
     o.idle_freeze_ms = static_cast<int64_t>(idle_freeze_s_ * 1000);
     o.disk_limits = !no_disk_;
+    o.watch_writes = !no_write_watch_;
     o.images = env.images;
     o.network = env.network;
     o.network_unavailable = env.network_unavailable;
@@ -52,6 +57,7 @@ class Container : public Kind {
   ContainerOptions o_;
   double idle_freeze_s_ = 300;
   bool no_disk_ = false;
+  bool no_write_watch_ = false;
 };
 
 }  // namespace

@@ -315,7 +315,11 @@ Result<CarryStats> CarryChanges(const std::string& upper, const std::string& ima
   c.carry = &opts;
   c.image_root = opts.root.empty() ? image : image + "/" + opts.root;
   struct stat st;
-  if (!opts.image_wins.empty() && ::stat(c.image_root.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+  if (opts.image_kept) {
+    c.image_kept = *opts.image_kept;
+    std::sort(c.image_kept.begin(), c.image_kept.end());
+    c.image_kept.erase(std::unique(c.image_kept.begin(), c.image_kept.end()), c.image_kept.end());
+  } else if (!opts.image_wins.empty() && ::stat(c.image_root.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
     auto kept = FindTaskPaths(c.image_root, opts.image_wins, opts.max_entries);
     if (!kept.ok()) return kept.status().Annotate("the image's protected and hidden paths");
     c.image_kept = std::move(kept->paths);

@@ -40,6 +40,9 @@ namespace dsec::guard {
 struct CarryOptions {
   std::string root;                  // the task's root, relative ("work/repo"); "" for the whole tree
   std::vector<PathGlob> image_wins;  // protected and hidden globs, relative to the root
+  // What image_wins names in the image, when the caller knows it
+  // (FindTaskPaths' paths): no walk of the image then.
+  const std::vector<std::string>* image_kept = nullptr;
   size_t max_entries = 200000;       // ResourceExhausted past any of these
   uint64_t max_bytes = 4ull << 30;   // of regular files (hard links count once)
   int max_depth = 512;               // directory levels under the root

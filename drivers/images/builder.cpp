@@ -440,6 +440,15 @@ Result<v1::ImageManifest> BuildImage(const std::string& source_in, const std::st
     if (scrubbed->empty()) say("git-scrub: no git repository in the tree");
     for (const auto& r : *scrubbed) say(ScrubSummary(r));
   }
+  std::vector<std::string> watched;
+  if (!o.git_scrub && o.git_watch) {
+    auto future = FindFutureHistory(tree, kMaxWatchedFiles);
+    if (!future.ok()) say(future.status().message() + ": reads of repositories' future history are not flagged");
+    for (const auto& r : future.ok() ? *future : std::vector<WatchedRepo>{}) {
+      say(WatchSummary(r));
+      for (const auto& f : r.files) watched.push_back(f);
+    }
+  }
   TreeCount count;
   g_count = &count;
   ::nftw(tree.c_str(), CountOne, 64, FTW_PHYS);
@@ -472,6 +481,7 @@ Result<v1::ImageManifest> BuildImage(const std::string& source_in, const std::st
   m.set_content_bytes(count.bytes);
   m.set_compression(o.compression);
   m.set_created_ms(WallClockMs());
+  for (auto& f : watched) m.add_watched(std::move(f));
   return m;
 }
 

@@ -24,6 +24,10 @@ struct BuildOptions {
   // their checked-out commit (git_scrub.hpp); a directory source is copied
   // first (it is never changed). What went is said through `progress`.
   bool git_scrub = false;
+  // Without git_scrub: each repository's files that hold only its future
+  // history (objects its checked-out commit does not reach) go to the
+  // manifest's watched list, whose reads a session flags (git_scrub.hpp).
+  bool git_watch = true;
   // Scratch space for unpacking (default: a fresh dir under the store root).
   std::string scratch_dir;
   // Progress lines for the user; may be empty.

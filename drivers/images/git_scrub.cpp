@@ -1,5 +1,6 @@
 #include "drivers/images/git_scrub.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <ftw.h>
 #include <spawn.h>
@@ -14,6 +15,7 @@
 #include <sstream>
 
 #include "runtime/files.hpp"
+#include "runtime/unique_fd.hpp"
 
 extern char** environ;
 
@@ -178,22 +180,158 @@ Status ScrubOne(const std::string& dir, const std::string& rel, ScrubbedRepo* r)
   return Status::Ok();
 }
 
-}  // namespace
+// The object names of a pack's index (version 2: "\377tOc", 2, a fan-out
+// table of 256 counts, then the sorted names), or nothing when unreadable
+// or when it has more than `at_most`.
+std::vector<std::string> PackNames(const std::string& idx, size_t hash_bytes, size_t at_most) {
+  std::vector<std::string> out;
+  UniqueFd fd(::open(idx.c_str(), O_RDONLY | O_CLOEXEC));
+  struct stat st;
+  if (!fd || ::fstat(fd.get(), &st) != 0) return out;
+  unsigned char head[8 + 256 * 4];
+  if (::pread(fd.get(), head, sizeof head, 0) != static_cast<ssize_t>(sizeof head)) return out;
+  if (std::memcmp(head, "\377tOc\0\0\0\2", 8) != 0) return out;
+  const unsigned char* last = head + 8 + 255 * 4;
+  uint32_t n = uint32_t(last[0]) << 24 | uint32_t(last[1]) << 16 | uint32_t(last[2]) << 8 | last[3];
+  // More than asked for (it cannot be all future), or more than the file holds.
+  if (n > at_most || uint64_t(n) * hash_bytes > uint64_t(st.st_size)) return out;
+  std::string names(size_t(n) * hash_bytes, '\0');
+  if (n && ::pread(fd.get(), names.data(), names.size(), sizeof head) != static_cast<ssize_t>(names.size())) return out;
+  static const char* hex = "0123456789abcdef";
+  for (uint32_t i = 0; i < n; ++i) {
+    std::string h;
+    for (size_t b = 0; b < hash_bytes; ++b) {
+      auto c = static_cast<unsigned char>(names[i * hash_bytes + b]);
+      h += hex[c >> 4], h += hex[c & 15];
+    }
+    out.push_back(std::move(h));
+  }
+  return out;
+}
 
-Result<std::vector<ScrubbedRepo>> ScrubGitHistory(const std::string& tree) {
-  if (::access("/usr/bin/git", X_OK) != 0)
-    return Status::Unavailable("--git-scrub needs git on the building host: apt-get install git");
+Status WatchOne(const std::string& dir, const std::string& rel, size_t room, WatchedRepo* r) {
+  auto fail = [&](const std::string& what, const Out& o) {
+    std::string e = o.err;
+    while (!e.empty() && e.back() == '\n') e.pop_back();
+    return Status::Internal("git " + what + " exited " + std::to_string(o.code) + ": " + e);
+  };
+  r->path = rel;
+  // Refs git cannot read (a broken packed-refs) would pass for no commit.
+  if (auto refs = Git(dir, {"for-each-ref", "--format=%(objectname)"}); refs.code != 0)
+    return fail("for-each-ref", refs);
+  auto head = Git(dir, {"rev-parse", "--verify", "-q", "HEAD^{commit}"});
+  r->head = head.code == 0 && !Lines(head.text).empty() ? Lines(head.text).front() : "";
+  // The future: what refs, reflogs and the stash reach and the checked-out
+  // commit does not (only that is held in memory, not the whole history).
+  std::vector<std::string> args = {"rev-list", "--objects", "--all", "--reflog"};
+  if (!r->head.empty()) args.insert(args.end(), {"--not", r->head});
+  auto rl = Git(dir, args);
+  if (rl.code != 0) return fail("rev-list", rl);
+  std::set<std::string> future;
+  for (const auto& l : Lines(rl.text)) future.insert(l.substr(0, l.find(' ')));
+  rl.text.clear();
+  // What the index stages is the present too (a bare repository has none).
+  auto staged = Git(dir, {"ls-files", "--stage"});
+  if (staged.code == 0)
+    for (const auto& l : Lines(staged.text)) {
+      std::istringstream in(l);
+      std::string mode, name;
+      in >> mode >> name;
+      future.erase(name);
+    }
+  size_t hash_bytes = r->head.empty() ? (future.empty() ? 20 : future.begin()->size() / 2) : r->head.size() / 2;
+  r->past_head = future.size();
+  if (future.empty()) return Status::Ok();
+  size_t watched = 0;
+  auto watch = [&](const std::string& file, size_t objects) {
+    if (r->files.size() >= room) return;
+    r->files.push_back(rel + "/" + file);
+    watched += objects;
+  };
+  for (const auto& name : future)
+    if (Exists(dir + "/objects/" + name.substr(0, 2) + "/" + name.substr(2)))
+      watch("objects/" + name.substr(0, 2) + "/" + name.substr(2), 1);
+  std::vector<std::string> idx;
+  if (DIR* d = ::opendir((dir + "/objects/pack").c_str())) {
+    while (auto* e = ::readdir(d)) {
+      std::string n = e->d_name;
+      if (n.size() > 4 && n.compare(n.size() - 4, 4, ".idx") == 0) idx.push_back(n);
+    }
+    ::closedir(d);
+  }
+  std::sort(idx.begin(), idx.end());
+  for (const auto& n : idx) {
+    auto names = PackNames(dir + "/objects/pack/" + n, hash_bytes, future.size());
+    bool only_future = !names.empty();
+    for (const auto& o : names) only_future = only_future && future.count(o);
+    std::string pack = "objects/pack/" + n.substr(0, n.size() - 4) + ".pack";
+    if (only_future && Exists(dir + "/" + pack)) watch(pack, names.size());
+  }
+  r->unwatched = future.size() > watched ? future.size() - watched : 0;
+  return Status::Ok();
+}
+
+std::vector<std::string> FindRepos(const std::string& tree, Status* st) {
   std::vector<std::string> found;
   g_found = &found;
   int rc = ::nftw(tree.c_str(), FindOne, 64, FTW_PHYS);
   g_found = nullptr;
-  if (rc < 0) return Status::FromErrno(errno, "git-scrub: walk " + tree);
+  if (rc < 0) *st = Status::FromErrno(errno, "walk " + tree);
   std::sort(found.begin(), found.end());
+  return found;
+}
+
+std::string Rel(const std::string& tree, const std::string& dir) {
+  return dir.size() > tree.size() ? dir.substr(tree.size() + 1) : dir;
+}
+
+}  // namespace
+
+Result<std::vector<WatchedRepo>> FindFutureHistory(const std::string& tree, size_t max_files) {
+  Status walked;
+  auto found = FindRepos(tree, &walked);
+  if (!walked.ok()) return walked.Annotate("git-watch");
+  std::vector<WatchedRepo> out;
+  if (found.empty()) return out;
+  if (::access("/usr/bin/git", X_OK) != 0)
+    return Status::Unavailable("git-watch needs git on the building host to find a repository's future history "
+                               "(apt-get install git; or --git-scrub to remove it, or --no-git-watch)");
+  size_t files = 0;
+  for (const auto& dir : found) {
+    WatchedRepo r;
+    if (Status st = WatchOne(dir, Rel(tree, dir), max_files - files, &r); !st.ok()) {
+      r = WatchedRepo{};
+      r.path = Rel(tree, dir);
+      r.error = st.message();
+    }
+    files += r.files.size();
+    if (r.past_head || !r.error.empty()) out.push_back(std::move(r));
+  }
+  return out;
+}
+
+std::string WatchSummary(const WatchedRepo& r) {
+  if (!r.error.empty())
+    return "git-watch " + r.path + ": not watched, git cannot read it (" + r.error +
+           "): a sandbox's read of its history is not flagged";
+  std::string s = "git-watch " + r.path + ": " + std::to_string(r.past_head) + " object(s) past " +
+                  (r.head.empty() ? std::string("no commit") : r.head.substr(0, 12)) + "; " +
+                  std::to_string(r.files.size()) + " file(s) of them watched (a sandbox's read is flagged)";
+  if (r.unwatched)
+    s += "; " + std::to_string(r.unwatched) + " object(s) in packs with the past or over the limit are not";
+  return s + "; --git-scrub removes them";
+}
+
+Result<std::vector<ScrubbedRepo>> ScrubGitHistory(const std::string& tree) {
+  if (::access("/usr/bin/git", X_OK) != 0)
+    return Status::Unavailable("--git-scrub needs git on the building host: apt-get install git");
+  Status walked;
+  auto found = FindRepos(tree, &walked);
+  if (!walked.ok()) return walked.Annotate("git-scrub");
   std::vector<ScrubbedRepo> out;
   for (const auto& dir : found) {
     ScrubbedRepo r;
-    std::string rel = dir.size() > tree.size() ? dir.substr(tree.size() + 1) : dir;
-    DSEC_RETURN_IF_ERROR(ScrubOne(dir, rel, &r));
+    DSEC_RETURN_IF_ERROR(ScrubOne(dir, Rel(tree, dir), &r));
     out.push_back(std::move(r));
   }
   return out;

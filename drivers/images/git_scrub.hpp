@@ -40,4 +40,30 @@ Result<std::vector<ScrubbedRepo>> ScrubGitHistory(const std::string& tree);
 // One line per repository for the user: what went.
 std::string ScrubSummary(const ScrubbedRepo& r);
 
+// An unscrubbed image's git-watch (the build's default): the files of each
+// repository that hold only objects its checked-out commit (and its index)
+// does not reach, so a sandbox's read of one is a read of the task's
+// future (ImageManifest.watched; drivers/guard/read_watch.hpp flags it).
+// Loose objects, and packs of nothing else; future objects in a pack with
+// the past are counted, not watched (a read of the pack is not told apart).
+struct WatchedRepo {
+  std::string path;                // the .git directory, relative to the tree
+  std::string head;                // the checked-out commit ("" when none)
+  size_t past_head = 0;            // objects the checked-out commit and the index do not reach
+  std::vector<std::string> files;  // watched, relative to the tree
+  size_t unwatched = 0;            // of past_head, in packs with the past, elsewhere, or past max_files
+  std::string error;               // git could not read it: nothing of it is watched
+};
+
+// Bounds the manifest (every sandbox creation reads it): about 250 KiB.
+constexpr size_t kMaxWatchedFiles = 4096;
+
+// The repositories under `tree` with objects past their checked-out
+// commit (or that git cannot read: `error`), at most `max_files` watched
+// files in all. Unavailable without git (the build goes on, saying so).
+Result<std::vector<WatchedRepo>> FindFutureHistory(const std::string& tree, size_t max_files);
+
+// One line per repository for the user.
+std::string WatchSummary(const WatchedRepo& r);
+
 }  // namespace dsec::images

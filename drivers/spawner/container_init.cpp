@@ -91,9 +91,8 @@ long ShortLower(const char* lower, char* out, unsigned long cap, long (&fds)[kMa
 }
 
 // Sends the seccomp filter's listener to the spawner (kInitSlotNotify), with
-// the sandbox's id; then neither stays here. Best effort: a listener that
-// does not arrive is closed, and the syscalls it would have seen fail with
-// ENOSYS instead of EPERM, uncounted.
+// the sandbox's id. Best effort: a listener that does not arrive is closed,
+// and the syscalls it would have seen fail with ENOSYS, uncounted.
 void HandListener(long listener, const char* sandbox_id) {
   unsigned long len = 0;
   while (sandbox_id && sandbox_id[len] && len < 64) ++len;
@@ -110,9 +109,15 @@ void HandListener(long listener, const char* sandbox_id) {
   c->cmsg_len = CMSG_LEN(sizeof(int));
   int fd = static_cast<int>(listener);
   __builtin_memcpy(CMSG_DATA(c), &fd, sizeof fd);
-  Call(SYS_sendmsg, kInitSlotNotify, &msg, MSG_NOSIGNAL);
+  long sent = Call(SYS_sendmsg, kInitSlotNotify, &msg, MSG_NOSIGNAL);
+  // Sent: the agent keeps a copy in the socket's slot (not close-on-exec;
+  // it closes it in the programs it starts, and is not dumpable, so
+  // nothing in the container can take it): a spawner of a later dsecd
+  // takes it back (AdoptListener, write_watch.cpp) instead of the
+  // container's notified calls failing with ENOSYS once this spawner is
+  // gone. Not sent: no copy (its calls fail with ENOSYS, never wait).
+  if (sent < 0 || Call(SYS_dup3, listener, kInitSlotNotify, 0) < 0) Call(SYS_close, kInitSlotNotify);
   Call(SYS_close, listener);
-  Call(SYS_close, kInitSlotNotify);
 }
 
 struct KernelSigaction {

@@ -98,7 +98,7 @@ void Spawner::CreateContainer(const spawner::CreateContainer& req) {
   setup.cgroups = static_cast<int>(procs.size());
   setup.read_only = in->read_only_ptrs.data();
   setup.read_only_count = static_cast<int>(in->read_only_ptrs.size());
-  setup.seccomp = &container_seccomp_prog_;
+  setup.seccomp = req.watch_writes() && opts_.watch_writes ? &watching_seccomp_prog_ : &container_seccomp_prog_;
   setup.sandbox_id = in->sandbox_id.c_str();
   setup.agent_argv = in->argv;
   setup.agent_envp = in->envp;

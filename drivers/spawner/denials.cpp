@@ -25,6 +25,11 @@ Status Spawner::OpenNotify() {
   ::close(sv[1]);
   if (!notify_rx_ || !notify_tx_) return Status::FromErrno(errno, "keep the seccomp listener socket");
   ::fcntl(notify_rx_.get(), F_SETFL, ::fcntl(notify_rx_.get(), F_GETFL) | O_NONBLOCK);
+  // Each message comes with its sender's pid (the init's, later its
+  // agent's, on the host): the agent's own file calls are dsecd's.
+  int on = 1;
+  if (::setsockopt(notify_rx_.get(), SOL_SOCKET, SO_PASSCRED, &on, sizeof on) < 0)
+    return Status::FromErrno(errno, "SO_PASSCRED on the seccomp listener socket");
   epoll_event ev{};
   ev.events = EPOLLIN;
   ev.data.u64 = kNotifyKey << 2;
@@ -36,7 +41,7 @@ Status Spawner::OpenNotify() {
 void Spawner::OnNotifyReadable() {
   for (;;) {
     char id[65];
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int)) + CMSG_SPACE(sizeof(ucred))];
     iovec iov{id, sizeof id - 1};
     msghdr msg{};
     msg.msg_iov = &iov;
@@ -45,31 +50,40 @@ void Spawner::OnNotifyReadable() {
     msg.msg_controllen = sizeof control;
     ssize_t n = ::recvmsg(notify_rx_.get(), &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
     if (n < 0) return;  // EAGAIN: all read
-    cmsghdr* c = CMSG_FIRSTHDR(&msg);
-    if (!c || c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-    int fd;
-    std::memcpy(&fd, CMSG_DATA(c), sizeof fd);
-    UniqueFd listener(::fcntl(fd, F_DUPFD_CLOEXEC, kFirstSpawnerFd));
-    ::close(fd);
-    if (!listener) continue;
-    uint64_t key = next_key_++;
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.u64 = key << 2;
-    if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, listener.get(), &ev) < 0) continue;
-    listeners_[key] = Listener{std::move(listener), std::string(id, static_cast<size_t>(n))};
+    UniqueFd listener;
+    pid_t sender = 0;
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level != SOL_SOCKET) continue;
+      if (c->cmsg_type == SCM_RIGHTS && c->cmsg_len >= CMSG_LEN(sizeof(int))) {
+        int fd;
+        std::memcpy(&fd, CMSG_DATA(c), sizeof fd);
+        listener.Reset(::fcntl(fd, F_DUPFD_CLOEXEC, kFirstSpawnerFd));
+        ::close(fd);
+      } else if (c->cmsg_type == SCM_CREDENTIALS && c->cmsg_len >= CMSG_LEN(sizeof(ucred))) {
+        ucred cred;
+        std::memcpy(&cred, CMSG_DATA(c), sizeof cred);
+        sender = cred.pid;
+      }
+    }
+    if (listener) AddListener(std::move(listener), std::string(id, static_cast<size_t>(n)), sender);
   }
 }
 
-void Spawner::OnListener(uint64_t key, uint32_t events) {
+void Spawner::OnListener(uint64_t key, uint32_t events, bool poll_first) {
   auto it = listeners_.find(key);
   if (it == listeners_.end()) return;
-  if (events & EPOLLIN) {
-    // One per readiness: a receive with nothing pending would wait. (A
-    // notification whose task died meanwhile is received as ENOENT.)
+  // A receive with nothing pending would wait: one per readiness, then
+  // more while poll says there are (watched writes come in bursts).
+  for (int i = 0; (events & EPOLLIN) && i < 32; ++i) {
+    pollfd more{it->second.fd.get(), POLLIN, 0};
+    if ((i > 0 || poll_first) && (::poll(&more, 1, 0) <= 0 || !(more.revents & POLLIN))) break;
     seccomp_notif req;
     std::memset(&req, 0, sizeof req);
-    if (::ioctl(it->second.fd.get(), SECCOMP_IOCTL_NOTIF_RECV, &req) == 0) {
+    if (::ioctl(it->second.fd.get(), SECCOMP_IOCTL_NOTIF_RECV, &req) != 0) {
+      // Nothing to answer (ENOENT: a notification whose task died meanwhile).
+    } else if (auto w = watched_writes_.find(req.data.nr); w != watched_writes_.end()) {
+      AnswerWrite(it->second, *w->second, req);
+    } else {
       seccomp_notif_resp resp;
       std::memset(&resp, 0, sizeof resp);
       resp.id = req.id;
@@ -87,14 +101,19 @@ void Spawner::OnListener(uint64_t key, uint32_t events) {
 }
 
 void Spawner::FlushDenied() {
-  for (auto& [sandbox, calls] : denied_) {
+  std::set<std::string> sandboxes;
+  for (const auto& [sandbox, calls] : denied_) sandboxes.insert(sandbox);
+  for (const auto& [sandbox, writes] : writes_) sandboxes.insert(sandbox);
+  for (const auto& sandbox : sandboxes) {
     spawner::Event ev;
     auto* d = ev.mutable_denied();
     d->set_sandbox_id(sandbox);
-    for (const auto& [name, n] : calls) (*d->mutable_calls())[name] = n;
+    for (const auto& [name, n] : denied_[sandbox]) (*d->mutable_calls())[name] = n;
+    for (const auto& [what, n] : writes_[sandbox]) (*d->mutable_writes())[what] = n;
     Send(ev);
   }
   denied_.clear();
+  writes_.clear();
 }
 
 }  // namespace dsec::fncall::internal

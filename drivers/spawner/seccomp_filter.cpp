@@ -1,6 +1,7 @@
 #include "drivers/spawner/seccomp_filter.hpp"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <sched.h>
 #include <seccomp.h>
 #include <sys/mman.h>
@@ -46,7 +47,27 @@ const std::vector<const char*>& NotifiedSyscalls() {
   return kNotified;
 }
 
-Result<SeccompProgram> BuildSandboxSeccomp(bool notify) {
+const std::vector<WatchedWrite>& WatchedWrites() {
+  // name, dirfd, path, dirfd2, path2, follow, flags
+  static const std::vector<WatchedWrite> kWrites = {
+      {"open", -1, 0, -1, -1, true, 1},          {"openat", 0, 1, -1, -1, true, 2},
+      {"openat2", 0, 1, -1, -1, true, -2},       {"creat", -1, 0},
+      {"truncate", -1, 0},                       {"unlink", -1, 0, -1, -1, false},
+      {"unlinkat", 0, 1, -1, -1, false},         {"rmdir", -1, 0, -1, -1, false},
+      {"rename", -1, 0, -1, 1, false},           {"renameat", 0, 1, 2, 3, false},
+      {"renameat2", 0, 1, 2, 3, false},          {"chmod", -1, 0},
+      {"fchmodat", 0, 1},                        {"fchmodat2", 0, 1},
+      {"chown", -1, 0},
+      {"lchown", -1, 0, -1, -1, false},          {"fchownat", 0, 1},
+      {"utime", -1, 0},                          {"utimes", -1, 0},
+      {"utimensat", 0, 1},                       {"futimesat", 0, 1},
+      {"setxattr", -1, 0},                       {"lsetxattr", -1, 0, -1, -1, false},
+      {"removexattr", -1, 0},                    {"lremovexattr", -1, 0, -1, -1, false},
+  };
+  return kWrites;
+}
+
+Result<SeccompProgram> BuildSandboxSeccomp(bool notify, bool watch_writes) {
   std::unique_ptr<void, void (*)(scmp_filter_ctx)> ctx(seccomp_init(SCMP_ACT_ALLOW),
                                                         seccomp_release);
   if (!ctx) return Status::Internal("seccomp_init failed");
@@ -60,6 +81,23 @@ Result<SeccompProgram> BuildSandboxSeccomp(bool notify) {
                                           [&](const char* n) { return std::strcmp(n, name) == 0; });
     int rc = seccomp_rule_add(ctx.get(), notified ? SCMP_ACT_NOTIFY : SCMP_ACT_ERRNO(EPERM), nr, 0);
     if (rc < 0) return Status::FromErrno(-rc, std::string("seccomp rule for ") + name);
+  }
+  for (const auto& w : watch_writes && notify ? WatchedWrites() : std::vector<WatchedWrite>{}) {
+    int nr = seccomp_syscall_resolve_name(w.name);
+    if (nr == __NR_SCMP_ERROR) continue;  // not on this architecture
+    int rc = 0;
+    if (w.flags >= 0) {
+      // Opened for writing (O_WRONLY or O_RDWR), not as an O_EXCL creation:
+      // one masked comparison each (a rule takes one per argument).
+      auto arg = static_cast<unsigned>(w.flags);
+      for (uint64_t mode : {uint64_t{O_WRONLY}, uint64_t{O_RDWR}}) {
+        scmp_arg_cmp cmp{arg, SCMP_CMP_MASKED_EQ, O_ACCMODE | O_EXCL, mode};
+        if ((rc = seccomp_rule_add_array(ctx.get(), SCMP_ACT_NOTIFY, nr, 1, &cmp)) < 0) break;
+      }
+    } else {
+      rc = seccomp_rule_add(ctx.get(), SCMP_ACT_NOTIFY, nr, 0);
+    }
+    if (rc < 0) return Status::FromErrno(-rc, std::string("seccomp rule for watched writes by ") + w.name);
   }
   constexpr uint64_t kNsFlags = CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER |
                                 CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWCGROUP | 0x00000080 /*CLONE_NEWTIME*/;

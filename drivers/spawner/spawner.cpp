@@ -3,6 +3,8 @@
 // runners) and container_pool.cpp (container inits).
 #include "drivers/spawner/spawner_internal.hpp"
 
+#include <seccomp.h>
+
 namespace dsec::fncall {
 namespace internal {
 
@@ -81,6 +83,14 @@ std::string Spawner::Init() {
     if (!notifying.ok()) return notifying.status().message();
     container_seccomp_ = std::move(*notifying);
     container_seccomp_prog_ = container_seccomp_.prog();
+    if (opts_.watch_writes) {
+      auto watching = BuildSandboxSeccomp(true, true);
+      if (!watching.ok()) return watching.status().message();
+      watching_seccomp_ = std::move(*watching);
+      watching_seccomp_prog_ = watching_seccomp_.prog();
+      for (const auto& w : WatchedWrites())
+        if (int nr = seccomp_syscall_resolve_name(w.name); nr != __NR_SCMP_ERROR) watched_writes_[nr] = &w;
+    }
     if (Status st = OpenNotify(); !st.ok()) return st.message();
   }
   auto groups = cgroup::Groups::Discover();
@@ -193,7 +203,7 @@ void Spawner::Loop() {
       it->second->timed_out = true;
       Kill(*it->second, "wall-clock limit");
     }
-    if (!denied_.empty()) FlushDenied();
+    if (!denied_.empty() || !writes_.empty()) FlushDenied();
     // Outcomes go out now, before Refill spends time starting runners.
     FlushControl();
     if (control_eof_) break;
@@ -308,6 +318,12 @@ void Spawner::OnRequest(spawner::Request& req) {
       return;
     case spawner::Request::kStats:
       SendStats();
+      return;
+    case spawner::Request::kAdoptListener:
+      AdoptListener(req.adopt_listener());
+      return;
+    case spawner::Request::kFlush:
+      FlushFor(req.flush());
       return;
     default:
       Log(2, "unknown request from dsecd ignored");
@@ -655,7 +671,7 @@ void Spawner::Shutdown() {
   for (auto& [key, init] : inits_) (void)init.release();
   for (auto& [pid, init] : dying_inits_) (void)init.release();
   if (!control_eof_) {
-    if (!denied_.empty()) FlushDenied();
+    if (!denied_.empty() || !writes_.empty()) FlushDenied();
     ::fcntl(control_, F_SETFL, ::fcntl(control_, F_GETFL) & ~O_NONBLOCK);
     (void)WriteFull(control_, control_out_.data(), control_out_.size());  // dsecd may be gone: nobody to tell
   }

@@ -27,6 +27,9 @@ struct SpawnerOptions {
   // (a fncall-only spawner empties it) and answers CreateContainer.
   bool containers = false;
   size_t container_netns = 0;          // fresh net namespaces kept ready for containers
+  // Containers' writes refused by a read-only mount are counted (their
+  // filter notifies the calls that write; write_watch.cpp).
+  bool watch_writes = true;
 };
 
 // Runs until dsecd sends Shutdown or closes the socket; returns the exit code.

@@ -12,6 +12,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <linux/futex.h>
+#include <linux/seccomp.h>
 #include <sys/epoll.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -26,6 +27,7 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <set>
 #include <memory>
 #include <unordered_map>
 #include <vector>
@@ -140,17 +142,35 @@ class Spawner {
   // EPERM and counted, and the counts go to dsecd once per loop.
   Status OpenNotify();
   void OnNotifyReadable();
-  void OnListener(uint64_t key, uint32_t events);
+  // poll_first: not called for its readiness (a Flush), so a receive
+  // is tried only when poll says one is pending.
+  void OnListener(uint64_t key, uint32_t events, bool poll_first = false);
   void FlushDenied();
   UniqueFd notify_rx_, notify_tx_;
   struct Listener {
     UniqueFd fd;
     std::string sandbox_id;
+    pid_t agent_pid = 0;        // its PID 1 on the host: its own file calls (dsecd's) are not counted
+    std::set<uint64_t> mounts;  // its container's mount ids, read at the first watched write
   };
+  void AddListener(UniqueFd listener, const std::string& sandbox_id, pid_t agent_pid);
+  // Watched writes (write_watch.cpp): counted when refused by a read-only
+  // mount, always let go on.
+  void AnswerWrite(Listener& l, const WatchedWrite& w, const seccomp_notif& req);
+  bool OnReadOnlyMount(Listener& l, int proc, pid_t pid, int dirfd, const std::string& path, bool follow);
+  void AdoptListener(const spawner::AdoptListener& req);
+  // Request.flush: the sandbox's pending notifications, then every count, then Flushed.
+  void FlushFor(const spawner::Flush& req);
+  std::unordered_map<int, const WatchedWrite*> watched_writes_;  // by syscall number (with opts_.watch_writes)
   std::unordered_map<uint64_t, Listener> listeners_;  // epoll key -> listener
   std::map<std::string, std::map<std::string, uint64_t>> denied_;  // not sent yet
+  std::map<std::string, std::map<std::string, uint64_t>> writes_;  // "<call> <path>" refused, not sent yet
   SeccompProgram container_seccomp_;
   sock_fprog container_seccomp_prog_{};
+  // The same with WatchedWrites notified too, for containers that ask
+  // (CreateContainer.watch_writes) when opts_.watch_writes.
+  SeccompProgram watching_seccomp_;
+  sock_fprog watching_seccomp_prog_{};
   // Net namespaces of live containers we keep a descriptor for (to recycle
   // them); past this, a container's namespace is simply not recycled.
   static constexpr size_t kMaxTrackedContainerNetns = 4096;

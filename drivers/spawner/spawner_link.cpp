@@ -279,6 +279,7 @@ void SpawnerLink::OnGone(const std::string& why) {
                                "); see the dsecd log, then restart dsecd");
   }
   if (st.ok()) st = Launch();
+  if (st.ok() && opts_.on_restarted) opts_.on_restarted();
   if (!st.ok()) {
     if (opts_.log) opts_.log(3, st.message());
     std::lock_guard<std::mutex> lk(mu_);

@@ -36,6 +36,10 @@ struct SpawnerLinkOptions {
   int max_restarts = 5;            // restarts within restart_window_s before giving up
   int restart_window_s = 60;
   std::function<void(int level, const std::string& text)> log;  // 0 debug .. 3 error
+  // After a restart's hello, on the I/O thread (Send works there): what the
+  // new spawner must be told about the old one's (the container driver's
+  // seccomp listeners to take back).
+  std::function<void()> on_restarted;
 };
 
 class SpawnerLink {

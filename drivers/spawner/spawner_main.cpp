@@ -16,7 +16,7 @@ namespace {
 void Usage(FILE* out) {
   std::fprintf(out,
                "usage: dsec-spawner [--fd N] [--uid N] [--gid N] [--pool N] [--max-runners N]\n"
-               "                    [--fresh-namespaces] [--containers] [--container-netns N] [--cgroup-parent NAME] [--tmpfs-bytes N]\n"
+               "                    [--fresh-namespaces] [--containers] [--no-write-watch] [--container-netns N] [--cgroup-parent NAME] [--tmpfs-bytes N]\n"
                "\n"
                "Internal helper of dsecd: keeps a warm pool of fncall sandboxes and runs\n"
                "programs in them for dsecd, which talks to it over the socket on --fd\n"
@@ -70,6 +70,8 @@ int main(int argc, char** argv) {
       o.container_netns = v;
     } else if (a == "--containers") {
       o.containers = true;
+    } else if (a == "--no-write-watch") {
+      o.watch_writes = false;
     } else if (a == "--fresh-namespaces") {
       o.fresh_namespaces = true;
     } else if (a == "--cgroup-parent" && i + 1 < argc) {

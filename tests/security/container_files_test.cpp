@@ -206,9 +206,11 @@ TEST_F(ContainerFiles, AForgedRequestToTheAgentsSocketRunsNothing) {
       << "closed at once, no answer: " << r.stdout() << r.stderr();
   EXPECT_THAT(r.stdout(), ::testing::EndsWith("nothing\n")) << "the forged exec ran";
   auto logs = ShIn(*sb, "python3 -c \"import os\nfor f in (lambda: open('/proc/1/fd/2').read(1), "
-                       "lambda: os.readlink('/proc/1/fd/2')):\n  try: f(); print('read')\n"
+                       "lambda: os.readlink('/proc/1/fd/2'), lambda: os.readlink('/proc/1/fd/13')):\n"
+                       "  try: f(); print('read')\n"
                        "  except OSError as e: print(type(e).__name__)\"");
-  EXPECT_EQ(logs.stdout(), "PermissionError\nPermissionError\n") << "the agent's stderr (its log): neither read nor named";
+  EXPECT_EQ(logs.stdout(), "PermissionError\nPermissionError\nPermissionError\n")
+      << "the agent's stderr (its log): neither read nor named; nor the seccomp listener it keeps (fd 13)";
   EXPECT_EQ(ShIn(*sb, "echo alive").stdout(), "alive\n") << "dsecd's own connection is still served";
   Destroy(*sb);
 }

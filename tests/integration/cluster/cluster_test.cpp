@@ -26,6 +26,7 @@
 #include <sstream>
 
 #include "actors/controller/controller.hpp"
+#include "dsec/report.hpp"
 #include "harness/daemon.hpp"
 #include "sdk/src/client_agent.hpp"
 #include "wire/wire.hpp"
@@ -298,13 +299,17 @@ TEST_F(Cluster, DrainStopsPlacementsAndItsSandboxesKeepWorking) {
   std::map<std::string, Sandbox> on;
   for (int i = 0; i < kNodes; ++i) {
     for (int j = 0; j < kNodes; ++j)
-      if (j != i) ASSERT_TRUE(controller_->Admin("drain " + ids_[j]).value("ok", false));
+      if (j != i) {
+        ASSERT_TRUE(controller_->Admin("drain " + ids_[j]).value("ok", false));
+      }
     auto sb = client_->Create(ContainerSpec(ContainerTest::kImage));
     ASSERT_TRUE(sb.ok()) << sb.status().ToString();
     ASSERT_EQ(sb->Get()->node_id(), ids_[i]);
     on.emplace(ids_[i], *sb);
     for (int j = 0; j < kNodes; ++j)
-      if (j != i) ASSERT_TRUE(controller_->Admin("undrain " + ids_[j]).value("ok", false));
+      if (j != i) {
+        ASSERT_TRUE(controller_->Admin("undrain " + ids_[j]).value("ok", false));
+      }
   }
   auto drained = controller_->Ctl({"drain", ids_[2]});
   ASSERT_EQ(drained.exit_code, 0) << drained.out << drained.err;
@@ -556,14 +561,20 @@ TEST_F(Cluster, ChromiumShowsEveryNodeAndTheSandboxesOnThem) {
 // sandbox (the sandbox's state is back), the trainer's next step runs
 // there, and the log reads as before. A session with a step marked not
 // replayable is not re-run past it: its steps fail with an error that says
-// so. The node, back, closes its stale copy.
+// so. A grade in the log is graded again there. The node, back, closes its
+// stale copy.
 TEST_F(Cluster, ARestartableSessionGoesOnOnAnotherNodeAndANotReplayableStepStopsThat) {
   std::string tag = std::to_string(::getpid());
   SessionOptions so;
   so.restartable = true;
   // Both sessions on node 0 (the others drained while they open).
   for (int i : {1, 2}) ASSERT_TRUE(controller_->Admin("drain " + ids_[i]).value("ok", false));
-  auto s1 = client_->OpenSession("restart-" + tag, ContainerSpec(ContainerTest::kImage), so);
+  // The first is graded too (its grade is re-run as a grade on the new node).
+  SessionOptions graded = so;
+  for (const char* a : {"/bin/sh", "-c", "echo 1"}) graded.grade.add_command(a);
+  v1::SandboxSpec task = ContainerSpec(ContainerTest::kImage);
+  task.mutable_task()->set_root("/work");
+  auto s1 = client_->OpenSession("restart-" + tag, task, graded);
   auto s2 = client_->OpenSession("stop-" + tag, ContainerSpec(ContainerTest::kImage), so);
   for (int i : {1, 2}) ASSERT_TRUE(controller_->Admin("undrain " + ids_[i]).value("ok", false));
   ASSERT_TRUE(s1.ok()) << s1.status().ToString();
@@ -579,6 +590,9 @@ TEST_F(Cluster, ARestartableSessionGoesOnOnAnotherNodeAndANotReplayableStepStops
     ASSERT_TRUE(step.ok()) << step.status().ToString();
     if (i == 1) first_output = step->step().result().stdout();
   }
+  auto grade = Grade(*s1, 3);
+  ASSERT_TRUE(grade.ok()) << grade.status().ToString();
+  EXPECT_EQ(grade->step().meta().reward(), 1.0);
   ASSERT_TRUE(s2->Step(0, line(0)).ok());
   StepOptions once;
   once.not_replayable = true;
@@ -594,16 +608,19 @@ TEST_F(Cluster, ARestartableSessionGoesOnOnAnotherNodeAndANotReplayableStepStops
       },
       std::chrono::seconds(60)))
       << controller_->Admin("sessions").dump();
-  auto next = s1->Step(3, line(3));
+  auto next = s1->Step(4, line(4));
   ASSERT_TRUE(next.ok()) << next.status().ToString();
-  EXPECT_EQ(next->step().result().stdout(), "step 0\nstep 1\nstep 2\nstep 3\n") << "the sandbox's state is back";
+  EXPECT_EQ(next->step().result().stdout(), "step 0\nstep 1\nstep 2\nstep 4\n") << "the sandbox's state is back";
+  auto regrade = Grade(*s1, 3);
+  ASSERT_TRUE(regrade.ok()) << regrade.status().ToString();
+  EXPECT_TRUE(regrade->fast_forwarded()) << "the grade the trainer had, from the controller's copy";
   auto replayed = s1->Step(1, line(1));
   ASSERT_TRUE(replayed.ok()) << replayed.status().ToString();
   EXPECT_TRUE(replayed->fast_forwarded());
   EXPECT_EQ(replayed->step().result().stdout(), first_output) << "the log reads as before";
   auto steps = s1->Steps();
   ASSERT_TRUE(steps.ok()) << steps.status().ToString();
-  EXPECT_EQ(steps->steps_size(), 4);
+  EXPECT_EQ(steps->steps_size(), 5) << "the new node's log has the grade too";
   // The other one stops at its step that is not replayable.
   auto stopped = s2->Step(2, line(2));
   ASSERT_FALSE(stopped.ok());

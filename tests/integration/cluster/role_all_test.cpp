@@ -11,6 +11,7 @@
 
 #include <string>
 
+#include "dsec/report.hpp"
 #include "harness/daemon.hpp"
 #include "runtime/files.hpp"
 #include "state/store.hpp"
@@ -149,6 +150,37 @@ TEST_F(RoleAll, AKindTheNodeLacksIsRefusedWithTheNodesReason) {
   EXPECT_THAT(sb.status().message(), ::testing::Not(HasSubstr("no node can take")));
   EXPECT_THAT(sb.status().message(),
               ::testing::AnyOf(HasSubstr("not available on this host"), HasSubstr("no-such-image")));
+}
+
+// A restartable session is graded: the grade is logged on its node and
+// copied to the controller like a step before the trainer hears of it,
+// and answered from that copy when asked again (a fast-forward); a grade
+// at a step's index is refused, naming what is logged there.
+TEST_F(RoleAll, ARestartableSessionsGradeIsInTheControllersCopy) {
+  std::string name = "role-all-grade-" + std::to_string(::getpid());
+  SessionOptions so;
+  so.restartable = true;
+  for (const char* a : {"/bin/sh", "-c", "cat /work/answer 2>/dev/null || echo 0"}) so.grade.add_command(a);
+  v1::SandboxSpec spec = ContainerSpec(kImage);
+  spec.mutable_task()->set_root("/work");
+  auto s = client_->OpenSession(name, spec, so);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  ASSERT_TRUE(s->Step(0, Command({"/bin/sh", "-c", "echo 1 > /work/answer"})).ok());
+  auto g = Grade(*s, 1);
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_EQ(g->step().meta().reward(), 1.0) << g->step().result().stdout();
+  EXPECT_EQ(ControllerCopy(name), "0:|1:1\n|") << "the grade, copied as the trainer was answered";
+  auto again = Grade(*s, 1);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_TRUE(again->fast_forwarded());
+  EXPECT_EQ(again->step().meta().reward(), 1.0);
+  auto not_a_grade = Grade(*s, 0);
+  ASSERT_FALSE(not_a_grade.ok());
+  EXPECT_THAT(not_a_grade.status().message(), HasSubstr("logged as a step, not a grade"));
+  auto next = s->Step(2, Command({"cat", "/work/answer"}));
+  ASSERT_TRUE(next.ok()) << next.status().ToString();
+  EXPECT_EQ(next->step().result().stdout(), "1\n") << "the agent's sandbox goes on after its grade";
+  EXPECT_TRUE(s->Close().ok());
 }
 
 }  // namespace

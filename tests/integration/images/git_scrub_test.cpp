@@ -92,6 +92,58 @@ TEST_F(GitScrubTest, OnlyTheCheckedOutCommitsHistoryIsInTheImage) {
   ExpectOnlyImages(2);
 }
 
+// Without --git-scrub, git-watch lists the files that hold only history
+// past the checked-out commit: loose objects (not the staged ones) and a
+// pack of future objects only; the future in a pack shared with the past
+// is counted, not listed; a repository git cannot read is said, not fatal.
+TEST_F(GitScrubTest, WithoutScrubTheFuturesOwnFilesAreWatched) {
+  std::string src = base_ + "/src", repo = src + "/repo";
+  ASSERT_EQ(::mkdir(src.c_str(), 0755), 0);
+  MakeTask(repo);
+  img::Put(repo + "/staged.py", "staged = True\n");
+  Git(repo, "add staged.py");
+  std::string staged = Git(repo, "rev-parse :staged.py");
+  auto loose = [&](const std::string& obj) { return "repo/.git/objects/" + obj.substr(0, 2) + "/" + obj.substr(2); };
+  std::vector<std::string> said;
+  images::BuildOptions o;
+  o.progress = [&](const std::string& s) { said.push_back(s); };
+  auto m = Build(src, "watched", o);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  std::vector<std::string> watched(m->watched().begin(), m->watched().end());
+  EXPECT_THAT(watched, ::testing::Contains(loose(c2_))) << "the fix's commit";
+  EXPECT_THAT(watched, ::testing::Contains(loose(Git(repo, "rev-parse " + c2_ + ":calc.py")))) << "the fix's blob";
+  EXPECT_THAT(watched, ::testing::Not(::testing::Contains(loose(c1_)))) << "the checked-out commit";
+  EXPECT_THAT(watched, ::testing::Not(::testing::Contains(loose(staged)))) << "what the index stages";
+  EXPECT_THAT(said, ::testing::Contains(HasSubstr("git-watch repo/.git: ")));
+
+  // The future packed alone: its pack is watched. Packed with the past:
+  // nothing is (a read of the pack is not told apart), and it says so.
+  Git(repo, "rev-list --objects --all --reflog --not HEAD | cut -d' ' -f1 | git pack-objects -q .git/objects/pack/pack "
+            ">/dev/null && git prune-packed");
+  auto alone = Build(src, "alone", o);
+  ASSERT_TRUE(alone.ok()) << alone.status().ToString();
+  std::vector<std::string> packs(alone->watched().begin(), alone->watched().end());
+  ASSERT_EQ(packs.size(), 1u) << ::testing::PrintToString(packs);
+  EXPECT_THAT(packs[0], ::testing::MatchesRegex("repo/\\.git/objects/pack/pack-[0-9a-f]+\\.pack"));
+  Git(repo, "gc -q");
+  said.clear();
+  auto mixed = Build(src, "mixed", o);
+  ASSERT_TRUE(mixed.ok()) << mixed.status().ToString();
+  EXPECT_EQ(mixed->watched_size(), 0);
+  EXPECT_THAT(said, ::testing::Contains(HasSubstr("in packs with the past or over the limit are not")));
+
+  auto off = o;
+  off.git_watch = false;
+  auto none = Build(src, "off", off);
+  ASSERT_TRUE(none.ok());
+  img::Put(repo + "/.git/packed-refs", "# pack-refs with: peeled\nnot-a-hash refs/heads/x\n");
+  said.clear();
+  auto broken = Build(src, "broken", o);
+  ASSERT_TRUE(broken.ok()) << "an unreadable repository does not stop a build: " << broken.status().ToString();
+  EXPECT_THAT(said, ::testing::Contains(HasSubstr("git-watch repo/.git: not watched, git cannot read it")));
+  ExpectOnlyImages(5);
+}
+
 // A repository with nothing checked out keeps nothing; a tree with no
 // repository says so; a corrupt one is an error naming it, and no image.
 TEST_F(GitScrubTest, EmptyMissingAndBrokenRepositories) {

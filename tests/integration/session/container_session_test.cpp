@@ -289,6 +289,49 @@ TEST_F(ContainerSessions, ASessionAndItsSandboxComeBackAfterKill9) {
   EXPECT_TRUE(s->Close().ok());
 }
 
+// A container's seccomp listener outlives dsecd: its agent keeps a copy,
+// which the spawner of the next dsecd takes back. After a kill -9 the
+// container's denied calls are still EPERM (not ENOSYS) and counted, and
+// its writes to protected paths still flagged.
+TEST_F(ContainerSessions, DeniedCallsAndRefusedWritesAreStillCountedAfterKill9) {
+  char tmpl[] = "/tmp/dsec-listener-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  std::string rootfs = tmpl;
+  ASSERT_TRUE(MakeRootfs(rootfs).ok());
+  ASSERT_EQ(RunProcess({"/bin/sh", "-c", "mkdir -p " + rootfs + "/work/repo/tests && echo x > " + rootfs +
+                                             "/work/repo/tests/t.py && chmod -R a+rwX " + rootfs + "/work"})
+                .exit_code,
+            0);
+  auto built = RunProcess({BinDir() + "/dsec-image", "--data-dir", daemon_->data_dir(), "build", rootfs, "relisten"});
+  RunProcess({"/bin/rm", "-rf", rootfs});
+  ASSERT_EQ(built.exit_code, 0) << built.err;
+  v1::SandboxSpec spec = ContainerSpec("relisten");
+  spec.mutable_task()->set_root("/work/repo");
+  spec.mutable_task()->add_protected_paths("tests/**");
+  auto s = client_->OpenSession("cs/relisten/0", spec);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  ASSERT_TRUE(s->Step(0, Sh("true")).ok());
+  daemon_->Kill9();
+  ASSERT_TRUE(daemon_->Restart().ok());
+  auto cheat = Sh("cd /work/repo && python3 -c 'import time; time.clock_settime(time.CLOCK_REALTIME, 2e9)' 2>&1 | "
+                  "tail -1; echo y > tests/t.py; echo rc=$?");
+  Result<v1::StepReply> r = Status::Unavailable("not yet");
+  for (int attempt = 0; attempt < 100 && !r.ok(); ++attempt) {
+    r = s->Step(1, cheat);
+    if (!r.ok() && r.status().code() != Status::Code::kUnavailable) break;
+    if (!r.ok()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_THAT(r->step().result().stdout(), HasSubstr("PermissionError")) << "EPERM, not ENOSYS: the listener is back";
+  EXPECT_THAT(r->step().result().stdout(), HasSubstr("rc=2"));
+  std::vector<std::string> flags;
+  for (const auto& f : r->step().flags()) flags.push_back(f.what() + ": " + f.evidence());
+  EXPECT_THAT(flags, ::testing::UnorderedElementsAre(
+                         "denied_syscall: clock_settime x1",
+                         "write_refused: 1 write(s) refused by a read-only path (protected): openat tests/t.py x1"));
+  EXPECT_TRUE(s->Close().ok());
+}
+
 // dsec-replay against this daemon: its data dir (read while it runs) or its
 // SDK address.
 ProcResult Replay(std::vector<std::string> args) {
@@ -508,12 +551,22 @@ TEST_F(ContainerSessions, ATaskGuardHidesProtectsAndFlagsWhatTheAgentDoes) {
                        "echo rc=$?; mv tests t2; echo rc=$?");
   EXPECT_EQ(cheat.result().stdout(), "rc=2\nrc=1\nrc=1\n") << "protected, for root too (sh: 2 for a redirection): " << cheat.result().stderr();
   EXPECT_THAT(cheat.result().stderr(), HasSubstr("Read-only file system"));
+  ASSERT_EQ(cheat.flags_size(), 1) << "the tries are flagged: " << ::testing::PrintToString(flags(cheat));
+  EXPECT_EQ(cheat.flags(0).what(), "write_refused");
+  EXPECT_THAT(cheat.flags(0).evidence(), HasSubstr("openat tests/test_calc.py x1, "));
+  EXPECT_THAT(cheat.flags(0).evidence(), HasSubstr("unlinkat tests/test_calc.py x1"));
   auto conftest = step(2, "echo 'import pytest' > conftest.py && echo made");
   EXPECT_EQ(conftest.result().stdout(), "made\n") << "a new file cannot be stopped by a mount";
   EXPECT_THAT(flags(conftest), ::testing::ElementsAre("protected_write: created conftest.py")) << "but it is flagged";
+  // The trainer's own file call through the agent is refused the same way
+  // and is not the agent's misbehaviour: no flag at the next step.
+  auto sandbox = s->sandbox();
+  ASSERT_TRUE(sandbox.ok()) << sandbox.status().ToString();
+  EXPECT_FALSE(sandbox->WriteFile("/work/repo/tests/test_calc.py", "x", 0644).ok());
   auto fix = step(3, "echo 'def add(a, b): return a + b' > src/calc.py && echo fixed");
   EXPECT_EQ(fix.result().stdout(), "fixed\n");
-  EXPECT_THAT(flags(fix), ::testing::IsEmpty()) << "an honest fix, and the conftest.py is not flagged again";
+  EXPECT_THAT(flags(fix), ::testing::IsEmpty())
+      << "an honest fix, the conftest.py is not flagged again, the trainer's WriteFile is not the agent's";
   // The flags are in the durable log (what Report and dsec-replay read).
   auto logged = s->Steps(0, 10);
   ASSERT_TRUE(logged.ok()) << logged.status().ToString();
@@ -521,11 +574,13 @@ TEST_F(ContainerSessions, ATaskGuardHidesProtectsAndFlagsWhatTheAgentDoes) {
   EXPECT_EQ(logged->steps(2).flags_size(), 1);
   auto report = Report(*s);
   ASSERT_TRUE(report.ok()) << report.status().ToString();
-  ASSERT_EQ(report->size(), 1u) << "the session's whole misbehaviour report";
-  EXPECT_EQ((*report)[0].step, 2u);
-  EXPECT_EQ((*report)[0].flag.evidence(), "created conftest.py");
+  ASSERT_EQ(report->size(), 2u) << "the session's whole misbehaviour report";
+  EXPECT_EQ((*report)[0].step, 1u);
+  EXPECT_EQ((*report)[0].flag.what(), "write_refused");
+  EXPECT_EQ((*report)[1].step, 2u);
+  EXPECT_EQ((*report)[1].flag.evidence(), "created conftest.py");
   auto ctl = daemon_->Ctl({"session", "report", "cs/guard/0"});
-  EXPECT_EQ(ctl.out, "step 2  protected_write  created conftest.py\n") << ctl.err;
+  EXPECT_THAT(ctl.out, HasSubstr("step 2  protected_write  created conftest.py\n")) << ctl.err;
   auto shown = RunProcess({BinDir() + "/dsec-replay", "cs/guard/0", "--data-dir", daemon_->data_dir()});
   EXPECT_THAT(shown.out, HasSubstr("    FLAG protected_write: created conftest.py\n")) << shown.err;
   auto json_out = RunProcess({BinDir() + "/dsec-replay", "cs/guard/0", "--json", "--data-dir", daemon_->data_dir()});
