@@ -59,6 +59,8 @@ struct KindTraits {
   // A task guard (spec.task): protected paths read-only, hidden ones gone,
   // and what a step changed of them flagged (drivers/guard).
   bool guard = false;
+  // What it changed can be carried into a grade sandbox (Session.Grade).
+  bool carry = false;
 };
 
 // What a call may need of a kind beyond the basics.

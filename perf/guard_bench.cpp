@@ -10,10 +10,11 @@
 //     (`true`) on the same image;
 //   - the per-step cost of the protected-path check: a session step (`true`)
 //     on a guarded agent sandbox holding 100 changes against the same step on
-//     an unguarded one with the same changes, p50/p99;
+//     an unguarded one with the same changes, p50/p99 (with --vm-kind, in a
+//     guest of that kind too);
 //   - the read detector's cost to a file-heavy step: `git status` over the
 //     10 000 files (committed, with 100 more changed on a later branch the
-//     image's git-watch marks: some 300 watched objects) in a sandbox of the
+//     image's git-watch marks: 103 watched objects) in a sandbox of the
 //     image built with git-watch against one of the same tree built with
 //     --no-git-watch, steps interleaved, p50/p99;
 //   - the write detector's cost to a write-heavy step in a guarded task's
@@ -62,6 +63,9 @@ int main(int argc, char** argv) {
   int grades = 50, steps = 200;
   app.add_option("--grades", grades, "grades timed (each a fresh grade sandbox)")->capture_default_str();
   app.add_option("--steps", steps, "session steps timed per variant")->capture_default_str();
+  std::string vm_kind;
+  app.add_option("--vm-kind", vm_kind, "also time the per-step check in this kind's guest (microvm or vm), a tenth "
+                                       "of --steps (at least 10)");
   CLI11_PARSE(app, argc, argv);
 
   dsec::testing::TestDaemonOptions dopt;
@@ -150,15 +154,22 @@ int main(int argc, char** argv) {
     (void)s->Close();
   }
 
-  // The per-step check: guarded against unguarded, both holding 100 changes.
-  {
+  // The per-step check: guarded against unguarded, both holding 100
+  // changes; in a container, and with --vm-kind in that kind's guest too
+  // (its agent reads the guest's writable layer).
+  std::vector<std::string> kinds{"container"};
+  if (!vm_kind.empty()) kinds.push_back(vm_kind);
+  for (const auto& kind : kinds) {
     Pct p[2];
+    int n = kind == "container" ? steps : std::max(10, steps / 10);
     for (int guarded = 0; guarded < 2; ++guarded) {
-      auto s = c.OpenSession("bench/step/" + std::to_string(guarded), Spec(guarded));
+      auto spec = Spec(guarded);
+      if (kind != "container") spec.set_kind(kind == "vm" ? dsec::v1::KIND_VM : dsec::v1::KIND_MICROVM);
+      auto s = c.OpenSession("bench/step/" + kind + "/" + std::to_string(guarded), spec);
       if (!s.ok()) return Fail("open", s.status());
       if (auto r = s->Step(0, dsec::Command({"/bin/sh", "-c", kChange100})); !r.ok()) return Fail("change", r.status());
       std::vector<double> ms;
-      for (int k = 1; k <= steps; ++k) {
+      for (int k = 1; k <= n; ++k) {
         auto t0 = Clock::now();
         auto r = s->Step(k, truth);
         if (!r.ok()) return Fail("step", r.status());
@@ -167,9 +178,9 @@ int main(int argc, char** argv) {
       p[guarded] = Percentiles(ms);
       (void)s->Close();
     }
-    std::printf("session step (`true`, 100 changes in the upper dir): guarded p50 %.2f ms, p99 %.2f ms; "
+    std::printf("%s session step (`true`, 100 changes in the upper dir): guarded p50 %.2f ms, p99 %.2f ms; "
                 "unguarded p50 %.2f ms, p99 %.2f ms; the check adds %.2f ms at p50\n",
-                p[1].p50, p[1].p99, p[0].p50, p[0].p99, p[1].p50 - p[0].p50);
+                kind.c_str(), p[1].p50, p[1].p99, p[0].p50, p[0].p99, p[1].p50 - p[0].p50);
   }
 
   // The read detector: `git status` on 10 000 files, watched against not.

@@ -212,7 +212,7 @@ caf::result<v1::SessionReply> OpenNew(Self self, const v1::OpenSessionRequest& r
   for (const auto& [role, spec] : roles) {
     auto d = ctx.kinds->DriverFor(spec);
     can = d.ok() ? drivers::Admissible(ctx.options.limits, **d, spec) : d.status();
-    if (can.ok() && role == kAgentRole && req.has_grade() && (!(*d)->traits().stateful || !(*d)->traits().guard))
+    if (can.ok() && role == kAgentRole && req.has_grade() && !(*d)->traits().carry)
       can = Status::InvalidArgument(std::string("a grade carries the agent sandbox's changes, which a ") +
                                     (*d)->name() + " sandbox cannot give; grade a container session");
     if (!can.ok()) {

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace dsec::agent {
 
@@ -39,6 +40,16 @@ struct AgentOptions {
   // Written "ready\n" and closed once the agent serves requests (the socket
   // is listening). -1: none.
   int ready_fd = -1;
+  // A guarded task's VM guest (its init's dsec.guard=1): programs run with
+  // only container::kContainerCaps in their bounding set, so root in them
+  // cannot unmount the guard's read-only binds, open the image's disk raw
+  // or make a node for it.
+  bool guarded = false;
+  // A VM guest's overlay layers, which its init gives the agent alone as
+  // descriptors (--layers-fd UPPER,IMAGE[,MASK]): what Changes reads, as
+  // /proc/self/fd/N paths. Empty: no Changes here.
+  std::string layer_upper;
+  std::vector<std::string> layer_lowers;  // the mask first, then the image
 };
 
 // Runs until SIGTERM/SIGINT (ignored when PID 1), or until the --fd

@@ -553,6 +553,22 @@ void AgentClient::ListDir(const std::string& path, Callback<std::vector<agent::F
   Send(req, std::move(p));
 }
 
+void AgentClient::Changes(uint32_t limit, Callback<agent::ChangeList> done) {
+  auto p = std::make_shared<Pending>();
+  p->done = Answer<agent::ChangeList>(name(), std::move(done), [n = name()](Event& ev) -> Result<agent::ChangeList> {
+    if (!ev.has_changes()) return Unexpected(n, "changes");
+    return std::move(*ev.mutable_changes());
+  });
+  agent::Request req;
+  req.mutable_changes()->set_limit(limit);
+  Send(req, std::move(p));
+}
+
+Result<agent::ChangeList> AgentClient::ChangesSync(uint32_t limit, Millis timeout) {
+  return Wait<agent::ChangeList>(name(), "changes", timeout,
+                                 [&](Callback<agent::ChangeList> cb) { Changes(limit, std::move(cb)); });
+}
+
 void AgentClient::Ping(Callback<agent::Pong> done) {
   auto p = std::make_shared<Pending>();
   p->done = Answer<agent::Pong>(name(), std::move(done), [n = name()](Event& ev) -> Result<agent::Pong> {

@@ -77,6 +77,9 @@ class AgentClient {
   // Entries sorted by name, without "." and "..".
   void ListDir(const std::string& path, Callback<std::vector<agent::FileInfo>> done);
   void Ping(Callback<agent::Pong> done);
+  // What a VM guest changed of its image (its writable layer against its
+  // lower ones), at most `limit` changes.
+  void Changes(uint32_t limit, Callback<agent::ChangeList> done);
 
   // Blocking wrappers, for start-up and tests. A timeout gives
   // DeadlineExceeded; the request itself is not cancelled.
@@ -88,6 +91,7 @@ class AgentClient {
   Status WriteFileSync(const agent::WriteFile& req, Millis timeout);
   Result<agent::FileInfo> StatSync(const std::string& path, Millis timeout);
   Result<std::vector<agent::FileInfo>> ListDirSync(const std::string& path, Millis timeout);
+  Result<agent::ChangeList> ChangesSync(uint32_t limit, Millis timeout);
 
   // False once the connection dropped or Close() was called.
   bool connected() const { return !closed_.load(); }

@@ -10,6 +10,7 @@
 // get kPipeGraceNs to finish writing; then the exec is reported and our pipe
 // ends closed (they keep running; a later write of theirs gets EPIPE).
 #include "drivers/agent/agent_internal.hpp"
+#include "drivers/spawner/sandbox_caps.hpp"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -18,6 +19,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/epoll.h>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -50,6 +52,7 @@ struct ChildPlan {
   uid_t uid = 0;
   gid_t gid = 0;
   const char* cgroup_procs = nullptr;  // joined first (AgentOptions::cgroup)
+  bool drop_caps = false;              // AgentOptions::guarded: only kContainerCaps stay
 };
 
 // Runs in the child, which shares our memory (CLONE_VM) while we wait
@@ -94,6 +97,17 @@ struct ChildPlan {
       (p.set_fsize && ::setrlimit(RLIMIT_FSIZE, &p.fsize) < 0) ||
       (p.set_nofile && ::setrlimit(RLIMIT_NOFILE, &p.nofile) < 0))
     fail(kStageRlimit, errno);
+  if (p.drop_caps) {
+    // From the bounding set: no exec, setuid or file capability gets them back.
+    for (int cap = 0; cap < 64; ++cap) {
+      if (container::kContainerCaps & (1ull << cap)) continue;
+      if (::prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0) {
+        if (errno == EINVAL) break;  // past the last capability this kernel knows
+        fail(kStageCredentials, errno);
+      }
+    }
+    if (::prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0) fail(kStageCredentials, errno);
+  }
   if (p.set_gid || p.set_uid) {
     // Raw calls: libc's versions would signal "our" threads, which are the
     // agent's.
@@ -276,6 +290,7 @@ void Agent::StartExec(Conn& c, uint64_t id, Exec& req) {
   plan.candidates = Candidates(req.argv(0), req);
   plan.cwd = cwd.c_str();
   if (!cgroup_procs_.empty()) plan.cgroup_procs = cgroup_procs_.c_str();
+  plan.drop_caps = opts_.guarded;
   if (lim.cpu_time_ms()) {
     rlim_t s = static_cast<rlim_t>((lim.cpu_time_ms() + 999) / 1000);
     plan.cpu = {s, s + 1};  // SIGXCPU at the limit, SIGKILL a second later

@@ -7,6 +7,7 @@
 // (FIFOs, devices) is refused, and sizes are capped so every answer fits in
 // one frame. Errors name the request, the path and the errno.
 #include "drivers/agent/agent_internal.hpp"
+#include "drivers/guard/upper_diff.hpp"
 
 #include <dirent.h>
 #include <errno.h>
@@ -208,6 +209,35 @@ void Agent::OnListDir(Conn& c, uint64_t id, const ListDir& req) {
   ::closedir(d);
   std::sort(list->mutable_entries()->begin(), list->mutable_entries()->end(),
             [](const FileInfo& a, const FileInfo& b) { return a.name() < b.name(); });
+  Send(c, ev);
+}
+
+void Agent::OnChanges(Conn& c, uint64_t id, const Changes& req) {
+  if (opts_.layer_upper.empty())
+    return SendError(c, id, ENOENT,
+                     "changes: this agent was given no layers (a VM guest's init gives them, --layers-fd; a "
+                     "container's changes are read on its host)");
+  const std::string& upper = opts_.layer_upper;
+  const std::vector<std::string>& lowers = opts_.layer_lowers;
+  size_t limit = req.limit() ? req.limit() : 100000;
+  auto diff = guard::ReadUpperDiff(upper, lowers, limit);
+  if (!diff.ok()) return SendError(c, id, EIO, "changes: " + diff.status().message());
+  Event ev;
+  ev.set_id(id);
+  auto* list = ev.mutable_changes();
+  size_t bytes = 0;
+  for (const auto& ch : diff->changes) {
+    bytes += ch.path.size() + 16;
+    if (bytes > kMaxReadBytes) {
+      list->set_truncated(true);
+      break;
+    }
+    auto* out = list->add_changes();
+    out->set_path(ch.path);
+    out->set_kind(static_cast<uint32_t>(ch.kind));
+    out->set_dir(ch.dir);
+  }
+  if (diff->truncated) list->set_truncated(true);
   Send(c, ev);
 }
 

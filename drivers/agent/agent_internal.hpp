@@ -161,6 +161,9 @@ class Agent {
   void OnWriteFile(Conn& c, uint64_t id, const WriteFile& req);
   void OnStat(Conn& c, uint64_t id, const Stat& req);
   void OnListDir(Conn& c, uint64_t id, const ListDir& req);
+  // A VM guest's changes: its upper layer against its lower ones, shown
+  // read-only at kLayersDir by the guest's init (drivers/guard/upper_diff).
+  void OnChanges(Conn& c, uint64_t id, const Changes& req);
 
   AgentOptions opts_;
   std::string cgroup_procs_;  // <AgentOptions::cgroup>/cgroup.procs, or ""

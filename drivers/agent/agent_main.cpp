@@ -15,7 +15,7 @@ namespace {
 
 void Usage(FILE* out) {
   std::fprintf(out,
-               "usage: dsec-agent (--listen PATH | --listen-fd N | --fd N [--vport]) [--cgroup DIR] [--oom-events F] [--ready-fd N]\n"
+               "usage: dsec-agent (--listen PATH | --listen-fd N | --fd N [--vport]) [--cgroup DIR] [--oom-events F] [--ready-fd N] [--guarded] [--layers-fd U,I[,M]]\n"
                "       dsec-agent --reclaim\n"
                "\n"
                "The in-sandbox agent of dsec: PID 1 of a container, serving the agent\n"
@@ -34,6 +34,10 @@ void Usage(FILE* out) {
                "  --cgroup DIR    a cgroup v2 group every program joins before it runs (the\n"
                "                  agent stays out of it); its memory.events as --oom-events\n"
                "  --ready-fd N    write \"ready\\n\" to fd N and close it once serving\n"
+               "  --guarded       (a guarded task's VM guest) programs run with only the\n"
+               "                  capabilities a container's keep (no remount, no raw disk)\n"
+               "  --layers-fd U,I[,M]  (a VM guest) descriptors of its overlay's upper dir,\n"
+               "                  image and mask layer: what the Changes request reads\n"
                "  --reclaim       (in a VM's guest, run by dsecd when the sandbox is idle)\n"
                "                  drop the guest kernel's clean caches and compact its free\n"
                "                  memory, so that free-page reporting hands it back to the\n"
@@ -124,6 +128,34 @@ int main(int argc, char** argv) {
       o.oom_events = argv[++i];
     } else if (a == "--vport") {
       o.vport = true;
+    } else if (a == "--guarded") {
+      o.guarded = true;
+    } else if (a == "--layers-fd" && has_value) {
+      // UPPER,IMAGE[,MASK]: descriptors we keep (our programs do not get them).
+      std::vector<int> fds;
+      std::string list = argv[++i];
+      for (size_t at = 0; at <= list.size();) {
+        size_t comma = list.find(',', at);
+        int fd = -1;
+        if (!ParseFd(list.substr(at, comma == std::string::npos ? std::string::npos : comma - at).c_str(), &fd) ||
+            ::fcntl(fd, F_GETFD) < 0) {
+          std::fprintf(stderr, "dsec-agent: --layers-fd needs open descriptors UPPER,IMAGE[,MASK]: '%s'\n",
+                       list.c_str());
+          return 2;
+        }
+        ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+        fds.push_back(fd);
+        if (comma == std::string::npos) break;
+        at = comma + 1;
+      }
+      if (fds.size() < 2 || fds.size() > 3) {
+        std::fprintf(stderr, "dsec-agent: --layers-fd takes UPPER,IMAGE[,MASK]\n");
+        return 2;
+      }
+      auto path = [](int fd) { return "/proc/self/fd/" + std::to_string(fd); };
+      o.layer_upper = path(fds[0]);
+      if (fds.size() == 3) o.layer_lowers.push_back(path(fds[2]));
+      o.layer_lowers.push_back(path(fds[1]));
     } else if (a == "--ready-fd" && has_value) {
       if (!ParseFd(argv[++i], &o.ready_fd)) {
         std::fprintf(stderr, "dsec-agent: --ready-fd needs a descriptor number\n");

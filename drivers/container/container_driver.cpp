@@ -34,6 +34,7 @@ const KindTraits& ContainerDriver::Traits() {
     k.own_disk = true;  // its upper layer, on the sandbox disk (sandbox_disk.hpp)
     k.network = true;   // a veth link and the node's rules (drivers/net/), where the node has them
     k.guard = true;     // a mask layer and read-only mounts (drivers/guard/), ContainerGuard
+    k.carry = true;     // its upper dir into a grade sandbox's layers (CarryLayers)
     return k;
   }();
   return t;

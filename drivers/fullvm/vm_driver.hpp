@@ -43,6 +43,7 @@ class VmDriver : public GuestDriver {
     static const KindTraits t = [] {
       KindTraits k = StatefulTraits(v1::ISOLATION_HARDWARE);
       k.network = true;  // a tap per guest, where dsecd shares libvirtd's network namespace (NetworkGap)
+      k.guard = true;    // as the microvm's: the guest's init and agent (vm/guest_guard.cpp)
       return k;
     }();
     return t;

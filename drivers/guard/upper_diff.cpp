@@ -89,7 +89,8 @@ bool Differs(const std::string& u, const struct stat& us, const std::string& l, 
 Result<UpperDiff> ReadUpperDiff(const std::string& upper, const std::vector<std::string>& lowers, size_t limit) {
   UpperDiff out;
   struct stat top;
-  if (::lstat(upper.c_str(), &top) != 0 || !S_ISDIR(top.st_mode))
+  // stat: the top is the caller's, maybe a /proc/self/fd/N link to it.
+  if (::stat(upper.c_str(), &top) != 0 || !S_ISDIR(top.st_mode))
     return Status::NotFound("overlay upper directory " + upper + " is not there");
   auto lower_of = [&](const std::string& rel, struct stat* st, std::string* path) {
     for (const auto& l : lowers) {
@@ -117,8 +118,9 @@ Result<UpperDiff> ReadUpperDiff(const std::string& upper, const std::vector<std:
     dirs.pop_back();
     std::string abs_dir = rel_dir.empty() ? upper : upper + "/" + rel_dir;
     // Never through a symlink (the agent may swap a directory for one
-    // mid-walk); one gone or swapped since it was listed is skipped.
-    int dfd = ::open(abs_dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    // mid-walk); one gone or swapped since it was listed is skipped. The
+    // top is the caller's (a guest's agent names it by /proc/self/fd/N).
+    int dfd = ::open(abs_dir.c_str(), O_RDONLY | O_DIRECTORY | (rel_dir.empty() ? 0 : O_NOFOLLOW) | O_CLOEXEC);
     DIR* d = dfd >= 0 ? ::fdopendir(dfd) : nullptr;
     if (!d) {
       int err = errno;

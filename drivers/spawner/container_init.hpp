@@ -18,6 +18,7 @@
 #include <linux/filter.h>
 
 #include "drivers/spawner/runner.hpp"
+#include "drivers/spawner/sandbox_caps.hpp"
 
 namespace dsec::container {
 
@@ -43,11 +44,7 @@ static_assert(kInitSlotCgroup + 6 <= kInitSlotMntBase && kInitSlotMntBase < kIni
 // block-device node harmless) and loses the rest, from the bounding set too,
 // so no exec can get them back. A spawner serving containers keeps these in
 // its own bounding set (spawner.cpp); the init drops everything else.
-inline constexpr unsigned long long kContainerCaps =
-    (1ull << 0) /*CHOWN*/ | (1ull << 1) /*DAC_OVERRIDE*/ | (1ull << 3) /*FOWNER*/ | (1ull << 4) /*FSETID*/ |
-    (1ull << 5) /*KILL*/ | (1ull << 6) /*SETGID*/ | (1ull << 7) /*SETUID*/ | (1ull << 8) /*SETPCAP*/ |
-    (1ull << 10) /*NET_BIND_SERVICE*/ | (1ull << 18) /*SYS_CHROOT*/ | (1ull << 29) /*AUDIT_WRITE*/ |
-    (1ull << 31) /*SETFCAP*/;
+// kContainerCaps: drivers/spawner/sandbox_caps.hpp.
 
 // The container spawner's nice value (spawner.cpp); every init resets its
 // own to 0 before it executes the agent.

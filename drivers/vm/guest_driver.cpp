@@ -1,4 +1,5 @@
 #include "drivers/vm/guest_driver.hpp"
+#include "drivers/images/mounts.hpp"
 
 #include "drivers/net/node_network.hpp"
 
@@ -49,6 +50,7 @@ const KindTraits& GuestDriver::GuestTraits() {
   static const KindTraits t = [] {
     KindTraits k = StatefulTraits(v1::ISOLATION_KERNEL);
     k.network = true;  // a tap per guest and the node's rules (drivers/net/), where the node has them
+    k.guard = true;    // the guest's init masks and binds the paths, its agent reads the changes (guest_guard.cpp)
     return k;
   }();
   return t;
@@ -75,6 +77,10 @@ Status GuestDriver::Init() {
   for (const auto& name : ListSubdirs(vms_)) NoteLeftover(name);
   StartWorkers(kWorkers);
   if (opts_.reclaim_idle_ms > 0) StartIdleScan(std::chrono::seconds(1));
+  // The images whose paths a guard walks are mounted here for the walk.
+  guard_mounts_ = std::make_unique<images::ImageMounts>(opts_.data_dir + "/run/guard-images");
+  guard_mounts_->Adopt();
+  guard_mounts_->DropUnused();
   watcher_ = std::make_unique<vm::VmWatcher>([this](const std::string& id, const std::string& what) { OnEnded(id, what); });
   return Status::Ok();
 }
@@ -302,7 +308,7 @@ Result<std::shared_ptr<GuestDriver::Box>> GuestDriver::Boot(const std::string& m
   if (::mkdir(box->dir.c_str(), 0700) < 0) return undo(Status::FromErrno(errno, "mkdir " + box->dir));
 
   // Its NIC: a tap with the sandbox's rules, made before QEMU opens it.
-  Launch launch{box.get(), &*guest, "", &spec};
+  Launch launch{box.get(), &*guest, "", &spec, "", ""};
   auto policy = net::ParsePolicy(spec.network());
   if (!policy.ok()) return undo(policy.status());
   net::SandboxNet link;
@@ -331,7 +337,10 @@ Result<std::shared_ptr<GuestDriver::Box>> GuestDriver::Boot(const std::string& m
   cmdline += " dsec.pids=" + (lim.pids() ? std::to_string(lim.pids()) : std::string("max"));
   cmdline += " dsec.rw=" + std::to_string(lim.disk_bytes() ? lim.disk_bytes() : memory);
   if (!launch.tap.empty()) cmdline += " dsec.net=" + net::Ipv4Text(link.addr) + "/30," + net::Ipv4Text(link.gateway);
-  launch.cmdline = cmdline;
+  image->set_file(box->image_file);
+  auto guarded = GuardCmdline(spec, *image);
+  if (!guarded.ok()) return undo(guarded.status());
+  launch.cmdline = cmdline + *guarded;
   auto t0 = std::chrono::steady_clock::now();
   if (Status s = LaunchMachine(launch); !s.ok()) return undo(s);
   auto t_started = std::chrono::steady_clock::now();
@@ -373,9 +382,10 @@ std::string GuestDriver::PoolKey(const v1::SandboxSpec& spec) const {
   if (!image.ok() || !GuestSize(spec, &memory, &vcpus).ok()) return "";
   const v1::Limits& lim = spec.limits();
   // What the machine is launched with: the image, the guest's size, and the
-  // limits its kernel command line and its QEMU's group carry.
+  // limits and task guard its kernel command line and its QEMU's group carry.
   return image->digest() + "/" + std::to_string(memory) + "/" + std::to_string(vcpus) + "/" +
-         std::to_string(lim.cpu_millis()) + "/" + std::to_string(lim.pids()) + "/" + std::to_string(lim.disk_bytes());
+         std::to_string(lim.cpu_millis()) + "/" + std::to_string(lim.pids()) + "/" + std::to_string(lim.disk_bytes()) +
+         (spec.has_task() ? "/task-" + std::to_string(std::hash<std::string>{}(spec.task().SerializeAsString())) : "");
 }
 
 std::shared_ptr<GuestDriver::Box> GuestDriver::TakeFromPool(const std::string& key) {

@@ -38,6 +38,10 @@
 #include "drivers/vm/guest.hpp"
 #include "drivers/vm/watcher.hpp"
 
+namespace dsec::images {
+class ImageMounts;
+}
+
 namespace dsec::drivers {
 
 struct GuestDriverOptions {
@@ -91,6 +95,10 @@ class GuestDriver : public BoxDriver {
   // The guest memory and vCPUs a spec gets (limits within the maxima), or
   // InvalidArgument naming the limit and the maximum.
   Status GuestSize(const v1::SandboxSpec& spec, uint64_t* memory, uint32_t* vcpus) const;
+  // What the guest changed of its image, read by its agent from its
+  // overlay's upper layer (guest_guard.cpp).
+  Result<guard::UpperDiff> Changes(const v1::SandboxRecord& sandbox) const override;
+  static constexpr uint32_t kMaxChanges = 100000;
 
  protected:
   struct Box : AgentBox {
@@ -194,6 +202,12 @@ class GuestDriver : public BoxDriver {
   void Reclaim(const std::shared_ptr<Box>& box);
   void Watch(const Box& box);
   Result<vm::Guest> EnsureGuest();
+  // A guarded spec's kernel command line part (" dsec.guard=1 dsec.hide=...
+  // dsec.ro=..."; "" unguarded), its paths found in `image` (guest_guard.cpp).
+  Result<std::string> GuardCmdline(const v1::SandboxSpec& spec, const v1::ImageManifest& image);
+  std::unique_ptr<images::ImageMounts> guard_mounts_;  // the images' walks (<data>/run/guard-images)
+  std::mutex guard_mu_;
+  std::unordered_map<std::string, std::string> guard_cmdlines_;  // digest + task -> GuardCmdline
   std::shared_ptr<Box> Find(const std::string& id) const { return FindAs<Box>(id); }
   Result<std::shared_ptr<AgentBox>> RunningBox(const std::string& id) const override;
 

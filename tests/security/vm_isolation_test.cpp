@@ -3,6 +3,7 @@
 // root: the guest's kernel is the sandbox's own). The suites shaped by the
 // host's kernel (sandbox_*_test.cpp: seccomp, capabilities, the host's
 // /proc) are for the kinds on the host's kernel; this one is for the others.
+#include <gmock/gmock.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -17,6 +18,7 @@
 #include <sstream>
 #include <thread>
 
+#include "harness/rootfs.hpp"
 #include "runtime/files.hpp"
 #include "tests/support/host_probes.hpp"
 #include "tests/support/kind_sandbox_fixture.hpp"
@@ -147,6 +149,67 @@ TEST_P(VmIsolation, RootInTheGuestSeesOnlyItsImageAndChangesOnlyItsOwnLayer) {
   EXPECT_TRUE(ImageFiles() == before) << "an image file changed";
 }
 
+// A guarded task in a guest (spec.task): its hidden paths are not there and
+// its protected ones are read-only for root in the guest too, whose
+// programs lack the capabilities to unmount or remount them, to make a
+// device node, or to read the image's disk (gone from /dev); a change no
+// mount can stop (a new file at a protected glob) is flagged from the
+// guest's writable layer, which its agent reads.
+class VmGuard : public VmIsolation {
+ protected:
+  // No sandbox of the suite's (a boot this test would not use).
+  void SetUp() override {
+    ContainerTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    if (auto gap = KindHostGap(GetParam()); !gap.empty()) GTEST_SKIP() << gap;
+  }
+};
+
+TEST_P(VmGuard, AGuardedTasksPathsHoldAgainstRootInTheGuest) {
+  char tmpl[] = "/tmp/dsec-vm-guard-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  std::string rootfs = tmpl;
+  RootfsOptions o;
+  for (const char* p : {"umount", "mknod"}) o.programs.push_back(p);
+  ASSERT_TRUE(MakeRootfs(rootfs, o).ok());
+  ASSERT_EQ(RunProcess({"/bin/sh", "-c",
+                        "cd " + rootfs + " && mkdir -p work/repo/tests work/repo/grader && echo 'the test' > "
+                        "work/repo/tests/test_x.py && echo 'the grader' > work/repo/grader/grade.sh"})
+                .exit_code,
+            0);
+  std::string image = "vm-guarded-" + GetParam().name;
+  auto built = RunProcess({BinDir() + "/dsec-image", "--data-dir", daemon_->data_dir(), "build", rootfs, image});
+  RunProcess({"/bin/rm", "-rf", rootfs});
+  ASSERT_EQ(built.exit_code, 0) << built.err;
+  v1::SandboxSpec spec = ContainerSpec(image);
+  spec.set_kind(GetParam().kind);
+  auto* task = spec.mutable_task();
+  task->set_root("/work/repo");
+  for (const char* g : {"tests/**", "**/conftest.py"}) task->add_protected_paths(g);
+  task->add_hidden_paths("grader/**");
+  auto s = client_->OpenSession("vm-guard/" + GetParam().name + std::to_string(::getpid()), spec);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  auto step = [&](uint64_t k, const std::string& sh) {
+    auto r = s->Step(k, Sh("cd /work/repo && " + sh));
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? r->step() : v1::StepRecord();
+  };
+  auto look = step(0, "ls; cat tests/test_x.py; cat grader/grade.sh 2>/dev/null || echo hidden");
+  EXPECT_EQ(look.result().stdout(), "tests\nthe test\nhidden\n") << look.result().stderr();
+  const std::string disk = GetParam().kind == v1::KIND_VM ? "/dev/pmem0" : "/dev/vda";
+  auto cheat = step(1, "echo x > tests/test_x.py; echo w=$?; rm tests/test_x.py; echo rm=$?; umount tests && "
+                       "echo unmounted; mount -o remount,rw tests && echo remounted; test -e " + disk +
+                       " && echo disk; mknod /tmp/disk b 254 0 || echo no-mknod; cat tests/test_x.py");
+  EXPECT_EQ(cheat.result().stdout(), "w=2\nrm=1\nno-mknod\nthe test\n") << cheat.result().stderr();
+  EXPECT_THAT(cheat.result().stderr(), ::testing::HasSubstr("Read-only file system"));
+  auto conftest = step(2, "echo 'import pytest' > conftest.py && echo made");
+  EXPECT_EQ(conftest.result().stdout(), "made\n");
+  ASSERT_EQ(conftest.flags_size(), 1) << conftest.DebugString();
+  EXPECT_EQ(conftest.flags(0).what(), "protected_write");
+  EXPECT_EQ(conftest.flags(0).evidence(), "created conftest.py") << "read from the guest's writable layer";
+  EXPECT_TRUE(s->Close().ok());
+}
+
 TEST_P(VmIsolation, FloodingTheConsoleAndTheAgentChannelDoesNotStallDsecd) {
   auto b = NewSandbox();
   ASSERT_TRUE(b.ok()) << b.status().ToString();
@@ -200,6 +263,7 @@ TEST_P(VmIsolation, AGuestKernelPanicFailsTheSandboxSayingWhyAndFreesIt) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Kinds, VmIsolation, ::testing::ValuesIn(RegisteredKinds(OwnKernel)), KindParamName);
+INSTANTIATE_TEST_SUITE_P(Kinds, VmGuard, ::testing::ValuesIn(RegisteredKinds(OwnKernel)), KindParamName);
 
 }  // namespace
 }  // namespace dsec::testing
