@@ -72,6 +72,7 @@ Status Admissible(const LimitPolicy& limits, const Driver& driver, const v1::San
   auto guard = guard::ParseGuard(spec.task());
   if (!guard.ok()) return guard.status();
   if (guard->active() || !spec.carry().sandbox_id().empty()) DSEC_RETURN_IF_ERROR(Require(driver, Capability::kGuard));
+  if (!spec.snapshot().empty()) DSEC_RETURN_IF_ERROR(Require(driver, Capability::kSnapshot));
   return driver.CanHandle(spec);
 }
 
@@ -93,6 +94,11 @@ void Driver::ListFiles(const v1::SandboxRecord&, const v1::ListFilesRequest&, Fi
 }
 void Driver::Pause(const v1::SandboxRecord&, bool, StatusCallback done) {
   done(NoState(*this, "processes to pause"));
+}
+
+void Driver::Snapshot(const v1::SandboxRecord&, const std::string&, uint64_t, SnapshotCallback done) {
+  Status s = Require(*this, Capability::kSnapshot);
+  done(s.ok() ? Status::Unimplemented(std::string(name()) + " sandboxes cannot snapshot yet") : s);
 }
 
 void Driver::SetNetwork(const v1::SandboxRecord& sb, const v1::NetworkPolicy&, StatusCallback done) {

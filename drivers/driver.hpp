@@ -26,6 +26,13 @@ using CreateCallback = std::function<void(Result<std::string>)>;
 using OutputCallback = std::function<void(const v1::ExecOutput&)>;
 // ReadFile: content; ListFiles: info and entries; WriteFile: nothing.
 using FileCallback = std::function<void(Result<v1::FileReply>)>;
+// What Snapshot wrote: bytes of file contents and entries.
+struct SnapshotStats {
+  uint64_t bytes = 0;
+  uint64_t entries = 0;
+  std::string image_digest;  // of the image it stands on
+};
+using SnapshotCallback = std::function<void(Result<SnapshotStats>)>;
 
 // What a kind can do, which actors ask instead of naming kinds.
 struct KindTraits {
@@ -112,6 +119,15 @@ class Driver {
   virtual void ListFiles(const v1::SandboxRecord& sandbox, const v1::ListFilesRequest& req, FileCallback done);
   // Freezes (paused) or thaws every process of the sandbox (traits().pause).
   virtual void Pause(const v1::SandboxRecord& sandbox, bool paused, StatusCallback done);
+  // Writes the sandbox's state into `dest` (made here; it must not exist),
+  // at most `max_bytes` of file contents (0: no bound), for new sandboxes
+  // of the same kind to start from (traits().snapshot; Unimplemented
+  // elsewhere). Containers: what it changed of its image and of the
+  // snapshots under it (its overlay's upper dir), copied while it is
+  // frozen; a sandbox made from a snapshot stacks spec.layers above its
+  // image. On an error `dest` may be left half made (the caller removes it).
+  virtual void Snapshot(const v1::SandboxRecord& sandbox, const std::string& dest, uint64_t max_bytes,
+                        SnapshotCallback done);
   // Bytes the sandbox's files take on disk (cheap: kinds read a counter);
   // Unimplemented for kinds without a disk of their own.
   virtual Result<uint64_t> DiskUsage(const v1::SandboxRecord& sandbox) const {

@@ -70,6 +70,9 @@ class FaultDriver final : public Driver {
   }
   Result<v1::NetworkReport> Network(const v1::SandboxRecord& sb) const override { return base_->Network(sb); }
   Result<guard::UpperDiff> Changes(const v1::SandboxRecord& sb) const override { return base_->Changes(sb); }
+  void Snapshot(const v1::SandboxRecord& sb, const std::string& dest, uint64_t max_bytes, SnapshotCallback done) override {
+    base_->Snapshot(sb, dest, max_bytes, std::move(done));
+  }
   std::map<std::string, uint64_t> DeniedCalls(const v1::SandboxRecord& sb) const override {
     return base_->DeniedCalls(sb);
   }

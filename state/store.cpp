@@ -36,6 +36,7 @@ const char* TableName(Table t) {
     case Table::kSteps: return "steps";
     case Table::kImages: return "images";
     case Table::kPlacements: return "placements";
+    case Table::kSnapshots: return "snapshots";
   }
   return "unknown";
 }

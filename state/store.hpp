@@ -23,8 +23,9 @@ enum class Table : int {
   kSteps,          // StepRecord by StepKey(session, index)
   kImages,         // image manifests by name
   kPlacements,     // a controller's directory: "b/<sandbox id>" or "s/<session>" -> node id
+  kSnapshots,      // SnapshotInfo by name (a node's own snapshots)
 };
-inline constexpr int kTableCount = 7;
+inline constexpr int kTableCount = 8;
 const char* TableName(Table t);
 
 // Puts and deletes applied atomically, in order.

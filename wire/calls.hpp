@@ -28,6 +28,8 @@
 //                own registry
 //   kFanout      every node answers for what it holds; a controller asks
 //                each node and merges the answers
+//   kSnapshots   a node's snapshots (node-local): the node answers from its
+//                own; a controller asks every node (a name is on one)
 //   kOneWay      one-way messages (Reply void), handled where they land
 #pragma once
 
@@ -41,6 +43,8 @@
   X(ResumeRequest, SandboxReply, kSandbox, sandbox_id)                           \
   X(SetTimeoutRequest, SandboxReply, kSandbox, sandbox_id)                       \
   X(SetNetworkRequest, SandboxReply, kSandbox, sandbox_id)                       \
+  X(SnapshotRequest, SnapshotReply, kSandbox, sandbox_id)                        \
+  X(ForkRequest, ForkReply, kSandbox, sandbox_id)                                \
   X(ReadFileRequest, FileReply, kSandbox, sandbox_id)                            \
   X(WriteFileRequest, FileReply, kSandbox, sandbox_id)                           \
   X(ListFilesRequest, FileReply, kSandbox, sandbox_id)                           \
@@ -57,7 +61,10 @@
   X(RegisterImageRequest, ImageReply, kImages, _)                                \
   X(GetImageRequest, ImageReply, kImages, _)                                     \
   X(ListImagesRequest, ImagesReply, kImages, _)                                  \
-  X(RemoveImageRequest, ImageReply, kImages, _)
+  X(RemoveImageRequest, ImageReply, kImages, _)                                  \
+  X(GetSnapshotRequest, SnapshotReply, kSnapshots, _)                            \
+  X(ListSnapshotsRequest, SnapshotsReply, kSnapshots, _)                         \
+  X(RemoveSnapshotRequest, SnapshotReply, kSnapshots, _)
 
 #include <caf/all.hpp>
 
@@ -71,7 +78,7 @@
 
 namespace dsec::calls {
 
-enum class Route { kRun, kNewSandbox, kSandbox, kNewSession, kSession, kImages, kFanout, kOneWay };
+enum class Route { kRun, kNewSandbox, kSandbox, kNewSession, kSession, kImages, kFanout, kSnapshots, kOneWay };
 
 // One struct per line of the table: ExecRequestCall has Request, Reply,
 // route and Key(request) (the routing field; only for routes that have one).

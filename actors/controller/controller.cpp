@@ -27,7 +27,104 @@ using namespace controller_detail;  // NOLINT: this file is its other half
 
 namespace {
 
+// A node's snapshots: in role all, the node's own; in a cluster, every
+// node that is up is asked (a snapshot lives on one): lists are merged, and
+// a name is answered by the node that has it.
+v1::SnapshotsReply Merged(std::vector<v1::SnapshotsReply> replies) {
+  v1::SnapshotsReply out;
+  for (auto& r : replies) {
+    if (r.status().code() != v1::Status::OK && out.status().code() == v1::Status::OK) *out.mutable_status() = r.status();
+    for (auto& s : *r.mutable_snapshots()) *out.add_snapshots() = std::move(s);
+  }
+  return out;
+}
+v1::SnapshotReply Merged(std::vector<v1::SnapshotReply> replies) {
+  v1::SnapshotReply miss =
+      ErrorReply<v1::SnapshotReply>(Status::NotFound("no node that is up has that snapshot (dsecctl snapshot ls)"));
+  for (auto& r : replies) {
+    if (r.status().code() == v1::Status::OK || r.status().code() != v1::Status::NOT_FOUND) return std::move(r);
+    miss = std::move(r);
+  }
+  return miss;
+}
+
+// Asks every node that is up; `then` gets the merged answer.
+template <class Reply, class Req>
+void AskSnapshotNodes(Self self, const Req& req, std::function<void(Self, Reply&)> then) {
+  std::vector<std::string> up;
+  for (const auto& [id, n] : self->state.nodes)
+    if (n.up()) up.push_back(id);
+  if (up.empty()) {
+    Reply r = Merged(std::vector<Reply>{});
+    then(self, r);
+    return;
+  }
+  struct Gather {
+    std::vector<Reply> replies;
+    size_t waiting = 0;
+  };
+  auto g = std::make_shared<Gather>();
+  g->waiting = up.size();
+  for (const auto& node : up)
+    Forward<Reply>(self, node, "the snapshots of node " + node, req, kCallTimeout, [self, g, then](Reply r) {
+      g->replies.push_back(std::move(r));
+      if (--g->waiting) return;
+      Reply merged = Merged(std::move(g->replies));
+      then(self, merged);
+    });
+}
+
+template <class Reply, class Req>
+caf::result<Reply> ToSnapshotNodes(Self self, Req& req) {
+  if (auto local = InProcess(self); local && self->state.nodes.size() == 1) return self->delegate(local, std::move(req));
+  auto rp = self->make_response_promise<Reply>();
+  AskSnapshotNodes<Reply>(self, req, [rp](Self, Reply& r) mutable { rp.deliver(std::move(r)); });
+  return rp;
+}
+
+// Where a create's answer is recorded: the placement of a sandbox made.
+void Placed(Self self, const std::string& node, const std::string& id, v1::SandboxReply* r) {
+  auto& st = self->state;
+  state::WriteBatch b;
+  if (r->status().code() == v1::Status::OK) {
+    PutPlacement(&b, SandboxKey(id), node);
+    Decorate(self, node, r);
+  } else if (r->status().code() != v1::Status::ALREADY_EXISTS) {
+    if (auto it = st.sandbox_node.find(id); it != st.sandbox_node.end() && it->second == node) st.sandbox_node.erase(it);
+  }
+  Persist(self, std::move(b));
+}
+
+// A sandbox from a snapshot goes to the node that has the snapshot.
+caf::result<v1::SandboxReply> CreateFromSnapshot(Self self, v1::CreateRequest& req) {
+  auto& st = self->state;
+  if (auto local = InProcess(self); local && st.nodes.size() == 1) return self->delegate(local, std::move(req));
+  if (req.id().empty()) req.set_id("sb-" + RandomHex(12));
+  if (!ValidId(req.id()))
+    return ErrorReply<v1::SandboxReply>(
+        Status::InvalidArgument("sandbox id '" + req.id().substr(0, 64) + "' is not [a-z0-9-], 1 to 64 bytes"));
+  auto rp = self->make_response_promise<v1::SandboxReply>();
+  v1::GetSnapshotRequest get;
+  get.set_name(req.spec().snapshot());
+  auto shared_req = std::make_shared<v1::CreateRequest>(std::move(req));
+  AskSnapshotNodes<v1::SnapshotReply>(self, get, [rp, shared_req](Self self, v1::SnapshotReply& found) mutable {
+    if (found.status().code() != v1::Status::OK) {
+      rp.deliver(ErrorReply<v1::SandboxReply>(FromProto(found.status())));
+      return;
+    }
+    std::string n = found.snapshot().node(), id = shared_req->id();
+    self->state.sandbox_node[id] = n;
+    Forward<v1::SandboxReply>(self, n, "sandbox " + id, std::move(*shared_req), kCallTimeout,
+                              [self, rp, n, id](v1::SandboxReply r) mutable {
+                                Placed(self, n, id, &r);
+                                rp.deliver(std::move(r));
+                              });
+  });
+  return rp;
+}
+
 caf::result<v1::SandboxReply> Create(Self self, v1::CreateRequest& req) {
+  if (!req.spec().snapshot().empty()) return CreateFromSnapshot(self, req);
   auto& st = self->state;
   if (!st.in_process.empty()) {  // role all: the node's own id checks and errors
     auto node = Place(self, req.spec());
@@ -57,16 +154,7 @@ caf::result<v1::SandboxReply> Create(Self self, v1::CreateRequest& req) {
     }
   Forward<v1::SandboxReply>(self, n, "sandbox " + id, std::move(*shared_req), kCallTimeout,
                             [self, rp, n, id](v1::SandboxReply r) mutable {
-                              auto& st = self->state;
-                              state::WriteBatch b;
-                              if (r.status().code() == v1::Status::OK) {
-                                PutPlacement(&b, SandboxKey(id), n);
-                                Decorate(self, n, &r);
-                              } else if (r.status().code() != v1::Status::ALREADY_EXISTS) {
-                                if (auto it = st.sandbox_node.find(id); it != st.sandbox_node.end() && it->second == n)
-                                  st.sandbox_node.erase(it);
-                              }
-                              Persist(self, std::move(b));
+                              Placed(self, n, id, &r);
                               rp.deliver(std::move(r));
                             });
   });
@@ -334,6 +422,8 @@ caf::result<calls::ReplyOf<Req>> Handle(Self self, Req& req) {
   } else if constexpr (C::route == calls::Route::kImages) {
     if (!self->state.images) return NoRegistry<Reply>(self, req);
     return self->delegate(self->state.images, std::move(req));
+  } else if constexpr (C::route == calls::Route::kSnapshots) {
+    return ToSnapshotNodes<Reply>(self, req);
   } else {
     static_assert(sizeof(Req) == 0, "the controller has no handler for this call (wire/calls.hpp)");
   }

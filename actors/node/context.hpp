@@ -20,6 +20,9 @@
 namespace dsec {
 
 class FrontDoor;
+namespace images {
+class SnapshotStore;
+}
 
 struct NodeOptions {
   std::string node_id;                  // stable across restarts (meta table)
@@ -75,6 +78,9 @@ struct NodeContext {
   const drivers::Registry* kinds = nullptr;
   std::shared_ptr<spdlog::logger> log;
   FrontDoor* door = nullptr;            // dsecd's ports (counters for `stats`); may be null
+  // This node's snapshots (drivers/images/snapshot_store.hpp); null: none
+  // are kept here (a snapshot or a create from one says so).
+  std::shared_ptr<images::SnapshotStore> snapshots;
   // Requests held by sandboxes that are being re-adopted after a restart
   // (console `status`: waiting_for_readopt).
   std::shared_ptr<std::atomic<int64_t>> waiting_for_readopt = std::make_shared<std::atomic<int64_t>>(0);

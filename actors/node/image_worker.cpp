@@ -8,6 +8,7 @@
 
 #include "actors/node/context.hpp"
 #include "drivers/images/image_store.hpp"
+#include "drivers/images/snapshot_store.hpp"
 #include "dsec/status_proto.hpp"
 #include "runtime/unique_fd.hpp"
 
@@ -111,6 +112,9 @@ Status Fetch(caf::actor_system& sys, images::ImageStore& store, const v1::ImageM
 
 image_worker_actor::behavior_type ImageWorker(image_worker_actor::pointer self, std::shared_ptr<NodeContext> ctx) {
   auto store = std::make_shared<images::ImageStore>(ctx->store, ctx->options.image_root);
+  // A snapshot stands on its image: the image is in use while it is there.
+  if (auto snaps = ctx->snapshots)
+    store->set_extra_users([snaps](const std::string& name) { return snaps->OnImage(name); });
   return {
       [store, ctx](const v1::RegisterImageRequest& req) {
         Status st = store->Register(req.manifest(), req.replace());

@@ -37,6 +37,7 @@ std::function<void(const std::string&)> SandboxGone(NodeSelf self, const std::st
       st.dir.ForgetSandbox(id);
       st.supervisor->SandboxEnded(id);
       st.dir.Unclaim(id);
+      ReleaseSnapshot(self, id);
       if (!why.empty()) st.dir.NoteEnded(id, why);
       NoteForController(&st.ended_sandboxes, id);
     });
@@ -60,6 +61,7 @@ void Spawn(NodeSelf self, store::v1::SandboxRow row, std::function<void()> reado
   const v1::SandboxRecord& rec = row.record();
   std::string id = rec.id();
   st.dir.Claim(rec.owner(), id, WallClockMs());
+  HoldSnapshot(self, rec);
   bool connected = st.dir.Connected(rec.owner());
   auto a = SpawnSandbox(self, st.ctx, std::move(row), SandboxGone(self, id), connected, std::move(readopted));
   st.dir.PutSandbox(id, a);
@@ -286,6 +288,7 @@ void OnDown(NodeSelf self, caf::down_msg& dm) {
     if (normal) {
       st.supervisor->SandboxEnded(*id);
       st.dir.Unclaim(*id);  // quit without a destroy (a creation that failed)
+      ReleaseSnapshot(self, *id);
       return;
     }
     if (auto row = st.supervisor->SandboxDied(*id, why)) Spawn(self, std::move(*row));
@@ -415,6 +418,7 @@ caf::result<v1::RunReply> Handle(NodeSelf self, v1::RunRequest& req) { return Ha
 caf::result<v1::SandboxReply> Handle(NodeSelf self, v1::CreateRequest& req) {
   auto& st = self->state;
   auto placing = std::chrono::steady_clock::now();
+  if (Status r = ResolveSnapshot(self, req.mutable_spec()); !r.ok()) return ErrorReply<v1::SandboxReply>(r);
   auto d = st.host->Admit(req.spec());
   if (!d.ok()) return ErrorReply<v1::SandboxReply>(d.status());
   Status s;
@@ -536,6 +540,8 @@ caf::result<calls::ReplyOf<Req>> Handle(NodeSelf self, Req& req) {
     return FromStore(self, req, stored);
   } else if constexpr (C::route == calls::Route::kImages) {
     return self->delegate(self->state.images, std::move(req));
+  } else if constexpr (C::route == calls::Route::kSnapshots) {
+    return HandleSnapshots(self, req);
   } else {
     static_assert(sizeof(Req) == 0, "the node has no handler for this call (wire/calls.hpp)");
   }

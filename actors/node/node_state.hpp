@@ -56,6 +56,17 @@ inline void NoteForController(std::vector<std::string>* list, const std::string&
 cluster::v1::NodeJoin ClusterInfo(NodeSelf self);
 cluster::v1::NodeLoad ClusterLoad(NodeSelf self);
 
+// Snapshots (node_snapshots.cpp, DESIGN.md section 14). A create from a
+// snapshot (spec.snapshot) gets its image, kind and layers here, or why
+// not; a client's own spec.layers is refused.
+Status ResolveSnapshot(NodeSelf self, v1::SandboxSpec* spec);
+// Sandbox `id` (made from spec.snapshot) needs it / has ended.
+void HoldSnapshot(NodeSelf self, const v1::SandboxRecord& rec);
+void ReleaseSnapshot(NodeSelf self, const std::string& id);
+caf::result<v1::SnapshotReply> HandleSnapshots(NodeSelf self, v1::GetSnapshotRequest& req);
+caf::result<v1::SnapshotsReply> HandleSnapshots(NodeSelf self, v1::ListSnapshotsRequest& req);
+caf::result<v1::SnapshotReply> HandleSnapshots(NodeSelf self, v1::RemoveSnapshotRequest& req);
+
 // Admin console commands (node_admin.cpp).
 caf::result<std::string> HandleAdmin(NodeSelf self, const std::string& cmd,
                                      const std::vector<std::string>& args);

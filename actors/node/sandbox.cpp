@@ -207,6 +207,9 @@ caf::result<v1::SandboxReply> Handle(Self self, v1::SetTimeoutRequest& req) {
   return rp;
 }
 
+caf::result<v1::SnapshotReply> Handle(Self self, v1::SnapshotRequest& req) { return TakeSnapshot(self, req); }
+caf::result<v1::ForkReply> Handle(Self self, v1::ForkRequest& req) { return Fork(self, req); }
+
 // A new network policy (the proto's SetNetworkRequest): the policy it
 // makes is checked as a new spec's would be, applied by the driver, then
 // written to the record before the answer.
@@ -403,9 +406,10 @@ void Readopted(Self self, const Status& s) {
 
 sandbox_actor::behavior_type SandboxActor(Self self, std::shared_ptr<NodeContext> ctx,
                                           store::v1::SandboxRow row, std::function<void(const std::string&)> gone,
-                                          bool owner_present, std::function<void()> readopted) {
+                                          bool owner_present, std::function<void()> readopted, caf::actor node) {
   auto& st = self->state;
   st.ctx = std::move(ctx);
+  st.node = std::move(node);
   st.rec = std::move(*row.mutable_record());
   st.driver_state = std::move(*row.mutable_driver_state());
   st.gone = std::move(gone);
@@ -452,7 +456,7 @@ sandbox_actor SpawnSandbox(caf::local_actor* parent, std::shared_ptr<NodeContext
                            store::v1::SandboxRow row, std::function<void(const std::string&)> gone,
                            bool owner_present, std::function<void()> readopted) {
   return parent->spawn<caf::monitored>(SandboxActor, std::move(ctx), std::move(row), std::move(gone),
-                                       owner_present, std::move(readopted));
+                                       owner_present, std::move(readopted), caf::actor_cast<caf::actor>(parent));
 }
 
 }  // namespace dsec

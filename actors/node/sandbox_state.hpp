@@ -21,6 +21,7 @@ namespace dsec::sandbox_detail {
 
 struct SandboxState {
   std::shared_ptr<NodeContext> ctx;
+  caf::actor node;  // its parent: a fork's sandboxes are made there
   v1::SandboxRecord rec;
   std::string driver_state;  // the driver's own (SandboxRow.driver_state)
   drivers::Driver* driver = nullptr;
@@ -84,6 +85,10 @@ void StartDestroy(Self self, std::string why, std::function<void(const Status&)>
 void ArmExpiry(Self self);
 // An exec or file call starts or ends: a new idle period.
 void Touch(Self self);
+
+// Sandbox.Snapshot and Sandbox.Fork (sandbox_snapshot.cpp).
+caf::result<v1::SnapshotReply> TakeSnapshot(Self self, v1::SnapshotRequest& req);
+caf::result<v1::ForkReply> Fork(Self self, v1::ForkRequest& req);
 
 // While the driver re-adopts the sandbox, a request waits; once that is
 // done it is sent to this actor again, for its caller.

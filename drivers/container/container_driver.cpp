@@ -35,6 +35,8 @@ const KindTraits& ContainerDriver::Traits() {
     k.network = true;   // a veth link and the node's rules (drivers/net/), where the node has them
     k.guard = true;     // a mask layer and read-only mounts (drivers/guard/), ContainerGuard
     k.carry = true;     // its upper dir into a grade sandbox's layers (CarryLayers)
+    k.snapshot = true;  // its upper dir, copied: a layer for new containers (container_snapshot.cpp)
+    k.fork = true;      // a snapshot and new containers on it
     return k;
   }();
   return t;
@@ -97,8 +99,8 @@ Result<std::unique_ptr<ContainerDriver>> ContainerDriver::Start(ContainerOptions
   for (const char* sub : {"", "/proc", "/dev", "/run", "/run/dsec", "/tmp", "/work", "/etc"})
     DSEC_RETURN_IF_ERROR(MakeDirs(skel + sub, 0755));
   ::chmod((skel + "/tmp").c_str(), 01777);
-  // Mount points of the container's own /etc/hosts, /etc/hostname and
-  // /etc/resolv.conf, for images that have none.
+  // Mount points of the container's own /etc/hosts, /etc/hostname,
+  // /etc/resolv.conf and /etc/machine-id, for images that have none.
   for (const char* f : kEtcFiles)
     if (UniqueFd fd(::open((skel + "/etc/" + f).c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644)); !fd)
       return Status::FromErrno(errno, "create " + skel + "/etc/" + f);
@@ -255,6 +257,7 @@ Result<std::string> ContainerDriver::CreateNow(const v1::SandboxRecord& sb) {
   image->set_file(*file);  // what the mount below uses
   box->cgroup_rel = CgroupRel(opts_.cgroup_parent, id);
   box->limits = sb.spec().limits();
+  box->from_snapshot = !sb.spec().layers().dirs().empty();
   // A creation of this id that a crash cut short left its dir (a session
   // creates its sandboxes under ids it chose first): removed before anew.
   if (ClaimLeftover(id)) {
@@ -317,7 +320,11 @@ Result<std::string> ContainerDriver::CreateNow(const v1::SandboxRecord& sb) {
     if (!layers.ok()) return undo(layers.status());
     above = *layers;
   }
-  c->set_lower(above + *lower + ":" + skeleton_);
+  // A snapshot's layers above all (they hold what its source changed, the
+  // mask's paths included), then the mask, the image, the skeleton.
+  auto snap = SnapshotLayers(sb.spec(), box->digest);
+  if (!snap.ok()) return undo(snap.status());
+  c->set_lower(*snap + above + *lower + ":" + skeleton_);
   for (const auto& ro : guarded->read_only) c->add_read_only(ro);
   // Tries to write to its protected paths are flagged (a guarded task's).
   c->set_watch_writes(!sb.spec().task().protected_paths().empty());
@@ -517,6 +524,7 @@ Status ContainerDriver::ReadoptNow(const v1::SandboxRecord& sb, const std::strin
   box->cgroup_rel = state->cgroup().empty() ? CgroupRel(opts_.cgroup_parent, sb.id()) : state->cgroup();
   box->init_pid = state->init_pid();
   box->limits = sb.spec().limits();
+  box->from_snapshot = !sb.spec().layers().dirs().empty();
   auto fail = [&](const Status& why) {
     // Gone or broken: clean up what is left of it; the record is marked failed.
     Removed(DestroyNow(sb.id(), ""), "what is left of container " + sb.id());
@@ -675,6 +683,7 @@ Result<guard::UpperDiff> ContainerDriver::Changes(const v1::SandboxRecord& sb) c
   std::string base = SandboxDir(opts_.data_dir, sb.id());
   std::vector<std::string> lowers;
   struct stat st;
+  for (const auto& d : sb.spec().layers().dirs()) lowers.push_back(d);
   if (::stat((base + "/mask").c_str(), &st) == 0) lowers.push_back(base + "/mask");
   lowers.push_back(mounts_->PathFor(box->digest));
   lowers.push_back(skeleton_);

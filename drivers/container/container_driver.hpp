@@ -19,6 +19,7 @@
 #include "drivers/container/container_state.pb.h"
 #include "drivers/container/sandbox_disk.hpp"
 #include "drivers/cgroup/groups.hpp"
+#include "drivers/guard/carry.hpp"
 #include "drivers/guard/task_paths.hpp"
 #include "drivers/images/image_source.hpp"
 #include "drivers/images/mounts.hpp"
@@ -77,6 +78,8 @@ class ContainerDriver : public BoxDriver {
   Status CanHandle(const v1::SandboxSpec& spec) const override;
   void Create(const v1::SandboxRecord& sandbox, CreateCallback done) override;
   void Pause(const v1::SandboxRecord& sandbox, bool paused, StatusCallback done) override;
+  void Snapshot(const v1::SandboxRecord& sandbox, const std::string& dest, uint64_t max_bytes,
+                SnapshotCallback done) override;
   void Destroy(const v1::SandboxRecord& sandbox, const std::string& driver_state, StatusCallback done) override;
   void Readopt(const v1::SandboxRecord& sandbox, const std::string& driver_state, StatusCallback done) override;
   Result<uint64_t> DiskUsage(const v1::SandboxRecord& sandbox) const override;
@@ -127,6 +130,14 @@ class ContainerDriver : public BoxDriver {
   Result<std::string> CarryLayers(const std::string& id, const std::string& base, const std::string& image_root,
                                   const std::string& digest, const v1::CarriedChanges& carry);
   Status ReadoptNow(const v1::SandboxRecord& sb, const std::string& driver_state);
+  // Runs `copy` while `box` is frozen (container_snapshot.cpp); `what` ends
+  // "while ..." in errors.
+  Result<guard::CarryStats> CopyFrozen(const std::shared_ptr<Box>& box, const std::string& what,
+                                       const std::function<Result<guard::CarryStats>()>& copy);
+  // The layers of spec.snapshot (spec.layers, set by the node) as the
+  // overlay's lowerdir takes them ("dir:dir:"), on the image of `digest`;
+  // "" without a snapshot.
+  Result<std::string> SnapshotLayers(const v1::SandboxSpec& spec, const std::string& digest) const;
   // Its image's watched files (ImageManifest.watched), marked in the read
   // watch once its init has made its mounts. Logged, never fatal.
   void WatchReads(const Box& box, const v1::ImageManifest& image) const;

@@ -113,6 +113,9 @@ Result<std::string> ContainerDriver::CarryLayers(const std::string& id, const st
   const std::string& from = carry.sandbox_id();
   auto agent = Find(from);
   if (!agent) return Status::FailedPrecondition("the sandbox to grade (" + from + ") is not a container on this node");
+  if (agent->from_snapshot)
+    return Status::Unimplemented("the sandbox to grade (" + from + ") was made from a snapshot: its changes are in "
+                                 "the snapshot's layers too, which a grade does not carry yet");
   if (agent->digest != digest)
     return Status::FailedPrecondition("the image of the sandbox to grade (" + from + ", " + agent->digest +
                                       ") was replaced under its name since (now " + digest +
@@ -152,31 +155,10 @@ Result<std::string> ContainerDriver::CarryLayers(const std::string& id, const st
     if (!copied.ok()) return copied.status().Annotate("grader image " + carry.grader_image());
     prefix = base + "/grader:";
   }
-  // The agent stands still while its changes are read (frozen unless it
-  // is already), so the copy is one moment of its tree. Calls to it wait
-  // meanwhile (the lock is not held: they queue on the frozen agent).
   if (agent->limits.disk_bytes()) opts.max_bytes = agent->limits.disk_bytes();
-  bool froze = false;
-  {
-    std::lock_guard<std::mutex> lk(agent->idle_mu);
-    if (!agent->groups)
-      return Status::FailedPrecondition("the sandbox to grade (" + from + ") has no cgroup here to freeze while "
-                                        "its changes are copied");
-    if (!agent->user_paused && !agent->idle_frozen) {
-      Status frozen = agent->groups->Freeze(agent->cgroup_rel, true);
-      if (!frozen.ok())
-        return Status::Unavailable("the sandbox to grade (" + from + ") could not be frozen while its changes are "
-                                   "copied (" + frozen.message() + "); grade again");
-      froze = true;
-    }
-    agent->carrying = true;
-  }
-  auto carried = guard::CarryChanges(SandboxDir(opts_.data_dir, from) + "/upper", image_root, base + "/changes", opts);
-  {
-    std::lock_guard<std::mutex> lk(agent->idle_mu);
-    agent->carrying = false;
-    if (froze && !agent->user_paused) (void)agent->groups->Freeze(agent->cgroup_rel, false);
-  }
+  auto carried = CopyFrozen(agent, "its changes are copied for a grade", [&] {
+    return guard::CarryChanges(SandboxDir(opts_.data_dir, from) + "/upper", image_root, base + "/changes", opts);
+  });
   if (!carried.ok()) return carried.status().Annotate("carrying the changes of " + from);
   auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
   Log(1, "container " + id + ": carries " + std::to_string(carried->entries) + " changed entries (" +

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "drivers/net/policy.hpp"
+#include "runtime/files.hpp"
 #include "runtime/unique_fd.hpp"
 
 namespace dsec::drivers {
@@ -32,9 +33,11 @@ Status WriteEtcFiles(const std::string& base, const std::string& hostname, const
                                   : "# dsec: this sandbox has no network (spec.network.mode is none)\n";
   (void)net;  // the policy itself is enforced by the kernel, not by this file
   resolv += "options timeout:1 attempts:1\n";
+  // Its own machine-id (a fork's differs from its source's): 32 hex digits.
   for (const auto& [name, content] : {std::pair<const char*, std::string>{"hosts", hosts},
                                       {"hostname", hostname + "\n"},
-                                      {"resolv.conf", resolv}}) {
+                                      {"resolv.conf", resolv},
+                                      {"machine-id", RandomHex(32) + "\n"}}) {
     std::string path = dir + "/" + name;
     UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644));
     if (!fd || ::write(fd.get(), content.data(), content.size()) != static_cast<ssize_t>(content.size()))

@@ -12,7 +12,7 @@
 
 namespace dsec::drivers {
 
-inline constexpr const char* kEtcFiles[] = {"hosts", "hostname", "resolv.conf"};
+inline constexpr const char* kEtcFiles[] = {"hosts", "hostname", "resolv.conf", "machine-id"};
 
 // `nameserver`: the sandbox's gateway, where its DNS goes (0: no network,
 // no name server).

@@ -15,21 +15,25 @@
 
 namespace dsec::images {
 
-Status CheckImageName(const std::string& name) {
-  if (name.empty()) return Status::InvalidArgument("image name is empty");
-  if (name.size() > 128) return Status::InvalidArgument("image name is longer than 128 bytes");
-  if (name == kHostImage)
-    return Status::InvalidArgument("image name 'host' is the built-in host image; pick another name");
+Status CheckObjectName(const std::string& what, const std::string& name) {
+  if (name.empty()) return Status::InvalidArgument(what + " name is empty");
+  if (name.size() > 128) return Status::InvalidArgument(what + " name is longer than 128 bytes");
   for (size_t i = 0; i < name.size(); ++i) {
     char c = name[i];
     bool ok = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
               (i > 0 && (c == '.' || c == '_' || c == '-'));
     if (!ok)
-      return Status::InvalidArgument("image name '" + name +
+      return Status::InvalidArgument(what + " name '" + name.substr(0, 128) +
                                      "' may hold lowercase letters, digits, '.', '_' and '-', "
                                      "and must start with a letter or digit");
   }
   return Status::Ok();
+}
+
+Status CheckImageName(const std::string& name) {
+  if (name == kHostImage)
+    return Status::InvalidArgument("image name 'host' is the built-in host image; pick another name");
+  return CheckObjectName("image", name);
 }
 
 Result<std::string> Sha256File(const std::string& path) {

@@ -21,6 +21,8 @@ inline constexpr const char* kHostImage = "host";
 // [a-z0-9][a-z0-9._-]*, at most 128 bytes, not "host". InvalidArgument
 // saying what is wrong otherwise.
 Status CheckImageName(const std::string& name);
+// The same rule for other names ("snapshot"), without the "host" one.
+Status CheckObjectName(const std::string& what, const std::string& name);
 
 // "sha256:<hex>" of a file.
 Result<std::string> Sha256File(const std::string& path);

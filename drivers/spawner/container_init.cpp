@@ -325,17 +325,17 @@ int ContainerInitEntry(void* arg) {
   CHECK(Call(SYS_bind, sock, &addr, sizeof addr), "bind the agent socket");
   CHECK(Call(SYS_chmod, sp, 0600), "chmod the agent socket");
   CHECK(Call(SYS_listen, sock, 64), "listen on the agent socket");
-  // The container's own /etc/hosts, /etc/hostname and /etc/resolv.conf
+  // The container's own /etc/hosts, /etc/hostname, /etc/resolv.conf and /etc/machine-id
   // (written by dsecd in /run/dsec/etc), bound over the image's now that
   // the root is the container's: a symlink the image has there resolves
   // inside it. One that leads nowhere (a resolv.conf to a stub resolver
   // that does not run here) or to a directory is left as the image has it.
   // Before /run/dsec is read-only, so the binds stay writable, as Docker's.
-  for (const char* name : {"hosts", "hostname", "resolv.conf"}) {
+  for (const char* name : {"hosts", "hostname", "resolv.conf", "machine-id"}) {
     Path src("/run/dsec/etc/", name), dst("/etc/", name);
     long rc = Call(SYS_mount, src.buf, dst.buf, 0, MS_BIND, 0);
     if (rc == -ENOENT || rc == -ENOTDIR || rc == -ELOOP || rc == -EISDIR) continue;
-    CHECK(rc, "bind the container's /etc/hosts, /etc/hostname or /etc/resolv.conf");
+    CHECK(rc, "bind the container's /etc/hosts, /etc/hostname, /etc/resolv.conf or /etc/machine-id");
   }
   CHECK(Call(SYS_mount, 0, "/run/dsec", 0, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, 0),
         "remount /run/dsec read-only");

@@ -198,6 +198,29 @@ def test_images_list_get_register_remove(cclient: dsec.Client) -> None:
         cclient.get_image("py311-copy")
 
 
+def test_snapshot_fork_list_and_remove(cclient: dsec.Client) -> None:
+    sb = cclient.create(kind="container", image=IMAGE)
+    sb.exec("echo kept > /work/f")
+    snap = sb.snapshot("pytest-snap")
+    assert isinstance(snap, dsec.SnapshotInfo)
+    assert (snap.name, snap.kind, snap.image, snap.depth, snap.size_bytes) == ("pytest-snap", "container", IMAGE, 1, 5)
+    new = cclient.create(spec={"snapshot": "pytest-snap"})
+    assert new.exec("cat /work/f").text == "kept\n"
+    forks = sb.fork(2)
+    assert [f.exec("cat /work/f").text for f in forks] == ["kept\n", "kept\n"]
+    assert len({f.exec("hostname").text for f in forks}) == 2
+    assert "pytest-snap" in [s.name for s in cclient.list_snapshots()]
+    assert cclient.get_snapshot("pytest-snap").users == [f"sandbox {new.id}"]
+    with pytest.raises(dsec.FailedPrecondition, match=f"in use by sandbox {new.id}"):
+        cclient.remove_snapshot("pytest-snap")
+    with pytest.raises(dsec.InvalidArgument, match="1 to 100"):
+        sb.fork(0)
+    for s in [new, *forks, sb]:
+        s.destroy()
+    cclient.remove_snapshot("pytest-snap")
+    assert cclient.list_snapshots() == []
+
+
 def test_client_properties_and_close(daemon: Daemon) -> None:
     c = daemon.client()
     assert re.fullmatch(r"[0-9a-f]{32}", c.client_id) and c.connected and c.connections == 1

@@ -136,4 +136,16 @@ bool ExplainBadCommandLine(CLI::App* app, int argc, char** argv);
 void HintAfterParseError(const CLI::ParseError& e, int argc, char** argv);
 int ListSandboxes(const Common& c, const LsFlags& f);
 
+// `dsecctl snapshot take|ls|inspect|rm` and `dsecctl fork` (snapshots.cpp).
+struct SnapshotFlags {
+  CLI::App *snapshot = nullptr, *take = nullptr, *ls = nullptr, *inspect = nullptr, *rm = nullptr, *fork = nullptr;
+  std::string id, name;
+  std::vector<std::string> names;
+  uint32_t count = 0;
+  bool json = false;
+};
+void AddSnapshotCommands(CLI::App* app, SnapshotFlags* f);
+// Whichever of them was given.
+int RunSnapshotCommand(const Common& c, const SnapshotFlags& f);
+
 }  // namespace dsec::ctl

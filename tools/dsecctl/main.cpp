@@ -1,5 +1,5 @@
 // dsecctl: sandbox commands through the SDK (run, create, exec, rm, pause,
-// resume, cp, timeout, ls, session) and admin commands through the admin
+// resume, cp, timeout, ls, session, snapshot, fork) and admin commands through the admin
 // console (status, nodes, sessions, inspect, kill, stats, drain). `dsecctl
 // run` behaves like `docker run`: the program's own exit code; 124 time
 // limit; 128+N killed by signal N (137 for the memory and output limits,
@@ -57,8 +57,10 @@ int main(int argc, char** argv) {
                                     "ends at its ttl, its idle timeout, or dsecctl rm");
   AddLimitFlags(create, &create_l);
   AddLifetimeFlags(create, &create_life);
-  std::string create_id;
+  std::string create_id, create_snapshot;
   create->add_option("--id", create_id, "name the sandbox ([a-z0-9-], at most 64 bytes; default: made up)");
+  create->add_option("--snapshot", create_snapshot,
+                     "start from this snapshot (dsecctl snapshot ls): its state, image and kind, on its node");
 
   LimitFlags exec_l;
   std::string exec_id;
@@ -180,6 +182,9 @@ int main(int argc, char** argv) {
   // Admin commands.
   bool raw = false;
   std::string admin_id;
+  SnapshotFlags snap_f;
+  AddSnapshotCommands(&app, &snap_f);
+
   auto* status = app.add_subcommand("status", "node status (admin console)");
   auto* nodes = app.add_subcommand("nodes", "node records (admin console)");
   auto* ls = app.add_subcommand("ls", "sandboxes: a table, filtered (a controller lists every node's)");
@@ -220,6 +225,7 @@ int main(int argc, char** argv) {
   if (*stats) return Admin(c, "stats", raw);
   if (*inspect) return Admin(c, "inspect " + admin_id, raw);
   if (*kill) return Admin(c, "kill " + admin_id, raw);
+  if (*snap_f.snapshot || *snap_f.fork) return RunSnapshotCommand(c, snap_f);
 
   int rc = 0;
   if (*run) {
@@ -241,6 +247,10 @@ int main(int argc, char** argv) {
     dsec::v1::SandboxSpec spec;
     if (auto e = BuildSpec(create_l, &spec); !e.empty()) return Fail(e, kUsage);
     if (auto e = ApplyLifetime(create_life, &spec); !e.empty()) return Fail(e, kUsage);
+    if (!create_snapshot.empty()) {  // its kind and image come with it, unless given
+      spec.set_snapshot(create_snapshot);
+      if (create->count("--kind") == 0) spec.clear_kind();
+    }
     auto client = ConnectOrDie(c, &rc);
     if (!client) return rc;
     dsec::CreateOptions co;

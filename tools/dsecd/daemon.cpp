@@ -27,6 +27,7 @@
 #include "runtime/door_auth.hpp"
 #include "runtime/files.hpp"
 #include "drivers/images/image_store.hpp"
+#include "drivers/images/snapshot_store.hpp"
 #include "drivers/net/node_network.hpp"
 #include "runtime/front_door.hpp"
 #include "runtime/http_gate.hpp"
@@ -360,6 +361,9 @@ class Daemon {
     node_ctx_->committer = committer_.get();
     node_ctx_->log = Logger("node");
     image_store_ = std::make_unique<images::ImageStore>(store_.get(), o.image_root);
+    node_ctx_->snapshots = std::make_shared<images::SnapshotStore>(
+        store_.get(), data_ + "/snapshots", node_id_, static_cast<uint64_t>(f_.snapshot_gib * double(1ull << 30)));
+    for (const auto& line : node_ctx_->snapshots->Load()) log_->warn("{}", line);
     drivers::DriverEnv env;
     env.data_dir = data_;
     env.cgroup_parent = f_.cgroup_parent;

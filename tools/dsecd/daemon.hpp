@@ -42,6 +42,7 @@ struct Flags {
   std::string sandbox_on_idle = "pause";
   uint32_t sandbox_lease_s = 600;
   double session_retention_h = 168;
+  double snapshot_gib = 64;  // what all snapshots' layers may take (0: no bound)
   std::string sdk_token_file;  // default <data>/sdk.token
   size_t door_max_pending = 256;
   double door_timeout_s = 5;

@@ -71,6 +71,10 @@ void AddFlags(CLI::App& app, Flags* f, drivers::Registry& kinds) {
                  "seconds a sandbox outlives its SDK client's last connection (unless made detached)")
       ->check(CLI::Range(1u, 7u * 24 * 3600))
       ->capture_default_str();
+  app.add_option("--snapshot-gib", f->snapshot_gib,
+                 "GiB the node's snapshots may take together (their own layers; 0: no bound)")
+      ->check(CLI::Range(0.0, 1e6))
+      ->capture_default_str();
   app.add_option("--session-retention", f->session_retention_h,
                  "hours a closed session's log is kept for dsec-replay")
       ->check(CLI::Range(0.0, 24.0 * 3650))

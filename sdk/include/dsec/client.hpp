@@ -121,6 +121,7 @@ class Sandbox {
 
  private:
   friend class Client;
+  friend struct SnapshotCalls;  // dsec/snapshot.hpp
   template <class Reply, class Request>
   void Call(Request req, Done<Reply> done) const;
   Sandbox(Client* c, std::string id, v1::SandboxSpec spec, std::string route)
@@ -278,12 +279,12 @@ class Client {
   // Connections made so far (1 after Connect; +1 per reconnect).
   uint64_t connections() const;
   const ClientOptions& options() const;
-
   struct Impl;
 
  private:
   friend class Sandbox;
   friend class Session;
+  friend struct SnapshotCalls;
   friend void GradeAsync(const Session& session, uint64_t index, Done<v1::StepReply> done);
   explicit Client(std::unique_ptr<Impl> impl);
   // Attach through `route` (a node's SDK address; "": the dialed one).
@@ -291,7 +292,6 @@ class Client {
   std::unique_ptr<Impl> impl_;
 };
 
-// Helpers to build requests.
 v1::ExecRequest Command(std::vector<std::string> argv);
 v1::SandboxSpec FncallSpec();
 // A container on `image` (built with dsec-image build).

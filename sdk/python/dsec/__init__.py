@@ -30,7 +30,7 @@ _core._set_main_thread(_threading.main_thread().ident)
 
 from ._records import (KINDS, VERDICTS, ExecRequest, ExecResult, FileInfo, FileList, HostPort, ImageManifest,
                        Limits, Flag, StepFlag, GradeSpec, NetworkPolicy, NetworkRefusal, TaskGuard, NetworkReport, ExposedPort, Record, SandboxPage, SandboxRecord, SandboxSpec, SessionRecord, SessionSandbox,
-                       StepMeta, StepRecord, StepReply)
+                       SnapshotInfo, StepMeta, StepRecord, StepReply)
 from ._client import Chunk, Client, ExecStream, Sandbox, Session
 from ._aio import AsyncClient, AsyncExecStream, AsyncOpening, AsyncSandbox, AsyncSession
 from . import env
@@ -43,7 +43,7 @@ __all__ = [
     "Record", "ExecResult", "ExecRequest", "SandboxSpec", "TaskGuard", "GradeSpec", "Flag", "StepFlag", "SandboxRecord", "SandboxPage", "Limits", "NetworkPolicy", "NetworkReport",
     "NetworkRefusal", "ExposedPort", "HostPort",
     "FileInfo", "FileList", "SessionRecord", "SessionSandbox", "StepMeta", "StepRecord", "StepReply",
-    "ImageManifest", "KINDS", "VERDICTS",
+    "ImageManifest", "SnapshotInfo", "KINDS", "VERDICTS",
     "Error", "InvalidArgument", "NotFound", "AlreadyExists", "FailedPrecondition", "ResourceExhausted",
     "Unavailable", "DeadlineExceeded", "Internal", "Unimplemented", "Aborted", "Unauthenticated",
     "env",

@@ -26,7 +26,8 @@ from typing import (Any, Callable, Coroutine, Generator, Generic, List, Mapping,
 from . import _args, _core
 from ._errors import NotFound
 from ._client import Chunk, _Connection, _chunks, _content, _flag, _grade, _mode, _nonneg, _positive_seconds
-from ._records import (ExecResult, FileList, ImageManifest, SandboxPage, SandboxRecord, SessionRecord, StepFlag, StepMeta,
+from ._records import (ExecResult, FileList, ImageManifest, SandboxPage, SandboxRecord, SessionRecord, SnapshotInfo,
+                       StepFlag, StepMeta,
                        StepRecord, StepReply)
 
 
@@ -221,6 +222,12 @@ class AsyncSandbox:
     async def resume(self) -> None:
         await _call(self._sb.resume)
 
+    async def snapshot(self, name: str) -> SnapshotInfo:
+        return await _call(self._sb.snapshot, _args.name(name, "snapshot name"))
+
+    async def fork(self, count: int) -> List["AsyncSandbox"]:
+        return [AsyncSandbox(self._client, core) for core in await _call(self._sb.fork, _args.count(count, "count"))]
+
     async def address(self, port: int) -> str:
         """See dsec.Sandbox.address."""
         return _args.exposed_address(await self.get(), port, self.id)
@@ -413,4 +420,13 @@ class AsyncClient(_Connection):
 
     async def remove_image(self, name: str) -> None:
         await _call(self._c.remove_image, _args.name(name, "image name"))
+
+    async def get_snapshot(self, name: str) -> SnapshotInfo:
+        return await _call(self._c.get_snapshot, _args.name(name, "snapshot name"))
+
+    async def list_snapshots(self) -> List[SnapshotInfo]:
+        return await _call(self._c.list_snapshots)
+
+    async def remove_snapshot(self, name: str) -> None:
+        await _call(self._c.remove_snapshot, _args.name(name, "snapshot name"))
 

@@ -13,7 +13,8 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Union
 
 from . import _args, _core
 from ._errors import InvalidArgument, NotFound
-from ._records import (ExecResult, FileList, GradeSpec, ImageManifest, SandboxPage, SandboxRecord, SessionRecord, StepFlag, StepMeta,
+from ._records import (ExecResult, FileList, GradeSpec, ImageManifest, SandboxPage, SandboxRecord, SessionRecord, SnapshotInfo,
+                       StepFlag, StepMeta,
                        StepRecord, StepReply, StepsPage)
 
 _live: "weakref.WeakSet[_core.Client]" = weakref.WeakSet()
@@ -150,6 +151,17 @@ class Sandbox:
 
     def resume(self) -> None:
         self._sb.resume(None)
+
+    def snapshot(self, name: str) -> SnapshotInfo:
+        """A named, read-only snapshot of its state now (it is frozen for the copy);
+        new sandboxes start from it: Client.create(snapshot=name)."""
+        return self._sb.snapshot(_args.name(name, "snapshot name"), None)
+
+    def fork(self, count: int) -> List["Sandbox"]:
+        """`count` (1-100) new sandboxes in its current state, on its node, each with
+        its own id, hostname and machine-id: all of them, or an error naming which
+        failed (none kept)."""
+        return [Sandbox(self._client, core) for core in self._sb.fork(_args.count(count, "count"), None)]
 
     def set_timeout(self, seconds: float) -> SandboxRecord:
         """Ends the sandbox `seconds` from now, sooner or later than its ttl said
@@ -422,6 +434,17 @@ class Client(_Connection):
 
     def remove_image(self, name: str) -> None:
         self._c.remove_image(_args.name(name, "image name"), None)
+
+    def get_snapshot(self, name: str) -> SnapshotInfo:
+        return self._c.get_snapshot(_args.name(name, "snapshot name"), None)
+
+    def list_snapshots(self) -> List[SnapshotInfo]:
+        """Every node's snapshots, each with its users (sandboxes and snapshots that need it)."""
+        return self._c.list_snapshots(None)
+
+    def remove_snapshot(self, name: str) -> None:
+        """Refused (dsec.FailedPrecondition, naming them) while sandboxes or snapshots need it."""
+        self._c.remove_snapshot(_args.name(name, "snapshot name"), None)
 
 def _grade(grade: Any) -> Optional[Dict[str, Any]]:
     return None if grade is None else _args.fields(grade, "grade", GradeSpec)

@@ -159,6 +159,7 @@ class SandboxSpec(Record):
     idle_timeout_s: Optional[int]
     on_idle: str
     task: TaskGuard
+    snapshot: str  # start from this snapshot (its image and kind come with it)
 
 
 class NetworkRefusal(Record):
@@ -408,6 +409,27 @@ class ImageManifest(Record):
     files: int
     content_bytes: int
     compression: str
+
+
+class SnapshotInfo(Record):
+    """A named, read-only state of a sandbox that new sandboxes start from
+    (Sandbox.snapshot; create(snapshot=...)). It lives on the node it was taken on."""
+
+    _message = "dsec.v1.SnapshotInfo"
+    name: str
+    kind: str
+    source_sandbox: str
+    image: str
+    image_digest: str
+    parent: str
+    depth: int
+    size_bytes: int
+    entries: int
+    created_ms: int
+    node: str
+    ephemeral: bool
+    users: List[str]
+    dir: str
 
 
 for _cls in list(globals().values()):

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "bridge.hpp"
+#include "dsec/snapshot.hpp"
 
 namespace dsec::py {
 
@@ -96,6 +97,22 @@ void BindHandles(pb::module_& m) {
       .def("resume",
            [](const PySandbox& s, pb::object aio) {
              return Issue<Status>(s.core, aio, [&s](Client&, DoneStatus d) { s.sb.ResumeAsync(std::move(d)); }, None);
+           })
+      .def("snapshot",
+           [](const PySandbox& s, std::string name, pb::object aio) {
+             return Issue<Result<v1::SnapshotInfo>>(
+                 s.core, aio, [&s, name](Client&, Done<v1::SnapshotInfo> d) { SnapshotAsync(s.sb, name, std::move(d)); },
+                 [](Result<v1::SnapshotInfo>& r) { return ToPy(*r); });
+           })
+      .def("fork",
+           [](const PySandbox& s, uint32_t count, pb::object aio) {
+             return Issue<Result<std::vector<Sandbox>>>(
+                 s.core, aio, [&s, count](Client&, Done<std::vector<Sandbox>> d) { ForkAsync(s.sb, count, std::move(d)); },
+                 [weak = std::weak_ptr<Core>(s.core)](Result<std::vector<Sandbox>>& r) {
+                   pb::list out;
+                   for (const auto& sb : *r) out.append(pb::cast(PySandbox{Strong(weak), sb}));
+                   return out;
+                 });
            })
       .def("set_timeout",
            [](const PySandbox& s, uint32_t seconds, pb::object aio) {

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "bridge.hpp"
+#include "dsec/snapshot.hpp"
 #include "dsec/status_proto.hpp"
 
 PYBIND11_MODULE(_core, m) {
@@ -176,8 +177,29 @@ PYBIND11_MODULE(_core, m) {
                    return out;
                  });
            })
-      .def("remove_image", [](const CoreRef& core, std::string name, pb::object aio) {
-        return Issue<Status>(core, aio, [name](Client& c, DoneStatus d) { c.RemoveImageAsync(name, std::move(d)); },
+      .def("remove_image",
+           [](const CoreRef& core, std::string name, pb::object aio) {
+             return Issue<Status>(core, aio, [name](Client& c, DoneStatus d) { c.RemoveImageAsync(name, std::move(d)); },
+                                  None);
+           })
+      .def("get_snapshot",
+           [](const CoreRef& core, std::string name, pb::object aio) {
+             return Issue<Result<v1::SnapshotInfo>>(
+                 core, aio, [name](Client& c, Done<v1::SnapshotInfo> d) { GetSnapshotAsync(c, name, std::move(d)); },
+                 [](Result<v1::SnapshotInfo>& r) { return ToPy(*r); });
+           })
+      .def("list_snapshots",
+           [](const CoreRef& core, pb::object aio) {
+             return Issue<Result<std::vector<v1::SnapshotInfo>>>(
+                 core, aio, [](Client& c, Done<std::vector<v1::SnapshotInfo>> d) { ListSnapshotsAsync(c, std::move(d)); },
+                 [](Result<std::vector<v1::SnapshotInfo>>& r) {
+                   pb::list out;
+                   for (const auto& i : *r) out.append(ToPy(i));
+                   return out;
+                 });
+           })
+      .def("remove_snapshot", [](const CoreRef& core, std::string name, pb::object aio) {
+        return Issue<Status>(core, aio, [name](Client& c, DoneStatus d) { RemoveSnapshotAsync(c, name, std::move(d)); },
                              None);
       });
 }
