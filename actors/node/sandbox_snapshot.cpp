@@ -66,7 +66,7 @@ void Take(Self self, const std::string& name, bool ephemeral, Taken then) {
 caf::result<v1::SnapshotReply> TakeSnapshot(Self self, v1::SnapshotRequest& req) {
   auto rp = self->make_response_promise<v1::SnapshotReply>();
   Touch(self);
-  Take(self, req.name(), false, [rp](Result<v1::SnapshotInfo> info) mutable {
+  Take(self, req.name(), req.ephemeral(), [rp](Result<v1::SnapshotInfo> info) mutable {
     v1::SnapshotReply r = ErrorReply<v1::SnapshotReply>(info.status());
     if (info.ok()) *r.mutable_snapshot() = std::move(*info);
     rp.deliver(std::move(r));

@@ -197,6 +197,40 @@ void CloseSession(Self self, std::string reason, SessionPromise* rp) {
   });
 }
 
+// The first `fork.steps` steps of session `fork.session`'s log, as steps of
+// `name` into `b`; the flags they hold, or why not (the source has fewer
+// steps, or its log cannot be read).
+Result<uint64_t> CopyLogPrefix(const NodeContext& ctx, const v1::SessionFork& fork, const std::string& name,
+                               state::WriteBatch* b) {
+  constexpr uint64_t kMaxForkSteps = 100000;
+  if (fork.session() == name) return Status::InvalidArgument("a session cannot be a fork of itself");
+  auto source = state::TypedTable<v1::SessionRecord>(ctx.store, state::Table::kSessions).Get(fork.session());
+  if (!source.ok())
+    return source.status().code() == Status::Code::kNotFound
+               ? Status::NotFound("fork of session " + fork.session() + ": there is no such session on this node")
+               : source.status();
+  if (fork.steps() > source->step_count())
+    return Status::InvalidArgument("fork of session " + fork.session() + " at step " + std::to_string(fork.steps()) +
+                                   ": it has logged " + std::to_string(source->step_count()));
+  if (fork.steps() > kMaxForkSteps)
+    return Status::InvalidArgument("a fork copies at most " + std::to_string(kMaxForkSteps) + " logged steps");
+  state::TypedTable<v1::StepRecord> steps(ctx.store, state::Table::kSteps);
+  uint64_t next = 0, flags = 0;
+  Status scanned = steps.Scan(state::StepPrefix(fork.session()), [&](const std::string&, v1::StepRecord&& step) {
+    if (step.index() >= fork.steps()) return false;
+    if (step.index() != next) return false;  // a hole: said below
+    step.set_session(name);
+    flags += static_cast<uint64_t>(step.flags_size());
+    steps.Put(b, state::StepKey(name, next), step);
+    ++next;
+    return true;
+  });
+  if (!scanned.ok()) return scanned;
+  if (next != fork.steps())
+    return Status::Internal("fork of session " + fork.session() + ": its log has no step " + std::to_string(next));
+  return flags;
+}
+
 // Starts a new session: the record (sandbox ids chosen) is durable first,
 // then the sandboxes are created, then the open is answered.
 caf::result<v1::SessionReply> OpenNew(Self self, const v1::OpenSessionRequest& req) {
@@ -229,6 +263,19 @@ caf::result<v1::SessionReply> OpenNew(Self self, const v1::OpenSessionRequest& r
     Quit(self);
     return Reply(can.Annotate("session " + req.name()), st.rec);
   }
+  // A fork's log begins with its source's steps (written with the record).
+  state::WriteBatch prefix;
+  if (!req.fork_of().session().empty()) {
+    auto copied = CopyLogPrefix(ctx, req.fork_of(), req.name(), &prefix);
+    if (!copied.ok()) {
+      Quit(self);
+      return Reply(copied.status().Annotate("session " + req.name()), st.rec);
+    }
+    rec.set_step_count(req.fork_of().steps());
+    rec.set_flags(*copied);
+    rec.set_forked_from(req.fork_of().session());
+    rec.set_forked_at(req.fork_of().steps());
+  }
   rec.set_phase(v1::SESSION_PHASE_OPEN);
   rec.set_created_ms(WallClockMs());
   rec.set_lease_s(req.lease_s() ? req.lease_s() : ctx.options.session_lease_s);
@@ -238,7 +285,8 @@ caf::result<v1::SessionReply> OpenNew(Self self, const v1::OpenSessionRequest& r
   st.rec = std::move(rec);
   st.opening = true;
   auto rp = self->make_response_promise<v1::SessionReply>();
-  PersistRecord(self, [self, rp](const Status& w) mutable {
+  PutRecord(self, &prefix);
+  Persist(self, std::move(prefix), [self, rp](const Status& w) mutable {
     auto& st = self->state;
     auto fail = [self, rp](const Status& s) mutable {
       auto& st = self->state;

@@ -23,7 +23,7 @@ struct ContainerDriver::Box : AgentBox {
   bool idle_frozen = false;  // frozen by the idle timer; the next call thaws it
   bool user_paused = false;  // frozen by Pause; only Resume thaws it
   bool carrying = false;     // frozen while a grade copies its changes (CarryLayers); the idle timer leaves it
-  bool from_snapshot = false;  // stacks a snapshot's layers (spec.layers) under its upper dir
+  std::vector<std::string> layers;  // a snapshot's it stacks under its upper dir (spec.layers), newest first
   uint64_t cpu_ns_at_check = 0;
   // Syscalls its seccomp listener denied (the spawner's Denied events); a
   // lock of its own (idle_mu is held through freezes and grade copies).

@@ -257,7 +257,7 @@ Result<std::string> ContainerDriver::CreateNow(const v1::SandboxRecord& sb) {
   image->set_file(*file);  // what the mount below uses
   box->cgroup_rel = CgroupRel(opts_.cgroup_parent, id);
   box->limits = sb.spec().limits();
-  box->from_snapshot = !sb.spec().layers().dirs().empty();
+  box->layers.assign(sb.spec().layers().dirs().begin(), sb.spec().layers().dirs().end());
   // A creation of this id that a crash cut short left its dir (a session
   // creates its sandboxes under ids it chose first): removed before anew.
   if (ClaimLeftover(id)) {
@@ -321,8 +321,10 @@ Result<std::string> ContainerDriver::CreateNow(const v1::SandboxRecord& sb) {
     above = *layers;
   }
   // A snapshot's layers above all (they hold what its source changed, the
-  // mask's paths included), then the mask, the image, the skeleton.
-  auto snap = SnapshotLayers(sb.spec(), box->digest);
+  // mask's paths included), then the mask, the image, the skeleton. A
+  // grade sandbox has them in its carried layers instead, filtered.
+  auto snap = sb.spec().carry().sandbox_id().empty() ? SnapshotLayers(sb.spec(), box->digest)
+                                                     : Result<std::string>(std::string());
   if (!snap.ok()) return undo(snap.status());
   c->set_lower(*snap + above + *lower + ":" + skeleton_);
   for (const auto& ro : guarded->read_only) c->add_read_only(ro);
@@ -524,7 +526,7 @@ Status ContainerDriver::ReadoptNow(const v1::SandboxRecord& sb, const std::strin
   box->cgroup_rel = state->cgroup().empty() ? CgroupRel(opts_.cgroup_parent, sb.id()) : state->cgroup();
   box->init_pid = state->init_pid();
   box->limits = sb.spec().limits();
-  box->from_snapshot = !sb.spec().layers().dirs().empty();
+  box->layers.assign(sb.spec().layers().dirs().begin(), sb.spec().layers().dirs().end());
   auto fail = [&](const Status& why) {
     // Gone or broken: clean up what is left of it; the record is marked failed.
     Removed(DestroyNow(sb.id(), ""), "what is left of container " + sb.id());

@@ -113,9 +113,6 @@ Result<std::string> ContainerDriver::CarryLayers(const std::string& id, const st
   const std::string& from = carry.sandbox_id();
   auto agent = Find(from);
   if (!agent) return Status::FailedPrecondition("the sandbox to grade (" + from + ") is not a container on this node");
-  if (agent->from_snapshot)
-    return Status::Unimplemented("the sandbox to grade (" + from + ") was made from a snapshot: its changes are in "
-                                 "the snapshot's layers too, which a grade does not carry yet");
   if (agent->digest != digest)
     return Status::FailedPrecondition("the image of the sandbox to grade (" + from + ", " + agent->digest +
                                       ") was replaced under its name since (now " + digest +
@@ -160,12 +157,27 @@ Result<std::string> ContainerDriver::CarryLayers(const std::string& id, const st
     return guard::CarryChanges(SandboxDir(opts_.data_dir, from) + "/upper", image_root, base + "/changes", opts);
   });
   if (!carried.ok()) return carried.status().Annotate("carrying the changes of " + from);
+  // A sandbox made from a snapshot changed its image in the snapshot's
+  // layers too: each is carried the same way (read-only already, so
+  // without a freeze), and stacked in the same order under its upper's.
+  std::string below;
+  for (size_t i = 0; i < agent->layers.size(); ++i) {
+    std::string dest = base + "/changes" + std::to_string(i + 1);
+    auto layer = guard::CarryChanges(agent->layers[i], image_root, dest, opts);
+    if (!layer.ok()) return layer.status().Annotate("carrying the snapshot layer " + agent->layers[i] + " of " + from);
+    carried->entries += layer->entries;
+    carried->bytes += layer->bytes;
+    carried->skipped += layer->skipped;
+    carried->restored += layer->restored;
+    carried->reflinked += layer->reflinked;
+    below += dest + ":";
+  }
   auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
   Log(1, "container " + id + ": carries " + std::to_string(carried->entries) + " changed entries (" +
              std::to_string(carried->bytes) + " bytes, " + std::to_string(carried->reflinked) + " reflinked) of " +
              from + "; " + std::to_string(carried->skipped) + " under protected or hidden paths left to the image, " +
              std::to_string(carried->restored) + " put back; " + std::to_string(ms) + " ms");
-  return prefix + base + "/changes:";
+  return prefix + base + "/changes:" + below;
 }
 
 }  // namespace dsec::drivers

@@ -244,6 +244,7 @@ void Client::OpenSessionAsync(const std::string& name, const v1::SandboxSpec& sp
   req.set_lease_s(options.lease_s);
   req.set_restartable(options.restartable);
   if (options.grade.command_size()) *req.mutable_grade() = options.grade;
+  if (!options.fork_of.session().empty()) *req.mutable_fork_of() = options.fork_of;
   // Opening creates the session's sandboxes: allow for a busy node.
   impl_->Call<v1::SessionReply>(std::move(req), impl_->options.rpc_timeout * 2,
                                 Then<v1::SessionReply>(std::move(done), [this, name](v1::SessionReply& r) {

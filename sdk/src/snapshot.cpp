@@ -2,16 +2,19 @@
 
 #include <algorithm>
 
+#include <random>
+
 #include "sdk/src/client_impl.hpp"
 
 namespace dsec {
 
 // What dsec/snapshot.hpp needs of the handles' insides.
 struct SnapshotCalls {
-  static void Take(const Sandbox& sb, const std::string& name, Done<v1::SnapshotInfo> done) {
+  static void Take(const Sandbox& sb, const std::string& name, Done<v1::SnapshotInfo> done, bool ephemeral = false) {
     v1::SnapshotRequest req;
     req.set_sandbox_id(sb.id_);
     req.set_name(name);
+    req.set_ephemeral(ephemeral);
     // The copy of what it changed: longer than a plain call.
     auto timeout = std::max<std::chrono::milliseconds>(sb.client_->impl_->options.rpc_timeout, std::chrono::minutes(5));
     sb.client_->impl_->CallVia<v1::SnapshotReply>(
@@ -79,6 +82,52 @@ void RemoveSnapshotAsync(Client& client, const std::string& name, DoneStatus don
   req.set_name(name);
   Done<v1::SnapshotInfo> d = [done = std::move(done)](Result<v1::SnapshotInfo> r) { done(r.status()); };
   SnapshotCalls::Ask<v1::SnapshotReply>(client, std::move(req), std::move(d), Info);
+}
+
+Result<std::vector<Session>> ForkSession(Client& client, const Session& session, uint32_t count,
+                                         std::vector<std::string> names) {
+  if (count == 0 || count > 100)
+    return Status::InvalidArgument("session " + session.name() + ": a fork makes 1 to 100 sessions, not " +
+                                   std::to_string(count));
+  if (!names.empty() && names.size() != count)
+    return Status::InvalidArgument("session " + session.name() + ": " + std::to_string(names.size()) +
+                                   " names for " + std::to_string(count) + " forks");
+  for (uint32_t i = 0; names.size() < count; ++i) names.push_back(session.name() + "/fork-" + std::to_string(i));
+  auto rec = session.Get();
+  if (!rec.ok()) return rec.status();
+  if (rec->sandboxes().empty()) return Status::FailedPrecondition("session " + session.name() + " has no sandboxes");
+  auto agent = session.sandbox();
+  if (!agent.ok()) return agent.status();
+  // Its agent's state now, for the forks' agents (removed with the last).
+  std::string snap_name = "session-fork-";
+  std::random_device rd;
+  for (int i = 0; i < 16; ++i) snap_name += "0123456789abcdef"[rd() % 16];
+  auto snap = Wait<v1::SnapshotInfo>(
+      [&](Done<v1::SnapshotInfo> d) { SnapshotCalls::Take(*agent, snap_name, std::move(d), true); });
+  if (!snap.ok()) return snap.status().Annotate("session " + session.name() + ": its agent's snapshot");
+  SessionOptions options;
+  for (int i = 1; i < rec->sandboxes_size(); ++i)
+    options.more_sandboxes.emplace_back(rec->sandboxes(i).role(), rec->sandboxes(i).spec());
+  options.lease_s = rec->lease_s();
+  options.grade = rec->grade();
+  options.fork_of.set_session(session.name());
+  options.fork_of.set_steps(rec->step_count());
+  v1::SandboxSpec spec = rec->spec();
+  spec.set_snapshot(snap_name);
+  std::vector<Session> out;
+  Status failed;
+  for (const auto& name : names) {
+    auto s = client.OpenSession(name, spec, options);
+    if (!s.ok()) {
+      failed = s.status().Annotate("session " + session.name() + ": its fork " + name);
+      break;
+    }
+    out.push_back(*s);
+  }
+  if (failed.ok()) return out;
+  for (const auto& s : out) (void)s.Close();
+  (void)RemoveSnapshot(client, snap_name);  // none uses it now (or the last close takes it)
+  return failed;
 }
 
 Result<v1::SnapshotInfo> GetSnapshot(Client& client, const std::string& name) {

@@ -219,6 +219,14 @@ def test_snapshot_fork_list_and_remove(cclient: dsec.Client) -> None:
         s.destroy()
     cclient.remove_snapshot("pytest-snap")
     assert cclient.list_snapshots() == []
+    s = cclient.open_session("pytest/calls/fork", kind="container", image=IMAGE)
+    s.step(0, "echo a > /work/a")
+    forks = s.fork(2)
+    assert [f.name for f in forks] == ["pytest/calls/fork/fork-0", "pytest/calls/fork/fork-1"]
+    assert forks[1].step(0, "echo a > /work/a").replayed  # the source's step, from the log
+    assert forks[1].step(1, "cat /work/a").result.text == "a\n"
+    for x in [*forks, s]:
+        x.close()
 
 
 def test_client_properties_and_close(daemon: Daemon) -> None:

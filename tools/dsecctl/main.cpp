@@ -15,6 +15,7 @@
 
 #include "dsec/client.hpp"
 #include "dsec/report.hpp"
+#include "dsec/snapshot.hpp"
 #include "dsec/status_proto.hpp"
 #include "tools/dsecctl/cli.hpp"
 
@@ -173,6 +174,14 @@ int main(int argc, char** argv) {
       "report", "the session's misbehaviour report: every flag its steps raised (task guard, network policy)");
   s_report->add_option("name", s_name, "the session (job/prompt/sample)")->required();
   s_report->add_flag("--json", s_json, "one JSON object per flag: step, what, evidence");
+  uint32_t s_fork_count = 0;
+  std::vector<std::string> s_fork_names;
+  auto* s_fork = session->add_subcommand(
+      "fork", "COUNT sessions that go on from the session's current step (its log's first steps and its agent "
+              "sandbox's state now); prints their names");
+  s_fork->add_option("name", s_name, "the session (job/prompt/sample)")->required();
+  s_fork->add_option("count", s_fork_count, "1 to 100")->required();
+  s_fork->add_option("--names", s_fork_names, "the new sessions' names, one each (default NAME/fork-I)");
   std::vector<std::string> s_close_names;
   std::string s_close_prefix;
   auto* s_close = session->add_subcommand("close", "close sessions (their sandboxes go; their logs stay)");
@@ -425,6 +434,12 @@ int main(int argc, char** argv) {
       if (!s_json) return Report(r->step().result(), false);
       std::cout << ToJson(r->step());
       return ExitCode(r->step().result(), [](const std::string&) {});
+    }
+    if (*s_fork) {
+      auto forks = dsec::ForkSession(*client, *session, s_fork_count, s_fork_names);
+      if (!forks.ok()) return Fail(forks.status());
+      for (const auto& f : *forks) std::cout << f.name() << "\n";
+      return 0;
     }
     if (*s_show) return ShowSession(*session, s_json);
     if (*s_report) return ReportSession(*session, s_json);

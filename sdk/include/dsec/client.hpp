@@ -206,6 +206,7 @@ struct SessionOptions {
   // steps then go through the controller, which keeps the log's copy.
   bool restartable = false;
   v1::GradeSpec grade;  // how Grade (dsec/report.hpp) grades it; needs spec.task.root
+  v1::SessionFork fork_of;  // its log begins with another's steps (ForkSession, dsec/snapshot.hpp)
 };
 
 struct CreateOptions {
@@ -260,7 +261,6 @@ class Client {
   Result<v1::ImageManifest> GetImage(const std::string& name);
   Result<std::vector<v1::ImageManifest>> ListImages();
   Status RemoveImage(const std::string& name);
-
   // Callback forms (see Done).
   void CreateAsync(const v1::SandboxSpec& spec, const CreateOptions& options, Done<Sandbox> done);
   void AttachAsync(const std::string& sandbox_id, Done<Sandbox> done);

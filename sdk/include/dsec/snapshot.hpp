@@ -24,6 +24,18 @@ Result<v1::SnapshotInfo> Snapshot(const Sandbox& sandbox, const std::string& nam
 // freeze. They share one snapshot, removed with the last of them.
 Result<std::vector<Sandbox>> Fork(const Sandbox& sandbox, uint32_t count);
 
+// Session.Fork: `count` (1 to 100) new sessions that continue `session`
+// from its current step k (its log's length): each one's log begins with
+// steps 0..k-1 of `session`'s (they fast-forward, so a restarted trainer
+// replays each fork without running a step again), and its agent sandbox
+// starts from a snapshot of `session`'s taken now (its other sandboxes start
+// fresh). Named `names` (one each), or "<name>/fork-<i>". Fork between
+// steps: a step running meanwhile would be caught half done. All or none:
+// on an error the sessions opened are closed again. `client` is the one
+// `session` came from.
+Result<std::vector<Session>> ForkSession(Client& client, const Session& session, uint32_t count,
+                                         std::vector<std::string> names = {});
+
 Result<v1::SnapshotInfo> GetSnapshot(Client& client, const std::string& name);
 // Every node's snapshots (users: the sandboxes and snapshots that need each).
 Result<std::vector<v1::SnapshotInfo>> ListSnapshots(Client& client);

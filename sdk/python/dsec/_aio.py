@@ -299,6 +299,11 @@ class AsyncSession:
     async def steps(self, start: int = 0, limit: int = 0) -> List[StepRecord]:
         return (await _call(self._s.steps, _args.index(start), _nonneg(limit, "limit", _args.U32))).steps
 
+    async def fork(self, count: int, names: Optional[List[str]] = None) -> List["AsyncSession"]:
+        """As Session.fork()."""
+        cores = await _call(self._s.fork, _args.count(count, "count"), [_args.name(n, "session name") for n in names or []])
+        return [AsyncSession(self._client, core) for core in cores]
+
     async def grade(self, index: int) -> StepReply:
         """As Session.grade()."""
         return await _call(self._s.grade, _args.index(index))

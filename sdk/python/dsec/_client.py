@@ -244,6 +244,14 @@ class Session:
                             _args.meta(reward, prompt_tokens, completion_tokens, notes),
                             _flag(not_replayable, "not_replayable"), None)
 
+    def fork(self, count: int, names: Optional[List[str]] = None) -> List["Session"]:
+        """`count` (1-100) sessions that go on from this one's current step: each log begins
+        with this one's steps (they fast-forward) and each agent sandbox starts from a
+        snapshot of this one's taken now. Named `names`, or "<name>/fork-<i>". Fork between
+        steps. All or none."""
+        return [Session(self._client, core)
+                for core in self._s.fork(_args.count(count, "count"), [_args.name(n, "session name") for n in names or []], None)]
+
     def grade(self, index: int) -> StepReply:
         """Grades the session as its step `index` (the log's next): the grade command of the
         session's GradeSpec runs in a fresh sandbox that gets the agent's changes under the

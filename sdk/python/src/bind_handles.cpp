@@ -7,6 +7,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 
 #include "bridge.hpp"
 #include "dsec/snapshot.hpp"
@@ -177,6 +178,22 @@ void BindHandles(pb::module_& m) {
                    s.s.StepAsync(index, std::move(req), o, std::move(d));
                  },
                  [](Result<v1::StepReply>& r) { return ToPy(*r); });
+           })
+      .def("fork",
+           [](const PySession& s, uint32_t count, std::vector<std::string> names, pb::object aio) {
+             // ForkSession waits on calls of its own: on a thread of its own.
+             return Issue<Result<std::vector<Session>>>(
+                 s.core, aio,
+                 [&s, count, names](Client& c, Done<std::vector<Session>> d) {
+                   std::thread([&c, session = s.s, count, names, d = std::move(d)]() mutable {
+                     d(ForkSession(c, session, count, names));
+                   }).detach();
+                 },
+                 [weak = std::weak_ptr<Core>(s.core)](Result<std::vector<Session>>& r) {
+                   pb::list out;
+                   for (const auto& one : *r) out.append(pb::cast(PySession{Strong(weak), one}));
+                   return out;
+                 });
            })
       .def("grade",
            [](const PySession& s, uint64_t index, pb::object aio) {
