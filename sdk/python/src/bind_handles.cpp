@@ -7,6 +7,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <shared_mutex>
 #include <thread>
 
 #include "bridge.hpp"
@@ -181,12 +182,15 @@ void BindHandles(pb::module_& m) {
            })
       .def("fork",
            [](const PySession& s, uint32_t count, std::vector<std::string> names, pb::object aio) {
-             // ForkSession waits on calls of its own: on a thread of its own.
+             // ForkSession waits on calls of its own: on a thread of its own,
+             // which keeps the client open (a close waits for it).
              return Issue<Result<std::vector<Session>>>(
                  s.core, aio,
-                 [&s, count, names](Client& c, Done<std::vector<Session>> d) {
-                   std::thread([&c, session = s.s, count, names, d = std::move(d)]() mutable {
-                     d(ForkSession(c, session, count, names));
+                 [&s, count, names](Client&, Done<std::vector<Session>> d) {
+                   std::thread([core = s.core, session = s.s, count, names, d = std::move(d)]() mutable {
+                     std::shared_lock<std::shared_mutex> open(core->mu);
+                     if (!core->client) return d(Status::FailedPrecondition("this dsec client is closed"));
+                     d(ForkSession(*core->client, session, count, names));
                    }).detach();
                  },
                  [weak = std::weak_ptr<Core>(s.core)](Result<std::vector<Session>>& r) {
