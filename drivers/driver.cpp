@@ -19,6 +19,7 @@ const char* CapabilityName(Capability c) {
   switch (c) {
     case Capability::kFiles: return "files";
     case Capability::kPause: return "pause";
+    case Capability::kPauseMemory: return "pause_memory";
     case Capability::kStreaming: return "streaming";
     case Capability::kSnapshot: return "snapshot";
     case Capability::kFork: return "fork";
@@ -32,6 +33,7 @@ bool Has(const KindTraits& t, Capability c) {
   switch (c) {
     case Capability::kFiles: return t.files;
     case Capability::kPause: return t.pause;
+    case Capability::kPauseMemory: return t.pause_memory;
     case Capability::kStreaming: return t.streaming;
     case Capability::kSnapshot: return t.snapshot;
     case Capability::kFork: return t.fork;
@@ -57,7 +59,8 @@ Status CheckSandboxWideLimits(const char* kind, const v1::SandboxRecord& sb, con
 
 Status Require(const Driver& driver, Capability c) {
   if (Has(driver.traits(), c)) return Status::Ok();
-  static const char* const kWhat[] = {"read or write files", "pause", "stream output", "snapshot", "fork",
+  static const char* const kWhat[] = {"read or write files", "pause", "pause with its memory freed", "stream output",
+                                      "snapshot", "fork",
                                       "enforce a network policy other than none", "guard a task's paths"};
   return Status::Unimplemented(std::string("sandbox kind '") + driver.name() + "' cannot " +
                                kWhat[static_cast<int>(c)] + " (it has no '" + CapabilityName(c) +
@@ -94,6 +97,11 @@ void Driver::ListFiles(const v1::SandboxRecord&, const v1::ListFilesRequest&, Fi
 }
 void Driver::Pause(const v1::SandboxRecord&, bool, StatusCallback done) {
   done(NoState(*this, "processes to pause"));
+}
+
+void Driver::PauseMemory(const v1::SandboxRecord&, StatusCallback done) {
+  Status s = Require(*this, Capability::kPauseMemory);
+  done(s.ok() ? Status::Unimplemented(std::string(name()) + " sandboxes cannot pause with memory yet") : s);
 }
 
 void Driver::Snapshot(const v1::SandboxRecord&, const std::string&, uint64_t, SnapshotCallback done) {

@@ -60,6 +60,7 @@ struct KindTraits {
   // Unimplemented naming itself and the capability: Require below).
   bool snapshot = false;  // a named, read-only copy of a sandbox's state
   bool fork = false;      // new sandboxes in a running one's current state
+  bool pause_memory = false;  // a pause that frees the sandbox's memory (PauseMemory)
   // Network policies beyond none (allow-lists, open), enforced by the kernel
   // on the host side of the sandbox's link (drivers/net/policy.hpp).
   bool network = false;
@@ -71,7 +72,7 @@ struct KindTraits {
 };
 
 // What a call may need of a kind beyond the basics.
-enum class Capability { kFiles, kPause, kStreaming, kSnapshot, kFork, kNetwork, kGuard };
+enum class Capability { kFiles, kPause, kPauseMemory, kStreaming, kSnapshot, kFork, kNetwork, kGuard };
 // "files", "pause", "streaming", "snapshot", "fork", "network", "guard"
 const char* CapabilityName(Capability c);
 bool Has(const KindTraits& traits, Capability c);
@@ -119,6 +120,11 @@ class Driver {
   virtual void ListFiles(const v1::SandboxRecord& sandbox, const v1::ListFilesRequest& req, FileCallback done);
   // Freezes (paused) or thaws every process of the sandbox (traits().pause).
   virtual void Pause(const v1::SandboxRecord& sandbox, bool paused, StatusCallback done);
+  // A pause that frees the sandbox's memory (traits().pause_memory): a VM's
+  // memory and device state go to the node's disk and its VMM ends; a
+  // container is frozen and its memory reclaimed. Resume is Pause(false).
+  // Unimplemented elsewhere.
+  virtual void PauseMemory(const v1::SandboxRecord& sandbox, StatusCallback done);
   // Writes the sandbox's state into `dest` (made here; it must not exist),
   // at most `max_bytes` of file contents (0: no bound), for new sandboxes
   // of the same kind to start from (traits().snapshot; Unimplemented

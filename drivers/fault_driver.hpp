@@ -64,6 +64,7 @@ class FaultDriver final : public Driver {
   void WriteFile(const v1::SandboxRecord& sb, const v1::WriteFileRequest& req, FileCallback done) override;
   void ListFiles(const v1::SandboxRecord& sb, const v1::ListFilesRequest& req, FileCallback done) override;
   void Pause(const v1::SandboxRecord& sb, bool paused, StatusCallback done) override;
+  void PauseMemory(const v1::SandboxRecord& sb, StatusCallback done) override { base_->PauseMemory(sb, std::move(done)); }
   Result<uint64_t> DiskUsage(const v1::SandboxRecord& sb) const override { return base_->DiskUsage(sb); }
   void SetNetwork(const v1::SandboxRecord& sb, const v1::NetworkPolicy& next, StatusCallback done) override {
     base_->SetNetwork(sb, next, std::move(done));

@@ -23,6 +23,7 @@
 #include "dsec/snapshot.hpp"
 #include "harness/daemon.hpp"
 #include "harness/rootfs.hpp"
+#include "perf/bench_daemon.hpp"
 #include "perf/bench_util.hpp"
 
 namespace {
@@ -62,19 +63,12 @@ int main(int argc, char** argv) {
   app.add_option("--snapshots", snapshots, "Snapshot() calls timed")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
-  dsec::testing::TestDaemonOptions dopt;
-  dopt.cgroup_parent = "dsec-bench";
-  dopt.test_hooks = false;
-  auto daemon = dsec::testing::TestDaemon::Start(dopt);
+  auto daemon = StartBenchDaemon();
   if (!daemon.ok()) return Fail("dsecd", daemon.status());
   auto& d = **daemon;
-  char tmpl[] = "/tmp/dsec-fork-bench-XXXXXX";
-  if (!::mkdtemp(tmpl)) return 1;
-  std::string rootfs = tmpl;
-  dsec::testing::RootfsOptions ro;
-  ro.programs = {"sh", "true", "cat", "echo"};
-  ro.python = false;
-  if (auto made = dsec::testing::MakeRootfs(rootfs, ro); !made.ok()) return Fail("rootfs", made);
+  auto scratch = ScratchRootfs("dsec-fork-bench", {"sh", "true", "cat", "echo"});
+  if (!scratch.ok()) return Fail("rootfs", scratch.status());
+  const std::string rootfs = *scratch;
   auto repo = dsec::testing::RunProcess(
       {"/bin/sh", "-c",
        "mkdir -p " + rootfs + "/work/repo && cd " + rootfs + "/work/repo && for d in $(seq 0 99); do mkdir d$d; "

@@ -32,6 +32,7 @@
 #include "dsec/report.hpp"
 #include "harness/daemon.hpp"
 #include "harness/rootfs.hpp"
+#include "perf/bench_daemon.hpp"
 #include "perf/bench_util.hpp"
 
 namespace {
@@ -68,19 +69,12 @@ int main(int argc, char** argv) {
                                        "of --steps (at least 10)");
   CLI11_PARSE(app, argc, argv);
 
-  dsec::testing::TestDaemonOptions dopt;
-  dopt.cgroup_parent = "dsec-bench";
-  dopt.test_hooks = false;
-  auto daemon = dsec::testing::TestDaemon::Start(dopt);
+  auto daemon = StartBenchDaemon();
   if (!daemon.ok()) return Fail("dsecd", daemon.status());
   auto& d = **daemon;
-  char tmpl[] = "/tmp/dsec-guard-bench-XXXXXX";
-  if (!::mkdtemp(tmpl)) return 1;
-  std::string rootfs = tmpl;
-  dsec::testing::RootfsOptions ro;
-  ro.programs = {"sh", "true", "cat", "echo", "git"};
-  ro.python = false;
-  if (auto made = dsec::testing::MakeRootfs(rootfs, ro); !made.ok()) return Fail("rootfs", made);
+  auto scratch = ScratchRootfs("dsec-guard-bench", {"sh", "true", "cat", "echo", "git"});
+  if (!scratch.ok()) return Fail("rootfs", scratch.status());
+  const std::string rootfs = *scratch;
   auto repo = dsec::testing::RunProcess(
       {"/bin/sh", "-c",
        "cd " + rootfs + " && mkdir -p work/repo/tests && cd work/repo && for d in $(seq 0 99); do mkdir d$d; "
@@ -100,9 +94,7 @@ int main(int argc, char** argv) {
   };
   auto built = image("guard-bench", false), watched = image("guard-bench-watched", true);
   // The write detector's baseline: a second dsecd without it, same image.
-  dsec::testing::TestDaemonOptions nopt = dopt;
-  nopt.extra_args.push_back("--no-write-watch");
-  auto unwatched_daemon = dsec::testing::TestDaemon::Start(nopt);
+  auto unwatched_daemon = StartBenchDaemon({"--no-write-watch"});
   if (!unwatched_daemon.ok()) return Fail("dsecd --no-write-watch", unwatched_daemon.status());
   auto& nd = **unwatched_daemon;
   auto built_nd = dsec::testing::RunProcess(

@@ -60,41 +60,6 @@ namespace {
 
 using namespace dsec::bench;  // NOLINT: the benchmark helpers
 
-// Pss and Rss (KiB) of `pid`, from smaps_rollup.
-std::pair<long, long> PssRss(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/smaps_rollup");
-  long pss = 0, rss = 0;
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("Pss:", 0) == 0) pss = std::atol(line.c_str() + 4);
-    if (line.rfind("Rss:", 0) == 0) rss = std::atol(line.c_str() + 4);
-  }
-  return {pss, rss};
-}
-
-// PSS (KiB) of `pid`'s TCG translation buffer: QEMU's one anonymous
-// mapping that is writable and executable (code it generated). A VM under
-// KVM has none; the figure lets a TCG run be set against one.
-long TcgBufferPss(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/smaps");
-  long pss = 0;
-  bool in_buffer = false;
-  std::string line;
-  while (std::getline(in, line)) {
-    // "7f..-7f.. rwxp 00000000 00:00 0" (a mapping's header: no name)
-    std::istringstream h(line);
-    std::string range, perms, offset, dev, inode, name;
-    if (line.find('-') != std::string::npos && line.find(':') != std::string::npos && std::isxdigit(line[0]) &&
-        (h >> range >> perms >> offset >> dev >> inode) && range.find('-') != std::string::npos) {
-      h >> name;
-      in_buffer = perms == "rwxp" && name.empty() && inode == "0";
-      continue;
-    }
-    if (in_buffer && line.rfind("Pss:", 0) == 0) pss += std::atol(line.c_str() + 4);
-  }
-  return pss;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {

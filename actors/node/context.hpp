@@ -36,6 +36,7 @@ struct NodeOptions {
   std::string image_root;               // <data>/images: EROFS files of built images
   drivers::LimitPolicy limits = drivers::LimitPolicy::Default();
   size_t max_inflight_runs = 4096;      // one-shot runs; beyond: resource_exhausted
+  uint64_t slots = 0;                   // sandboxes it holds at once (dsecd --slots); 0: no bound
   int max_restarts = 3;                 // supervisor: restarts of one child ...
   int restart_window_s = 10;            // ... within this many seconds
   uint32_t session_lease_s = 600;       // a session outlives its last trainer this long

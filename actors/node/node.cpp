@@ -458,6 +458,14 @@ caf::result<v1::SandboxReply> Handle(NodeSelf self, v1::CreateRequest& req) {
     st.host->Rejected();
     return ErrorReply<v1::SandboxReply>(s);
   }
+  // Full: a controller places by slots too, but creates reach a node from
+  // elsewhere as well (a fork's, a session's), and its view may be late.
+  if (uint64_t slots = st.ctx->options.slots; slots && st.dir.sandboxes().size() >= slots) {
+    st.host->Rejected();
+    return ErrorReply<v1::SandboxReply>(Status::ResourceExhausted(
+        "node " + st.ctx->options.node_id + " is full: it holds " + std::to_string(st.dir.sandboxes().size()) +
+        " of its " + std::to_string(slots) + " sandboxes (dsecd --slots); destroy some first"));
+  }
   st.dir.Reuse(rec.id());  // a new sandbox by that name
   // Placed: on this node, of this kind (a controller decides among nodes).
   metrics::PlacementSeconds().Observe(

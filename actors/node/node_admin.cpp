@@ -111,7 +111,8 @@ json Capabilities(const NodeContext& ctx, const std::vector<std::string>& kinds)
     auto d = ctx.kinds->DriverFor(spec);
     if (!d.ok()) continue;
     json list = json::array();
-    for (auto c : {drivers::Capability::kFiles, drivers::Capability::kPause, drivers::Capability::kStreaming,
+    for (auto c : {drivers::Capability::kFiles, drivers::Capability::kPause, drivers::Capability::kPauseMemory,
+                   drivers::Capability::kStreaming,
                    drivers::Capability::kSnapshot, drivers::Capability::kFork,
                    drivers::Capability::kNetwork, drivers::Capability::kGuard})
       if (drivers::Has((*d)->traits(), c)) list.push_back(drivers::CapabilityName(c));

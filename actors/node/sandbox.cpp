@@ -169,7 +169,7 @@ caf::result<v1::ExecReply> Handle(Self self, v1::ExecRequest& req) {
 }
 
 caf::result<v1::SandboxReply> Handle(Self self, v1::PauseRequest& req) {
-  return SetPaused(self, true);
+  return SetPaused(self, true, req.memory());
 }
 
 caf::result<v1::SandboxReply> Handle(Self self, v1::ResumeRequest& req) {
@@ -343,6 +343,10 @@ sandbox_actor::behavior_type Behavior(Self self) {
     using Req = std::decay_t<decltype(req)>;
     if constexpr (calls::CallOf<Req>::type::route == calls::Route::kSandbox)
       if (self->state.readopting) return Defer<calls::ReplyOf<Req>>(self, req);
+    // The calls a paused sandbox refuses: with resume_on_call, they wake it.
+    if constexpr (std::is_same_v<Req, v1::ExecRequest> || std::is_same_v<Req, v1::ReadFileRequest> ||
+                  std::is_same_v<Req, v1::WriteFileRequest> || std::is_same_v<Req, v1::ListFilesRequest>)
+      if (WantsWake(self)) return ResumeThen<calls::ReplyOf<Req>>(self, req);
     return Handle(self, req);
   });
   return calls::MakeBehavior<sandbox_actor::behavior_type>(

@@ -136,15 +136,16 @@ caf::result<v1::FileReply> FileOp(Self self, const std::string& path,
   return rp;
 }
 
-// Pause (freeze) or resume; the phase change is checkpointed before `done`
-// gets the outcome. `why`: the pause reason for the record ("" for a user's).
-void DoPause(Self self, bool paused, std::string why, std::function<void(const Status&)> done) {
+// Pause (freeze; with `memory`, its memory freed too) or resume; the phase
+// change is checkpointed before `done` gets the outcome. `why`: the pause
+// reason for the record ("" for a user's).
+void DoPause(Self self, bool paused, std::string why, bool memory, std::function<void(const Status&)> done) {
   auto& st = self->state;
   auto want = paused ? v1::SANDBOX_PHASE_PAUSED : v1::SANDBOX_PHASE_RUNNING;
   auto handle = caf::actor_cast<sandbox_actor>(self);
   st.pausing = true;
-  st.driver->Pause(st.rec, paused, [handle, self, want, why, done](const Status& s) mutable {
-    Post(handle, [self, want, why, done, s]() mutable {
+  auto answered = [handle, self, want, why, memory, done](const Status& s) mutable {
+    Post(handle, [self, want, why, memory, done, s]() mutable {
       auto& st = self->state;
       st.pausing = false;
       // A destroy came meanwhile: it goes on now; the phase is its.
@@ -162,6 +163,7 @@ void DoPause(Self self, bool paused, std::string why, std::function<void(const S
       }
       st.rec.set_phase(want);
       st.rec.set_pause_reason(paused_reason(want, why));
+      st.rec.set_paused_memory(want == v1::SANDBOX_PHASE_PAUSED && (memory || st.rec.paused_memory()));
       // A resumed sandbox starts a new idle period.
       if (want == v1::SANDBOX_PHASE_RUNNING) st.rec.set_last_active_ms(WallClockMs());
       Checkpoint(self, [self, done](const Status& w) mutable {
@@ -169,15 +171,42 @@ void DoPause(Self self, bool paused, std::string why, std::function<void(const S
         ArmExpiry(self);
       });
     });
+  };
+  if (paused && memory) st.driver->PauseMemory(st.rec, std::move(answered));
+  else st.driver->Pause(st.rec, paused, std::move(answered));
+}
+
+bool WantsWake(Self self) {
+  auto& st = self->state;
+  if (!st.driver || st.destroying || !st.rec.spec().resume_on_call()) return false;
+  return st.waking || (st.rec.phase() == v1::SANDBOX_PHASE_PAUSED && !st.pausing);
+}
+
+void Wake(Self self, std::function<void(const Status&)> then) {
+  auto& st = self->state;
+  st.wakers.push_back(std::move(then));
+  if (st.waking) return;
+  st.waking = true;
+  st.ctx->log->info("sandbox {}: a call resumes it (resume_on_call){}", st.rec.id(),
+                    st.rec.paused_memory() ? ", from its memory on disk" : "");
+  DoPause(self, false, "", false, [self](const Status& s) {
+    auto& st = self->state;
+    st.waking = false;
+    if (!s.ok()) st.ctx->log->warn("sandbox {}: resume for a call: {}", st.rec.id(), s.message());
+    auto waiting = std::move(st.wakers);
+    st.wakers.clear();
+    for (auto& w : waiting) w(s);
   });
 }
 
-caf::result<v1::SandboxReply> SetPaused(Self self, bool paused) {
+caf::result<v1::SandboxReply> SetPaused(Self self, bool paused, bool memory) {
   auto& st = self->state;
   auto want = paused ? v1::SANDBOX_PHASE_PAUSED : v1::SANDBOX_PHASE_RUNNING;
-  // Pausing a paused sandbox is a no-op; resuming a running one still asks
-  // the driver, so a kind without pause says so.
-  if (paused && st.rec.phase() == want && !st.destroying) return Reply(Status::Ok(), st);
+  // Pausing a paused sandbox is a no-op (unless its memory is to go now);
+  // resuming a running one still asks the driver, so a kind without pause
+  // says so.
+  if (paused && st.rec.phase() == want && (!memory || st.rec.paused_memory()) && !st.destroying)
+    return Reply(Status::Ok(), st);
   Status ok = NotServing(self, true);
   if (!ok.ok()) return Reply(ok, st);
   if (paused && !st.running.empty())
@@ -185,7 +214,7 @@ caf::result<v1::SandboxReply> SetPaused(Self self, bool paused) {
                                             " exec(s) running; pause it between execs"),
                  st);
   auto rp = self->make_response_promise<v1::SandboxReply>();
-  DoPause(self, paused, "", [self, rp](const Status& s) mutable { rp.deliver(Reply(s, self->state)); });
+  DoPause(self, paused, "", memory, [self, rp](const Status& s) mutable { rp.deliver(Reply(s, self->state)); });
   return rp;
 }
 
@@ -267,7 +296,7 @@ void Expire(Self self) {
   st.ctx->log->info("sandbox {}: {}; {}", st.rec.id(), why, pause ? "pausing it" : "destroying it");
   if (!st.driver) return;  // its kind is not here: nothing to stop (the record stays for a later start)
   if (pause) {
-    DoPause(self, true, "paused: " + why, [self](const Status& s) {
+    DoPause(self, true, "paused: " + why, false, [self](const Status& s) {
       if (s.ok()) return;
       auto& st = self->state;
       st.ctx->log->warn("sandbox {}: pause after idling: {}; trying again in a minute", st.rec.id(), s.message());

@@ -97,13 +97,6 @@ void Finish(Self self, const std::shared_ptr<Forking>& f) {
     return;
   }
   auto node = caf::actor_cast<entry_actor>(self->state.node);
-  for (const auto& m : f->made) {
-    if (m.id().empty()) continue;
-    v1::DestroyRequest d;
-    d.set_sandbox_id(m.id());
-    d.set_reason("its fork of " + self->state.rec.id() + " failed: all or none");
-    self->request(node, std::chrono::minutes(5), std::move(d)).then([](v1::SandboxReply&) {}, [](caf::error&) {});
-  }
   bool none = true;
   for (const auto& m : f->made) none = none && m.id().empty();
   if (none) {  // no sandbox held it: it goes now (else with the last one's end)
@@ -111,12 +104,29 @@ void Finish(Self self, const std::shared_ptr<Forking>& f) {
     rm.set_name(f->snapshot);
     self->request(node, std::chrono::minutes(5), std::move(rm)).then([](v1::SnapshotReply&) {}, [](caf::error&) {});
   }
+  // The answer once those made are gone: a caller that tries a smaller
+  // fork at once finds their room free.
+  auto left = std::make_shared<size_t>(0);
+  for (const auto& m : f->made) *left += m.id().empty() ? 0 : 1;
+  auto answer = std::make_shared<v1::ForkReply>();
+  auto gone = [f, left, answer]() {
+    if (--*left == 0) f->rp.deliver(std::move(*answer));
+  };
+  for (const auto& m : f->made) {
+    if (m.id().empty()) continue;
+    v1::DestroyRequest d;
+    d.set_sandbox_id(m.id());
+    d.set_reason("its fork of " + self->state.rec.id() + " failed: all or none");
+    self->request(node, std::chrono::minutes(5), std::move(d)).then([gone](v1::SandboxReply&) { gone(); },
+                                                                     [gone](caf::error&) { gone(); });
+  }
   ToProto(Status(f->first.code(), "fork of sandbox " + self->state.rec.id() + ": " +
                                        std::to_string(f->failures.size()) + " of " + std::to_string(f->made.size()) +
                                        " could not be made (none is kept): " + f->failures.front()),
           r.mutable_status());
   for (auto& why : f->failures) r.add_failures(std::move(why));
-  f->rp.deliver(std::move(r));
+  if (*left == 0) f->rp.deliver(std::move(r));
+  else *answer = std::move(r);
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include "actors/node/context.hpp"
 #include "actors/node/lifetime.hpp"
 #include "actors/node/sandbox.hpp"
+#include "dsec/status_proto.hpp"
 #include "runtime/metrics.hpp"
 #include "state/store.hpp"
 
@@ -47,6 +48,8 @@ struct SandboxState {
   bool pausing = false;            // a pause or resume is with the driver
   bool network_changing = false;   // a SetNetwork is with the driver (one at a time)
   std::function<void()> after_pause;  // a destroy waiting for it
+  bool waking = false;              // a resume for calls (resume_on_call) is under way
+  std::vector<std::function<void(const Status&)>> wakers;  // the calls waiting for it
   int64_t idle_retry_ms = 0;       // a failed automatic pause is tried again then, not before
   int64_t end_retry_ms = 0;        // a failed destroy: tried again then (its only end)
   // After a restart, until the driver has re-adopted the sandbox: requests
@@ -76,8 +79,15 @@ Status NotServing(Self self, bool paused_ok);
 // answers on this actor.
 caf::result<v1::FileReply> FileOp(Self self, const std::string& path,
                                   std::function<void(Self, drivers::FileCallback)> call);
-// Pause (freeze) or resume; the phase change is checkpointed before `done`.
-caf::result<v1::SandboxReply> SetPaused(Self self, bool paused);
+// Pause (freeze; `memory`: its memory freed too) or resume; the phase
+// change is checkpointed before `done`.
+caf::result<v1::SandboxReply> SetPaused(Self self, bool paused, bool memory = false);
+// A call came while it is PAUSED with spec.resume_on_call (or being woken
+// for another): it waits for Wake.
+bool WantsWake(Self self);
+// Resumes it for the calls waiting (one resume for all); `then` on the
+// actor with the outcome.
+void Wake(Self self, std::function<void(const Status&)> then);
 // Destroys the sandbox (execs in flight stopped and answered first); the
 // actor quits after `done`.
 void StartDestroy(Self self, std::string why, std::function<void(const Status&)> done);
@@ -101,6 +111,24 @@ caf::result<Reply> Defer(Self self, const Request& req) {
   ++*waiting;
   std::shared_ptr<void> counted(nullptr, [waiting](void*) { --*waiting; });
   self->state.after_readopt.push_back([self, rp, req, counted]() mutable {
+    rp.delegate(caf::actor_cast<sandbox_actor>(self), std::move(req));
+  });
+  return rp;
+}
+
+// A call to a sandbox paused with resume_on_call: it is resumed, then the
+// call is sent to this actor again, for its caller (streamed output still
+// goes to the caller: delegation keeps the sender).
+template <class Reply, class Request>
+caf::result<Reply> ResumeThen(Self self, const Request& req) {
+  auto rp = self->make_response_promise<Reply>();
+  Wake(self, [self, rp, req](const Status& s) mutable {
+    if (!s.ok()) {
+      Reply r;
+      ToProto(s.Annotate("resume on call"), r.mutable_status());
+      rp.deliver(std::move(r));
+      return;
+    }
     rp.delegate(caf::actor_cast<sandbox_actor>(self), std::move(req));
   });
   return rp;

@@ -1,6 +1,9 @@
 // dsec-agent: PID 1 of a container (later the init of a VM); see agent.hpp.
 #include <fcntl.h>
+#include <linux/random.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -17,6 +20,7 @@ void Usage(FILE* out) {
   std::fprintf(out,
                "usage: dsec-agent (--listen PATH | --listen-fd N | --fd N [--vport]) [--cgroup DIR] [--oom-events F] [--ready-fd N] [--guarded] [--layers-fd U,I[,M]]\n"
                "       dsec-agent --reclaim\n"
+               "       dsec-agent --identity < LINES\n"
                "\n"
                "The in-sandbox agent of dsec: PID 1 of a container, serving the agent\n"
                "protocol (drivers/agent/agent.proto) to dsecd. It runs commands, streams\n"
@@ -42,6 +46,10 @@ void Usage(FILE* out) {
                "                  drop the guest kernel's clean caches and compact its free\n"
                "                  memory, so that free-page reporting hands it back to the\n"
                "                  host; prints what was freed, in KiB\n"
+               "  --identity      (in a VM guest made from a snapshot, run by dsecd before any\n"
+               "                  other program) take the lines of stdin as the hostname, the\n"
+               "                  machine-id, a random seed (hex) and the time (ns since the\n"
+               "                  epoch): set them, and reseed the kernel's RNG with the seed\n"
                "\n"
                "As PID 1 it ignores SIGTERM and SIGINT (the host kills the sandbox to stop\n"
                "it). Otherwise it makes itself a child subreaper and, on SIGTERM or SIGINT,\n"
@@ -93,6 +101,59 @@ int Reclaim() {
   return 0;
 }
 
+// A guest made from a snapshot starts as its source stood: the same
+// hostname, machine-id, RNG state and clock. dsecd gives it its own before
+// anything else runs in it (drivers/vm/guest_snapshot.cpp).
+int Identity() {
+  std::string in;
+  char buf[1024];
+  for (ssize_t n; (n = ::read(0, buf, sizeof buf)) > 0;) in.append(buf, static_cast<size_t>(n));
+  std::string line[4];
+  size_t at = 0;
+  for (auto& l : line) {
+    size_t nl = in.find('\n', at);
+    if (nl == std::string::npos) {
+      std::fprintf(stderr, "dsec-agent --identity: want 4 lines on stdin (hostname, machine-id, seed, time)\n");
+      return 2;
+    }
+    l = in.substr(at, nl - at);
+    at = nl + 1;
+  }
+  auto fail = [](const char* what) {
+    std::fprintf(stderr, "dsec-agent --identity: %s: %s\n", what, std::strerror(errno));
+    return 1;
+  };
+  if (::sethostname(line[0].data(), line[0].size()) < 0) return fail("sethostname");
+  // Files of the guest's root (its tmpfs layer): as its init wrote them.
+  for (auto [path, value] : {std::pair<const char*, std::string>{"/etc/hostname", line[0]}, {"/etc/machine-id", line[1]}}) {
+    int fd = ::open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0444);
+    if (fd < 0) continue;  // an image without /etc
+    value += "\n";
+    if (::write(fd, value.data(), value.size()) != static_cast<ssize_t>(value.size())) return fail(path);
+    ::close(fd);
+  }
+  // The seed into the input pool (credited), then a reseed of the CRNG
+  // every reader draws from.
+  std::string seed;
+  for (size_t i = 0; i + 1 < line[2].size(); i += 2) seed += static_cast<char>(std::stoi(line[2].substr(i, 2), nullptr, 16));
+  alignas(rand_pool_info) unsigned char raw[sizeof(rand_pool_info) + 256] = {};
+  auto* add = reinterpret_cast<rand_pool_info*>(raw);
+  if (seed.size() > 256) seed.resize(256);
+  add->entropy_count = static_cast<int>(seed.size() * 8);
+  add->buf_size = static_cast<int>(seed.size());
+  std::memcpy(raw + sizeof(rand_pool_info), seed.data(), seed.size());
+  int rnd = ::open("/dev/urandom", O_RDWR | O_CLOEXEC);
+  if (rnd < 0) return fail("open /dev/urandom");
+  if (::ioctl(rnd, RNDADDENTROPY, add) < 0) return fail("RNDADDENTROPY");
+  if (::ioctl(rnd, RNDRESEEDCRNG) < 0) return fail("RNDRESEEDCRNG");
+  ::close(rnd);
+  long long ns = std::atoll(line[3].c_str());
+  timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+  if (ns > 0 && ::clock_settime(CLOCK_REALTIME, &ts) < 0) return fail("clock_settime");
+  std::printf("identity %s\n", line[0].c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -102,6 +163,7 @@ int main(int argc, char** argv) {
   // are dumpable again from their execve on.
   ::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
   if (argc == 2 && std::string(argv[1]) == "--reclaim") return Reclaim();
+  if (argc == 2 && std::string(argv[1]) == "--identity") return Identity();
   dsec::agent::AgentOptions o;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];

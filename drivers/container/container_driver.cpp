@@ -37,6 +37,7 @@ const KindTraits& ContainerDriver::Traits() {
     k.carry = true;     // its upper dir into a grade sandbox's layers (CarryLayers)
     k.snapshot = true;  // its upper dir, copied: a layer for new containers (container_snapshot.cpp)
     k.fork = true;      // a snapshot and new containers on it
+    k.pause_memory = true;  // frozen, then its group's memory reclaimed (container_snapshot.cpp)
     return k;
   }();
   return t;

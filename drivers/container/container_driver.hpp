@@ -78,6 +78,7 @@ class ContainerDriver : public BoxDriver {
   Status CanHandle(const v1::SandboxSpec& spec) const override;
   void Create(const v1::SandboxRecord& sandbox, CreateCallback done) override;
   void Pause(const v1::SandboxRecord& sandbox, bool paused, StatusCallback done) override;
+  void PauseMemory(const v1::SandboxRecord& sandbox, StatusCallback done) override;
   void Snapshot(const v1::SandboxRecord& sandbox, const std::string& dest, uint64_t max_bytes,
                 SnapshotCallback done) override;
   void Destroy(const v1::SandboxRecord& sandbox, const std::string& driver_state, StatusCallback done) override;

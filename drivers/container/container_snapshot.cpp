@@ -83,4 +83,17 @@ Result<std::string> ContainerDriver::SnapshotLayers(const v1::SandboxSpec& spec,
   return out;
 }
 
+// Pause with memory (DSec's freeze, swap, memory.reclaim): frozen, then
+// what the kernel can reclaim of its group now goes (its page cache; its
+// anonymous memory only where the node has swap). Resume thaws it, and
+// what it needs comes back as it reads.
+void ContainerDriver::PauseMemory(const v1::SandboxRecord& sb, StatusCallback done) {
+  Pause(sb, true, [this, id = sb.id(), done = std::move(done)](const Status& frozen) {
+    if (!frozen.ok()) return done(frozen);
+    auto box = Find(id);  // on a worker thread (Pause's)
+    if (!box) return done(Status::Unavailable("container " + id + " is not running on this node"));
+    done(groups_->ReclaimMemory(box->cgroup_rel).Annotate("container " + id + ": reclaim its memory"));
+  });
+}
+
 }  // namespace dsec::drivers

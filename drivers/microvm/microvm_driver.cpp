@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -24,6 +25,17 @@ constexpr uint64_t kMiB = 1ull << 20;
 constexpr uint64_t kQemuOverhead = 256 * kMiB;
 
 }  // namespace
+
+const KindTraits& MicrovmDriver::Traits() {
+  static const KindTraits t = [] {
+    KindTraits k = GuestTraits();
+    k.snapshot = true;  // memory and device state (microvm_memory.cpp)
+    k.fork = true;
+    k.pause_memory = true;  // its memory to disk, its QEMU ended (guest_snapshot.cpp)
+    return k;
+  }();
+  return t;
+}
 
 MicrovmDriver::MicrovmDriver(MicrovmOptions options)
     : GuestDriver(options, "microvm", "vms"), qemu_option_(options.qemu), cgroup_parent_(options.cgroup_parent) {}
@@ -65,13 +77,34 @@ Status MicrovmDriver::LaunchMachine(const Launch& l) {
   want.cpu_quota = static_cast<int64_t>(millis) * 100;
   DSEC_RETURN_IF_ERROR(groups_->ApplyLimits(box.cgroup_rel, want, &have));
 
+  // Guest RAM (microvm_memory.cpp): a memfd QEMU finds as fd 3. Booted or
+  // resumed: its own, shared; made from a snapshot: the snapshot's sealed
+  // one, private (copy-on-write).
+  UniqueFd ram, fill;
+  if (!l.restore.empty() && l.shared) {
+    auto base = BaseRam(l.restore, box.guest_memory);
+    if (!base.ok()) return base.status().Annotate("the snapshot's memory");
+    box.hold = *base;
+    ram.Reset(::fcntl((*base)->get(), F_DUPFD_CLOEXEC, 3));
+  } else {
+    ram.Reset(::memfd_create(kRamName, MFD_CLOEXEC | MFD_ALLOW_SEALING));
+    if (ram && ::ftruncate(ram.get(), static_cast<off_t>(box.guest_memory)) < 0) ram.Reset();
+    if (!l.restore.empty()) {
+      fill.Reset(::open((l.restore + "/ram").c_str(), O_RDONLY | O_CLOEXEC));
+      if (!fill) return Status::FromErrno(errno, "open " + l.restore + "/ram");
+    }
+  }
+  if (!ram) return Status::FromErrno(errno, "guest memory (memfd)");
   const bool kvm = accel() == "kvm";
+  const std::string mem_mib = std::to_string(box.guest_memory / kMiB);
   std::vector<std::string> args = {
       qemu_, "-name", "dsec-" + box.mid,
-      "-M", "microvm,acpi=on,rtc=on",
+      "-M", "microvm,acpi=on,rtc=on,memory-backend=ram",
+      "-object", "memory-backend-file,id=ram,size=" + mem_mib + "M,mem-path=/proc/self/fd/3,share=" +
+                     (l.shared ? "off" : "on"),
       "-accel", kvm ? "kvm" : "tcg,tb-size=64",
       "-cpu", kvm ? "host" : "max",
-      "-m", std::to_string(box.guest_memory / kMiB), "-smp", std::to_string(box.vcpus),
+      "-m", mem_mib, "-smp", std::to_string(box.vcpus),
       "-nodefaults", "-no-user-config", "-nographic", "-no-reboot", "-no-shutdown",
       "-kernel", l.guest->kernel, "-initrd", l.guest->initrd, "-append", l.cmdline + " dsec.root=/dev/vda",
       "-chardev", "ringbuf,id=con,size=65536", "-serial", "chardev:con",
@@ -91,6 +124,10 @@ Status MicrovmDriver::LaunchMachine(const Launch& l) {
                           std::string("-device"), "virtio-net-device,netdev=net0,mac=" + l.mac})
       args.push_back(std::move(a));
   }
+  if (!l.restore.empty()) {
+    args.push_back("-incoming");  // IncomingMachine loads the state
+    args.push_back("defer");
+  }
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -108,11 +145,15 @@ Status MicrovmDriver::LaunchMachine(const Launch& l) {
       ::close(fd);
     }
     ::setsid();
+    // A resumed guest's memory, read in here: charged to its group.
+    if (fill && CopyData(fill.get(), ram.get(), box.guest_memory) != 0) ::_exit(121);
     int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
     ::dup2(devnull, 0);
     ::dup2(log.get(), 1);
     ::dup2(log.get(), 2);
-    ::syscall(SYS_close_range, 3u, ~0u, 0u);  // QEMU outlives us: nothing of dsecd's goes with it
+    if (ram.get() == 3) ::fcntl(3, F_SETFD, 0);
+    else if (::dup2(ram.get(), 3) != 3) ::_exit(122);
+    ::syscall(SYS_close_range, 4u, ~0u, 0u);  // QEMU outlives us: nothing of dsecd's goes with it (but its RAM)
     sigset_t none;
     sigemptyset(&none);
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
@@ -126,9 +167,11 @@ Status MicrovmDriver::LaunchMachine(const Launch& l) {
     auto log_text = ReadFileToString(log_path);
     std::string out = log_text.ok() ? *log_text : "";
     if (out.size() > 1500) out = out.substr(out.size() - 1500);
-    std::string why = WIFEXITED(wst) && WEXITSTATUS(wst) == 120
-                          ? "could not join its cgroup"
-                          : "QEMU failed to start (exit status " +
+    int code = WIFEXITED(wst) ? WEXITSTATUS(wst) : -1;
+    std::string why = code == 120   ? "could not join its cgroup"
+                      : code == 121 ? "could not read its memory from " + l.restore + "/ram"
+                      : code == 122 ? "could not hand QEMU its memory"
+                                    : "QEMU failed to start (exit status " +
                                 std::to_string(WIFEXITED(wst) ? WEXITSTATUS(wst) : -1) + ")";
     return Status::Internal(why + (out.empty() ? "" : ": " + out));
   }

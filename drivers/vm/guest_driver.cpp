@@ -242,7 +242,7 @@ Result<std::string> GuestDriver::CreateNow(const v1::SandboxRecord& sb) {
   if (!policy.ok()) return policy.status();
   // A guest with a network boots with its NIC: never one from the pool.
   bool networked = NeedsLink(*policy);
-  std::string key = opts_.pool_size > 0 && !networked ? PoolKey(sb.spec()) : "";
+  std::string key = opts_.pool_size > 0 && !networked && sb.spec().snapshot().empty() ? PoolKey(sb.spec()) : "";
   std::shared_ptr<Box> box = key.empty() ? nullptr : TakeFromPool(key);
   if (box) {
     ++pool_hits_;
@@ -308,9 +308,11 @@ Result<std::shared_ptr<GuestDriver::Box>> GuestDriver::Boot(const std::string& m
   if (::mkdir(box->dir.c_str(), 0700) < 0) return undo(Status::FromErrno(errno, "mkdir " + box->dir));
 
   // Its NIC: a tap with the sandbox's rules, made before QEMU opens it.
-  Launch launch{box.get(), &*guest, "", &spec, "", ""};
+  Launch launch{box.get(), &*guest, "", &spec, "", "", "", false};
   auto policy = net::ParsePolicy(spec.network());
   if (!policy.ok()) return undo(policy.status());
+  if (!spec.snapshot().empty())
+    if (Status s = PrepareRestore(spec, box.get(), &launch); !s.ok()) return undo(s);
   net::SandboxNet link;
   if (NeedsLink(*policy)) {
     if (!network()) return undo(Status::FailedPrecondition(kind + " networking is unavailable on this node"));
@@ -343,6 +345,8 @@ Result<std::shared_ptr<GuestDriver::Box>> GuestDriver::Boot(const std::string& m
   launch.cmdline = cmdline + *guarded;
   auto t0 = std::chrono::steady_clock::now();
   if (Status s = LaunchMachine(launch); !s.ok()) return undo(s);
+  if (!launch.restore.empty())
+    if (Status s = IncomingMachine(*box, launch.restore); !s.ok()) return undo(s.Annotate("restore"));
   auto t_started = std::chrono::steady_clock::now();
   // Until the agent answers: a guest that stopped (its /init failed and
   // powered off, or its kernel panicked) fails the boot at once, with its
@@ -369,8 +373,10 @@ Result<std::shared_ptr<GuestDriver::Box>> GuestDriver::Boot(const std::string& m
       return undo(why);
     }
   }
+  if (!launch.restore.empty())
+    if (Status s = Reidentify(*box, /*fresh=*/true); !s.ok()) return undo(s);
   auto ms = [](auto d) { return std::chrono::duration_cast<std::chrono::milliseconds>(d).count(); };
-  Log(0, kind + " " + mid + ": launched in " + std::to_string(ms(t_started - t0)) + " ms, agent answered after " +
+  Log(0, kind + " " + mid + (launch.restore.empty() ? "" : " (from snapshot " + spec.snapshot() + ")") + ": launched in " + std::to_string(ms(t_started - t0)) + " ms, agent answered after " +
              std::to_string(ms(std::chrono::steady_clock::now() - t_started)) + " ms (" + accel_ + ")");
   return box;
 }
@@ -521,19 +527,6 @@ void GuestDriver::Destroy(const v1::SandboxRecord& sb, const std::string& driver
   });
 }
 
-void GuestDriver::Pause(const v1::SandboxRecord& sb, bool paused, StatusCallback done) {
-  auto box = Find(sb.id());
-  if (!box) return done(Status::Unavailable(std::string(kind_name()) + " " + sb.id() + " is not running on this node"));
-  Work([this, box, paused, done = std::move(done)] {
-    Status s = PauseMachine(*box, paused);
-    if (s.ok()) {
-      std::lock_guard<std::mutex> lk(box->idle_mu);
-      box->paused = paused;
-    }
-    done(s.ok() ? s : s.Annotate(std::string(kind_name()) + " " + box->id + (paused ? ": pause" : ": resume")));
-  });
-}
-
 std::string GuestDriver::DescribeState(const std::string& driver_state) const {
   dsec::vm::VmState state;
   return state.ParseFromString(driver_state) ? DumpJson(ProtoJson(state)) : std::string();
@@ -576,6 +569,7 @@ Status GuestDriver::ReadoptNow(const v1::SandboxRecord& sb, const std::string& d
     return why;
   };
   if (box->mid.empty() || AbsolutePath(box->dir) != VmDir(box->mid)) return fail(Status::FailedPrecondition(kind + " " + sb.id() + ": its dir moved"));
+  if (Status s = ReadoptSaved(box, sb); s.code() != Status::Code::kNotFound) return s.ok() ? s : fail(s);
   if (Status s = MachineStillThere(*box); !s.ok()) return fail(s.Annotate(kind + " " + sb.id()));
   if (box->networked) {
     // Its tap outlived dsecd with it; its rules are put back.

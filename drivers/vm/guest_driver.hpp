@@ -84,6 +84,7 @@ class GuestDriver : public BoxDriver {
   Status CanHandle(const v1::SandboxSpec& spec) const override;
   void Create(const v1::SandboxRecord& sandbox, CreateCallback done) override;
   void Pause(const v1::SandboxRecord& sandbox, bool paused, StatusCallback done) override;
+  void PauseMemory(const v1::SandboxRecord& sandbox, StatusCallback done) override;
   void Destroy(const v1::SandboxRecord& sandbox, const std::string& driver_state, StatusCallback done) override;
   void Readopt(const v1::SandboxRecord& sandbox, const std::string& driver_state, StatusCallback done) override;
   void Restored() override;
@@ -98,6 +99,8 @@ class GuestDriver : public BoxDriver {
   // What the guest changed of its image, read by its agent from its
   // overlay's upper layer (guest_guard.cpp).
   Result<guard::UpperDiff> Changes(const v1::SandboxRecord& sandbox) const override;
+  void Snapshot(const v1::SandboxRecord& sandbox, const std::string& dest, uint64_t max_bytes,
+                SnapshotCallback done) override;
   static constexpr uint32_t kMaxChanges = 100000;
 
  protected:
@@ -114,6 +117,9 @@ class GuestDriver : public BoxDriver {
     int64_t reclaimed_ms = 0;  // the last reclaim's start (under idle_mu)
     bool networked = false;    // a tap in net_slot (NodeNetwork), released with it
     uint32_t net_slot = 0;
+    std::shared_ptr<void> hold;  // what the kind keeps for it while it runs (a snapshot's shared RAM)
+    // Paused with memory: its state in <dir>/saved, no VMM (guest_snapshot.cpp).
+    bool saved = false;
   };
   // What a launch is given: the box (id, dir, image, size filled in), the
   // guest, the kernel command line both kinds share (the kind adds its
@@ -125,6 +131,11 @@ class GuestDriver : public BoxDriver {
     const v1::SandboxSpec* spec;
     // The guest's NIC when it has a network: the tap QEMU opens, its MAC.
     std::string tap, mac;
+    // A snapshot's dir to restore instead of booting ("" boots); `shared`:
+    // its memory mapped copy-on-write with the other guests made from it
+    // (else the guest gets a copy of its own).
+    std::string restore;
+    bool shared = false;
   };
   // Why this kind cannot give its guests a link on this node ("" when it
   // can): the vm kind's QEMU is libvirtd's child, in libvirtd's namespace.
@@ -162,6 +173,19 @@ class GuestDriver : public BoxDriver {
   virtual std::vector<std::string> StrayMachines() const { return {}; }
   // The kind's own figures for StatsJson.
   virtual void AddStats(nlohmann::json& /*stats*/) const {}
+  // Snapshots (guest_snapshot.cpp; Unimplemented for a kind without):
+  // writes the machine's memory and device state into `dest` (at most
+  // `max_bytes`, 0: no bound; *bytes what was written), the guest standing
+  // meanwhile and running after as before (`stay_stopped`: left stopped
+  // once saved; it runs again if the save failed).
+  virtual Status SaveMachine(const Box& box, const std::string& dest, uint64_t max_bytes, bool stay_stopped,
+                             uint64_t* bytes);
+  // For a machine launched with Launch::restore: loads its device state from
+  // `dir` and starts it.
+  virtual Status IncomingMachine(const Box& box, const std::string& dir);
+  // What a saved state needs to load again (the VMM, its version, the
+  // accelerator); a snapshot taken under another is refused.
+  virtual std::string MachineFingerprint() const { return ""; }
 
   std::string VmDir(const std::string& id) const;
   const GuestDriverOptions& options() const { return opts_; }
@@ -200,6 +224,19 @@ class GuestDriver : public BoxDriver {
   // a worker.
   void ScanIdle(const std::shared_ptr<AgentBox>& box, int64_t now_ms) override;
   void Reclaim(const std::shared_ptr<Box>& box);
+  // guest_snapshot.cpp: a restore's size and checks from the snapshot's
+  // meta.json (into box and launch), and a restored guest's new identity.
+  Status PrepareRestore(const v1::SandboxSpec& spec, Box* box, Launch* launch) const;
+  // `fresh`: a new guest (hostname, machine-id, seed, time); else a resumed
+  // one (seed and time).
+  Status Reidentify(const Box& box, bool fresh);
+  Status WriteMeta(const Box& box, const std::string& dir) const;
+  Status PauseMemoryNow(Box& box);
+  Status ResumeSaved(Box& box, const v1::SandboxSpec& spec);
+  // ReadoptNow's part for a guest whose state is saved: Ok with it kept
+  // paused, or resumed when its record says it runs (a crash between the
+  // save and the record); NotFound when nothing is saved.
+  Status ReadoptSaved(const std::shared_ptr<Box>& box, const v1::SandboxRecord& sb);
   void Watch(const Box& box);
   Result<vm::Guest> EnsureGuest();
   // A guarded spec's kernel command line part (" dsec.guard=1 dsec.hide=...

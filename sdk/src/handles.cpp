@@ -63,8 +63,10 @@ void Sandbox::GetAsync(Done<v1::SandboxRecord> done) const {
 void Sandbox::DestroyAsync(DoneStatus done) const {
   Call<v1::SandboxReply>(v1::DestroyRequest(), StatusOnly<v1::SandboxReply>(std::move(done)));
 }
-void Sandbox::PauseAsync(DoneStatus done) const {
-  Call<v1::SandboxReply>(v1::PauseRequest(), StatusOnly<v1::SandboxReply>(std::move(done)));
+void Sandbox::PauseAsync(DoneStatus done, bool memory) const {
+  v1::PauseRequest req;
+  req.set_memory(memory);
+  Call<v1::SandboxReply>(std::move(req), StatusOnly<v1::SandboxReply>(std::move(done)));
 }
 void Sandbox::ResumeAsync(DoneStatus done) const {
   Call<v1::SandboxReply>(v1::ResumeRequest(), StatusOnly<v1::SandboxReply>(std::move(done)));
@@ -114,8 +116,8 @@ Result<v1::SandboxRecord> Sandbox::Get() const {
 Status Sandbox::Destroy() const {
   return WaitStatus([&](DoneStatus d) { DestroyAsync(std::move(d)); });
 }
-Status Sandbox::Pause() const {
-  return WaitStatus([&](DoneStatus d) { PauseAsync(std::move(d)); });
+Status Sandbox::Pause(bool memory) const {
+  return WaitStatus([&](DoneStatus d) { PauseAsync(std::move(d), memory); });
 }
 Status Sandbox::Resume() const {
   return WaitStatus([&](DoneStatus d) { ResumeAsync(std::move(d)); });

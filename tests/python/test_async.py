@@ -53,8 +53,8 @@ def test_every_async_call(container_daemon: Daemon) -> None:
                 stream = sb.exec_stream(["sh", "-c", "for i in 1 2 3; do echo $i; sleep 0.05; done"])
                 got = [chunk.data async for chunk in stream]
                 assert b"".join(got) == b"1\n2\n3\n" and stream.result.exit_code == 0
-                await sb.pause()
-                assert (await sb.get()).phase == "paused"
+                await sb.pause(memory=True)
+                assert (await sb.get()).paused_memory
                 await sb.resume()
                 ends = await sb.set_timeout(600)
                 assert ends.expires_because == "ttl" and ends.expires_ms > 0

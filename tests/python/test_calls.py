@@ -78,6 +78,11 @@ def test_create_exec_files_pause_resume_destroy(cclient: dsec.Client) -> None:
         sb.resume()
         assert sb.get().phase == "running"
         assert sb.exec(["cat", "/work/f"]).stdout == b"state\n"  # state kept across pause
+        sb.pause(memory=True)
+        record = sb.get()
+        assert (record.phase, record.paused_memory) == ("paused", True)
+        sb.resume()
+        assert not sb.get().paused_memory
         attached = cclient.attach(sb.id)
         assert attached.exec(["cat", "/work/f"]).stdout == b"state\n"
     finally:

@@ -58,6 +58,7 @@ struct LimitFlags {
 
 struct LifetimeFlags {
   std::string ttl, idle_timeout, on_idle;
+  bool resume_on_call = false;
 };
 
 // --kind/--image (unless `spec_only`: an exec's own limits) and the limits.

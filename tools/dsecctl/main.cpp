@@ -108,8 +108,12 @@ int main(int argc, char** argv) {
   port_forward->add_option("port", pf_port, "the TCP port inside the sandbox")->required()->check(CLI::Range(1, 65535));
 
   std::vector<std::string> pause_ids, resume_ids;
+  bool pause_memory = false;
   auto* pause = app.add_subcommand("pause", "freeze every process of sandboxes (memory kept, no CPU)");
   pause->add_option("ids", pause_ids, "sandbox ids")->required();
+  pause->add_flag("--memory", pause_memory,
+                  "free their memory too: a microVM's goes to the node's disk and its QEMU ends (resume restores "
+                  "it); a container's is reclaimed");
   auto* resume = app.add_subcommand("resume", "continue paused sandboxes");
   resume->add_option("ids", resume_ids, "sandbox ids")->required();
 
@@ -306,7 +310,7 @@ int main(int argc, char** argv) {
     if (!client) return rc;
     for (const auto& id : *pause ? pause_ids : resume_ids) {
       auto sb = client->Attach(id);
-      dsec::Status st = !sb.ok() ? sb.status() : *pause ? sb->Pause() : sb->Resume();
+      dsec::Status st = !sb.ok() ? sb.status() : *pause ? sb->Pause(pause_memory) : sb->Resume();
       if (!st.ok()) rc = Fail(st);
       else std::cout << id << "\n";
     }

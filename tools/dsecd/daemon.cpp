@@ -346,6 +346,7 @@ class Daemon {
     o.node_id = node_id_;
     o.boot = boot_;
     o.max_inflight_runs = f_.max_inflight_runs;
+    o.slots = f_.slots;
     o.max_restarts = f_.max_restarts;
     o.restart_window_s = f_.restart_window_s;
     o.session_lease_s = f_.session_lease_s;

@@ -14,7 +14,8 @@ void AddFlags(CLI::App& app, Flags* f, drivers::Registry& kinds) {
   app.add_option("--cluster-secret", f->cluster_secret_file,
                  "the secret nodes prove they share with the controller (controller: created when absent, default "
                  "<data-dir>/cluster.secret; node: required, a copy of the controller's)");
-  app.add_option("--slots", f->slots, "node: sandboxes it takes, for placement (0: its memory / 64 MiB; role all: no limit)")
+  app.add_option("--slots", f->slots, "sandboxes a node holds at once: placement counts them and the node refuses a create past them, a "
+                 "fork's included (0: no bound; for placement a node then counts its memory / 64 MiB)")
       ->capture_default_str();
   app.add_option("--heartbeat-ms", f->heartbeat_ms, "controller: how often nodes send their heartbeat")
       ->check(CLI::Range(50, 60000))

@@ -88,8 +88,8 @@ class Sandbox {
   Result<v1::SandboxRecord> Get() const;
   // On an error the sandbox may still be there: Destroy again removes it.
   Status Destroy() const;
-  // Freeze every process (memory kept, no CPU used) / continue them.
-  Status Pause() const;
+  // Freeze every process (no CPU used; `memory`: its memory freed too, running.md) / continue them.
+  Status Pause(bool memory = false) const;
   Status Resume() const;
   // Destroyed `seconds` from now (within dsecd --sandbox-max-ttl); the
   // record comes back with the new end. Refused for a session's sandboxes.
@@ -110,7 +110,7 @@ class Sandbox {
   void ExecStreamAsync(v1::ExecRequest req, OnOutput on_output, Done<v1::ExecResult> done) const;
   void GetAsync(Done<v1::SandboxRecord> done) const;
   void DestroyAsync(DoneStatus done) const;
-  void PauseAsync(DoneStatus done) const;
+  void PauseAsync(DoneStatus done, bool memory = false) const;
   void ResumeAsync(DoneStatus done) const;
   void SetTimeoutAsync(uint32_t seconds, Done<v1::SandboxRecord> done) const;
   void SetNetworkAsync(const v1::NetworkPolicy& policy, v1::NetworkChange change, Done<v1::SandboxRecord> done) const;

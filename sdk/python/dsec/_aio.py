@@ -216,8 +216,8 @@ class AsyncSandbox:
     async def destroy(self) -> None:
         await _call(self._sb.destroy)
 
-    async def pause(self) -> None:
-        await _call(self._sb.pause)
+    async def pause(self, memory: bool = False) -> None:
+        await _call(self._sb.pause, bool(memory))
 
     async def resume(self) -> None:
         await _call(self._sb.resume)

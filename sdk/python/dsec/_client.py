@@ -145,9 +145,11 @@ class Sandbox:
         stopped (it is then still there: destroy again)."""
         self._sb.destroy(None)
 
-    def pause(self) -> None:
-        """Freezes every process (memory kept, no CPU used)."""
-        self._sb.pause(None)
+    def pause(self, memory: bool = False) -> None:
+        """Freezes every process (no CPU used). With `memory`, its memory is
+        freed too: a microVM's goes to the node's disk and its QEMU ends; a
+        container's is reclaimed (docs/running.md, "Pausing with memory")."""
+        self._sb.pause(bool(memory), None)
 
     def resume(self) -> None:
         self._sb.resume(None)

@@ -160,6 +160,7 @@ class SandboxSpec(Record):
     on_idle: str
     task: TaskGuard
     snapshot: str  # start from this snapshot (its image and kind come with it)
+    resume_on_call: bool  # a call while it is paused resumes it (off: a pause is often to free memory)
 
 
 class NetworkRefusal(Record):
@@ -216,6 +217,7 @@ class SandboxRecord(Record):
     owner_gone_ms: int
     node_address: str  # the SDK address of the node that holds it (against a controller)
     network: NetworkReport  # a sandbox with a network link: its address and refusals
+    paused_memory: bool  # paused with its memory freed (pause(memory=True))
 
 
 class ExecRequest(Record):

@@ -93,8 +93,9 @@ void BindHandles(pb::module_& m) {
              return Issue<Status>(s.core, aio, [&s](Client&, DoneStatus d) { s.sb.DestroyAsync(std::move(d)); }, None);
            })
       .def("pause",
-           [](const PySandbox& s, pb::object aio) {
-             return Issue<Status>(s.core, aio, [&s](Client&, DoneStatus d) { s.sb.PauseAsync(std::move(d)); }, None);
+           [](const PySandbox& s, bool memory, pb::object aio) {
+             return Issue<Status>(
+                 s.core, aio, [&s, memory](Client&, DoneStatus d) { s.sb.PauseAsync(std::move(d), memory); }, None);
            })
       .def("resume",
            [](const PySandbox& s, pb::object aio) {

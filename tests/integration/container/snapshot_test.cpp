@@ -6,11 +6,13 @@
 #include <gmock/gmock.h>
 #include <sys/stat.h>
 
+#include <future>
 #include <set>
 
 #include "dsec/snapshot.hpp"
 #include "harness/daemon.hpp"
 #include "harness/rootfs.hpp"
+#include "runtime/files.hpp"
 #include "tests/support/container_fixture.hpp"
 
 namespace dsec::testing {
@@ -211,6 +213,58 @@ TEST_F(Snapshots, BadInputGetsAClearErrorAndLeavesNothing) {
   EXPECT_EQ(RemoveSnapshot(*client_, "no-such-snapshot").code(), Status::Code::kNotFound);
   EXPECT_TRUE(RemoveSnapshot(*client_, "once").ok());
   EXPECT_THAT(Names(), ::testing::IsEmpty());
+}
+
+// A snapshot of a sandbox being destroyed: it is taken whole before the
+// destroy, or refused naming the sandbox; nothing half made either way.
+TEST_F(Snapshots, ASnapshotRacingADestroyIsWholeOrRefused) {
+  auto a = Make();
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  // Enough to copy that the destroy lands during it, most of the time.
+  ASSERT_EQ(ShIn(*a, "mkdir /work/many && cd /work/many && for i in $(seq 1 3000); do echo $i > f$i; done; echo ok")
+                .stdout(),
+            "ok\n");
+  std::promise<Result<v1::SnapshotInfo>> taken;
+  SnapshotAsync(*a, "racing", [&taken](Result<v1::SnapshotInfo> r) { taken.set_value(std::move(r)); });
+  Status gone = a->Destroy();
+  made_.clear();
+  auto snap = taken.get_future().get();
+  EXPECT_TRUE(gone.ok()) << gone.ToString();
+  if (snap.ok()) {
+    EXPECT_EQ(snap->entries(), 3002u) << "whole: /work, /work/many and its 3000 files";
+    EXPECT_TRUE(RemoveSnapshot(*client_, "racing").ok());
+  } else {
+    EXPECT_THAT(snap.status().message(), HasSubstr(a->id()));
+  }
+  EXPECT_THAT(Names(), ::testing::IsEmpty());
+  EXPECT_THAT(ListSubdirs(daemon_->data_dir() + "/snapshots"), ::testing::IsEmpty()) << "a part dir is left";
+}
+
+// A fork past what the node holds (dsecd --slots) is refused as a whole,
+// saying why; a fork that fits is made.
+class SnapshotsOnAFullNode : public ContainerTest {
+ protected:
+  static void SetUpTestSuite() {
+    TestDaemonOptions o;
+    o.extra_args = {"--slots", "4"};
+    start_ = TryStartContainerDaemon(o, &daemon_, &client_);
+  }
+};
+
+TEST_F(SnapshotsOnAFullNode, AForkPastTheNodesRoomMakesNoneAndSaysWhy) {
+  auto a = Make();
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  auto big = Fork(*a, 8);
+  EXPECT_EQ(big.status().code(), Status::Code::kResourceExhausted) << big.status().ToString();
+  EXPECT_THAT(big.status().message(), HasSubstr("none is kept"));
+  EXPECT_THAT(big.status().message(), HasSubstr("--slots"));
+  auto listed = client_->ListSandboxes();
+  ASSERT_TRUE(listed.ok()) << listed.status().ToString();
+  EXPECT_EQ(listed->sandboxes_size(), 1) << "only the source is left";
+  auto fits = Fork(*a, 3);
+  ASSERT_TRUE(fits.ok()) << fits.status().ToString();
+  for (auto& f : *fits) made_.push_back(f);
+  EXPECT_EQ(ShIn((*fits)[2], "echo ok").stdout(), "ok\n");
 }
 
 // Whole or not at all across dsecd kill -9: what a snapshot cut short left

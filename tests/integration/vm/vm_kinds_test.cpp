@@ -7,8 +7,11 @@
 
 #include <chrono>
 #include <future>
+#include <set>
+#include <sstream>
 #include <thread>
 
+#include "dsec/snapshot.hpp"
 #include "runtime/files.hpp"
 #include "tests/support/container_fixture.hpp"
 #include "tests/support/kinds.hpp"
@@ -79,6 +82,148 @@ TEST_P(VmKinds, TheRecordSaysWhichKindAndAcceleratorAutoGave) {
   EXPECT_EQ(rec->accelerator(), hw && ::access("/dev/kvm", R_OK | W_OK) == 0 ? "kvm" : "tcg");
   EXPECT_THAT(ShIn(*sb, "cat /proc/sys/kernel/osrelease").stdout(), HasSubstr("cloud-amd64"));
   EXPECT_TRUE(sb->Destroy().ok());
+  ExpectNoVm(*daemon_);
+}
+
+// A microVM's fork carries its memory (DESIGN.md section 14): a counter
+// running in the source's memory goes on in every fork from where it
+// stood, each fork then goes its own way, with its own hostname,
+// machine-id and random numbers; the forks outlive their source. The vm
+// kind cannot snapshot yet, and says so.
+TEST_P(VmKinds, AForkOfEightCarriesMemoryAndEachGuestIsItsOwn) {
+  auto src = client_->Create(Spec());
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  made_.push_back(*src);
+  if (GetParam().kind != v1::KIND_MICROVM) {
+    auto snap = Snapshot(*src, "vm-snap");
+    EXPECT_EQ(snap.status().code(), Status::Code::kUnimplemented) << snap.status().ToString();
+    EXPECT_THAT(snap.status().message(), HasSubstr("vm"));
+    return;
+  }
+  // A counter in a shell's memory, shown in /run/count at each tick (slow
+  // ticks: nine guests share the host's cores under TCG).
+  ASSERT_EQ(ShIn(*src, "sh -c 'i=0; while :; do i=$((i+1)); echo $i > /run/count; sleep 0.5; done' "
+                       ">/dev/null 2>&1 </dev/null & echo $! > /run/counter; echo ok")
+                .stdout(),
+            "ok\n");
+  auto count_in = [](const Sandbox& sb) {
+    return std::atol(ShIn(sb, "while [ \"$(cat /run/count 2>/dev/null || echo 0)\" -lt 2 ]; do sleep 0.1; done; "
+                              "cat /run/count").stdout().c_str());
+  };
+  long before = count_in(*src);
+  std::string counter = ShIn(*src, "cat /run/counter").stdout();
+  auto forks = Fork(*src, 8);
+  ASSERT_TRUE(forks.ok()) << forks.status().ToString();
+  ASSERT_EQ(forks->size(), 8u);
+  for (auto& f : *forks) made_.push_back(f);
+  // Its counter; who it is (hostname, machine-id, 16 random bytes).
+  constexpr const char* kLook =
+      "cat /run/counter; kill -0 $(cat /run/counter) && echo alive; cat /run/count; "
+      "echo; hostname; cat /etc/machine-id; head -c 16 /dev/urandom | sha256sum";
+  // Its hostname, machine-id and random bytes, each unlike every other guest's.
+  std::set<std::string> seen[3];
+  auto identity = [&seen](const std::string& out, const std::string& who) {
+    std::string id = out.substr(out.find("\n\n") + 2);
+    std::istringstream lines(id);
+    std::string line;
+    for (auto& set : seen) {
+      std::getline(lines, line);
+      EXPECT_FALSE(line.empty()) << who << ": " << out;
+      EXPECT_TRUE(set.insert(line).second) << who << " has another guest's " << line;
+    }
+    return id;
+  };
+  identity(ShIn(*src, kLook).stdout(), "the source");
+  for (size_t i = 0; i < forks->size(); ++i) {
+    const Sandbox& f = (*forks)[i];
+    std::string out = ShIn(f, kLook + std::string("; echo fork-") + std::to_string(i) + " > /run/mine").stdout();
+    // The same process, alive, counting on from the source's value (a
+    // counter started afresh would be at 1 and have another pid).
+    EXPECT_EQ(out.substr(0, out.find('\n') + 1), counter) << "fork " << i << ": " << out;
+    EXPECT_NE(out.find("\nalive\n"), std::string::npos) << "fork " << i << ": " << out;
+    size_t at = out.find("alive\n") + 6;
+    EXPECT_GE(std::atol(out.c_str() + std::min(at, out.size())), before) << "fork " << i << ": its counter went back";
+    std::string id = identity(out, "fork " + std::to_string(i));
+    EXPECT_EQ(id.substr(0, id.find('\n')), f.id().substr(0, 63)) << "its hostname is its own id";
+  }
+  // Each goes its own way: what one writes, no other guest sees.
+  for (size_t i = 0; i < forks->size(); ++i)
+    EXPECT_EQ(ShIn((*forks)[i], "cat /run/mine").stdout(), "fork-" + std::to_string(i) + "\n");
+  EXPECT_EQ(ShIn(*src, "cat /run/mine 2>&1 || echo none").stdout().find("fork-"), std::string::npos);
+  // The source goes; its forks go on.
+  ASSERT_TRUE(src->Destroy().ok());
+  for (auto& f : *forks) EXPECT_GT(count_in(f), before);
+  for (auto& f : *forks) EXPECT_TRUE(f.Destroy().ok());
+  made_.clear();
+  auto left = ListSnapshots(*client_);
+  ASSERT_TRUE(left.ok()) << left.status().ToString();
+  EXPECT_TRUE(left->empty()) << "the fork's snapshot goes with its last sandbox";
+  ExpectNoVm(*daemon_);
+}
+
+// Pause with memory (DESIGN.md section 14): a microVM's memory and
+// devices go to disk and its QEMU ends; Resume brings back what it held in
+// memory (a running process, a file in its tmpfs), also after a kill -9 of
+// dsecd meanwhile; with resume_on_call, a call wakes it. The vm kind
+// cannot yet, and says so.
+TEST_P(VmKinds, PauseWithMemoryEndsTheVmmAndResumeBringsItsMemoryBack) {
+  auto a = client_->Create(Spec());
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  made_.push_back(*a);
+  if (GetParam().kind != v1::KIND_MICROVM) {
+    Status st = a->Pause(/*memory=*/true);
+    EXPECT_EQ(st.code(), Status::Code::kUnimplemented) << st.ToString();
+    EXPECT_THAT(st.message(), HasSubstr("pause_memory"));
+    return;
+  }
+  auto spec = Spec();
+  spec.set_resume_on_call(true);
+  auto b = client_->Create(spec);
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  made_.push_back(*b);
+  // In memory: a counting process and 8 MiB in a tmpfs file.
+  constexpr const char* kStart =
+      "head -c 8388608 /dev/urandom > /tmp/blob; sha256sum < /tmp/blob > /run/sum; "
+      "sh -c 'i=0; while :; do i=$((i+1)); echo $i > /run/count; sleep 0.5; done' >/dev/null 2>&1 </dev/null & "
+      "echo $! > /run/counter; echo ok";
+  constexpr const char* kCheck =
+      "kill -0 $(cat /run/counter) && [ \"$(sha256sum < /tmp/blob)\" = \"$(cat /run/sum)\" ] && echo same";
+  for (const Sandbox* sb : {&*a, &*b}) ASSERT_EQ(ShIn(*sb, kStart).stdout(), "ok\n");
+  const std::string counter_a = ShIn(*a, "cat /run/counter").stdout();
+  for (const Sandbox* sb : {&*a, &*b}) {
+    ASSERT_TRUE(sb->Pause(/*memory=*/true).ok());
+    auto rec = sb->Get();
+    ASSERT_TRUE(rec.ok());
+    EXPECT_EQ(rec->phase(), v1::SANDBOX_PHASE_PAUSED);
+    EXPECT_TRUE(rec->paused_memory());
+    EXPECT_TRUE(VmProcessesOf(*daemon_, GetParam().kind, sb->id()).empty()) << "its QEMU is still there";
+  }
+  // Without resume_on_call a call is refused, saying why; it stays paused.
+  auto refused = a->Exec(Command({"/bin/true"}));
+  EXPECT_EQ(refused.status().code(), Status::Code::kFailedPrecondition) << refused.status().ToString();
+  EXPECT_THAT(refused.status().message(), HasSubstr("paused"));
+  // With it, a call wakes it and runs.
+  EXPECT_EQ(ShIn(*b, kCheck).stdout(), "same\n");
+  auto woken = b->Get();
+  ASSERT_TRUE(woken.ok());
+  EXPECT_EQ(woken->phase(), v1::SANDBOX_PHASE_RUNNING);
+  EXPECT_FALSE(woken->paused_memory());
+  // kill -9 of dsecd while `a` is on disk: still paused after, and whole.
+  daemon_->Kill9();
+  ASSERT_TRUE(daemon_->Restart().ok());
+  auto rec = a->Get();
+  ASSERT_TRUE(rec.ok()) << rec.status().ToString();
+  EXPECT_EQ(rec->phase(), v1::SANDBOX_PHASE_PAUSED) << rec->error();
+  EXPECT_TRUE(rec->paused_memory());
+  ASSERT_TRUE(a->Resume().ok());
+  EXPECT_EQ(ShIn(*a, kCheck).stdout(), "same\n");
+  EXPECT_EQ(ShIn(*a, "cat /run/counter").stdout(), counter_a) << "the same process, not a new one";
+  // Paused and resumed again, it goes on (a resumed guest's memory is its own).
+  ASSERT_TRUE(a->Pause(true).ok());
+  ASSERT_TRUE(a->Resume().ok());
+  EXPECT_EQ(ShIn(*a, kCheck).stdout(), "same\n");
+  for (auto& sb : made_) EXPECT_TRUE(sb.Destroy().ok());
+  made_.clear();
   ExpectNoVm(*daemon_);
 }
 
