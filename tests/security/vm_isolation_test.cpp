@@ -29,8 +29,17 @@ namespace {
 
 bool OwnKernel(const drivers::KindTraits& t) { return !OnTheHostKernel(t); }
 
+// The tests share two guests of the kind (a boot is seconds of emulation):
+// A, sb_ (SharedSandbox slot 0), and B, the other guest (slot 1), made
+// after A's own layer was changed (RootInTheGuest..., first to use it,
+// checks that a guest made then does not see the change). What a test does
+// to them (root's writes in A, a listener in B, a flood it stops) leaves
+// each as good a subject for the next test, whose claim is about the host,
+// dsecd or the other guest. The two tests that kill a guest take one each,
+// last: the panic B (its console never flooded), kill -9 A.
 class VmIsolation : public KindSandboxTest {
  protected:
+  bool SharesItsSandbox() const override { return true; }
   std::string VmDir(const std::string& id) const { return VmRoot(*daemon_, GetParam().kind) + "/" + id; }
   // What the host holds of VM `id`: its QEMU, its dir, its cgroups, its
   // libvirt domain.
@@ -84,36 +93,6 @@ TEST_P(VmIsolation, TheGuestHasNoNetworkDeviceButItsLoopback) {
   EXPECT_EQ(ShIn(*sb_, "ls /sys/class/net | tr '\\n' ' '").stdout(), "lo ");
 }
 
-TEST_P(VmIsolation, NeitherTheHostsLoopbackNorAnotherGuestIsReachable) {
-  // A listener in guest B and one on the host's loopback, on one port.
-  int host = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::bind(host, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  ASSERT_EQ(::listen(host, 8), 0);
-  socklen_t len = sizeof a;
-  ::getsockname(host, reinterpret_cast<sockaddr*>(&a), &len);
-  std::string port = std::to_string(ntohs(a.sin_port));
-  auto b = NewSandbox();
-  ASSERT_TRUE(b.ok()) << b.status().ToString();
-  ASSERT_EQ(ShIn(*b, "python3 -c 'import socket,time\ns=socket.socket(); s.bind((\"0.0.0.0\", " + port +
-                         ")); s.listen(); open(\"/tmp/up\",\"w\").close(); time.sleep(600)' >/dev/null 2>&1 &\n"
-                         "until [ -e /tmp/up ]; do sleep 0.05; done; echo up")
-                .stdout(),
-            "up\n");
-  // From A: its own loopback refuses; nothing else is there to try.
-  auto r = ShIn(*sb_, "python3 -c 'import socket\ntry:\n socket.create_connection((\"127.0.0.1\", " + port +
-                          "), timeout=5); print(\"connected\")\nexcept Exception as e: print(type(e).__name__)'");
-  EXPECT_EQ(r.stdout(), "ConnectionRefusedError\n") << r.stderr();
-  auto out = ShIn(*sb_, "python3 -c 'import socket\ntry:\n socket.create_connection((\"10.0.2.2\", " + port +
-                            "), timeout=5); print(\"connected\")\nexcept Exception as e: print(type(e).__name__)'");
-  EXPECT_EQ(out.stdout(), "OSError\n") << out.stderr();  // no route: no device but lo
-  pollfd p{host, POLLIN, 0};
-  EXPECT_EQ(::poll(&p, 1, 0), 0) << "the host's listener was reached";
-  ::close(host);
-}
-
 TEST_P(VmIsolation, RootInTheGuestSeesOnlyItsImageAndChangesOnlyItsOwnLayer) {
   auto before = ImageFiles();
   ASSERT_FALSE(before.empty());
@@ -143,10 +122,41 @@ TEST_P(VmIsolation, RootInTheGuestSeesOnlyItsImageAndChangesOnlyItsOwnLayer) {
   // Root changes its own layer only.
   ASSERT_EQ(ShIn(*sb_, "echo 'intruder:x:0:0::/:/bin/sh' >> /etc/passwd && rm -f /bin/env && echo done").stdout(),
             "done\n");
-  auto other = NewSandbox();
+  // B: made now (the first test to want it), after A's change.
+  auto other = SharedSandbox(1);
   ASSERT_TRUE(other.ok()) << other.status().ToString();
   EXPECT_EQ(ShIn(*other, "grep -c intruder /etc/passwd; test -e /bin/env && echo env").stdout(), "0\nenv\n");
   EXPECT_TRUE(ImageFiles() == before) << "an image file changed";
+}
+
+TEST_P(VmIsolation, NeitherTheHostsLoopbackNorAnotherGuestIsReachable) {
+  // A listener in guest B and one on the host's loopback, on one port.
+  int host = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(host, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(host, 8), 0);
+  socklen_t len = sizeof a;
+  ::getsockname(host, reinterpret_cast<sockaddr*>(&a), &len);
+  std::string port = std::to_string(ntohs(a.sin_port));
+  auto b = SharedSandbox(1);
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  ASSERT_EQ(ShIn(*b, "python3 -c 'import socket,time\ns=socket.socket(); s.bind((\"0.0.0.0\", " + port +
+                         ")); s.listen(); open(\"/tmp/up\",\"w\").close(); time.sleep(600)' >/dev/null 2>&1 &\n"
+                         "until [ -e /tmp/up ]; do sleep 0.05; done; echo up")
+                .stdout(),
+            "up\n");
+  // From A: its own loopback refuses; nothing else is there to try.
+  auto r = ShIn(*sb_, "python3 -c 'import socket\ntry:\n socket.create_connection((\"127.0.0.1\", " + port +
+                          "), timeout=5); print(\"connected\")\nexcept Exception as e: print(type(e).__name__)'");
+  EXPECT_EQ(r.stdout(), "ConnectionRefusedError\n") << r.stderr();
+  auto out = ShIn(*sb_, "python3 -c 'import socket\ntry:\n socket.create_connection((\"10.0.2.2\", " + port +
+                            "), timeout=5); print(\"connected\")\nexcept Exception as e: print(type(e).__name__)'");
+  EXPECT_EQ(out.stdout(), "OSError\n") << out.stderr();  // no route: no device but lo
+  pollfd p{host, POLLIN, 0};
+  EXPECT_EQ(::poll(&p, 1, 0), 0) << "the host's listener was reached";
+  ::close(host);
 }
 
 // A guarded task in a guest (spec.task): its hidden paths are not there and
@@ -211,10 +221,12 @@ TEST_P(VmGuard, AGuardedTasksPathsHoldAgainstRootInTheGuest) {
 }
 
 TEST_P(VmIsolation, FloodingTheConsoleAndTheAgentChannelDoesNotStallDsecd) {
-  auto b = NewSandbox();
+  auto b = SharedSandbox(1);
   ASSERT_TRUE(b.ok()) << b.status().ToString();
-  // The console: as fast as the guest can write.
-  ASSERT_EQ(ShIn(*sb_, "cat /dev/urandom > /dev/ttyS0 2>/dev/null & echo started").stdout(), "started\n");
+  // The console: as fast as the guest can write (until the end of the test).
+  ASSERT_EQ(
+      ShIn(*sb_, "cat /dev/urandom > /dev/ttyS0 2>/dev/null & echo $! > /tmp/console-flood; echo started").stdout(),
+      "started\n");
   // The agent channel: a stream of 16 MiB (the output cap's maximum).
   std::atomic<uint64_t> streamed{0};
   v1::ExecRequest flood = Command({"sh", "-c", "yes flood | head -c 16000000"});
@@ -234,9 +246,28 @@ TEST_P(VmIsolation, FloodingTheConsoleAndTheAgentChannelDoesNotStallDsecd) {
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_GT(streamed.load(), 1000000u);
   EXPECT_EQ(ShIn(*sb_, "echo alive").stdout(), "alive\n");
+  (void)ShIn(*sb_, "kill $(cat /tmp/console-flood)");  // A goes on quiet for the next test
+}
+
+TEST_P(VmIsolation, AGuestKernelPanicFailsTheSandboxSayingWhyAndFreesIt) {
+  auto b = TakeSharedSandbox(1);  // B, this test's now
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  const Sandbox& victim = *b;
+  std::string id = victim.id();
+  auto panic = victim.ExecAsync(Command({"sh", "-c", "echo c > /proc/sysrq-trigger"}));
+  auto rec = AwaitFailed(victim);
+  EXPECT_NE(rec.error().find("panicked"), std::string::npos) << rec.error();
+  ExpectFreed(id);
+  ASSERT_EQ(panic.wait_for(std::chrono::seconds(30)), std::future_status::ready) << "the exec was never answered";
+  auto r = panic.get();
+  EXPECT_FALSE(r.ok() && r->verdict() == v1::VERDICT_OK);
+  EXPECT_TRUE(victim.Destroy().ok());
 }
 
 TEST_P(VmIsolation, Kill9OfItsQemuFailsTheSandboxSayingWhyAndFreesIt) {
+  auto a = TakeSharedSandbox(0);  // A, sb_: this test's now
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  ASSERT_EQ(a->id(), sb_->id());
   std::string id = sb_->id();
   auto qemu = VmProcessesOf(*daemon_, GetParam().kind, id);
   ASSERT_EQ(qemu.size(), 1u);
@@ -247,18 +278,6 @@ TEST_P(VmIsolation, Kill9OfItsQemuFailsTheSandboxSayingWhyAndFreesIt) {
   ExpectFreed(id);
   auto exec = sb_->Exec(Command({"true"}));
   EXPECT_FALSE(exec.ok() && exec->verdict() == v1::VERDICT_OK) << "an exec ran in a failed sandbox";
-  EXPECT_TRUE(sb_->Destroy().ok());
-}
-
-TEST_P(VmIsolation, AGuestKernelPanicFailsTheSandboxSayingWhyAndFreesIt) {
-  std::string id = sb_->id();
-  auto panic = sb_->ExecAsync(Command({"sh", "-c", "echo c > /proc/sysrq-trigger"}));
-  auto rec = AwaitFailed(*sb_);
-  EXPECT_NE(rec.error().find("panicked"), std::string::npos) << rec.error();
-  ExpectFreed(id);
-  ASSERT_EQ(panic.wait_for(std::chrono::seconds(30)), std::future_status::ready) << "the exec was never answered";
-  auto r = panic.get();
-  EXPECT_FALSE(r.ok() && r->verdict() == v1::VERDICT_OK);
   EXPECT_TRUE(sb_->Destroy().ok());
 }
 

@@ -10,6 +10,7 @@
 #include <fstream>
 
 #include "drivers/container/container_state.pb.h"
+#include "runtime/files.hpp"
 #include "tests/support/daemon_fixture.hpp"
 #include "tests/support/probes.hpp"
 
@@ -22,10 +23,84 @@ bool Exists(const std::string& p) {
   return ::lstat(p.c_str(), &st) == 0;
 }
 
+// The tools image's tree, made once per process (MakeRootfs copies the
+// host's programs, their libraries and python's standard library: seconds
+// a daemon), or a tree made so elsewhere ($DSEC_TEST_ROOTFS). What this
+// process made goes when it exits (not in a child it forked).
+class ToolsRootfs {
+ public:
+  ToolsRootfs() {
+    if (const char* given = std::getenv("DSEC_TEST_ROOTFS"); given && *given) {
+      dir_ = given;
+      made_ = Exists(dir_ + "/bin/sh") ? Status::Ok()
+                                       : Status::Internal("$DSEC_TEST_ROOTFS " + dir_ + " has no bin/sh");
+      return;
+    }
+    char tmpl[] = "/tmp/dsec-test-rootfs-XXXXXX";
+    if (!::mkdtemp(tmpl)) {
+      made_ = Status::FromErrno(errno, "mkdtemp");
+      return;
+    }
+    dir_ = tmpl;
+    owner_ = ::getpid();
+    made_ = MakeRootfs(dir_);
+  }
+  ~ToolsRootfs() {
+    if (owner_ == ::getpid()) (void)RemoveTree(dir_);
+  }
+  ToolsRootfs(const ToolsRootfs&) = delete;
+  ToolsRootfs& operator=(const ToolsRootfs&) = delete;
+  const std::string& dir() const { return dir_; }
+  const Status& made() const { return made_; }
+
+ private:
+  std::string dir_;
+  Status made_;
+  pid_t owner_ = 0;
+};
+
+const ToolsRootfs& Tools() {
+  static ToolsRootfs tools;
+  return tools;
+}
+
+// The shared daemon goes after the last suite, before static destruction.
+class SharedDaemonEnvironment : public ::testing::Environment {
+ public:
+  void TearDown() override { ContainerTest::ReleaseSharedDaemon(); }
+};
+[[maybe_unused]] ::testing::Environment* const kSharedDaemonEnvironment =
+    ::testing::AddGlobalTestEnvironment(new SharedDaemonEnvironment);
+
 }  // namespace
+
+bool ContainerTest::SharedDaemonAsked() {
+  const char* v = std::getenv("DSEC_TEST_SHARED_DAEMON");
+  return v && std::strcmp(v, "1") == 0;
+}
+
+void ContainerTest::UseSharedDaemon() {
+  if (shared_ && daemon_ && client_ && daemon_->pid() > 0) {
+    start_ = {};
+    return;
+  }
+  ReleaseSharedDaemon();
+  client_.reset();
+  daemon_.reset();
+  start_ = TryStartContainerDaemon(TestDaemonOptions(), &daemon_, &client_);
+  shared_ = start_.skip.empty() && start_.failure.empty() && client_ != nullptr;
+}
+
+void ContainerTest::ReleaseSharedDaemon() {
+  if (!shared_) return;
+  shared_ = false;
+  client_.reset();
+  daemon_.reset();
+}
 
 DaemonStart ContainerTest::TryStartContainerDaemon(TestDaemonOptions o, std::unique_ptr<TestDaemon>* daemon,
                                                    std::unique_ptr<Client>* client) {
+  if (daemon == &daemon_) ReleaseSharedDaemon();
   if (auto gap = ContainerHostGap(); !gap.empty()) return {"container sandboxes unavailable on this host: " + gap, ""};
   auto d = TestDaemon::Start(std::move(o));
   if (!d.ok()) return {"", "dsecd did not start: " + d.status().ToString()};
@@ -35,14 +110,11 @@ DaemonStart ContainerTest::TryStartContainerDaemon(TestDaemonOptions o, std::uni
   for (const auto& k : status.value("kinds", nlohmann::json::array())) container = container || k == "container";
   if (!container) return {"", "dsecd offers no containers on a host that has all they need: " + status.dump()};
 
-  char tmpl[] = "/tmp/dsec-test-rootfs-XXXXXX";
-  if (!::mkdtemp(tmpl)) return {"", std::string("mkdtemp: ") + std::strerror(errno)};
-  std::string rootfs = tmpl;
-  Status made = MakeRootfs(rootfs);
+  const ToolsRootfs& tools = Tools();
+  Status made = tools.made();
   ProcResult built;
   if (made.ok())
-    built = RunProcess({BinDir() + "/dsec-image", "--data-dir", (*daemon)->data_dir(), "build", rootfs, kImage});
-  RunProcess({"/bin/rm", "-rf", rootfs});
+    built = RunProcess({BinDir() + "/dsec-image", "--data-dir", (*daemon)->data_dir(), "build", tools.dir(), kImage});
   // FailedPrecondition: the host lacks a program the image is made of.
   if (made.code() == Status::Code::kFailedPrecondition)
     return {"cannot make the test rootfs on this host: " + made.ToString(), ""};

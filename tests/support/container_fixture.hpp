@@ -21,12 +21,32 @@ class ContainerTest : public ::testing::Test {
  public:
   static constexpr const char* kImage = "tools";
 
+  // Stops the daemon the suites of this process shared (UseSharedDaemon),
+  // if one is up: after the last suite (a gtest environment calls it).
+  static void ReleaseSharedDaemon();
+
  protected:
-  static void SetUpTestSuite() { start_ = TryStartContainerDaemon(TestDaemonOptions(), &daemon_, &client_); }
+  static void SetUpTestSuite() {
+    if (SharedDaemonAsked()) return UseSharedDaemon();
+    start_ = TryStartContainerDaemon(TestDaemonOptions(), &daemon_, &client_);
+  }
+  // A shared daemon stays up for the next suite; any other stops here.
   static void TearDownTestSuite() {
+    if (shared_) return;
     client_.reset();
     daemon_.reset();
   }
+  // $DSEC_TEST_SHARED_DAEMON=1 (tests/CMakeLists.txt sets it for the
+  // binaries that ask, SHARED): the suites of this process that take the
+  // default daemon share one, started by the first and stopped after the
+  // last, instead of one each (a daemon and its image are seconds to set
+  // up). Every suite's tests destroy what they make, so the next suite
+  // finds the daemon as a new one but for its counters, which no test of
+  // such a binary reads as absolute. A suite of its own options, or a test
+  // with a daemon of its own (OwnContainerDaemonTest), stops the shared one
+  // first; the next suite starts another.
+  static bool SharedDaemonAsked();
+  static void UseSharedDaemon();
   // Only a host without what containers need skips; a failure fails each test.
   void SetUp() override {
     ASSERT_TRUE(start_.failure.empty()) << start_.failure;
@@ -45,6 +65,11 @@ class ContainerTest : public ::testing::Test {
   // in it and connects a client. Both empty on success; `skip` when the host
   // lacks what containers need; `failure` when the product failed. Reports
   // nothing (for SetUpTestSuite, where a failure would make gtest skip).
+  // The image's tree (MakeRootfs: the host's programs and python) is made
+  // once per process and packed into each daemon's store; a tree made the
+  // same way elsewhere is taken from $DSEC_TEST_ROOTFS (the cgroup v2
+  // guest's image carries one). Started into daemon_, it first stops the
+  // shared daemon, if that is what daemon_ holds.
   static DaemonStart TryStartContainerDaemon(TestDaemonOptions o, std::unique_ptr<TestDaemon>* daemon,
                                              std::unique_ptr<Client>* client);
   // The same from a test (SetUp or its body): a failure is reported as the
@@ -74,6 +99,7 @@ class ContainerTest : public ::testing::Test {
   static inline std::unique_ptr<TestDaemon> daemon_;
   static inline std::unique_ptr<Client> client_;
   static inline DaemonStart start_;
+  static inline bool shared_ = false;  // daemon_ is the shared one (UseSharedDaemon)
   std::vector<Sandbox> made_;
 };
 

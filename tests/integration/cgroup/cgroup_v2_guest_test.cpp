@@ -27,6 +27,7 @@ using ::testing::Not;
 
 constexpr const char* kGuestImage = "cgroup-v2-guest";
 constexpr const char* kGuestBin = "/dsec/bin";
+constexpr const char* kToolsTree = "/dsec/tools-rootfs";
 
 class CgroupV2Guest : public ContainerTest {
  protected:
@@ -85,7 +86,10 @@ class CgroupV2Guest : public ContainerTest {
 
   // The guest's image: the test tools image's programs and python, plus
   // what the suites run inside need: this build's binaries in /dsec/bin,
-  // ldd (MakeRootfs in the guest), tar, mkfs.erofs (dsec-image).
+  // ldd (MakeRootfs in the guest), tar, mkfs.erofs (dsec-image), and the
+  // tree of the tools image (kToolsTree) their daemons build it from
+  // ($DSEC_TEST_ROOTFS): made here once, not by each suite under emulation
+  // (the same files: the guest's are the host's).
   static std::string BuildImage() {
     char tmpl[] = "/tmp/dsec-test-rootfs-XXXXXX";
     if (!::mkdtemp(tmpl)) return std::string("mkdtemp: ") + std::strerror(errno);
@@ -97,6 +101,7 @@ class CgroupV2Guest : public ContainerTest {
                           "dsec-spawner", "leak_check"})
       o.files.push_back({BinDir() + "/" + b, std::string(kGuestBin) + "/" + b});
     Status made = MakeRootfs(rootfs, o);
+    if (made.ok()) made = MakeRootfs(rootfs + kToolsTree);
     ProcResult built;
     if (made.ok())
       built = RunProcess({BinDir() + "/dsec-image", "--data-dir", daemon_->data_dir(), "build", rootfs, kGuestImage});
@@ -110,8 +115,8 @@ class CgroupV2Guest : public ContainerTest {
   // this test's) and expects all `tests` it selects to run and pass: none
   // failed, none skipped for want of something in the guest.
   static void ExpectSuitePasses(const std::string& binary, const std::string& filter, int tests) {
-    auto req = Command({"env", std::string("DSEC_BIN_DIR=") + kGuestBin, std::string(kGuestBin) + "/" + binary,
-                        "--gtest_filter=" + filter, "--gtest_color=no"});
+    auto req = Command({"env", std::string("DSEC_BIN_DIR=") + kGuestBin, std::string("DSEC_TEST_ROOTFS=") + kToolsTree,
+                        std::string(kGuestBin) + "/" + binary, "--gtest_filter=" + filter, "--gtest_color=no"});
     req.mutable_limits()->set_timeout_ms(900'000);
     req.mutable_limits()->set_output_bytes(8 << 20);
     auto r = Exec(*vm_, req);
