@@ -166,7 +166,13 @@ caf::result<v1::SessionReply> OpenSession(Self self, v1::OpenSessionRequest& req
   const std::string name = req.name();
   if (st.session_node.count(name)) return ToSessionNode<v1::SessionReply>(self, name, req);
   if (Status ok = CheckSessionName(name); !ok.ok()) return ErrorReply<v1::SessionReply>(ok);
-  auto node = Place(self, req.spec());
+  // A fork of a session goes where that session is: its log is copied
+  // there, and its agent starts from a snapshot there.
+  Result<std::string> node = Status::NotFound("");
+  if (auto src = st.session_node.find(req.fork_of().session()); req.has_fork_of() && src != st.session_node.end())
+    node = src->second;
+  else
+    node = Place(self, req.spec());
   if (!node.ok()) return ErrorReply<v1::SessionReply>(node.status());
   // A restartable one is opened as in a cluster: its steps come here.
   if (auto local = InProcess(self, *node); local && !req.restartable()) return self->delegate(local, std::move(req));

@@ -31,13 +31,19 @@ void Take(Self self, const std::string& name, bool ephemeral, Taken then) {
     return then(can.Annotate(what));
   auto snaps = st.ctx->snapshots;
   if (!snaps) return then(Status::FailedPrecondition("this node keeps no snapshots"));
-  auto pending = snaps->Begin(name, st.rec.spec().snapshot());
+  // What it stands on: the snapshot its sandbox started from, unless it
+  // holds the whole state (a VM's memory and devices) or its layers are
+  // as deep as they stack (a container's are then flattened into it).
+  bool whole = st.driver->traits().isolation >= v1::ISOLATION_KERNEL ||
+               static_cast<uint32_t>(st.rec.spec().layers().dirs_size()) >= images::SnapshotStore::kMaxDepth;
+  const std::string parent = whole ? "" : st.rec.spec().snapshot();
+  auto pending = snaps->Begin(name, parent);
   if (!pending.ok()) return then(pending.status());
   v1::SnapshotInfo info;
   info.set_kind(st.rec.spec().kind());
   info.set_source_sandbox(st.rec.id());
   info.set_image(st.rec.spec().image());
-  info.set_parent(st.rec.spec().snapshot());
+  info.set_parent(parent);
   info.set_ephemeral(ephemeral);
   auto handle = caf::actor_cast<sandbox_actor>(self);
   auto log = st.ctx->log;

@@ -12,6 +12,7 @@
 #include "drivers/container/container_box.hpp"
 #include "drivers/container/container_driver.hpp"
 #include "drivers/guard/carry.hpp"
+#include "drivers/images/snapshot_store.hpp"
 
 namespace dsec::drivers {
 
@@ -52,8 +53,20 @@ void ContainerDriver::Snapshot(const v1::SandboxRecord& sb, const std::string& d
     guard::CarryOptions opts;  // everything it changed, from its root
     if (max_bytes) opts.max_bytes = max_bytes;
     std::string upper = SandboxDir(opts_.data_dir, sb.id()) + "/upper";
-    auto copied = CopyFrozen(box, "its changes are copied into a snapshot", [&] {
-      return guard::CarryChanges(upper, mounts_->PathFor(box->digest), dest, opts);
+    // Its snapshot layers as deep as they may stack: flattened into this
+    // one (each merged under the newer ones), which then stands on the
+    // image alone.
+    const auto& layers = sb.spec().layers().dirs();
+    bool flatten = static_cast<uint32_t>(layers.size()) >= images::SnapshotStore::kMaxDepth;
+    auto copied = CopyFrozen(box, "its changes are copied into a snapshot", [&]() -> Result<guard::CarryStats> {
+      auto c = guard::CarryChanges(upper, mounts_->PathFor(box->digest), dest, opts);
+      for (int i = 0; c.ok() && flatten && i < layers.size(); ++i) {
+        auto merged = guard::MergeUnder(layers[i], dest, opts.max_entries - c->entries, opts.max_bytes - c->bytes);
+        if (!merged.ok()) return merged.status().Annotate("flatten " + layers[i]);
+        c->entries += merged->entries;
+        c->bytes += merged->bytes;
+      }
+      return c;
     });
     if (!copied.ok()) return copied.status().Annotate("snapshot of container " + sb.id());
     auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();

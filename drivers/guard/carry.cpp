@@ -84,6 +84,10 @@ struct Copier {
   // Directories made, with the stat whose times they get once filled.
   std::vector<std::pair<std::string, struct stat>> dirs_made;
   std::vector<char> buf = std::vector<char>(1 << 16);
+  // Merging an older overlay layer under what `to` holds (MergeUnder): an
+  // entry there already wins, and nothing goes under a file, a whiteout or
+  // an opaque directory there.
+  bool merge_under = false;
 
   // A directory still to copy, found in `parent` as `name` (stat `st`);
   // no parent: the top (`top`), or none (a whiteout or file that becomes a
@@ -213,11 +217,25 @@ struct Copier {
       if (!*src || ::fstat(src->get(), &now) != 0 || now.st_ino != dir.st.st_ino || now.st_dev != dir.st.st_dev)
         return Status::Ok();
     }
+    bool newer = false;  // merge_under: a newer layer's directory is there
+    if (merge_under) {
+      struct stat have;
+      if (::lstat(dir.to.c_str(), &have) == 0) {
+        if (!S_ISDIR(have.st_mode)) return Status::Ok();  // hidden by a newer file or whiteout
+        UniqueFd there(::open(dir.to.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+        if (!there || Opaque(there.get())) return Status::Ok();  // a newer opaque directory hides it
+        newer = true;
+      }
+    }
     if (::mkdir(dir.to.c_str(), 0700) != 0 && errno != EEXIST) return Status::FromErrno(errno, "mkdir " + dir.to);
     UniqueFd dst(::open(dir.to.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
     if (!dst) return Status::FromErrno(errno, "open " + dir.to);
     bool opaque = dir.opaque;
-    if (src) {
+    if (src && newer) {
+      // The newer directory's owner, mode and attributes stand; an older
+      // opaque one still hides the image below both.
+      opaque = Opaque(src->get());
+    } else if (src) {
       CopyXattrs(src->get(), dst.get());
       opaque = opaque || Opaque(src->get());
       dirs_made.emplace_back(dir.to, dir.st);
@@ -376,7 +394,13 @@ Result<CarryStats> CarryChanges(const std::string& upper, const std::string& ima
 }
 
 Result<CarryStats> CopyLayer(const std::string& src, const std::string& dest, size_t max_entries, uint64_t max_bytes) {
+  return MergeUnder(src, dest, max_entries, max_bytes, /*merge=*/false);
+}
+
+Result<CarryStats> MergeUnder(const std::string& src, const std::string& dest, size_t max_entries, uint64_t max_bytes,
+                              bool merge) {
   Copier c;
+  c.merge_under = merge;
   c.max_entries = max_entries;
   c.max_bytes = max_bytes;
   c.max_depth = 1024;

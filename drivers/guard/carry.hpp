@@ -68,4 +68,14 @@ Result<CarryStats> CarryChanges(const std::string& upper, const std::string& ima
 Result<CarryStats> CopyLayer(const std::string& src, const std::string& dest, size_t max_entries = 200000,
                              uint64_t max_bytes = 4ull << 30);
 
+// Flattens overlay layers: copies what of `layer` (an older one) the
+// layers already merged into `dest` (newer ones) do not hide: entries
+// `dest` lacks, whiteouts and opaque directories included; nothing under a
+// file, a whiteout or an opaque directory of `dest`; a directory both have
+// keeps `dest`'s metadata and becomes opaque if `layer`'s is (the image
+// stays hidden below). Call it for each layer, newest first. `merge` false:
+// CopyLayer (dest must not exist).
+Result<CarryStats> MergeUnder(const std::string& layer, const std::string& dest, size_t max_entries = 200000,
+                              uint64_t max_bytes = 4ull << 30, bool merge = true);
+
 }  // namespace dsec::guard

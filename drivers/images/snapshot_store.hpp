@@ -29,7 +29,7 @@ namespace dsec::images {
 class SnapshotStore {
  public:
   // Layers a sandbox may stack (a snapshot of a sandbox made from one of
-  // this depth is refused).
+  // this depth is flattened: the sandbox actor begins it without a parent).
   static constexpr uint32_t kMaxDepth = 8;
 
   // `root`: <data>/snapshots (made when missing). `max_bytes`: what all

@@ -27,6 +27,7 @@
 
 #include "actors/controller/controller.hpp"
 #include "dsec/report.hpp"
+#include "dsec/snapshot.hpp"
 #include "harness/daemon.hpp"
 #include "sdk/src/client_agent.hpp"
 #include "wire/wire.hpp"
@@ -289,6 +290,19 @@ TEST_F(Cluster, ASessionsStepsRunOnItsNodeAndTheLogIsThere) {
   auto r = other->Exec(Command({"cat", "/tmp/log"}));
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->stdout(), "step 0\nstep 1\nstep 2\n");
+  // Its forks go on from step 3 on its node (their logs begin with its
+  // steps there, their agents from a snapshot there).
+  auto forks = ForkSession(*client_, *s, 2);
+  ASSERT_TRUE(forks.ok()) << forks.status().ToString();
+  for (size_t i = 0; i < forks->size(); ++i) {
+    Session& f = (*forks)[i];
+    EXPECT_EQ(f.record().node_id(), s->record().node_id()) << "fork " << i;
+    EXPECT_EQ(f.record().step_count(), 3u) << "fork " << i;
+    auto step = f.Step(3, Command({"/bin/sh", "-c", "echo fork $0 >> /tmp/log; cat /tmp/log", std::to_string(i)}));
+    ASSERT_TRUE(step.ok()) << step.status().ToString();
+    EXPECT_EQ(step->step().result().stdout(), "step 0\nstep 1\nstep 2\nfork " + std::to_string(i) + "\n");
+    EXPECT_TRUE(f.Close().ok());
+  }
   EXPECT_TRUE(s->Close().ok());
 }
 

@@ -104,6 +104,46 @@ TEST_F(Snapshots, ASnapshotCarriesTheChangesAndNewContainersStartFromIt) {
   EXPECT_THAT(Names(), ::testing::IsEmpty());
 }
 
+// Past 8 stacked layers a snapshot is flattened: one layer on the image
+// with what they all and the sandbox changed (deletions, re-creations and
+// opaque directories as the stack showed them), needing none of them.
+TEST_F(Snapshots, ASnapshotPastEightLayersIsFlattenedAndShowsTheSameTree) {
+  constexpr const char* kTree =
+      "ls -R /work; stat -c '%n %A %U' /work/* /work/d/*; cat /work/g* /work/d/*; "
+      "test -e /bin/yes && echo yes-is-there || echo yes-is-gone";
+  auto first = Make();
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  Sandbox cur = *first;
+  for (int g = 1; g <= 9; ++g) {
+    std::string n = std::to_string(g);
+    std::string change = "echo g" + n + " > /work/g" + n;
+    if (g == 3) change += " && rm /work/g2 /bin/yes";                                  // deletions
+    if (g == 5) change += " && echo back > /work/g2";                                   // made again
+    if (g == 6) change += " && mkdir -p /work/d && echo x > /work/d/x";
+    if (g == 7) change += " && rm -r /work/d && mkdir /work/d && echo y > /work/d/y";  // opaque
+    ASSERT_EQ(ShIn(cur, change + " && echo ok").stdout(), "ok\n") << "generation " << g;
+    auto snap = Snapshot(cur, "gen-" + n);
+    ASSERT_TRUE(snap.ok()) << snap.status().ToString();
+    EXPECT_EQ(snap->depth(), g <= 8 ? static_cast<uint32_t>(g) : 1u) << "generation " << g;
+    EXPECT_EQ(snap->parent(), g == 1 || g == 9 ? "" : "gen-" + std::to_string(g - 1));
+    auto next = MakeFrom("gen-" + n);
+    ASSERT_TRUE(next.ok()) << next.status().ToString();
+    cur = *next;
+  }
+  std::string want = ShIn(cur, kTree).stdout();
+  EXPECT_THAT(want, HasSubstr("g9\n")) << want;
+  EXPECT_THAT(want, HasSubstr("back\ny\nyes-is-gone")) << want;
+  // It needs none of the eight: they all go, and it still shows the tree.
+  auto all = made_;
+  for (const auto& sb : all) Destroy(sb);
+  for (int g = 8; g >= 1; --g) EXPECT_TRUE(RemoveSnapshot(*client_, "gen-" + std::to_string(g)).ok()) << g;
+  auto flat = MakeFrom("gen-9");
+  ASSERT_TRUE(flat.ok()) << flat.status().ToString();
+  EXPECT_EQ(ShIn(*flat, kTree).stdout(), want);
+  Destroy(*flat);
+  EXPECT_TRUE(RemoveSnapshot(*client_, "gen-9").ok());
+}
+
 // A content hash of /work/repo's tree (paths, modes and bytes), by python.
 constexpr const char* kTreeHash =
     "python3 -c \"import hashlib, os\n"
@@ -212,6 +252,9 @@ TEST_F(Snapshots, BadInputGetsAClearErrorAndLeavesNothing) {
   EXPECT_THAT(image_rm.message(), HasSubstr("snapshot once"));
   EXPECT_EQ(RemoveSnapshot(*client_, "no-such-snapshot").code(), Status::Code::kNotFound);
   EXPECT_TRUE(RemoveSnapshot(*client_, "once").ok());
+  auto removed = client_->Create(From("once"));
+  EXPECT_EQ(removed.status().code(), Status::Code::kNotFound) << removed.status().ToString();
+  EXPECT_THAT(removed.status().message(), HasSubstr("no snapshot named 'once'"));
   EXPECT_THAT(Names(), ::testing::IsEmpty());
 }
 
