@@ -291,8 +291,11 @@ TEST_F(Cluster, ASessionsStepsRunOnItsNodeAndTheLogIsThere) {
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->stdout(), "step 0\nstep 1\nstep 2\n");
   // Its forks go on from step 3 on its node (their logs begin with its
-  // steps there, their agents from a snapshot there).
+  // steps there, their agents from a snapshot there), even while that node
+  // takes no new placements (drained: placement would send them elsewhere).
+  ASSERT_TRUE(controller_->Admin("drain " + ids_[at]).value("ok", false));
   auto forks = ForkSession(*client_, *s, 2);
+  EXPECT_TRUE(controller_->Admin("undrain " + ids_[at]).value("ok", false));
   ASSERT_TRUE(forks.ok()) << forks.status().ToString();
   for (size_t i = 0; i < forks->size(); ++i) {
     Session& f = (*forks)[i];
