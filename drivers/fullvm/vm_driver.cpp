@@ -229,10 +229,27 @@ Status VmDriver::LaunchMachine(const Launch& l) {
   if (!pmem && vopts_.image_device == "pmem")
     Log(1, "vm " + box.id + ": image file " + box.image_file + " is not a multiple of 2 MiB (built before dsec padded "
            "images; rebuild it to share its page cache): attached as a virtio-blk disk");
-  std::string xml = DomainXml(l, pmem, size);
-  if (Status s = WriteFileAtomic(box.dir + "/domain.xml", xml, 0600); !s.ok())  // for whoever debugs it
-    Log(1, "vm " + box.id + ": " + s.message() + " (the domain starts without its copy there)");
-  virDomainPtr dom = virDomainCreateXML(*conn, xml.c_str(), VIR_DOMAIN_NONE);
+  virDomainPtr dom = nullptr;
+  if (!l.restore.empty()) {
+    // Resumed from a pause with memory: libvirt restores the saved domain,
+    // less the memory limit it saved (set again below, as at a start).
+    const std::string file = l.restore + "/state";
+    char* saved_xml = virDomainSaveImageGetXMLDesc(*conn, file.c_str(), VIR_DOMAIN_SAVE_IMAGE_XML_SECURE);
+    if (!saved_xml) return Status::Internal("libvirt cannot read the saved domain in " + file + ": " + LastError());
+    std::string xml = saved_xml;
+    std::free(saved_xml);
+    if (size_t a = xml.find("<memtune>"), b = xml.find("</memtune>"); a != std::string::npos && b != std::string::npos)
+      xml.erase(a, b + std::strlen("</memtune>") - a);
+    if (virDomainRestoreFlags(*conn, file.c_str(), xml.c_str(), VIR_DOMAIN_SAVE_RUNNING) < 0)
+      return Status::Internal("libvirt could not restore domain " + DomainName(box.mid) + ": " + LastError());
+    dom = virDomainLookupByName(*conn, DomainName(box.mid).c_str());
+    if (!dom) return Status::Internal("domain " + DomainName(box.mid) + " restored but not found: " + LastError());
+  } else {
+    std::string xml = DomainXml(l, pmem, size);
+    if (Status s = WriteFileAtomic(box.dir + "/domain.xml", xml, 0600); !s.ok())  // for whoever debugs it
+      Log(1, "vm " + box.id + ": " + s.message() + " (the domain starts without its copy there)");
+    dom = virDomainCreateXML(*conn, xml.c_str(), VIR_DOMAIN_NONE);
+  }
   if (!dom) return Status::Internal("libvirt could not start domain " + DomainName(box.mid) + ": " + LastError());
   DomainRef ref{dom};
   // QEMU's memory limit (its cgroup's), set once it runs: a <memtune> in
@@ -248,6 +265,22 @@ Status VmDriver::LaunchMachine(const Launch& l) {
   if (box.pid <= 0 || !vm::ProcessHas(box.pid, Marker(box.mid)))
     return Status::Internal("domain " + DomainName(box.mid) + " started but its QEMU's pid is not in /run/libvirt/qemu/");
   box.cgroup_rel = "";  // libvirt's (machine/...), removed by libvirt with the domain
+  return Status::Ok();
+}
+
+Status VmDriver::SaveMachine(const Box& box, const std::string& dest, uint64_t, bool stay_stopped, uint64_t* bytes) {
+  if (!stay_stopped) return GuestDriver::SaveMachine(box, dest, 0, false, bytes);
+  auto conn = Conn();
+  if (!conn.ok()) return conn.status();
+  DomainRef dom{virDomainLookupByName(*conn, DomainName(box.mid).c_str())};
+  if (!dom.d) return Status::Unavailable("its domain " + DomainName(box.mid) + " is gone");
+  const std::string file = dest + "/state";
+  if (virDomainSaveFlags(dom.d, file.c_str(), nullptr, VIR_DOMAIN_SAVE_RUNNING) < 0)
+    return Status::Internal("libvirt could not save domain " + DomainName(box.mid) + ": " + LastError());
+  UniqueFd fd(::open(file.c_str(), O_RDONLY | O_CLOEXEC));
+  struct stat st;
+  if (!fd || ::fsync(fd.get()) < 0 || ::fstat(fd.get(), &st) < 0) return Status::FromErrno(errno, "fsync " + file);
+  *bytes = static_cast<uint64_t>(st.st_size);
   return Status::Ok();
 }
 

@@ -44,6 +44,7 @@ class VmDriver : public GuestDriver {
       KindTraits k = StatefulTraits(v1::ISOLATION_HARDWARE);
       k.network = true;  // a tap per guest, where dsecd shares libvirtd's network namespace (NetworkGap)
       k.guard = true;    // as the microvm's: the guest's init and agent (vm/guest_guard.cpp)
+      k.pause_memory = true;  // libvirt's save and restore of the domain (vm_driver.cpp)
       return k;
     }();
     return t;
@@ -69,6 +70,14 @@ class VmDriver : public GuestDriver {
   std::string EventSocket(const Box&) const override { return ""; }
   std::vector<std::string> StrayMachines() const override;
   void AddStats(nlohmann::json& stats) const override;
+  // Pause with memory only (stay_stopped): libvirt saves the domain, which
+  // ends; a snapshot to start others from is not (libvirt keeps a saved
+  // domain's UUID, and two domains cannot share one).
+  Status SaveMachine(const Box& box, const std::string& dest, uint64_t max_bytes, bool stay_stopped,
+                     uint64_t* bytes) override;
+  Status IncomingMachine(const Box&, const std::string&) override { return Status::Ok(); }  // LaunchMachine restored it
+  std::string MachineFingerprint() const override { return "vm-1 libvirt"; }
+  pid_t CurrentPid(const Box& box) const override { return QemuPid(DomainName(box.mid)); }
 
   std::string DomainName(const std::string& id) const { return prefix_ + id; }
   // What the command line of the domain's QEMU holds (libvirt passes it

@@ -186,6 +186,9 @@ class GuestDriver : public BoxDriver {
   // What a saved state needs to load again (the VMM, its version, the
   // accelerator); a snapshot taken under another is refused.
   virtual std::string MachineFingerprint() const { return ""; }
+  // The pid of the VMM running machine `box` now (a resume starts a new
+  // one: the recorded pid may be old); 0 when none is known.
+  virtual pid_t CurrentPid(const Box& box) const;
 
   std::string VmDir(const std::string& id) const;
   const GuestDriverOptions& options() const { return opts_; }

@@ -29,6 +29,11 @@ Status GuestDriver::SaveMachine(const Box&, const std::string&, uint64_t, bool, 
   return Status::Unimplemented(std::string(kind_name()) + " sandboxes cannot be snapshotted yet (microvm ones can)");
 }
 
+pid_t GuestDriver::CurrentPid(const Box& box) const {
+  auto p = ReadFileToString(box.dir + "/pid");  // QEMU's -pidfile
+  return p.ok() ? static_cast<pid_t>(std::atoi(p->c_str())) : 0;
+}
+
 Status GuestDriver::IncomingMachine(const Box&, const std::string&) {
   return Status::Unimplemented(std::string(kind_name()) + " sandboxes cannot be made from a snapshot");
 }
@@ -160,17 +165,20 @@ Status GuestDriver::PauseMemoryNow(Box& box) {
   const std::string saved = box.dir + "/saved";
   (void)RemoveTree(saved);  // what a save cut short left
   if (::mkdir(saved.c_str(), 0700) < 0) return Status::FromErrno(errno, "mkdir " + saved);
+  {
+    std::lock_guard<std::mutex> lk(watcher_mu_);
+    if (watcher_) watcher_->Unwatch(box.id);  // its QEMU's end is ours, not a loss (a save may end it)
+  }
   uint64_t bytes = 0;
   Status s = SaveMachine(box, saved, 0, /*stay_stopped=*/true, &bytes);
   if (s.ok()) s = WriteMeta(box, saved);
   if (!s.ok()) {
-    (void)PauseMachine(box, box.paused);  // as it was
-    (void)RemoveTree(saved);
+    if (MachineStillThere(box).ok()) {
+      (void)PauseMachine(box, box.paused);  // as it was
+      (void)RemoveTree(saved);
+      Watch(box);
+    }
     return s;
-  }
-  {
-    std::lock_guard<std::mutex> lk(watcher_mu_);
-    if (watcher_) watcher_->Unwatch(box.id);  // its QEMU's end is ours, not a loss
   }
   if (box.agent) box.agent->Close();
   if (Status stop = StopMachine(box.mid, box.pid); !stop.ok()) return stop;
@@ -213,9 +221,8 @@ Status GuestDriver::ResumeSaved(Box& box, const v1::SandboxSpec& spec) {
 }
 
 Status GuestDriver::ReadoptSaved(const std::shared_ptr<Box>& box, const v1::SandboxRecord& sb) {
-  // A resume starts a new QEMU: its own pid file names it.
-  if (auto p = ReadFileToString(box->dir + "/pid"); p.ok() && std::atoi(p->c_str()) > 0)
-    box->pid = static_cast<pid_t>(std::atoi(p->c_str()));
+  // A resume starts a new QEMU.
+  if (pid_t now = CurrentPid(*box); now > 0) box->pid = now;
   const std::string saved = box->dir + "/saved";
   struct stat st;
   bool whole = ::stat((saved + "/meta.json").c_str(), &st) == 0;

@@ -164,18 +164,12 @@ TEST_P(VmKinds, AForkOfEightCarriesMemoryAndEachGuestIsItsOwn) {
 // Pause with memory (DESIGN.md section 14): a microVM's memory and
 // devices go to disk and its QEMU ends; Resume brings back what it held in
 // memory (a running process, a file in its tmpfs), also after a kill -9 of
-// dsecd meanwhile; with resume_on_call, a call wakes it. The vm kind
-// cannot yet, and says so.
+// dsecd meanwhile; with resume_on_call, a call wakes it. The vm kind's is
+// libvirt's save and restore.
 TEST_P(VmKinds, PauseWithMemoryEndsTheVmmAndResumeBringsItsMemoryBack) {
   auto a = client_->Create(Spec());
   ASSERT_TRUE(a.ok()) << a.status().ToString();
   made_.push_back(*a);
-  if (GetParam().kind != v1::KIND_MICROVM) {
-    Status st = a->Pause(/*memory=*/true);
-    EXPECT_EQ(st.code(), Status::Code::kUnimplemented) << st.ToString();
-    EXPECT_THAT(st.message(), HasSubstr("pause_memory"));
-    return;
-  }
   auto spec = Spec();
   spec.set_resume_on_call(true);
   auto b = client_->Create(spec);
