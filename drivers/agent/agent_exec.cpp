@@ -290,7 +290,7 @@ void Agent::StartExec(Conn& c, uint64_t id, Exec& req) {
   plan.candidates = Candidates(req.argv(0), req);
   plan.cwd = cwd.c_str();
   if (!cgroup_procs_.empty()) plan.cgroup_procs = cgroup_procs_.c_str();
-  plan.drop_caps = opts_.guarded;
+  plan.drop_caps = opts_.guarded && !req.privileged();
   if (lim.cpu_time_ms()) {
     rlim_t s = static_cast<rlim_t>((lim.cpu_time_ms() + 999) / 1000);
     plan.cpu = {s, s + 1};  // SIGXCPU at the limit, SIGKILL a second later

@@ -123,9 +123,11 @@ int Identity() {
     std::fprintf(stderr, "dsec-agent --identity: %s: %s\n", what, std::strerror(errno));
     return 1;
   };
-  if (::sethostname(line[0].data(), line[0].size()) < 0) return fail("sethostname");
+  // Empty lines keep what is (a resumed guest keeps its name and id).
+  if (!line[0].empty() && ::sethostname(line[0].data(), line[0].size()) < 0) return fail("sethostname");
   // Files of the guest's root (its tmpfs layer): as its init wrote them.
   for (auto [path, value] : {std::pair<const char*, std::string>{"/etc/hostname", line[0]}, {"/etc/machine-id", line[1]}}) {
+    if (value.empty()) continue;
     int fd = ::open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0444);
     if (fd < 0) continue;  // an image without /etc
     value += "\n";

@@ -105,7 +105,13 @@ void ContainerDriver::PauseMemory(const v1::SandboxRecord& sb, StatusCallback do
     if (!frozen.ok()) return done(frozen);
     auto box = Find(id);  // on a worker thread (Pause's)
     if (!box) return done(Status::Unavailable("container " + id + " is not running on this node"));
-    done(groups_->ReclaimMemory(box->cgroup_rel).Annotate("container " + id + ": reclaim its memory"));
+    Status reclaimed = groups_->ReclaimMemory(box->cgroup_rel);
+    if (!reclaimed.ok()) {
+      // Not paused with memory: left as it was (running), saying why.
+      std::lock_guard<std::mutex> lk(box->idle_mu);
+      if (groups_->Freeze(box->cgroup_rel, false).ok()) box->user_paused = false;
+    }
+    done(reclaimed.Annotate("container " + id + ": reclaim its memory (it runs on)"));
   });
 }
 

@@ -271,7 +271,13 @@ struct Copier {
       }
       std::string to = dir.to + "/" + name;
       struct stat there;
-      if (::lstat(to.c_str(), &there) == 0 && !S_ISDIR(st.st_mode)) continue;  // put back from the image already
+      if (::lstat(to.c_str(), &there) == 0 && !S_ISDIR(st.st_mode)) {
+        // Merging: an older whiteout or file under a newer directory hid
+        // the image's below it; the merged directory goes on hiding it.
+        if (merge_under && S_ISDIR(there.st_mode) && ::setxattr(to.c_str(), kOpaque, "y", 1, 0) != 0)
+          return Status::FromErrno(errno, "mark " + to + " opaque");
+        continue;  // the newer entry, or put back from the image already
+      }
       DSEC_RETURN_IF_ERROR(
           CopyEntry(src, name.c_str(), st, to, child, dir.filtered, dir.depth + 1, from + "/" + child));
     }

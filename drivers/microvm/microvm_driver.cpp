@@ -81,7 +81,11 @@ Status MicrovmDriver::LaunchMachine(const Launch& l) {
   // resumed: its own, shared; made from a snapshot: the snapshot's sealed
   // one, private (copy-on-write).
   UniqueFd ram, fill;
-  if (!l.restore.empty() && l.shared) {
+  struct stat ram_file {};
+  // A saved state without a `ram` file carries the RAM in its stream.
+  const bool in_stream = !l.restore.empty() && ::stat((l.restore + "/ram").c_str(), &ram_file) != 0;
+  const bool private_ram = !l.restore.empty() && (l.shared || in_stream);
+  if (!l.restore.empty() && l.shared && !in_stream) {
     auto base = BaseRam(l.restore, box.guest_memory);
     if (!base.ok()) return base.status().Annotate("the snapshot's memory");
     box.hold = *base;
@@ -89,7 +93,7 @@ Status MicrovmDriver::LaunchMachine(const Launch& l) {
   } else {
     ram.Reset(::memfd_create(kRamName, MFD_CLOEXEC | MFD_ALLOW_SEALING));
     if (ram && ::ftruncate(ram.get(), static_cast<off_t>(box.guest_memory)) < 0) ram.Reset();
-    if (!l.restore.empty()) {
+    if (!l.restore.empty() && !in_stream) {
       fill.Reset(::open((l.restore + "/ram").c_str(), O_RDONLY | O_CLOEXEC));
       if (!fill) return Status::FromErrno(errno, "open " + l.restore + "/ram");
     }
@@ -101,7 +105,7 @@ Status MicrovmDriver::LaunchMachine(const Launch& l) {
       qemu_, "-name", "dsec-" + box.mid,
       "-M", "microvm,acpi=on,rtc=on,memory-backend=ram",
       "-object", "memory-backend-file,id=ram,size=" + mem_mib + "M,mem-path=/proc/self/fd/3,share=" +
-                     (l.shared ? "off" : "on"),
+                     (private_ram ? "off" : "on"),
       "-accel", kvm ? "kvm" : "tcg,tb-size=64",
       "-cpu", kvm ? "host" : "max",
       "-m", mem_mib, "-smp", std::to_string(box.vcpus),

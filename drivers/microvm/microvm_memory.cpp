@@ -19,6 +19,12 @@
 // - A resumed guest (Pause with memory): its own memfd, filled from the
 //   snapshot by QEMU's launcher inside the guest's cgroup (so the memory is
 //   the guest's), mapped shared like a booted one.
+// - A guest whose RAM is a private mapping (made from a snapshot) cannot
+//   leave it out of the migration stream (QEMU 7.2's x-ignore-shared skips
+//   shared blocks only): its snapshot or pause saves the RAM in `state`
+//   (no `ram` file), and guests made from that map an empty memfd
+//   privately and load their RAM from the stream: correct, slower, and
+//   without sharing.
 #include <fcntl.h>
 #include <linux/fs.h>
 #include <sys/mman.h>
@@ -86,7 +92,8 @@ Result<std::vector<std::pair<uint64_t, uint64_t>>> RamExtents(pid_t pid, uint64_
     for (uint64_t p = 0; p < used.size();) {
       size_t n = std::min<uint64_t>(entries.size(), used.size() - p);
       ssize_t got = ::pread(pm.get(), entries.data(), n * 8, static_cast<off_t>((addr / kPage + p) * 8));
-      if (got <= 0) return Status::FromErrno(errno, "read QEMU's pagemap");
+      if (got <= 0) return got < 0 ? Status::FromErrno(errno, "read QEMU's pagemap")
+                                   : Status::Internal("QEMU's pagemap ends early");
       for (size_t i = 0; i < static_cast<size_t>(got) / 8; ++i)
         if (entries[i] & (3ull << 62)) used[p + i] = true;  // present or swapped
       p += static_cast<uint64_t>(got) / 8;
@@ -133,7 +140,9 @@ Status MicrovmDriver::SaveMachine(const Box& box, const std::string& dest, uint6
   uint64_t addr = 0;
   bool shared = false;
   DSEC_RETURN_IF_ERROR(FindRamMapping(box.pid, box.guest_memory, &addr, &shared));
-  bool was_running = MachineState(box) == RunState::kRunning;
+  // Stopped unless dsecd paused it (a monitor slow to answer counts as
+  // running: `stop` is harmless on a stopped guest, a live save is not).
+  bool was_running = !box.paused && MachineState(box) != RunState::kPaused;
   if (was_running) {
     auto r = Qmp(box.dir, "stop", "");
     if (!r.ok()) return r.status().Annotate("stop the guest for its snapshot");
@@ -143,10 +152,28 @@ Status MicrovmDriver::SaveMachine(const Box& box, const std::string& dest, uint6
     auto caps = Qmp(box.dir, "migrate-set-capabilities",
                     R"({"capabilities":[{"capability":"x-ignore-shared","state":true}]})");
     if (!caps.ok()) return caps.status();
-    // Device state only: the RAM is shared (left out) or copied below.
+    // A private mapping (a guest made from a snapshot) is not left out:
+    // its RAM goes into the stream (no `ram` file then), at disk speed.
+    auto bw = Qmp(box.dir, "migrate-set-parameters", R"({"max-bandwidth":17179869184})");
+    if (!bw.ok()) return bw.status();
     auto m = Qmp(box.dir, "migrate", nlohmann::json{{"uri", "exec:cat > " + Quoted(dest + "/state")}}.dump());
     if (!m.ok()) return m.status().Annotate("save the guest's device state");
-    DSEC_RETURN_IF_ERROR(WaitMigration(box.dir, 60'000, "saving the guest's device state"));
+    if (Status w = WaitMigration(box.dir, 300'000, "saving the guest's state"); !w.ok()) {
+      (void)Qmp(box.dir, "migrate_cancel", "");
+      return w;
+    }
+    struct stat st {};
+    if (::stat((dest + "/state").c_str(), &st) < 0) return Status::FromErrno(errno, "stat " + dest + "/state");
+    *bytes = static_cast<uint64_t>(st.st_size);
+    if (!shared) {
+      UniqueFd fd(::open((dest + "/state").c_str(), O_RDONLY | O_CLOEXEC));
+      if (!fd || ::fsync(fd.get()) < 0) return Status::FromErrno(errno, "fsync " + dest + "/state");
+      if (max_bytes && *bytes > max_bytes)
+        return Status::ResourceExhausted("the guest's state (" + std::to_string(*bytes) +
+                                         " bytes) is more than the node's snapshot space left (" +
+                                         std::to_string(max_bytes) + " bytes; dsecd --snapshot-gib)");
+      return Status::Ok();
+    }
     auto runs = RamExtents(box.pid, addr, box.guest_memory, shared);
     if (!runs.ok()) return runs.status();
     UniqueFd mem(::open(("/proc/" + std::to_string(box.pid) + "/mem").c_str(), O_RDONLY | O_CLOEXEC));
@@ -157,18 +184,19 @@ Status MicrovmDriver::SaveMachine(const Box& box, const std::string& dest, uint6
     if (::ftruncate(out.get(), static_cast<off_t>(box.guest_memory)) < 0)
       return Status::FromErrno(errno, "size " + ram_path);
     std::vector<char> buf(1 << 20);
-    uint64_t copied = 0;
+    uint64_t copied = *bytes;
     for (auto [b, e] : *runs) {
       for (uint64_t off = b; off < e;) {
         size_t n = std::min<uint64_t>(buf.size(), e - off);
         ssize_t got = ::pread(mem.get(), buf.data(), n, static_cast<off_t>(addr + off));
-        if (got <= 0) return Status::FromErrno(got < 0 ? errno : EIO, "read guest RAM at " + std::to_string(off));
+        if (got <= 0) return got < 0 ? Status::FromErrno(errno, "read guest RAM at " + std::to_string(off))
+                                     : Status::Internal("guest RAM ends early, at " + std::to_string(off));
         if (::pwrite(out.get(), buf.data(), got, static_cast<off_t>(off)) != got)
           return Status::FromErrno(errno, "write " + ram_path);
         off += got;
         copied += got;
       }
-      if (max_bytes && copied > max_bytes)
+      if (max_bytes && copied > max_bytes)  // checked per run: a run is at most the guest's RAM
         return Status::ResourceExhausted("the guest's memory (" + std::to_string(copied) +
                                          "+ bytes) is more than the node's snapshot space left (" +
                                          std::to_string(max_bytes) + " bytes; dsecd --snapshot-gib)");

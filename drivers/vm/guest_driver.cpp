@@ -115,6 +115,7 @@ void GuestDriver::Reclaim(const std::shared_ptr<Box>& box) {
   req.add_argv("--reclaim");
   req.add_env("PATH=/usr/bin:/bin");
   req.mutable_limits()->set_timeout_ms(30'000);
+  req.set_privileged(true);  // drop_caches needs CAP_SYS_ADMIN, which a guarded guest's execs lose
   auto r = box->agent->ExecSync(req, std::chrono::milliseconds(35'000));
   if (!r.ok() || !r->exited() || r->exit_code() != 0) {
     Log(1, std::string(kind_name()) + " " + box->id + ": idle reclaim failed: " +

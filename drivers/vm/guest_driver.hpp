@@ -233,7 +233,7 @@ class GuestDriver : public BoxDriver {
   // `fresh`: a new guest (hostname, machine-id, seed, time); else a resumed
   // one (seed and time).
   Status Reidentify(const Box& box, bool fresh);
-  Status WriteMeta(const Box& box, const std::string& dir) const;
+  Status WriteMeta(const Box& box, const std::string& dir, const std::string& task) const;
   Status PauseMemoryNow(Box& box);
   Status ResumeSaved(Box& box, const v1::SandboxSpec& spec);
   // ReadoptNow's part for a guest whose state is saved: Ok with it kept

@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 
 #include <chrono>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "drivers/agent/agent_client.hpp"
@@ -23,6 +24,12 @@ namespace dsec::drivers {
 
 namespace {
 constexpr int kMetaFormat = 1;
+
+// The task guard a guest booted with (its kernel command line, in its
+// memory): a guest made from a snapshot keeps its source's.
+std::string TaskKey(const v1::SandboxSpec& spec) {
+  return spec.has_task() ? std::to_string(std::hash<std::string>{}(spec.task().SerializeAsString())) : "";
+}
 }  // namespace
 
 Status GuestDriver::SaveMachine(const Box&, const std::string&, uint64_t, bool, uint64_t*) {
@@ -49,21 +56,21 @@ void GuestDriver::Snapshot(const v1::SandboxRecord& sb, const std::string& dest,
     return done(Status::FailedPrecondition(
         what + " has a network link: a snapshot would give every guest made from it the same address; "
                "snapshot guests made with network policy none"));
-  Work([this, box, dest, max_bytes, what, done = std::move(done)] {
+  Work([this, box, dest, max_bytes, what, spec = sb.spec(), done = std::move(done)] {
     if (::mkdir(dest.c_str(), 0700) < 0) return done(Status::FromErrno(errno, "mkdir " + dest));
     uint64_t bytes = 0;
     Status s = SaveMachine(*box, dest, max_bytes, /*stay_stopped=*/false, &bytes);
     if (!s.ok()) return done(s.Annotate(what + ": snapshot"));
-    if (Status m = WriteMeta(*box, dest); !m.ok()) return done(m);
+    if (Status m = WriteMeta(*box, dest, TaskKey(spec)); !m.ok()) return done(m);
     done(SnapshotStats{bytes, 0, box->digest});
   });
 }
 
-Status GuestDriver::WriteMeta(const Box& box, const std::string& dir) const {
+Status GuestDriver::WriteMeta(const Box& box, const std::string& dir, const std::string& task) const {
   // Written last: a dir with meta.json holds a whole saved guest.
   nlohmann::json meta = {{"format", kMetaFormat},        {"kind", kind_name()},
                          {"machine", MachineFingerprint()}, {"guest_memory", box.guest_memory},
-                         {"vcpus", box.vcpus},            {"image_digest", box.digest}};
+                         {"vcpus", box.vcpus},            {"image_digest", box.digest}, {"task", task}};
   return WriteFileAtomic(dir + "/meta.json", meta.dump(1) + "\n", 0600);
 }
 
@@ -88,6 +95,13 @@ Status GuestDriver::PrepareRestore(const v1::SandboxSpec& spec, Box* box, Launch
     return Status::FailedPrecondition("snapshot '" + name + "' stands on image " + spec.image() + " as it was (" +
                                       meta.value("image_digest", "") + "); that name now holds " + box->digest +
                                       ": a snapshot needs the image it was taken on");
+  if (meta.value("task", "") != TaskKey(spec))
+    return Status::FailedPrecondition("snapshot '" + name + "' is of a guest booted with another task guard (or " +
+                                      "none): a VM guest's guard is set at its boot, so a guest made from it keeps " +
+                                      "its source's; ask for the source's task, or boot a new guest");
+  if (meta.value("guest_memory", uint64_t{0}) > opts_.max_memory || meta.value("vcpus", 1u) > opts_.max_vcpus)
+    return Status::FailedPrecondition("snapshot '" + name + "' is of a guest larger than this node's VM maximum " +
+                                      "(--vm-max-memory, --vm-max-vcpus)");
   auto policy = net::ParsePolicy(spec.network());
   if (!policy.ok()) return policy.status();
   if (NeedsLink(*policy))
@@ -122,6 +136,7 @@ Status GuestDriver::Reidentify(const Box& box, bool fresh) {
   req.set_stdin((fresh ? box.mid.substr(0, 63) + "\n" + RandomHex(32) : std::string("\n")) + "\n" + seed_hex + "\n" +
                 std::to_string(std::chrono::duration_cast<std::chrono::nanoseconds>(now).count()) + "\n");
   req.mutable_limits()->set_timeout_ms(20'000);
+  req.set_privileged(true);  // a guarded guest's execs lose CAP_SYS_ADMIN and CAP_SYS_TIME
   auto r = box.agent->ExecSync(req, std::chrono::milliseconds(25'000));
   if (!r.ok()) return r.status().Annotate("give the restored guest its identity");
   if (!r->exited() || r->exit_code() != 0)
@@ -171,7 +186,7 @@ Status GuestDriver::PauseMemoryNow(Box& box) {
   }
   uint64_t bytes = 0;
   Status s = SaveMachine(box, saved, 0, /*stay_stopped=*/true, &bytes);
-  if (s.ok()) s = WriteMeta(box, saved);
+  if (s.ok()) s = WriteMeta(box, saved, "");
   if (!s.ok()) {
     if (MachineStillThere(box).ok()) {
       (void)PauseMachine(box, box.paused);  // as it was
@@ -198,6 +213,8 @@ Status GuestDriver::ResumeSaved(Box& box, const v1::SandboxSpec& spec) {
   const std::string saved = box.dir + "/saved";
   auto guest = EnsureGuest();
   if (!guest.ok()) return guest.status();
+  // What a resume cut short left (a VMM still loading), first.
+  DSEC_RETURN_IF_ERROR(StopMachine(box.mid, 0));
   Launch launch{&box, &*guest, "", &spec, "", "", saved, /*shared=*/false};
   Status s = LaunchMachine(launch);
   if (s.ok()) s = IncomingMachine(box, saved);
@@ -226,7 +243,14 @@ Status GuestDriver::ReadoptSaved(const std::shared_ptr<Box>& box, const v1::Sand
   const std::string saved = box->dir + "/saved";
   struct stat st;
   bool whole = ::stat((saved + "/meta.json").c_str(), &st) == 0;
-  if (!whole || MachineStillThere(*box).ok()) {
+  // A VMM still loading the saved state (dsecd died during a resume) is
+  // not the guest: it goes, and the saved state stays.
+  bool there = MachineStillThere(*box).ok();
+  if (whole && there && MachineState(*box) == RunState::kStarting) {
+    DSEC_RETURN_IF_ERROR(StopMachine(box->mid, box->pid));
+    there = false;
+  }
+  if (!whole || there) {
     // Nothing saved whole, or saved and its QEMU not yet ended: it runs as it is.
     if (::stat(saved.c_str(), &st) == 0) (void)RemoveTree(saved);
     return Status::NotFound("nothing saved");
@@ -235,7 +259,11 @@ Status GuestDriver::ReadoptSaved(const std::shared_ptr<Box>& box, const v1::Sand
   box->pid = 0;
   // Its record says it runs (dsecd died between the save and the record):
   // it runs again.
-  if (sb.phase() != v1::SANDBOX_PHASE_PAUSED) DSEC_RETURN_IF_ERROR(ResumeSaved(*box, sb.spec()));
+  if (sb.phase() != v1::SANDBOX_PHASE_PAUSED) {
+    if (Status s = ResumeSaved(*box, sb.spec()); !s.ok())  // its state stays: a Resume tries again
+      Log(2, std::string(kind_name()) + " " + box->id + ": saved, and not resumed at re-adoption: " + s.message() +
+                 " (its record says running; calls fail until it is paused and resumed)");
+  }
   box->paused = box->saved;
   box->last_active_ms = SteadyClockMs();
   PutBox(box);

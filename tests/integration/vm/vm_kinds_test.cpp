@@ -150,10 +150,21 @@ TEST_P(VmKinds, AForkOfEightCarriesMemoryAndEachGuestIsItsOwn) {
   for (size_t i = 0; i < forks->size(); ++i)
     EXPECT_EQ(ShIn((*forks)[i], "cat /run/mine").stdout(), "fork-" + std::to_string(i) + "\n");
   EXPECT_EQ(ShIn(*src, "cat /run/mine 2>&1 || echo none").stdout().find("fork-"), std::string::npos);
+  // A fork's memory is a private mapping of the snapshot's: paused with
+  // memory it comes back, and a fork of it carries it on.
+  ASSERT_TRUE((*forks)[0].Pause(/*memory=*/true).ok());
+  EXPECT_TRUE(VmProcessesOf(*daemon_, GetParam().kind, (*forks)[0].id()).empty());
+  ASSERT_TRUE((*forks)[0].Resume().ok());
+  EXPECT_EQ(ShIn((*forks)[0], "kill -0 $(cat /run/counter) && cat /run/mine").stdout(), "fork-0\n");
+  auto grand = Fork((*forks)[1], 1);
+  ASSERT_TRUE(grand.ok()) << grand.status().ToString();
+  made_.push_back((*grand)[0]);
+  EXPECT_EQ(ShIn((*grand)[0], "kill -0 $(cat /run/counter) && cat /run/mine").stdout(), "fork-1\n");
   // The source goes; its forks go on.
   ASSERT_TRUE(src->Destroy().ok());
   for (auto& f : *forks) EXPECT_GT(count_in(f), before);
   for (auto& f : *forks) EXPECT_TRUE(f.Destroy().ok());
+  EXPECT_TRUE((*grand)[0].Destroy().ok());
   made_.clear();
   auto left = ListSnapshots(*client_);
   ASSERT_TRUE(left.ok()) << left.status().ToString();
