@@ -274,9 +274,14 @@ void StartDestroy(Self self, std::string why, std::function<void(const Status&)>
     }
   };
   // A pause with the driver finishes first (its freeze must not land on
-  // the container being removed).
-  if (st.pausing) st.after_pause = go;
-  else go();
+  // the container being removed), and so do snapshots being taken (whole
+  // before the destroy, and answered).
+  auto after_pause = [self, go] {
+    if (self->state.snapshotting > 0) self->state.after_snapshots = go;
+    else go();
+  };
+  if (st.pausing) st.after_pause = after_pause;
+  else after_pause();
 }
 
 // The sandbox ends as its deadline says (NextEnd), now.

@@ -34,7 +34,8 @@ void Take(Self self, const std::string& name, bool ephemeral, Taken then) {
   // What it stands on: the snapshot its sandbox started from, unless it
   // holds the whole state (a VM's memory and devices) or its layers are
   // as deep as they stack (a container's are then flattened into it).
-  bool whole = st.driver->traits().isolation >= v1::ISOLATION_KERNEL ||
+  bool layer = st.driver->traits().isolation < v1::ISOLATION_KERNEL;  // a container's files
+  bool whole = !layer ||
                static_cast<uint32_t>(st.rec.spec().layers().dirs_size()) >= images::SnapshotStore::kMaxDepth;
   const std::string parent = whole ? "" : st.rec.spec().snapshot();
   auto pending = snaps->Begin(name, parent);
@@ -47,11 +48,28 @@ void Take(Self self, const std::string& name, bool ephemeral, Taken then) {
   info.set_ephemeral(ephemeral);
   auto handle = caf::actor_cast<sandbox_actor>(self);
   auto log = st.ctx->log;
+  // A destroy meanwhile waits for it (StartDestroy), so it is answered.
+  ++st.snapshotting;
+  then = [self, then](Result<v1::SnapshotInfo> out) {
+    then(std::move(out));
+    auto& st = self->state;
+    if (--st.snapshotting == 0 && st.after_snapshots) {
+      auto next = std::move(st.after_snapshots);
+      st.after_snapshots = nullptr;
+      next();
+    }
+  };
   st.driver->Snapshot(
       st.rec, pending->part, pending->bytes_left,
-      [handle, snaps, p = *pending, info, then, log](Result<drivers::SnapshotStats> made) mutable {
-        // On a driver thread: the commit (an fsync and a store write) too.
+      [handle, snaps, p = *pending, info, then, log, layer](Result<drivers::SnapshotStats> made) mutable {
+        // On a driver thread: sharing its files with earlier layers and the
+        // commit (an fsync and a store write) too.
         Result<v1::SnapshotInfo> out = made.status();
+        if (made.ok() && layer) {
+          auto shared = snaps->Share(p);
+          if (shared.ok()) info.set_shared_bytes(shared->shared_bytes);
+          else made = shared.status();
+        }
         if (made.ok()) {
           info.set_size_bytes(made->bytes);
           info.set_entries(made->entries);
@@ -61,8 +79,9 @@ void Take(Self self, const std::string& name, bool ephemeral, Taken then) {
           snaps->Abort(p);
         }
         if (out.ok())
-          log->info("snapshot {} of sandbox {}: {} entries, {} bytes, {} layer(s)", out->name(), out->source_sandbox(),
-                    out->entries(), out->size_bytes(), out->depth());
+          log->info("snapshot {} of sandbox {}: {} entries, {} bytes ({} shared with earlier snapshots), {} layer(s)",
+                    out->name(), out->source_sandbox(), out->entries(), out->size_bytes(), out->shared_bytes(),
+                    out->depth());
         Post(handle, [then, out = std::move(out)]() mutable { then(std::move(out)); });
       });
 }

@@ -48,6 +48,8 @@ struct SandboxState {
   bool pausing = false;            // a pause or resume is with the driver
   bool network_changing = false;   // a SetNetwork is with the driver (one at a time)
   std::function<void()> after_pause;  // a destroy waiting for it
+  int snapshotting = 0;             // snapshots with the driver (a destroy waits for them)
+  std::function<void()> after_snapshots;  // a destroy waiting for them
   bool waking = false;              // a resume for calls (resume_on_call) is under way
   std::vector<std::function<void(const Status&)>> wakers;  // the calls waiting for it
   int64_t idle_retry_ms = 0;       // a failed automatic pause is tried again then, not before

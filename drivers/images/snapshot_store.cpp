@@ -5,10 +5,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <utility>
 
 #include "drivers/images/image_store.hpp"
+#include "drivers/images/layer_dedup.hpp"
 #include "runtime/clock.hpp"
 #include "runtime/files.hpp"
 #include "runtime/unique_fd.hpp"
@@ -36,7 +38,11 @@ std::string Joined(const std::vector<std::string>& v) {
 }  // namespace
 
 SnapshotStore::SnapshotStore(state::Store* store, std::string root, std::string node_id, uint64_t max_bytes)
-    : store_(store), root_(std::move(root)), node_id_(std::move(node_id)), max_bytes_(max_bytes) {}
+    : store_(store),
+      root_(std::move(root)),
+      node_id_(std::move(node_id)),
+      objects_(root_ + "/objects"),
+      max_bytes_(max_bytes) {}
 
 std::vector<std::string> SnapshotStore::Load() {
   std::vector<std::string> said;
@@ -82,7 +88,7 @@ std::vector<std::string> SnapshotStore::Load() {
     std::vector<std::string> stray;
     while (dirent* e = ::readdir(d)) {
       std::string n = e->d_name;
-      if (n == "." || n == "..") continue;
+      if (n == "." || n == ".." || root_ + "/" + n == objects_) continue;
       if (!dirs.count(root_ + "/" + n)) stray.push_back(root_ + "/" + n);
     }
     ::closedir(d);
@@ -92,6 +98,8 @@ std::vector<std::string> SnapshotStore::Load() {
                      (rm.ok() ? std::string("removed") : "not removed: " + rm.message()));
     }
   }
+  if (size_t n = CollectObjects(objects_))
+    said.push_back("snapshots: " + std::to_string(n) + " shared file(s) no snapshot links any more removed");
   return said;
 }
 
@@ -112,8 +120,7 @@ Result<SnapshotStore::Pending> SnapshotStore::Begin(const std::string& name, con
                                         " layers deep; at most " + std::to_string(kMaxDepth) +
                                         " are stacked (take it of a sandbox fewer snapshots from its image)");
   }
-  uint64_t used = 0;
-  for (const auto& [n, s] : snaps_) used += s.size_bytes();
+  uint64_t used = UsedLocked();
   if (max_bytes_ && used >= max_bytes_)
     return Status::ResourceExhausted("this node's snapshots take " + std::to_string(used) + " bytes, its maximum (" +
                                      std::to_string(max_bytes_) +
@@ -165,6 +172,12 @@ Result<v1::SnapshotInfo> SnapshotStore::Commit(const Pending& p, v1::SnapshotInf
   }
   snaps_[p.name] = info;
   return info;
+}
+
+Result<DedupStats> SnapshotStore::Share(const Pending& p) {
+  auto shared = ShareFiles(p.part, objects_);
+  if (!shared.ok()) return shared.status().Annotate("snapshot '" + p.name + "': share its files");
+  return shared;
 }
 
 void SnapshotStore::Abort(const Pending& p) {
@@ -241,6 +254,7 @@ void SnapshotStore::Drop(const v1::SnapshotInfo& gone) {
   Table(store_).Delete(&b, gone.name());
   (void)store_->Write(b, true);
   (void)RemoveTree(gone.dir());
+  CollectObjects(objects_);
 }
 
 Result<v1::SnapshotInfo> SnapshotStore::Resolve(const std::string& name, v1::SnapshotLayers* layers) const {
@@ -281,8 +295,14 @@ std::vector<std::string> SnapshotStore::OnImage(const std::string& image) const 
 
 uint64_t SnapshotStore::used_bytes() const {
   std::lock_guard<std::mutex> lk(mu_);
+  return UsedLocked();
+}
+
+uint64_t SnapshotStore::UsedLocked() const {
+  // A shared file counts once, with the snapshot that stored it first
+  // (after that one goes, the others' counts are low by what they shared).
   uint64_t used = 0;
-  for (const auto& [n, s] : snaps_) used += s.size_bytes();
+  for (const auto& [n, s] : snaps_) used += s.size_bytes() - std::min(s.shared_bytes(), s.size_bytes());
   return used;
 }
 

@@ -9,6 +9,9 @@
 // record names is removed and a record whose directory is gone is dropped,
 // each said. Who needs a snapshot (sandboxes made from it, snapshots above
 // it) is kept here under one lock, so a removal never races a creation.
+// A container layer's files equal to an earlier layer's are stored once
+// (hard links through <data>/snapshots/objects, layer_dedup.hpp).
+//
 // Blocking (files and the store): call it off the actor threads where it
 // copies or removes. Nothing here knows about CAF.
 #pragma once
@@ -20,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "drivers/images/layer_dedup.hpp"
 #include "dsec/status.hpp"
 #include "dsec/v1/types.pb.h"
 #include "state/store.hpp"
@@ -55,6 +59,10 @@ class SnapshotStore {
   // Makes it durable: `info` is completed (name, dir, node, created,
   // depth from its parent) and returned.
   Result<v1::SnapshotInfo> Commit(const Pending& p, v1::SnapshotInfo info);
+  // A container layer's files equal to those of layers taken before it
+  // become links of theirs (drivers/images/layer_dedup.hpp); call it
+  // before Commit, and set the info's shared_bytes from it.
+  Result<DedupStats> Share(const Pending& p);
   // Forgets a snapshot that was not made; its part dir is removed.
   void Abort(const Pending& p);
 
@@ -76,6 +84,7 @@ class SnapshotStore {
   void Drop(const v1::SnapshotInfo& gone);
   // The snapshots on an image (an image they stand on is in use).
   std::vector<std::string> OnImage(const std::string& image) const;
+  // What the snapshots take on disk: their layers less what they share.
   uint64_t used_bytes() const;
   uint64_t max_bytes() const { return max_bytes_; }
 
@@ -84,9 +93,10 @@ class SnapshotStore {
   // Forgets `name` and the ephemeral snapshots under it that nothing needs.
   void CollectUnused(std::string name, std::vector<v1::SnapshotInfo>* gone);
   v1::SnapshotInfo Shown(const v1::SnapshotInfo& s) const;
+  uint64_t UsedLocked() const;
 
   state::Store* store_;
-  std::string root_, node_id_;
+  std::string root_, node_id_, objects_;
   uint64_t max_bytes_;
   mutable std::mutex mu_;
   std::map<std::string, v1::SnapshotInfo> snaps_;  // committed, by name

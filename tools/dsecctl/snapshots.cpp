@@ -59,8 +59,10 @@ int RunSnapshotCommand(const Common& c, const SnapshotFlags& f) {
     if (!sb.ok()) return Fail(sb.status());
     auto info = Snapshot(*sb, f.name);
     if (!info.ok()) return Fail(info.status());
-    std::printf("%s: snapshot of %s, %llu entries, %s, %u layer(s)\n", info->name().c_str(), f.id.c_str(),
-                static_cast<unsigned long long>(info->entries()), Size(info->size_bytes()).c_str(), info->depth());
+    std::string shared = info->shared_bytes() ? " (" + Size(info->shared_bytes()) + " shared with earlier ones)" : "";
+    std::printf("%s: snapshot of %s, %llu entries, %s%s, %u layer(s)\n", info->name().c_str(), f.id.c_str(),
+                static_cast<unsigned long long>(info->entries()), Size(info->size_bytes()).c_str(), shared.c_str(),
+                info->depth());
     return 0;
   }
   if (*f.inspect) {

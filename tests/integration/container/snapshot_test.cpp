@@ -214,6 +214,63 @@ TEST_F(Snapshots, SixteenForksOfARepositorySeeTheSameTreeAndDivergeAlone) {
   EXPECT_THAT(Names(), ::testing::IsEmpty());
 }
 
+// Layers deduplicated where they are the same: a second snapshot of one
+// sandbox stores once the files its first has unchanged (contents and
+// metadata), each layer stays whole alone, and what no layer links any
+// more goes with the last.
+TEST_F(Snapshots, ASecondSnapshotSharesTheUnchangedFilesAndEachStaysWhole) {
+  auto a = Make();
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  ASSERT_EQ(ShIn(*a, "mkdir -p /work/r && for i in $(seq 1 40); do dd if=/dev/urandom of=/work/r/f$i bs=4096 "
+                     "count=1 status=none; done && echo one > /work/m && echo c > /work/c && echo ok").stdout(),
+            "ok\n");
+  const std::string kSums = "cd /work/r && cat f* | sha256sum && cat /work/m /work/c";
+  std::string first = ShIn(*a, kSums).stdout();
+  auto one = Snapshot(*a, "share-1");
+  ASSERT_TRUE(one.ok()) << one.status().ToString();
+  EXPECT_EQ(one->shared_bytes(), 0u) << "nothing before it holds these bytes";
+  // Changed contents, changed metadata, a copy with a new time and an
+  // exact copy (cp -p) within the layer: none of them shared.
+  ASSERT_EQ(ShIn(*a, "echo two > /work/m && chmod 600 /work/c && cp /work/r/f1 /work/g1 && "
+                     "cp -p /work/r/f2 /work/r/h2 && echo ok").stdout(), "ok\n");
+  auto two = Snapshot(*a, "share-2");
+  ASSERT_TRUE(two.ok()) << two.status().ToString();
+  EXPECT_EQ(two->shared_bytes(), 40u * 4096) << "f1..f40, stored once";
+  EXPECT_EQ(two->size_bytes(), 42u * 4096 + 4 + 2);
+  auto ino = [](const std::string& path) {
+    struct stat st {};
+    EXPECT_EQ(::stat(path.c_str(), &st), 0) << path;
+    return st.st_ino;
+  };
+  EXPECT_EQ(ino(one->dir() + "/work/r/f7"), ino(two->dir() + "/work/r/f7"));
+  EXPECT_NE(ino(one->dir() + "/work/c"), ino(two->dir() + "/work/c")) << "its mode changed";
+  EXPECT_NE(ino(two->dir() + "/work/r/f2"), ino(two->dir() + "/work/r/h2")) << "two paths of one layer stay apart";
+
+  // A sandbox of each sees its own snapshot's tree; a write to a shared
+  // file in one is its own.
+  auto b = MakeFrom("share-2");
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  std::string second = ShIn(*b, kSums).stdout();
+  EXPECT_EQ(second, ShIn(*a, kSums).stdout());
+  ShIn(*b, "echo mine > /work/r/f7");
+  auto c = MakeFrom("share-1");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(ShIn(*c, kSums).stdout(), first);
+  Destroy(*c);
+  // The first goes: the second keeps the files it shared.
+  ASSERT_TRUE(RemoveSnapshot(*client_, "share-1").ok());
+  auto d = MakeFrom("share-2");
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(ShIn(*d, kSums).stdout(), second);
+  Destroy(*d);
+  Destroy(*b);
+  ASSERT_TRUE(RemoveSnapshot(*client_, "share-2").ok());
+  // Nothing links them any more: no stored copy is left.
+  std::string objects = one->dir().substr(0, one->dir().rfind('/')) + "/objects";
+  auto left = RunProcess({"/bin/sh", "-c", "find " + objects + " -type f | wc -l"});
+  EXPECT_EQ(left.out, "0\n") << "files under " << objects;
+}
+
 TEST_F(Snapshots, BadInputGetsAClearErrorAndLeavesNothing) {
   auto a = Make();
   ASSERT_TRUE(a.ok()) << a.status().ToString();
@@ -280,7 +337,8 @@ TEST_F(Snapshots, ASnapshotRacingADestroyIsWholeOrRefused) {
     EXPECT_THAT(snap.status().message(), HasSubstr(a->id()));
   }
   EXPECT_THAT(Names(), ::testing::IsEmpty());
-  EXPECT_THAT(ListSubdirs(daemon_->data_dir() + "/snapshots"), ::testing::IsEmpty()) << "a part dir is left";
+  EXPECT_THAT(ListSubdirs(daemon_->data_dir() + "/snapshots"), ::testing::ElementsAre("objects"))
+      << "a part dir is left";
 }
 
 // A fork past what the node holds (dsecd --slots) is refused as a whole,
@@ -334,12 +392,19 @@ TEST_F(SnapshotsAcrossRestarts, SnapshotsAreWholeOrGoneAfterAKill9AndTheirSandbo
     ASSERT_EQ(::mkdir((root + d).c_str(), 0700), 0) << root + d;
     ASSERT_EQ(::mkdir((root + d + "/x").c_str(), 0700), 0);
   }
+  // A stored file no layer links any more, and a share cut short.
+  ASSERT_TRUE(MakeDirs(root + "/objects/zz", 0700).ok());
+  ASSERT_TRUE(WriteFileAtomic(root + "/objects/zz/orphan", "x", 0600).ok());
+  ASSERT_TRUE(WriteFileAtomic(root + "/objects/tmp/half", "x", 0600).ok());
   daemon_->Kill9();
   ASSERT_TRUE(daemon_->Restart().ok());
 
   struct stat st;
   EXPECT_NE(::stat((root + "/0123abcd.part").c_str(), &st), 0) << "a snapshot cut short is removed";
   EXPECT_NE(::stat((root + "/4567ef").c_str(), &st), 0);
+  EXPECT_NE(::stat((root + "/objects/zz/orphan").c_str(), &st), 0) << "a file no snapshot links is removed";
+  EXPECT_NE(::stat((root + "/objects/tmp/half").c_str(), &st), 0);
+  EXPECT_EQ(::stat((root + "/objects").c_str(), &st), 0);
   auto kept = GetSnapshot(*client_, "kept");
   ASSERT_TRUE(kept.ok()) << kept.status().ToString();
   EXPECT_THAT(kept->users(), ::testing::ElementsAre("sandbox " + b->id()));
