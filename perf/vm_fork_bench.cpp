@@ -1,6 +1,7 @@
 // microVM snapshots, restores and forks (issue 30), with its own dsecd:
 //
 //   build/bin/vm_fork_bench --fork 16 --rounds 8
+//   build/bin/vm_fork_bench --kind vm --fork 4 --rounds 4 --pause 4
 //
 // Prints, each from this one run, guests of 256 MiB:
 //   - cold boot: create + first exec (`true`) answered, one at a time, p50/p99;
@@ -47,10 +48,12 @@ struct Pss {
   long pss = 0, guest = 0;
   int n = 0;
 };
+// A guest's QEMU is found by what its command line holds: a microvm's
+// its dir (<vm_root><id>/), a vm's its domain's name (guest=dsec-<tag>-<id>,).
 Pss QemuPss(const std::string& vm_root, const std::vector<dsec::Sandbox>& sbs) {
   Pss out;
   for (const auto& sb : sbs)
-    for (pid_t p : dsec::testing::ProcessesMatching(vm_root + sb.id() + "/")) {
+    for (pid_t p : dsec::testing::ProcessesMatching(vm_root.empty() ? "-" + sb.id() + "," : vm_root + sb.id() + "/")) {
       long pss = PssRss(p).first;
       out.pss += pss;
       out.guest += pss - TcgBufferPss(p);
@@ -92,6 +95,8 @@ void DestroyAll(std::vector<dsec::Sandbox>* sbs) {
 int main(int argc, char** argv) {
   CLI::App app{"microVM snapshot, restore and fork against cold boots and the warm pool (starts its own dsecd)"};
   int fork_n = 16, rounds = 8, settle_s = 10, pause_n = 8;
+  std::string kind = "microvm";
+  app.add_option("--kind", kind, "microvm or vm (libvirt)")->check(CLI::IsMember({"microvm", "vm"}))->capture_default_str();
   app.add_option("--fork", fork_n, "forks (and cold guests) whose memory is compared (1-100)")->capture_default_str();
   app.add_option("--rounds", rounds, "creations, snapshots and restores timed")->capture_default_str();
   app.add_option("--pause", pause_n, "guests paused with memory and resumed at once")->capture_default_str();
@@ -112,10 +117,11 @@ int main(int argc, char** argv) {
   co.data_dir = d.data_dir();
   auto client = dsec::Client::Connect(co);
   if (!client.ok()) return Fail("connect", client.status());
-  Bench b{&d, &**client, dsec::ContainerSpec("vm-fork-bench"), d.data_dir() + "/vms/"};
-  b.spec.set_kind(dsec::v1::KIND_MICROVM);
+  const bool microvm = kind == "microvm";
+  Bench b{&d, &**client, dsec::ContainerSpec("vm-fork-bench"), microvm ? d.data_dir() + "/vms/" : ""};
+  b.spec.set_kind(microvm ? dsec::v1::KIND_MICROVM : dsec::v1::KIND_VM);
   b.spec.mutable_limits()->set_memory_bytes(256ull << 20);
-  std::printf("# vm_fork_bench: dsecd pid %d, microvm guests of 256 MiB\n", d.pid());
+  std::printf("# vm_fork_bench: dsecd pid %d, %s guests of 256 MiB\n", d.pid(), kind.c_str());
 
   auto cold = Creations(b, b.spec, rounds);
   if (!cold.ok()) return Fail("cold boot", cold.status());
@@ -228,7 +234,7 @@ int main(int argc, char** argv) {
   co.data_dir = pd.data_dir();
   auto pclient = dsec::Client::Connect(co);
   if (!pclient.ok()) return Fail("connect", pclient.status());
-  Bench pb{&pd, &**pclient, b.spec, pd.data_dir() + "/vms/"};
+  Bench pb{&pd, &**pclient, b.spec, microvm ? pd.data_dir() + "/vms/" : ""};
   if (auto first = Creations(pb, pb.spec, 1); !first.ok()) return Fail("the pool's first", first.status());
   std::vector<double> warm;
   for (int i = 0; i < rounds; ++i) {

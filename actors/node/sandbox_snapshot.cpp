@@ -22,6 +22,17 @@ constexpr uint32_t kMaxFork = 100;
 
 using Taken = std::function<void(Result<v1::SnapshotInfo>)>;
 
+// A snapshot or fork (st.snapshotting) is answered: a destroy that waited
+// for the last goes on.
+void Unbusy(Self self) {
+  auto& st = self->state;
+  if (--st.snapshotting == 0 && st.after_snapshots) {
+    auto next = std::move(st.after_snapshots);
+    st.after_snapshots = nullptr;
+    next();
+  }
+}
+
 // Takes the snapshot `name` of the sandbox; `then` runs on the actor.
 void Take(Self self, const std::string& name, bool ephemeral, Taken then) {
   auto& st = self->state;
@@ -52,12 +63,7 @@ void Take(Self self, const std::string& name, bool ephemeral, Taken then) {
   ++st.snapshotting;
   then = [self, then](Result<v1::SnapshotInfo> out) {
     then(std::move(out));
-    auto& st = self->state;
-    if (--st.snapshotting == 0 && st.after_snapshots) {
-      auto next = std::move(st.after_snapshots);
-      st.after_snapshots = nullptr;
-      next();
-    }
+    Unbusy(self);
   };
   st.driver->Snapshot(
       st.rec, pending->part, pending->bytes_left,
@@ -119,6 +125,7 @@ void Finish(Self self, const std::shared_ptr<Forking>& f) {
   if (f->failures.empty()) {
     for (auto& m : f->made) *r.add_sandboxes() = std::move(m);
     f->rp.deliver(std::move(r));
+    Unbusy(self);
     return;
   }
   auto node = caf::actor_cast<entry_actor>(self->state.node);
@@ -134,8 +141,10 @@ void Finish(Self self, const std::shared_ptr<Forking>& f) {
   auto left = std::make_shared<size_t>(0);
   for (const auto& m : f->made) *left += m.id().empty() ? 0 : 1;
   auto answer = std::make_shared<v1::ForkReply>();
-  auto gone = [f, left, answer]() {
-    if (--*left == 0) f->rp.deliver(std::move(*answer));
+  auto gone = [self, f, left, answer]() {
+    if (--*left > 0) return;
+    f->rp.deliver(std::move(*answer));
+    Unbusy(self);
   };
   for (const auto& m : f->made) {
     if (m.id().empty()) continue;
@@ -150,8 +159,12 @@ void Finish(Self self, const std::shared_ptr<Forking>& f) {
                                        " could not be made (none is kept): " + f->failures.front()),
           r.mutable_status());
   for (auto& why : f->failures) r.add_failures(std::move(why));
-  if (*left == 0) f->rp.deliver(std::move(r));
-  else *answer = std::move(r);
+  if (*left == 0) {
+    f->rp.deliver(std::move(r));
+    Unbusy(self);
+  } else {
+    *answer = std::move(r);
+  }
 }
 
 }  // namespace
@@ -172,10 +185,13 @@ caf::result<v1::ForkReply> Fork(Self self, v1::ForkRequest& req) {
   // Sandbox ids are [a-z0-9-]: a snapshot name of them is one too.
   std::string name = "fork-" + st.rec.id().substr(0, 64) + "-" + RandomHex(8);
   Touch(self);
+  // A destroy meanwhile waits for the answer (the forks are made, or none).
+  ++st.snapshotting;
   Take(self, name, true, [self, f, count](Result<v1::SnapshotInfo> info) {
     auto& st = self->state;
     if (!info.ok()) {
       f->rp.deliver(ErrorReply<v1::ForkReply>(info.status().Annotate("fork of sandbox " + st.rec.id())));
+      Unbusy(self);
       return;
     }
     f->snapshot = info->name();

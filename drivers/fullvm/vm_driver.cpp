@@ -14,10 +14,15 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "drivers/fullvm/libvirt_util.hpp"
 #include "runtime/files.hpp"
 #include "runtime/unique_fd.hpp"
 
 namespace dsec::drivers {
+
+using vmx::DomainRef;
+using vmx::LastError;
+using vmx::XmlEscape;
 
 namespace {
 
@@ -28,38 +33,6 @@ constexpr uint64_t kQemuOverhead = 256 * kMiB;
 // virtio-pmem maps the image in 2 MiB units: a file of another size is
 // attached as a virtio-blk disk instead.
 constexpr uint64_t kPmemAlign = 2 * kMiB;
-
-std::string XmlEscape(const std::string& s) {
-  std::string out;
-  out.reserve(s.size());
-  for (char c : s) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '\'': out += "&apos;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
-    }
-  }
-  return out;
-}
-
-std::string LastError() {
-  const char* m = virGetLastErrorMessage();
-  return m ? m : "unknown libvirt error";
-}
-
-// libvirt prints every error to stderr unless told otherwise: ours go into
-// Status messages instead.
-void Quiet(void*, virErrorPtr) {}
-
-struct DomainRef {
-  virDomainPtr d = nullptr;
-  ~DomainRef() {
-    if (d) virDomainFree(d);
-  }
-};
 
 }  // namespace
 
@@ -77,7 +50,7 @@ VmDriver::VmDriver(VmOptions options)
     : GuestDriver(options, "vm", "domains"), vopts_(std::move(options)), prefix_(DomainPrefix(vopts_.data_dir)) {}
 
 Result<std::unique_ptr<VmDriver>> VmDriver::Start(VmOptions o) {
-  virSetErrorFunc(nullptr, Quiet);
+  virSetErrorFunc(nullptr, vmx::Quiet);
   std::unique_ptr<VmDriver> d(new VmDriver(std::move(o)));
   DSEC_RETURN_IF_ERROR(d->Init());
   d->connector_ = std::thread([p = d.get()] { p->ConnectLoop(); });
@@ -231,19 +204,9 @@ Status VmDriver::LaunchMachine(const Launch& l) {
            "images; rebuild it to share its page cache): attached as a virtio-blk disk");
   virDomainPtr dom = nullptr;
   if (!l.restore.empty()) {
-    // Resumed from a pause with memory: libvirt restores the saved domain,
-    // less the memory limit it saved (set again below, as at a start).
-    const std::string file = l.restore + "/state";
-    char* saved_xml = virDomainSaveImageGetXMLDesc(*conn, file.c_str(), VIR_DOMAIN_SAVE_IMAGE_XML_SECURE);
-    if (!saved_xml) return Status::Internal("libvirt cannot read the saved domain in " + file + ": " + LastError());
-    std::string xml = saved_xml;
-    std::free(saved_xml);
-    if (size_t a = xml.find("<memtune>"), b = xml.find("</memtune>"); a != std::string::npos && b != std::string::npos)
-      xml.erase(a, b + std::strlen("</memtune>") - a);
-    if (virDomainRestoreFlags(*conn, file.c_str(), xml.c_str(), VIR_DOMAIN_SAVE_RUNNING) < 0)
-      return Status::Internal("libvirt could not restore domain " + DomainName(box.mid) + ": " + LastError());
-    dom = virDomainLookupByName(*conn, DomainName(box.mid).c_str());
-    if (!dom) return Status::Internal("domain " + DomainName(box.mid) + " restored but not found: " + LastError());
+    auto restored = RestoreDomain(*conn, box, l.restore);  // vm_snapshot.cpp
+    if (!restored.ok()) return restored.status();
+    dom = *restored;
   } else {
     std::string xml = DomainXml(l, pmem, size);
     if (Status s = WriteFileAtomic(box.dir + "/domain.xml", xml, 0600); !s.ok())  // for whoever debugs it
@@ -265,22 +228,6 @@ Status VmDriver::LaunchMachine(const Launch& l) {
   if (box.pid <= 0 || !vm::ProcessHas(box.pid, Marker(box.mid)))
     return Status::Internal("domain " + DomainName(box.mid) + " started but its QEMU's pid is not in /run/libvirt/qemu/");
   box.cgroup_rel = "";  // libvirt's (machine/...), removed by libvirt with the domain
-  return Status::Ok();
-}
-
-Status VmDriver::SaveMachine(const Box& box, const std::string& dest, uint64_t, bool stay_stopped, uint64_t* bytes) {
-  if (!stay_stopped) return GuestDriver::SaveMachine(box, dest, 0, false, bytes);
-  auto conn = Conn();
-  if (!conn.ok()) return conn.status();
-  DomainRef dom{virDomainLookupByName(*conn, DomainName(box.mid).c_str())};
-  if (!dom.d) return Status::Unavailable("its domain " + DomainName(box.mid) + " is gone");
-  const std::string file = dest + "/state";
-  if (virDomainSaveFlags(dom.d, file.c_str(), nullptr, VIR_DOMAIN_SAVE_RUNNING) < 0)
-    return Status::Internal("libvirt could not save domain " + DomainName(box.mid) + ": " + LastError());
-  UniqueFd fd(::open(file.c_str(), O_RDONLY | O_CLOEXEC));
-  struct stat st;
-  if (!fd || ::fsync(fd.get()) < 0 || ::fstat(fd.get(), &st) < 0) return Status::FromErrno(errno, "fsync " + file);
-  *bytes = static_cast<uint64_t>(st.st_size);
   return Status::Ok();
 }
 

@@ -21,6 +21,7 @@
 #include "drivers/vm/guest_driver.hpp"
 
 typedef struct _virConnect* virConnectPtr;
+typedef struct _virDomain* virDomainPtr;
 
 namespace dsec::drivers {
 
@@ -44,7 +45,9 @@ class VmDriver : public GuestDriver {
       KindTraits k = StatefulTraits(v1::ISOLATION_HARDWARE);
       k.network = true;  // a tap per guest, where dsecd shares libvirtd's network namespace (NetworkGap)
       k.guard = true;    // as the microvm's: the guest's init and agent (vm/guest_guard.cpp)
-      k.pause_memory = true;  // libvirt's save and restore of the domain (vm_driver.cpp)
+      k.pause_memory = true;  // libvirt's save and restore of the domain (vm_snapshot.cpp)
+      k.snapshot = true;      // libvirt's external memory snapshot, the domain running on
+      k.fork = true;          // restores of it as new domains (vm_snapshot.cpp)
       return k;
     }();
     return t;
@@ -70,9 +73,9 @@ class VmDriver : public GuestDriver {
   std::string EventSocket(const Box&) const override { return ""; }
   std::vector<std::string> StrayMachines() const override;
   void AddStats(nlohmann::json& stats) const override;
-  // Pause with memory only (stay_stopped): libvirt saves the domain, which
-  // ends; a snapshot to start others from is not (libvirt keeps a saved
-  // domain's UUID, and two domains cannot share one).
+  // vm_snapshot.cpp. A pause with memory (stay_stopped): libvirt saves the
+  // domain, which ends. A snapshot: libvirt's external memory snapshot (the
+  // domain paused meanwhile, then running on), a file in the same format.
   Status SaveMachine(const Box& box, const std::string& dest, uint64_t max_bytes, bool stay_stopped,
                      uint64_t* bytes) override;
   Status IncomingMachine(const Box&, const std::string&) override { return Status::Ok(); }  // LaunchMachine restored it
@@ -90,6 +93,12 @@ class VmDriver : public GuestDriver {
   pid_t QemuPid(const std::string& name) const;
   void ConnectLoop();
   std::string DomainXml(const Launch& l, bool pmem, uint64_t pmem_size) const;
+  // Starts the domain saved in <dir>/state as box's: its own saved domain
+  // (a resume), or another's (a snapshot's): then as a new domain, its name,
+  // UUID and dir replaced in the saved XML, streamed to libvirt through a
+  // FIFO (libvirt refuses another UUID for a saved domain, and two domains
+  // cannot share one).
+  Result<virDomainPtr> RestoreDomain(virConnectPtr conn, const Box& box, const std::string& dir);
 
   VmOptions vopts_;
   std::string prefix_;  // dsec-<tag>-

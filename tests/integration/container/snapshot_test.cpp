@@ -339,6 +339,24 @@ TEST_F(Snapshots, ASnapshotRacingADestroyIsWholeOrRefused) {
   EXPECT_THAT(Names(), ::testing::IsEmpty());
   EXPECT_THAT(ListSubdirs(daemon_->data_dir() + "/snapshots"), ::testing::ElementsAre("objects"))
       << "a part dir is left";
+
+  // A fork racing its source's destroy is answered too: its forks made
+  // (they outlive the source) or none.
+  auto b = Make();
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  ASSERT_EQ(ShIn(*b, "cp -r /work /tmp/w && mv /tmp/w /work/copy && echo ok").stdout(), "ok\n");
+  std::promise<Result<std::vector<Sandbox>>> forked;
+  ForkAsync(*b, 2, [&forked](Result<std::vector<Sandbox>> r) { forked.set_value(std::move(r)); });
+  EXPECT_TRUE(b->Destroy().ok());
+  made_.clear();
+  auto forks = forked.get_future().get();
+  if (forks.ok()) {
+    for (const auto& f : *forks) EXPECT_EQ(ShIn(f, "echo alive").stdout(), "alive\n");
+    for (const auto& f : *forks) Destroy(f);
+  } else {
+    EXPECT_THAT(forks.status().message(), HasSubstr(b->id()));
+  }
+  EXPECT_THAT(Names(), ::testing::IsEmpty());
 }
 
 // A fork past what the node holds (dsecd --slots) is refused as a whole,

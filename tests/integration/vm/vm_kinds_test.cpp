@@ -89,17 +89,14 @@ TEST_P(VmKinds, TheRecordSaysWhichKindAndAcceleratorAutoGave) {
 // running in the source's memory goes on in every fork from where it
 // stood, each fork then goes its own way, with its own hostname,
 // machine-id and random numbers; the forks outlive their source. The vm
-// kind cannot snapshot yet, and says so.
+// kind's forks are restores of libvirt's memory snapshot as new domains.
 TEST_P(VmKinds, AForkOfEightCarriesMemoryAndEachGuestIsItsOwn) {
   auto src = client_->Create(Spec());
   ASSERT_TRUE(src.ok()) << src.status().ToString();
   made_.push_back(*src);
-  if (GetParam().kind != v1::KIND_MICROVM) {
-    auto snap = Snapshot(*src, "vm-snap");
-    EXPECT_EQ(snap.status().code(), Status::Code::kUnimplemented) << snap.status().ToString();
-    EXPECT_THAT(snap.status().message(), HasSubstr("vm"));
-    return;
-  }
+  // Eight microVMs; three of the vm kind (each a whole QEMU's memory
+  // loaded through libvirt: they share nothing, and take longer).
+  const uint32_t n = GetParam().kind == v1::KIND_MICROVM ? 8 : 3;
   // A counter in a shell's memory, shown in /run/count at each tick (slow
   // ticks: nine guests share the host's cores under TCG).
   ASSERT_EQ(ShIn(*src, "sh -c 'i=0; while :; do i=$((i+1)); echo $i > /run/count; sleep 0.5; done' "
@@ -112,9 +109,9 @@ TEST_P(VmKinds, AForkOfEightCarriesMemoryAndEachGuestIsItsOwn) {
   };
   long before = count_in(*src);
   std::string counter = ShIn(*src, "cat /run/counter").stdout();
-  auto forks = Fork(*src, 8);
+  auto forks = Fork(*src, n);
   ASSERT_TRUE(forks.ok()) << forks.status().ToString();
-  ASSERT_EQ(forks->size(), 8u);
+  ASSERT_EQ(forks->size(), n);
   for (auto& f : *forks) made_.push_back(f);
   // Its counter; who it is (hostname, machine-id, 16 random bytes).
   constexpr const char* kLook =
