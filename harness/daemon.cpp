@@ -274,7 +274,8 @@ Status TestDaemon::Launch(const std::string& listen, const std::string& admin,
   ::unlink((data_dir_ + "/dsecd.json").c_str());
   std::vector<std::string> args = {BinDir() + "/dsecd", "--data-dir", data_dir_, "--listen", listen, "--admin",
                                    admin, "--cgroup-parent", options_.cgroup_parent, "--fncall-pool", "8", "--log-file",
-                                   log_path_, "--http", http_addr_.empty() ? options_.host + ":0" : http_addr_};
+                                   log_path_, "--http", http_addr_.empty() ? options_.host + ":0" : http_addr_,
+                                   "--e2b", e2b_addr_.empty() ? options_.host + ":0" : e2b_addr_};
   if (options_.test_hooks) args.push_back("--test-hooks");
   if (!options_.network) args.push_back("--no-sandbox-network");
   if (options_.role == "controller") {
@@ -314,6 +315,7 @@ Status TestDaemon::Launch(const std::string& listen, const std::string& admin,
         sdk_addr_ = j.value("sdk", "");
         admin_addr_ = j.value("admin", "");
         http_addr_ = j.value("http", "");
+        e2b_addr_ = j.value("e2b", "");
         cluster_addr_ = j.value("cluster", "");
         return Status::Ok();
       }

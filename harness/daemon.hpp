@@ -125,6 +125,8 @@ class TestDaemon {
   // Metrics and the status page (dsecd --http; an ephemeral port, kept
   // across restarts).
   const std::string& http_addr() const { return http_addr_; }
+  // The E2B door (dsecd --e2b; an ephemeral port, kept across restarts).
+  const std::string& e2b_addr() const { return e2b_addr_; }
   // A controller's cluster port (where nodes join), kept across restarts.
   const std::string& cluster_addr() const { return cluster_addr_; }
   const std::string& data_dir() const { return data_dir_; }
@@ -145,7 +147,7 @@ class TestDaemon {
 
   Options options_;
   pid_t pid_ = -1;
-  std::string data_dir_, log_path_, sdk_addr_, admin_addr_, http_addr_, cluster_addr_;
+  std::string data_dir_, log_path_, sdk_addr_, admin_addr_, http_addr_, e2b_addr_, cluster_addr_;
 };
 
 // Raw admin console connection for bad-input tests.

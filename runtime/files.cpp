@@ -80,13 +80,20 @@ std::string RandomHex(size_t chars) {
       std::abort();
     }
   }
-  static const char* kHex = "0123456789abcdef";
-  std::string out;
-  for (unsigned char c : bytes) {
-    out += kHex[c >> 4];
-    out += kHex[c & 15];
-  }
+  std::string out = HexOf(bytes.data(), bytes.size());
   out.resize(chars);
+  return out;
+}
+
+std::string HexOf(const void* data, size_t n) {
+  static const char* kHex = "0123456789abcdef";
+  const auto* p = static_cast<const unsigned char*>(data);
+  std::string out;
+  out.reserve(n * 2);
+  for (size_t i = 0; i < n; ++i) {
+    out += kHex[p[i] >> 4];
+    out += kHex[p[i] & 15];
+  }
   return out;
 }
 

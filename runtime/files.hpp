@@ -21,6 +21,8 @@ Status MakeDirs(const std::string& path, mode_t mode = 0755);
 Result<std::string> LoadOrCreateToken(const std::string& path);
 // Random lowercase hex of `chars` characters from /dev/urandom.
 std::string RandomHex(size_t chars);
+// `n` bytes as lower-case hex (two digits each).
+std::string HexOf(const void* data, size_t n);
 // Names of the subdirectories of `dir` (not . or ..); empty when it cannot
 // be read.
 std::vector<std::string> ListSubdirs(const std::string& dir);

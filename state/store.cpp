@@ -37,6 +37,7 @@ const char* TableName(Table t) {
     case Table::kImages: return "images";
     case Table::kPlacements: return "placements";
     case Table::kSnapshots: return "snapshots";
+    case Table::kApiKeys: return "api_keys";
   }
   return "unknown";
 }

@@ -24,8 +24,9 @@ enum class Table : int {
   kImages,         // image manifests by name
   kPlacements,     // a controller's directory: "b/<sandbox id>" or "s/<session>" -> node id
   kSnapshots,      // SnapshotInfo by name (a node's own snapshots)
+  kApiKeys,        // store.v1.ApiKeyRecord by name (the E2B door's keys, hashed)
 };
-inline constexpr int kTableCount = 8;
+inline constexpr int kTableCount = 9;
 const char* TableName(Table t);
 
 // Puts and deletes applied atomically, in order.

@@ -1,7 +1,6 @@
 #include "drivers/images/debian.hpp"
 
 #include <fcntl.h>
-#include <openssl/evp.h>
 #include <sys/stat.h>
 #include <sys/utsname.h>
 #include <sys/wait.h>
@@ -12,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "drivers/images/image_store.hpp"
 #include "runtime/files.hpp"
 
 namespace dsec::images {
@@ -27,18 +27,6 @@ std::string Arch() {
   return m;
 }
 
-std::string Sha256Hex(const std::string& s) {
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned int n = 0;
-  EVP_Digest(s.data(), s.size(), md, &n, EVP_sha256(), nullptr);
-  static const char* hex = "0123456789abcdef";
-  std::string out;
-  for (unsigned int i = 0; i < n; ++i) {
-    out.push_back(hex[md[i] >> 4]);
-    out.push_back(hex[md[i] & 15]);
-  }
-  return out;
-}
 
 std::string Find(const char* name) {
   for (const char* d : {"/usr/sbin/", "/sbin/", "/usr/bin/", "/bin/"}) {

@@ -197,15 +197,7 @@ std::vector<std::string> PackNames(const std::string& idx, size_t hash_bytes, si
   if (n > at_most || uint64_t(n) * hash_bytes > uint64_t(st.st_size)) return out;
   std::string names(size_t(n) * hash_bytes, '\0');
   if (n && ::pread(fd.get(), names.data(), names.size(), sizeof head) != static_cast<ssize_t>(names.size())) return out;
-  static const char* hex = "0123456789abcdef";
-  for (uint32_t i = 0; i < n; ++i) {
-    std::string h;
-    for (size_t b = 0; b < hash_bytes; ++b) {
-      auto c = static_cast<unsigned char>(names[i * hash_bytes + b]);
-      h += hex[c >> 4], h += hex[c & 15];
-    }
-    out.push_back(std::move(h));
-  }
+  for (uint32_t i = 0; i < n; ++i) out.push_back(HexOf(names.data() + i * hash_bytes, hash_bytes));
   return out;
 }
 

@@ -50,13 +50,14 @@ Result<std::string> Sha256File(const std::string& path) {
   unsigned char md[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
   EVP_DigestFinal_ex(ctx.get(), md, &len);
-  static const char* kHex = "0123456789abcdef";
-  std::string hex = "sha256:";
-  for (unsigned int i = 0; i < len; ++i) {
-    hex += kHex[md[i] >> 4];
-    hex += kHex[md[i] & 15];
-  }
-  return hex;
+  return "sha256:" + HexOf(md, len);
+}
+
+std::string Sha256Hex(const std::string& data) {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_Digest(data.data(), data.size(), md, &len, EVP_sha256(), nullptr);
+  return HexOf(md, len);
 }
 
 ImageStore::ImageStore(state::Store* store, std::string root) : store_(store), root_(std::move(root)) {

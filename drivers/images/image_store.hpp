@@ -26,6 +26,8 @@ Status CheckObjectName(const std::string& what, const std::string& name);
 
 // "sha256:<hex>" of a file.
 Result<std::string> Sha256File(const std::string& path);
+// SHA-256 of `data`, hex (no prefix).
+std::string Sha256Hex(const std::string& data);
 
 // Where a store rooted at `root` keeps the file of `digest`.
 std::string ImageFilePath(const std::string& root, const std::string& digest);

@@ -41,13 +41,7 @@ class Sha256 {
     unsigned char md[EVP_MAX_MD_SIZE];
     unsigned int len = 0;
     EVP_DigestFinal_ex(ctx_.get(), md, &len);
-    static const char* kHex = "0123456789abcdef";
-    std::string out;
-    for (unsigned int i = 0; i < len; ++i) {
-      out += kHex[md[i] >> 4];
-      out += kHex[md[i] & 15];
-    }
-    return out;
+    return HexOf(md, len);
   }
 
  private:

@@ -122,12 +122,7 @@ Status GuestDriver::Reidentify(const Box& box, bool fresh) {
   unsigned char seed[64];
   if (::getrandom(seed, sizeof seed, 0) != static_cast<ssize_t>(sizeof seed))
     return Status::FromErrno(errno, "getrandom");
-  static const char* hex = "0123456789abcdef";
-  std::string seed_hex;
-  for (unsigned char c : seed) {
-    seed_hex += hex[c >> 4];
-    seed_hex += hex[c & 15];
-  }
+  std::string seed_hex = HexOf(seed, sizeof seed);
   auto now = std::chrono::system_clock::now().time_since_epoch();
   agent::Exec req;
   req.add_argv("/run/dsec/agent");

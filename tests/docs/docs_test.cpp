@@ -116,7 +116,7 @@ TEST(Docs, TheReadmeAndRunningCommandsRunAsWritten) {
   ASSERT_EQ(::symlink(build.c_str(), (root + "/build").c_str()), 0);
   ASSERT_EQ(::symlink(DSEC_SOURCE_DIR "/sdk", (root + "/sdk").c_str()), 0);  // sdk/python/examples
   auto dsecd = Child::Start({"/bin/sh", "-c",
-                             "cd " + root + " && exec build/bin/dsecd --listen 127.0.0.1:0 --admin 127.0.0.1:0 --http 127.0.0.1:0 "
+                             "cd " + root + " && exec build/bin/dsecd --listen 127.0.0.1:0 --admin 127.0.0.1:0 --http 127.0.0.1:0 --e2b 127.0.0.1:0 "
                              "--cgroup-parent dsec-test --no-sandbox-network 2>dsecd.log"});
   ASSERT_TRUE(dsecd.ok());
   for (int i = 0; i < 600 && !ReadFileToString(root + "/dsec-data/dsecd.json").ok(); ++i)

@@ -118,7 +118,7 @@ TEST(Kill9, SecondDaemonOnTheSameDataDirIsRefused) {
   auto started = TestDaemon::Start();
   ASSERT_TRUE(started.ok()) << started.status().ToString();
   auto r = RunProcess({BinDir() + "/dsecd", "--data-dir", (*started)->data_dir(), "--listen", "127.0.0.1:0",
-                       "--admin", "127.0.0.1:0", "--http", "127.0.0.1:0", "--cgroup-parent", "dsec-test",
+                       "--admin", "127.0.0.1:0", "--http", "127.0.0.1:0", "--e2b", "127.0.0.1:0", "--cgroup-parent", "dsec-test",
                        "--no-sandbox-network"},
                       {}, 60);
   EXPECT_EQ(r.exit_code, 3);

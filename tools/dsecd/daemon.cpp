@@ -18,6 +18,8 @@
 
 #include "actors/controller/controller.hpp"
 #include "actors/front/console.hpp"
+#include "actors/front/e2b/api_keys.hpp"
+#include "actors/front/e2b/e2b_door.hpp"
 #include "actors/front/status_http.hpp"
 #include "actors/front/sdk_entry.hpp"
 #include "actors/node/cluster_link.hpp"
@@ -158,7 +160,7 @@ class Daemon {
     JoinInProcess();
     ListenSdk(caf::actor_cast<entry_actor>(controller_));
     ListenOperators(caf::actor_cast<admin_actor>(node_));
-    if (int rc = OpenDoor("--listen / --admin / --http")) return rc;
+    if (int rc = OpenDoor("--listen / --admin / --http / --e2b")) return rc;
     NodeAddresses();
     return ServeUntilStopped("node " + node_id_);
   }
@@ -172,7 +174,7 @@ class Daemon {
     SpawnNode();
     ListenSdk(caf::actor_cast<entry_actor>(node_));
     ListenOperators(caf::actor_cast<admin_actor>(node_));
-    if (int rc = OpenDoor("--listen / --admin / --http")) return rc;
+    if (int rc = OpenDoor("--listen / --admin / --http / --e2b")) return rc;
     NodeAddresses();
     LinkOptions lo;
     lo.host = join_.host;
@@ -207,7 +209,7 @@ class Daemon {
     cluster_door_->set_tls(f_.tls);
     Listen("cluster", cluster_at_, cluster_door_.get(), f_.door_max_pending, f_.door_timeout_s * 1000,
            door::kResponseSize);
-    if (int rc = OpenDoor("--listen / --admin / --cluster-listen / --http")) return rc;
+    if (int rc = OpenDoor("--listen / --admin / --cluster-listen / --http / --e2b")) return rc;
     cluster_door_->set_port(door_->port("cluster"));
     cctx->sdk_address = door_->address("sdk");
     cctx->admin_address = door_->address("console");
@@ -237,6 +239,8 @@ class Daemon {
     if (!SplitHostPort(f_.admin, &admin_at_.host, &admin_at_.port)) return Usage("--admin '" + f_.admin + "' is not host:port");
     if (f_.http != "off" && !SplitHostPort(f_.http, &http_at_.host, &http_at_.port))
       return Usage("--http '" + f_.http + "' is not host:port (or off)");
+    if (f_.e2b != "off" && !SplitHostPort(f_.e2b, &e2b_at_.host, &e2b_at_.port))
+      return Usage("--e2b '" + f_.e2b + "' is not host:port (or off)");
     if (f_.role == "controller" && !SplitHostPort(f_.cluster_listen, &cluster_at_.host, &cluster_at_.port))
       return Usage("--cluster-listen '" + f_.cluster_listen + "' is not host:port");
     if (f_.sandbox_max_ttl_s && (f_.sandbox_ttl_s == 0 || f_.sandbox_ttl_s > f_.sandbox_max_ttl_s))
@@ -475,6 +479,24 @@ class Daemon {
     sdk_door_->set_tls(f_.tls);
     token_sink_->Set(sdk_door_.get());
     Listen("sdk", sdk_at_, sdk_door_.get(), f_.door_max_pending, f_.door_timeout_s * 1000, door::kResponseSize);
+    ListenE2b(entry);
+  }
+
+  // The E2B door (unless --e2b off): its own HTTP server, asking `entry`
+  // as the SDK's calls do; its keys in this dsecd's store.
+  void ListenE2b(entry_actor entry) {
+    if (f_.e2b == "off") return;
+    e2b_keys_ = std::make_unique<e2b::ApiKeys>(store_.get());
+    auto said = e2b_keys_->Load(data_ + "/e2b.key");
+    if (!said.ok()) {
+      log_->error("the E2B door stays closed: its keys: {}", said.status().message());
+      return;
+    }
+    if (!said->empty()) log_->info("{}", *said);
+    e2b_http_ = std::make_unique<HttpServer>(HttpServerOptions{}, DriverLog("e2b"));
+    e2b_door_ = std::make_unique<e2b::E2bDoor>(*sys_, entry, *e2b_keys_, *e2b_http_);
+    e2b_http_->Start();
+    Listen("e2b", e2b_at_, e2b_http_->gate(), 64, 10'000, HttpGate::kMaxHead);
   }
 
   // The console (a person typing AUTH into a line client) and, unless
@@ -518,7 +540,8 @@ class Daemon {
                       {"role", f_.role},
                       {"sdk", door_->address("sdk")},
                       {"admin", door_->address("console")},
-                      {"http", door_->address("http")}};
+                      {"http", door_->address("http")},
+                      {"e2b", door_->has("e2b") ? door_->address("e2b") : std::string()}};
     if (door_->has("cluster")) ep["cluster"] = door_->address("cluster");
     if (auto st = WriteFileAtomic(data_ + "/dsecd.json", ep.dump() + "\n", 0644); !st.ok())
       log_->warn("{}: tools will not find this dsecd's ports there ({})", data_ + "/dsecd.json", st.message());
@@ -530,6 +553,7 @@ class Daemon {
                DSEC_VERSION, who, boot_, door_->address("sdk"), door_->address("console"),
                door_->has("http") ? "http://" + door_->address("http") + "/" : std::string("nothing (--http off)"),
                data_, tls);
+    if (door_->has("e2b")) log_->info("E2B API (E2B_API_URL) on http://{}", door_->address("e2b"));
     WaitForStop(log_);
     ::unlink((data_ + "/dsecd.json").c_str());
     return 0;
@@ -545,6 +569,8 @@ class Daemon {
     if (door_) door_->Stop();
     if (http_) http_->Stop();
     if (status_http_) status_http_->Stop();
+    if (e2b_http_) e2b_http_->Stop();
+    if (e2b_door_) e2b_door_->Stop();
     lost_sink_->Set(std::nullopt);
     token_sink_->Set(std::nullopt);
     if (sys_) {
@@ -556,6 +582,9 @@ class Daemon {
     if (kinds_started_) kinds_.StopAll();
     status_http_.reset();
     http_.reset();
+    e2b_door_.reset();
+    e2b_http_.reset();
+    e2b_keys_.reset();
     sdk_door_.reset();
     cluster_door_.reset();
     console_ = Console{};
@@ -579,7 +608,7 @@ class Daemon {
   const Flags& f_;
   drivers::Registry& kinds_;
   std::shared_ptr<spdlog::logger> log_;
-  Address sdk_at_, admin_at_, http_at_, cluster_at_, join_;
+  Address sdk_at_, admin_at_, http_at_, e2b_at_, cluster_at_, join_;
   std::string data_, node_id_, admin_token_, sdk_token_, cluster_secret_, secret_path_;
   uint64_t boot_ = 0;
   std::unique_ptr<state::Store> store_, controller_store_;
@@ -599,6 +628,9 @@ class Daemon {
   std::unique_ptr<SdkDoor> sdk_door_, cluster_door_;
   std::unique_ptr<HttpServer> http_;
   std::unique_ptr<StatusHttp> status_http_;
+  std::unique_ptr<e2b::ApiKeys> e2b_keys_;
+  std::unique_ptr<HttpServer> e2b_http_;
+  std::unique_ptr<e2b::E2bDoor> e2b_door_;
   std::vector<FrontDoorListener> listeners_;
   // Outlives the actor system: the node reads its counters until it quits.
   std::unique_ptr<FrontDoor> door_;

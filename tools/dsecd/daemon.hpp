@@ -26,6 +26,7 @@ struct Flags {
   std::string listen = "127.0.0.1:7400";
   std::string admin = "127.0.0.1:7401";
   std::string http = "127.0.0.1:7402";  // "off": none
+  std::string e2b = "127.0.0.1:7404";   // the E2B door; "off": none
   std::string log_level = "info";
   std::string log_file;
   size_t threads = 2;

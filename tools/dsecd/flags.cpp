@@ -38,6 +38,10 @@ void AddFlags(CLI::App& app, Flags* f, drivers::Registry& kinds) {
   app.add_option("--http", f->http,
                  "metrics (/metrics, Prometheus text) and the status page (/) host:port (port 0: any; off: none)")
       ->capture_default_str();
+  app.add_option("--e2b", f->e2b,
+                 "the E2B-compatible API (E2B_API_URL for the unmodified e2b SDK; docs/e2b.md) host:port (port 0: "
+                 "any; off: none)")
+      ->capture_default_str();
   app.add_option("--log-level", f->log_level, "trace|debug|info|warn|error")->capture_default_str();
   app.add_option("--log-file", f->log_file, "also log to this file");
   app.add_option("--threads", f->threads, "actor scheduler threads")->capture_default_str();

@@ -1,0 +1,394 @@
+#include "actors/front/e2b/e2b_door.hpp"
+
+#include <time.h>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "dsec/status_proto.hpp"
+#include "runtime/clock.hpp"
+#include "runtime/files.hpp"
+
+namespace dsec::e2b {
+
+namespace {
+
+struct Call {
+  HttpRequest req;
+  std::shared_ptr<HttpResponder> reply;
+};
+
+}  // namespace
+}  // namespace dsec::e2b
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(dsec::e2b::Call)
+
+namespace dsec::e2b {
+
+namespace {
+
+using nlohmann::json;
+constexpr auto kCallTimeout = std::chrono::minutes(5);
+constexpr uint32_t kDefaultTimeoutS = 300;
+constexpr const char* kJson = "application/json";
+
+void Error(const std::shared_ptr<HttpResponder>& reply, int code, const std::string& message) {
+  reply->Send(code, kJson, json{{"code", code}, {"message", message}}.dump());
+}
+
+// dsec's status as E2B's HTTP status.
+int HttpCode(const Status& s) {
+  switch (s.code()) {
+    case Status::Code::kNotFound: return 404;
+    case Status::Code::kInvalidArgument: return 400;
+    case Status::Code::kAlreadyExists:
+    case Status::Code::kFailedPrecondition: return 409;
+    case Status::Code::kResourceExhausted: return 429;
+    case Status::Code::kUnavailable: return 503;
+    case Status::Code::kUnimplemented: return 501;
+    case Status::Code::kUnauthenticated: return 401;
+    case Status::Code::kDeadlineExceeded: return 504;
+    default: return 500;
+  }
+}
+
+void Error(const std::shared_ptr<HttpResponder>& reply, const Status& s) { Error(reply, HttpCode(s), s.message()); }
+
+std::string Rfc3339(int64_t ms) {
+  time_t secs = static_cast<time_t>(ms / 1000);
+  struct tm tm;
+  gmtime_r(&secs, &tm);
+  char buf[40];
+  size_t n = std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &tm);
+  std::snprintf(buf + n, sizeof buf - n, ".%03dZ", static_cast<int>(ms % 1000));
+  return buf;
+}
+
+// E2B's SDK takes ids of [a-z0-9] only (a '-' breaks its host names).
+bool E2bId(const std::string& id) {
+  return !id.empty() && id.size() <= 64 &&
+         std::all_of(id.begin(), id.end(), [](char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9'); });
+}
+
+std::string Decode(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '+') {
+      out += ' ';
+    } else if (s[i] == '%' && i + 2 < s.size() && std::isxdigit(static_cast<unsigned char>(s[i + 1])) &&
+               std::isxdigit(static_cast<unsigned char>(s[i + 2]))) {
+      out += static_cast<char>(std::stoi(s.substr(i + 1, 2), nullptr, 16));
+      i += 2;
+    } else {
+      out += s[i];
+    }
+  }
+  return out;
+}
+
+std::map<std::string, std::string> Query(const std::string& q) {
+  std::map<std::string, std::string> out;
+  size_t at = 0;
+  while (at <= q.size() && !q.empty()) {
+    size_t amp = q.find('&', at);
+    std::string part = q.substr(at, amp == std::string::npos ? std::string::npos : amp - at);
+    size_t eq = part.find('=');
+    if (!part.empty()) out[Decode(part.substr(0, eq))] = eq == std::string::npos ? "" : Decode(part.substr(eq + 1));
+    if (amp == std::string::npos) break;
+    at = amp + 1;
+  }
+  return out;
+}
+
+// A record as E2B's SandboxInfo / ListedSandbox.
+json Info(const v1::SandboxRecord& r) {
+  json metadata = json::object();
+  for (const auto& [k, v] : r.spec().labels()) metadata[k] = v;
+  uint32_t millis = r.spec().limits().cpu_millis();
+  json out = {{"sandboxID", r.id()},
+              {"templateID", r.spec().image()},
+              {"clientID", r.node_id()},
+              {"startedAt", Rfc3339(r.created_ms())},
+              {"endAt", Rfc3339(r.ttl_deadline_ms() ? r.ttl_deadline_ms() : r.created_ms())},
+              {"state", r.phase() == v1::SANDBOX_PHASE_PAUSED ? "paused" : "running"},
+              {"cpuCount", millis ? (millis + 999) / 1000 : 1},
+              {"memoryMB", r.spec().limits().memory_bytes() >> 20},
+              {"diskSizeMB", r.spec().limits().disk_bytes() >> 20},
+              {"envdVersion", kEnvdVersion},
+              {"metadata", metadata}};
+  return out;
+}
+
+// What create and connect answer: the sandbox and how to reach its envd.
+json Created(const v1::SandboxRecord& r) {
+  return {{"sandboxID", r.id()},
+          {"templateID", r.spec().image()},
+          {"clientID", r.node_id()},
+          {"envdVersion", kEnvdVersion}};
+}
+
+bool Gone(const v1::SandboxRecord& r) {
+  return r.phase() == v1::SANDBOX_PHASE_STOPPED || r.phase() == v1::SANDBOX_PHASE_STOPPING;
+}
+
+// A JSON body (an object), or an answer of 400 saying why not.
+bool Body(const Call& c, json* out) {
+  if (c.req.body.empty()) {
+    *out = json::object();
+    return true;
+  }
+  *out = json::parse(c.req.body, nullptr, false);
+  if (out->is_object()) return true;
+  Error(c.reply, 400, "the request body is not a JSON object");
+  return false;
+}
+
+// A whole number of seconds field, or an answer of 400.
+bool Seconds(const Call& c, const json& body, const char* field, uint32_t dflt, uint32_t* out) {
+  auto it = body.find(field);
+  if (it == body.end() || it->is_null()) {
+    *out = dflt;
+    return true;
+  }
+  if (!it->is_number_integer() || it->get<int64_t>() < 1 || it->get<int64_t>() > 30 * 86400) {
+    Error(c.reply, 400, std::string("'") + field + "' must be a whole number of seconds from 1 to 2592000");
+    return false;
+  }
+  *out = static_cast<uint32_t>(it->get<int64_t>());
+  return true;
+}
+
+// A map of strings, or an answer of 400.
+bool Strings(const Call& c, const json& body, const char* field,
+             google::protobuf::Map<std::string, std::string>* out) {
+  auto it = body.find(field);
+  if (it == body.end() || it->is_null()) return true;
+  if (!it->is_object()) {
+    Error(c.reply, 400, std::string("'") + field + "' must be an object of strings");
+    return false;
+  }
+  for (const auto& [k, v] : it->items()) {
+    if (!v.is_string()) {
+      Error(c.reply, 400, std::string("'") + field + "." + k + "' must be a string");
+      return false;
+    }
+    (*out)[k] = v.get<std::string>();
+  }
+  return true;
+}
+
+class Door {
+ public:
+  Door(caf::event_based_actor* self, entry_actor entry) : self_(self), entry_(std::move(entry)) {}
+
+  void Handle(Call& c) {
+    const std::string& m = c.req.method;
+    const std::string& p = c.req.path;
+    if (m == "POST" && p == "/sandboxes") return Create(c);
+    if (m == "GET" && p == "/v2/sandboxes") return List(c);
+    if (p.rfind("/sandboxes/", 0) == 0) {
+      std::string rest = p.substr(11);
+      std::string id = rest.substr(0, rest.find('/'));
+      std::string sub = rest.size() > id.size() ? rest.substr(id.size()) : "";
+      if (!E2bId(id)) return Error(c.reply, 404, "sandbox '" + id.substr(0, 64) + "' not found");
+      if (m == "GET" && sub.empty()) return Get(c, id);
+      if (m == "DELETE" && sub.empty()) return Kill(c, id);
+      if (m == "POST" && sub == "/timeout") return Timeout(c, id);
+      if (m == "POST" && sub == "/connect") return Connect(c, id);
+      if (m == "POST" && sub == "/pause") return Pause(c, id);
+    }
+    Error(c.reply, 404, m + " " + p + " is not an E2B call this door serves (docs/e2b.md lists them)");
+  }
+
+ private:
+  // Asks the entry; a reply whose status is not OK (or none) is answered
+  // here, in E2B's shape; `ok` gets the others.
+  template <class Reply, class Req>
+  void Ask(const std::shared_ptr<HttpResponder>& reply, Req req, std::function<void(Reply&)> ok) {
+    self_->request(entry_, kCallTimeout, std::move(req))
+        .then(
+            [reply, ok](Reply& r) {
+              Status s = FromProto(r.status());
+              if (!s.ok()) return Error(reply, s);
+              ok(r);
+            },
+            [reply](caf::error& e) { Error(reply, 503, "dsec did not answer: " + caf::to_string(e)); });
+  }
+
+  // The sandbox's record, or 404 when it has ended.
+  void Live(const std::shared_ptr<HttpResponder>& reply, const std::string& id,
+            std::function<void(const v1::SandboxRecord&)> ok) {
+    v1::GetSandboxRequest get;
+    get.set_sandbox_id(id);
+    Ask<v1::SandboxReply>(reply, std::move(get), [reply, id, ok](v1::SandboxReply& r) {
+      if (Gone(r.sandbox())) return Error(reply, 404, "sandbox " + id + " ended");
+      ok(r.sandbox());
+    });
+  }
+
+  void Create(Call& c) {
+    json body;
+    if (!Body(c, &body)) return;
+    auto t = body.find("templateID");
+    if (t == body.end() || !t->is_string() || t->get<std::string>().empty())
+      return Error(c.reply, 400, "'templateID' (a dsec image's name) is required");
+    v1::CreateRequest req;
+    req.set_id("e" + RandomHex(19));
+    req.set_detached(true);
+    auto* spec = req.mutable_spec();
+    spec->set_image(t->get<std::string>());
+    uint32_t timeout = 0;
+    if (!Seconds(c, body, "timeout", kDefaultTimeoutS, &timeout)) return;
+    spec->set_ttl_s(timeout);
+    if (!Strings(c, body, "metadata", spec->mutable_labels()) || !Strings(c, body, "envVars", spec->mutable_env()))
+      return;
+    if (body.value("autoPause", false))
+      return Error(c.reply, 400, "autoPause (a pause at the timeout) is not served by this dsec yet: docs/e2b.md");
+    // The kind: the metadata key dsec.kind, else a container.
+    std::string kind = spec->labels().count("dsec.kind") ? spec->labels().at("dsec.kind") : "container";
+    if (kind == "container") spec->set_kind(v1::KIND_CONTAINER);
+    else if (kind == "microvm") spec->set_kind(v1::KIND_MICROVM);
+    else if (kind == "vm") spec->set_kind(v1::KIND_VM);
+    else return Error(c.reply, 400, "metadata dsec.kind '" + kind.substr(0, 32) + "': container, microvm or vm");
+    auto reply = c.reply;
+    Ask<v1::SandboxReply>(reply, std::move(req),
+                          [reply](v1::SandboxReply& r) { reply->Send(201, kJson, Created(r.sandbox()).dump()); });
+  }
+
+  void Get(Call& c, const std::string& id) {
+    auto reply = c.reply;
+    Live(reply, id, [reply](const v1::SandboxRecord& r) { reply->Send(200, kJson, Info(r).dump()); });
+  }
+
+  void Kill(Call& c, const std::string& id) {
+    v1::DestroyRequest req;
+    req.set_sandbox_id(id);
+    req.set_reason("killed through the E2B API");
+    auto reply = c.reply;
+    Ask<v1::SandboxReply>(reply, std::move(req), [reply](v1::SandboxReply&) { reply->Send(204, kJson, ""); });
+  }
+
+  void Timeout(Call& c, const std::string& id) {
+    json body;
+    uint32_t timeout = 0;
+    if (!Body(c, &body) || !Seconds(c, body, "timeout", 0, &timeout)) return;
+    if (timeout == 0) return Error(c.reply, 400, "'timeout' (seconds from now) is required");
+    v1::SetTimeoutRequest req;
+    req.set_sandbox_id(id);
+    req.set_timeout_s(timeout);
+    auto reply = c.reply;
+    Ask<v1::SandboxReply>(reply, std::move(req), [reply](v1::SandboxReply&) { reply->Send(204, kJson, ""); });
+  }
+
+  // E2B's connect: resumes a paused sandbox (201) or finds it running
+  // (200); its timeout only ever moves later.
+  void Connect(Call& c, const std::string& id) {
+    json body;
+    uint32_t timeout = 0;
+    if (!Body(c, &body) || !Seconds(c, body, "timeout", kDefaultTimeoutS, &timeout)) return;
+    auto reply = c.reply;
+    Live(reply, id, [this, reply, id, timeout](const v1::SandboxRecord& r) {
+      bool paused = r.phase() == v1::SANDBOX_PHASE_PAUSED;
+      auto answer = [reply, paused, created = Created(r)](v1::SandboxReply&) {
+        reply->Send(paused ? 201 : 200, kJson, created.dump());
+      };
+      auto extend = [this, reply, id, timeout, deadline = r.ttl_deadline_ms(), answer](v1::SandboxReply& after) {
+        if (deadline >= WallClockMs() + int64_t{timeout} * 1000) return answer(after);
+        v1::SetTimeoutRequest t;
+        t.set_sandbox_id(id);
+        t.set_timeout_s(timeout);
+        Ask<v1::SandboxReply>(reply, std::move(t), answer);
+      };
+      if (!paused) {
+        v1::SandboxReply none;
+        return extend(none);
+      }
+      v1::ResumeRequest resume;
+      resume.set_sandbox_id(id);
+      Ask<v1::SandboxReply>(reply, std::move(resume), extend);
+    });
+  }
+
+  void Pause(Call& c, const std::string& id) {
+    auto reply = c.reply;
+    Live(reply, id, [this, reply, id](const v1::SandboxRecord& r) {
+      if (r.phase() == v1::SANDBOX_PHASE_PAUSED) return Error(reply, 409, "sandbox " + id + " is already paused");
+      v1::PauseRequest p;
+      p.set_sandbox_id(id);
+      p.set_memory(true);  // E2B's pause keeps the memory and gives the host its RAM back
+      Ask<v1::SandboxReply>(reply, std::move(p), [reply](v1::SandboxReply&) { reply->Send(204, kJson, ""); });
+    });
+  }
+
+  void List(Call& c) {
+    auto q = Query(c.req.query);
+    v1::ListSandboxesRequest req;
+    if (auto it = q.find("metadata"); it != q.end())
+      for (const auto& [k, v] : Query(it->second)) (*req.mutable_labels())[k] = v;
+    if (auto it = q.find("state"); it != q.end()) {
+      for (size_t at = 0; at <= it->second.size();) {
+        size_t comma = it->second.find(',', at);
+        std::string s = it->second.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+        if (s == "running") req.add_phases(v1::SANDBOX_PHASE_RUNNING), req.add_phases(v1::SANDBOX_PHASE_STARTING);
+        else if (s == "paused") req.add_phases(v1::SANDBOX_PHASE_PAUSED);
+        else if (!s.empty()) return Error(c.reply, 400, "state '" + s.substr(0, 32) + "': running or paused");
+        if (comma == std::string::npos) break;
+        at = comma + 1;
+      }
+    }
+    if (auto it = q.find("limit"); it != q.end()) {
+      char* end = nullptr;
+      long n = std::strtol(it->second.c_str(), &end, 10);
+      if (it->second.empty() || *end || n < 1 || n > 100) return Error(c.reply, 400, "limit: 1 to 100");
+      req.set_limit(static_cast<uint32_t>(n));
+    }
+    if (auto it = q.find("nextToken"); it != q.end()) req.set_page_token(it->second);
+    if (auto it = q.find("template"); it != q.end()) req.set_image(it->second);
+    auto reply = c.reply;
+    Ask<v1::ListSandboxesReply>(reply, std::move(req), [reply](v1::ListSandboxesReply& r) {
+      json out = json::array();
+      for (const auto& sb : r.sandboxes())
+        if (E2bId(sb.id()) && !Gone(sb)) out.push_back(Info(sb));
+      HttpHeaders extra;
+      if (!r.next_page_token().empty()) extra.emplace_back("X-Next-Token", r.next_page_token());
+      reply->Send(200, kJson, out.dump(), extra);
+    });
+  }
+
+  caf::event_based_actor* self_;
+  entry_actor entry_;
+};
+
+}  // namespace
+
+E2bDoor::E2bDoor(caf::actor_system& sys, entry_actor entry, const ApiKeys& keys, HttpServer& server) {
+  actor_ = sys.spawn([entry](caf::event_based_actor* self) -> caf::behavior {
+    auto door = std::make_shared<Door>(self, entry);
+    return {[door](Call& c) { door->Handle(c); }};
+  });
+  HttpHandler handler = [this, &keys](HttpRequest req, std::shared_ptr<HttpResponder> reply) {
+    const std::string* key = req.Header("x-api-key");
+    if (!key || !keys.Check(*key))
+      return Error(reply, 401,
+                   key ? "the API key is not one dsec issued (see docs/e2b.md: <data-dir>/e2b.key, e2b-key issue)"
+                       : "no X-API-KEY: set E2B_API_KEY to a key dsec issued (<data-dir>/e2b.key)");
+    caf::anon_send(actor_, Call{std::move(req), std::move(reply)});
+  };
+  constexpr size_t kMaxBody = 1 << 20;
+  server.Route("POST", "/sandboxes", handler, kMaxBody);
+  server.Route("GET", "/v2/sandboxes", handler);
+  server.Route("GET", "/sandboxes/", handler, 0, true);
+  server.Route("DELETE", "/sandboxes/", handler, 0, true);
+  server.Route("POST", "/sandboxes/", handler, kMaxBody, true);
+}
+
+E2bDoor::~E2bDoor() { Stop(); }
+
+void E2bDoor::Stop() {
+  if (actor_) caf::anon_send_exit(actor_, caf::exit_reason::user_shutdown);
+  actor_ = nullptr;
+}
+
+}  // namespace dsec::e2b

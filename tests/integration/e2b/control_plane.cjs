@@ -1,0 +1,43 @@
+// Drives dsec's E2B door with the unmodified `e2b` SDK (its module path in
+// E2B_MODULE; E2B_API_URL and E2B_API_KEY as a user sets them) and prints
+// what it saw as one JSON object, for e2b_control_test.cpp to judge.
+const { Sandbox } = require(process.env.E2B_MODULE);
+
+async function failure(fn) {
+  try {
+    await fn();
+    return 'no error';
+  } catch (e) {
+    return `${e.constructor.name}: ${e.message}`;
+  }
+}
+
+(async () => {
+  const out = {};
+  const run = process.env.RUN_ID;
+  const sbx = await Sandbox.create(process.env.TEMPLATE, { metadata: { run }, timeoutMs: 120000 });
+  out.id = sbx.sandboxId;
+  const info = await sbx.getInfo();
+  out.info = {
+    sandboxId: info.sandboxId, templateId: info.templateId, state: info.state, metadata: info.metadata,
+    envdVersion: info.envdVersion, lifetime: Math.round((info.endAt - info.startedAt) / 1000),
+  };
+  await sbx.setTimeout(600000);
+  const later = await sbx.getInfo();
+  out.extendedBy = Math.round((later.endAt - info.endAt) / 1000);
+  out.listed = (await Sandbox.list({ query: { metadata: { run } } }).nextItems()).map((s) => s.sandboxId);
+  out.othersListed = (await Sandbox.list({ query: { metadata: { run: 'nobody' } } }).nextItems()).length;
+  out.running = (await Sandbox.list({ query: { state: ['running'], metadata: { run } } }).nextItems()).length;
+  const again = await Sandbox.connect(sbx.sandboxId, { timeoutMs: 60000 });
+  out.connected = again.sandboxId;
+  out.killed = await Sandbox.kill(sbx.sandboxId);
+  out.killedAgain = await Sandbox.kill(sbx.sandboxId);
+  out.afterKill = await failure(() => Sandbox.getInfo(sbx.sandboxId));
+  out.badKey = await failure(() => Sandbox.create(process.env.TEMPLATE, { apiKey: 'e2b_' + '0'.repeat(40) }));
+  out.badTemplate = await failure(() => Sandbox.create('no-such-image'));
+  out.badKind = await failure(() => Sandbox.create(process.env.TEMPLATE, { metadata: { 'dsec.kind': 'zeppelin' } }));
+  console.log(JSON.stringify(out));
+})().catch((e) => {
+  console.error(e);
+  process.exit(1);
+});

@@ -1,0 +1,133 @@
+// The E2B door's control plane (DESIGN.md section 15, docs/e2b.md) driven
+// by the real client: the `e2b` package from the npm registry, unmodified,
+// run by node against a real dsecd with E2B_API_URL and E2B_API_KEY set as
+// a user sets them. Skips, saying why, where the host has no node or npm,
+// or the registry cannot be reached.
+#include <gmock/gmock.h>
+#include <sys/stat.h>
+
+#include <nlohmann/json.hpp>
+
+#include "harness/daemon.hpp"
+#include "runtime/files.hpp"
+#include "tests/support/container_fixture.hpp"
+
+namespace dsec::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+// The SDK version the door is checked against (docs/e2b.md).
+constexpr const char* kSdk = "e2b@2.45.0";
+constexpr const char* kCache = "/var/cache/dsec/npm/e2b-2.45.0";
+
+class E2bDoor : public ContainerTest {
+ protected:
+  static void SetUpTestSuite() {
+    ContainerTest::SetUpTestSuite();
+    module_ = std::string(kCache) + "/node_modules/e2b/dist/index.js";
+    struct stat st;
+    if (::stat(module_.c_str(), &st) == 0) return;
+    if (::access("/usr/bin/node", X_OK) != 0 || ::access("/usr/bin/npm", X_OK) != 0) {
+      skip_ = "no node or npm on this host (Debian's nodejs and npm; scripts/dev installs them)";
+      return;
+    }
+    (void)MakeDirs(kCache, 0755);
+    auto r = RunProcess({"/usr/bin/npm", "install", "--prefix", kCache, "--no-audit", "--no-fund", kSdk}, {}, 300);
+    if (r.exit_code != 0 || ::stat(module_.c_str(), &st) != 0)
+      skip_ = std::string("npm could not install ") + kSdk + " (is the npm registry reachable?): " + r.err.substr(0, 400);
+  }
+  void SetUp() override {
+    ContainerTest::SetUp();
+    if (!skip_.empty()) GTEST_SKIP() << skip_;
+  }
+
+  // Runs `script` (in this directory) with the SDK pointed at the door.
+  ProcResult Node(const std::string& script, const std::vector<std::string>& env) {
+    auto key = ReadFileToString(daemon_->data_dir() + "/e2b.key");
+    EXPECT_TRUE(key.ok()) << "dsecd writes its first E2B key there";
+    std::vector<std::string> argv = {"/usr/bin/env", "E2B_MODULE=" + module_,
+                                     "E2B_API_URL=http://" + daemon_->e2b_addr(),
+                                     "E2B_API_KEY=" + (key.ok() ? key->substr(0, key->find('\n')) : ""),
+                                     "E2B_DOMAIN=dsec.invalid"};
+    for (const auto& e : env) argv.push_back(e);
+    argv.push_back("/usr/bin/node");
+    argv.push_back(std::string(DSEC_SOURCE_DIR) + "/tests/integration/e2b/" + script);
+    return RunProcess(argv, {}, 180);
+  }
+
+  static std::string module_, skip_;
+};
+std::string E2bDoor::module_, E2bDoor::skip_;
+
+TEST_F(E2bDoor, TheUnmodifiedSdkCreatesListsExtendsAndKillsSandboxes) {
+  std::string run = RandomHex(8);
+  auto r = Node("control_plane.cjs", {"RUN_ID=" + run, std::string("TEMPLATE=") + kImage});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  auto out = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_TRUE(out.is_object()) << r.out;
+  std::string id = out.value("id", "");
+  // Gone with the test whatever it finds (the SDK's kill is what is checked).
+  struct Cleanup {
+    Client* client;
+    std::string id;
+    ~Cleanup() {
+      if (auto sb = client->Attach(id); sb.ok()) (void)sb->Destroy();
+    }
+  } cleanup{client_.get(), id};
+  EXPECT_THAT(id, ::testing::MatchesRegex("[a-z0-9]+")) << "ids as E2B's SDK takes them";
+  auto& info = out["info"];
+  EXPECT_EQ(info["sandboxId"], id);
+  EXPECT_EQ(info["templateId"], kImage);
+  EXPECT_EQ(info["state"], "running");
+  EXPECT_EQ(info["metadata"]["run"], run);
+  EXPECT_EQ(info["envdVersion"], "0.1.0");
+  EXPECT_NEAR(info["lifetime"].get<double>(), 120, 2) << "E2B's timeout is its lifetime";
+  EXPECT_NEAR(out["extendedBy"].get<double>(), 480, 5) << "setTimeout(600 s) is 600 s from now";
+  EXPECT_EQ(out["listed"], nlohmann::json::array({id})) << "listed by its metadata";
+  EXPECT_EQ(out["othersListed"], 0);
+  EXPECT_EQ(out["running"], 1);
+  EXPECT_EQ(out["connected"], id);
+  EXPECT_EQ(out["killed"], true);
+  EXPECT_EQ(out["killedAgain"], false) << "a second kill is E2B's 404: false";
+  EXPECT_THAT(out["afterKill"].get<std::string>(), HasSubstr("NotFound"));
+  EXPECT_THAT(out["badKey"].get<std::string>(), HasSubstr("AuthenticationError"));
+  EXPECT_THAT(out["badTemplate"].get<std::string>(), HasSubstr("no-such-image"));
+  EXPECT_THAT(out["badKind"].get<std::string>(), HasSubstr("zeppelin"));
+  // Nothing of it is left on the node.
+  auto left = client_->ListSandboxes();
+  ASSERT_TRUE(left.ok()) << left.status().ToString();
+  for (const auto& sb : left->sandboxes()) EXPECT_NE(sb.id(), id);
+}
+
+// A stranger's requests: no key, a key dsec did not issue, garbage: each
+// 401 or 4xx in E2B's error shape, and nothing made.
+TEST_F(E2bDoor, RequestsWithoutAValidKeyAreRefusedAndMakeNothing) {
+  std::string url = "http://" + daemon_->e2b_addr() + "/sandboxes";
+  auto curl = [&](const std::vector<std::string>& args) {
+    std::vector<std::string> argv = {"/usr/bin/curl", "-s", "-o", "-", "-w", "\n%{http_code}"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return RunProcess(argv).out;
+  };
+  EXPECT_THAT(curl({"-X", "POST", url, "-d", "{\"templateID\":\"tools\"}"}), HasSubstr("\"code\":401"));
+  EXPECT_THAT(curl({"-X", "POST", url, "-H", "X-API-KEY: e2b_00", "-d", "{\"templateID\":\"tools\"}"}),
+              HasSubstr("\n401"));
+  auto key = ReadFileToString(daemon_->data_dir() + "/e2b.key");
+  ASSERT_TRUE(key.ok());
+  std::string h = "X-API-KEY: " + key->substr(0, key->find('\n'));
+  EXPECT_THAT(curl({"-X", "POST", url, "-H", h, "-d", "not json"}), HasSubstr("\n400"));
+  EXPECT_THAT(curl({"-X", "POST", url, "-H", h, "-d", "{\"templateID\":\"tools\",\"timeout\":-5}"}),
+              HasSubstr("\n400"));
+  EXPECT_THAT(curl({"-X", "POST", url, "-H", h, "-d", "{\"templateID\":\"tools\",\"metadata\":{\"a\":1}}"}),
+              HasSubstr("\n400"));
+  EXPECT_THAT(curl({"-H", h, url + "/NOT-AN-ID"}), HasSubstr("\n404"));
+  EXPECT_THAT(curl({"-H", h, "http://" + daemon_->e2b_addr() + "/v2/sandboxes?limit=0"}), HasSubstr("\n400"));
+  auto all = client_->ListSandboxes();
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(all->sandboxes_size(), 0) << "nothing was made";
+  for (const auto& sb : all->sandboxes())  // what a broken door made, gone with the test
+    if (auto made = client_->Attach(sb.id()); made.ok()) (void)made->Destroy();
+}
+
+}  // namespace
+}  // namespace dsec::testing
