@@ -73,6 +73,11 @@ Family<Counter>& Grades() {
   static auto* f = new Family<Counter>;
   return *f;
 }
+
+Family<Counter>& E2bRequests() {
+  static auto* f = new Family<Counter>;
+  return *f;
+}
 Family<Gauge>& Sandboxes() {
   static auto* f = new Family<Gauge>;
   return *f;
@@ -191,6 +196,11 @@ std::string Render() {
   Flags().ForEach([&](const std::string& l, const Counter& c) { Line(&out, "dsec_flags_total", l, c.value.load()); });
   Describe(&out, "dsec_grades_total", "counter", "Session grades logged, by how the grader ended.");
   Grades().ForEach([&](const std::string& l, const Counter& c) { Line(&out, "dsec_grades_total", l, c.value.load()); });
+  Describe(&out, "dsec_e2b_requests_total", "counter",
+           "Requests the E2B door answered, by call (create, get, list, timeout, connect, pause, kill, other) and "
+           "HTTP status.");
+  E2bRequests().ForEach(
+      [&](const std::string& l, const Counter& c) { Line(&out, "dsec_e2b_requests_total", l, c.value.load()); });
   HostFigures h = ReadHostFigures();
   Describe(&out, "dsec_node_memory_bytes", "gauge", "The host's memory: total and available.");
   Line(&out, "dsec_node_memory_bytes", "state=\"total\"", static_cast<double>(h.memory_total));

@@ -79,6 +79,7 @@ Family<Counter>& NetworkRefusals();         // dsec_network_refusals_total{what}
 Family<Counter>& DnsAnswers();              // dsec_dns_answers_total{answer}
 Family<Counter>& Flags();                   // dsec_flags_total{what}: flags logged with session steps
 Family<Counter>& Grades();                  // dsec_grades_total{outcome}: "passed", "failed", "time_limit", ...
+Family<Counter>& E2bRequests();             // dsec_e2b_requests_total{call,code}: the E2B door's answers
 
 // A sandbox's place in Sandboxes() while it lives: Set moves it, the
 // destructor takes it out.

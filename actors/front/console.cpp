@@ -47,6 +47,7 @@ std::string HelpLine() {
                      "inspect ID     one sandbox, session or run", "kill ID        stop a run, destroy a sandbox, close a session",
                      "stats          counters of the node, the store and the drivers",
                      "drain N        (controller) no new placements on node N; undrain N undoes it",
+                     "e2b-key ls | issue NAME | revoke NAME   the E2B door's API keys (issue prints the key once)",
                      "quit           close this connection"}}});
 }
 
@@ -296,7 +297,7 @@ bool HandleLine(Broker self, connection_handle h, const std::string& line) {
     return true;
   }
   static const char* kKnown[] = {"status", "nodes", "ls",    "sessions", "inspect", "kill",
-                                 "stats",  "crash", "fault", "drain",    "undrain"};
+                                 "stats",  "crash", "fault", "drain",    "undrain", "e2b-key"};
   bool known = false;
   for (const char* k : kKnown) known = known || cmd == k;
   if (!known) {

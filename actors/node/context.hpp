@@ -69,6 +69,10 @@ class SharedText {
 
 struct NodeContext {
   NodeOptions options;
+  // The console's `e2b-key` command (args after it; a reply line), which
+  // dsecd sets when it serves the E2B door; empty: --e2b off. Blocking
+  // (the store): the node calls it off its thread.
+  std::function<std::string(const std::vector<std::string>&)> e2b_keys;
   // Role node: the CAF node id (caf::to_string) of the controller it joined,
   // set by its link. What the controller forwards comes from there: it
   // keeps a session alive but is not a trainer a session could watch.

@@ -395,6 +395,10 @@ caf::result<std::string> HandleAdmin(NodeSelf self, const std::string& cmd,
   if (cmd == "stats") return Stats(self);
   if (cmd == "metrics") return Metrics(self);
   if (cmd == "overview") return Overview(self);
+  if (cmd == "e2b-key") {
+    if (!st.ctx->e2b_keys) return Error("this dsecd serves no E2B door (--e2b off)");
+    return OffThread(self, [keys = st.ctx->e2b_keys, args] { return keys(args); });
+  }
   if (cmd == "inspect" || cmd == "kill") {
     if (auto u = need_id(); !u.empty()) return Error(u);
     const std::string& id = args[0];

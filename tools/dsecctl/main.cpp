@@ -217,7 +217,14 @@ int main(int argc, char** argv) {
   drain->add_option("node", drain_node, "the node's id (dsecctl nodes lists them)")->required();
   auto* undrain = app.add_subcommand("undrain", "place on a drained node again (controller)");
   undrain->add_option("node", drain_node, "the node's id")->required();
-  for (auto* a : {status, nodes, stats, inspect, kill, drain, undrain})
+  std::string key_verb, key_name;
+  auto* e2b_key = app.add_subcommand("e2b-key", "the E2B door's API keys: ls, issue NAME (prints the key once), "
+                                                "revoke NAME (admin console; docs/e2b.md)");
+  e2b_key->add_option("verb", key_verb, "ls, issue or revoke")
+      ->required()
+      ->check(CLI::IsMember({"ls", "issue", "revoke"}));
+  e2b_key->add_option("name", key_name, "the key's name ([a-z0-9._-]); for issue and revoke");
+  for (auto* a : {status, nodes, stats, inspect, kill, drain, undrain, e2b_key})
     a->add_flag("--raw", raw, "print the reply line as is");
 
   try {
@@ -238,6 +245,10 @@ int main(int argc, char** argv) {
   if (*stats) return Admin(c, "stats", raw);
   if (*inspect) return Admin(c, "inspect " + admin_id, raw);
   if (*kill) return Admin(c, "kill " + admin_id, raw);
+  if (*e2b_key) {
+    if (key_verb != "ls" && key_name.empty()) return Fail("e2b-key " + key_verb + " needs the key's NAME", kUsage);
+    return Admin(c, "e2b-key " + key_verb + (key_name.empty() ? "" : " " + key_name), raw);
+  }
   if (*snap_f.snapshot || *snap_f.fork) return RunSnapshotCommand(c, snap_f);
 
   int rc = 0;

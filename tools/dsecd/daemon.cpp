@@ -486,13 +486,16 @@ class Daemon {
   // as the SDK's calls do; its keys in this dsecd's store.
   void ListenE2b(entry_actor entry) {
     if (f_.e2b == "off") return;
-    e2b_keys_ = std::make_unique<e2b::ApiKeys>(store_.get());
+    e2b_keys_ = std::make_shared<e2b::ApiKeys>(store_.get());
     auto said = e2b_keys_->Load(data_ + "/e2b.key");
     if (!said.ok()) {
       log_->error("the E2B door stays closed: its keys: {}", said.status().message());
       return;
     }
     if (!said->empty()) log_->info("{}", *said);
+    if (node_ctx_) node_ctx_->e2b_keys = [keys = e2b_keys_](const std::vector<std::string>& args) {
+      return keys->Admin(args);
+    };
     e2b_http_ = std::make_unique<HttpServer>(HttpServerOptions{}, DriverLog("e2b"));
     e2b_door_ = std::make_unique<e2b::E2bDoor>(*sys_, entry, *e2b_keys_, *e2b_http_);
     e2b_http_->Start();
@@ -628,7 +631,7 @@ class Daemon {
   std::unique_ptr<SdkDoor> sdk_door_, cluster_door_;
   std::unique_ptr<HttpServer> http_;
   std::unique_ptr<StatusHttp> status_http_;
-  std::unique_ptr<e2b::ApiKeys> e2b_keys_;
+  std::shared_ptr<e2b::ApiKeys> e2b_keys_;
   std::unique_ptr<HttpServer> e2b_http_;
   std::unique_ptr<e2b::E2bDoor> e2b_door_;
   std::vector<FrontDoorListener> listeners_;

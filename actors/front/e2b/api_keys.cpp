@@ -1,5 +1,7 @@
 #include "actors/front/e2b/api_keys.hpp"
 
+#include <nlohmann/json.hpp>
+
 #include "drivers/images/image_store.hpp"
 #include "runtime/clock.hpp"
 #include "runtime/files.hpp"
@@ -69,6 +71,30 @@ std::vector<store::v1::ApiKeyRecord> ApiKeys::List() const {
     return true;
   });
   return out;
+}
+
+std::string ApiKeys::Admin(const std::vector<std::string>& args) {
+  using nlohmann::json;
+  auto dump = [](const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); };
+  auto error = [&](const std::string& m) { return dump(json{{"ok", false}, {"error", m}}); };
+  const std::string verb = args.empty() ? "" : args[0];
+  if (verb == "ls" && args.size() == 1) {
+    json keys = json::array();
+    for (const auto& k : List())
+      keys.push_back({{"name", k.name()}, {"shown", k.shown() + "..."}, {"created_ms", k.created_ms()}});
+    return dump(json{{"ok", true}, {"keys", keys}});
+  }
+  if (verb == "issue" && args.size() == 2) {
+    auto key = Issue(args[1]);
+    if (!key.ok()) return error(key.status().message());
+    return dump(json{{"ok", true}, {"name", args[1]}, {"key", *key}});
+  }
+  if (verb == "revoke" && args.size() == 2) {
+    Status s = Revoke(args[1]);
+    if (!s.ok()) return error(s.message());
+    return dump(json{{"ok", true}, {"revoked", args[1]}});
+  }
+  return error("usage: e2b-key ls | issue NAME | revoke NAME");
 }
 
 bool ApiKeys::Check(const std::string& key) const {

@@ -33,6 +33,9 @@ class ApiKeys {
   std::vector<store::v1::ApiKeyRecord> List() const;
   // Whether `key` is one of the keys (compared by its SHA-256).
   bool Check(const std::string& key) const;
+  // The console's `e2b-key ls | issue NAME | revoke NAME`: a reply line
+  // (JSON, {"ok": ...} as the console's others).
+  std::string Admin(const std::vector<std::string>& args);
 
  private:
   Result<std::string> Make(const std::string& name);

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dsec/status_proto.hpp"
+#include "runtime/metrics.hpp"
 #include "runtime/clock.hpp"
 #include "runtime/files.hpp"
 
@@ -178,6 +179,42 @@ bool Strings(const Call& c, const json& body, const char* field,
   }
   return true;
 }
+
+// The call a request is, as dsec_e2b_requests_total names it.
+std::string CallName(const std::string& method, const std::string& path) {
+  if (path == "/sandboxes") return method == "POST" ? "create" : "other";
+  if (path == "/v2/sandboxes") return "list";
+  if (path.rfind("/sandboxes/", 0) != 0) return "other";
+  std::string rest = path.substr(11);
+  size_t slash = rest.find('/');
+  std::string sub = slash == std::string::npos ? "" : rest.substr(slash + 1);
+  if (sub.empty()) return method == "GET" ? "get" : method == "DELETE" ? "kill" : "other";
+  return sub == "timeout" || sub == "connect" || sub == "pause" ? sub : "other";
+}
+
+// Counts each answer in dsec_e2b_requests_total, then passes it on.
+class Counted final : public HttpResponder {
+ public:
+  Counted(std::shared_ptr<HttpResponder> inner, std::string call) : inner_(std::move(inner)), call_(std::move(call)) {}
+  void Send(int code, const std::string& type, std::string body, HttpHeaders extra) override {
+    Count(code);
+    inner_->Send(code, type, std::move(body), std::move(extra));
+  }
+  void Begin(int code, const std::string& type, HttpHeaders extra) override {
+    Count(code);
+    inner_->Begin(code, type, std::move(extra));
+  }
+  bool Write(std::string chunk) override { return inner_->Write(std::move(chunk)); }
+  void End() override { inner_->End(); }
+  bool gone() const override { return inner_->gone(); }
+
+ private:
+  void Count(int code) {
+    metrics::E2bRequests().At(metrics::Labels({{"call", call_}, {"code", std::to_string(code)}})).Add();
+  }
+  std::shared_ptr<HttpResponder> inner_;
+  std::string call_;
+};
 
 class Door {
  public:
@@ -368,7 +405,8 @@ E2bDoor::E2bDoor(caf::actor_system& sys, entry_actor entry, const ApiKeys& keys,
     auto door = std::make_shared<Door>(self, entry);
     return {[door](Call& c) { door->Handle(c); }};
   });
-  HttpHandler handler = [this, &keys](HttpRequest req, std::shared_ptr<HttpResponder> reply) {
+  HttpHandler handler = [this, &keys](HttpRequest req, std::shared_ptr<HttpResponder> raw) {
+    auto reply = std::make_shared<Counted>(std::move(raw), CallName(req.method, req.path));
     const std::string* key = req.Header("x-api-key");
     if (!key || !keys.Check(*key))
       return Error(reply, 401,

@@ -122,11 +122,46 @@ TEST_F(E2bDoor, RequestsWithoutAValidKeyAreRefusedAndMakeNothing) {
               HasSubstr("\n400"));
   EXPECT_THAT(curl({"-H", h, url + "/NOT-AN-ID"}), HasSubstr("\n404"));
   EXPECT_THAT(curl({"-H", h, "http://" + daemon_->e2b_addr() + "/v2/sandboxes?limit=0"}), HasSubstr("\n400"));
+  // Each answer is counted, by call and status.
+  auto metrics = RunProcess({"/usr/bin/curl", "-s", "http://" + daemon_->http_addr() + "/metrics"}).out;
+  EXPECT_THAT(metrics, HasSubstr("dsec_e2b_requests_total{call=\"create\",code=\"401\"}"));
+  EXPECT_THAT(metrics, HasSubstr("dsec_e2b_requests_total{call=\"create\",code=\"400\"}"));
+  EXPECT_THAT(metrics, HasSubstr("dsec_e2b_requests_total{call=\"get\",code=\"404\"}"));
   auto all = client_->ListSandboxes();
   ASSERT_TRUE(all.ok());
   EXPECT_EQ(all->sandboxes_size(), 0) << "nothing was made";
   for (const auto& sb : all->sandboxes())  // what a broken door made, gone with the test
     if (auto made = client_->Attach(sb.id()); made.ok()) (void)made->Destroy();
+}
+
+// An operator issues a key (dsecctl e2b-key, through the admin console),
+// the SDK's calls pass with it, and once revoked they get 401 at once.
+TEST_F(E2bDoor, AnIssuedKeyWorksUntilItIsRevoked) {
+  auto ctl = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), {BinDir() + "/dsecctl", "--data-dir", daemon_->data_dir(), "e2b-key"});
+    args.push_back("--raw");
+    return RunProcess(args);
+  };
+  auto issued = ctl({"issue", "trainer-a"});
+  ASSERT_EQ(issued.exit_code, 0) << issued.out << issued.err;
+  auto j = nlohmann::json::parse(issued.out, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << issued.out;
+  std::string key = j.value("key", "");
+  EXPECT_THAT(key, ::testing::MatchesRegex("e2b_[0-9a-f]{40}"));
+  auto listed = ctl({"ls"});
+  EXPECT_THAT(listed.out, HasSubstr("\"trainer-a\""));
+  EXPECT_THAT(listed.out, ::testing::Not(HasSubstr(key))) << "only the key's first characters are shown";
+  EXPECT_NE(ctl({"issue", "trainer-a"}).exit_code, 0) << "a name is one key";
+  std::string url = "http://" + daemon_->e2b_addr() + "/v2/sandboxes";
+  auto code = [&](const std::string& k) {
+    return RunProcess({"/usr/bin/curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "-H", "X-API-KEY: " + k, url}).out;
+  };
+  EXPECT_EQ(code(key), "200");
+  EXPECT_EQ(ctl({"revoke", "trainer-a"}).exit_code, 0);
+  EXPECT_EQ(code(key), "401");
+  auto again = ctl({"revoke", "trainer-a"});
+  EXPECT_NE(again.exit_code, 0);
+  EXPECT_THAT(again.out + again.err, HasSubstr("no E2B API key named 'trainer-a'"));
 }
 
 }  // namespace
