@@ -497,7 +497,12 @@ class Daemon {
       return keys->Admin(args);
     };
     e2b_http_ = std::make_unique<HttpServer>(HttpServerOptions{}, DriverLog("e2b"));
-    e2b_door_ = std::make_unique<e2b::E2bDoor>(*sys_, entry, *e2b_keys_, *e2b_http_);
+    auto secret = LoadOrCreateToken(data_ + "/e2b.secret");
+    if (!secret.ok()) {
+      log_->error("the E2B door stays closed: {}", secret.status().message());
+      return;
+    }
+    e2b_door_ = std::make_unique<e2b::E2bDoor>(*sys_, entry, *e2b_keys_, *secret, *e2b_http_);
     e2b_http_->Start();
     Listen("e2b", e2b_at_, e2b_http_->gate(), 64, 10'000, HttpGate::kMaxHead);
   }

@@ -1,5 +1,7 @@
 #include "actors/front/e2b/e2b_door.hpp"
 
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
 #include <time.h>
 
 #include <algorithm>
@@ -122,12 +124,56 @@ json Info(const v1::SandboxRecord& r) {
   return out;
 }
 
+// A sandbox's envd access token: HMAC-SHA256 of its id under the door's
+// secret (nothing stored; the same after a restart).
+std::string Token(const std::string& secret, const std::string& id) {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()), reinterpret_cast<const unsigned char*>(id.data()),
+       id.size(), md, &len);
+  return HexOf(md, 16);
+}
+
 // What create and connect answer: the sandbox and how to reach its envd.
-json Created(const v1::SandboxRecord& r) {
+json Created(const v1::SandboxRecord& r, const std::string& secret) {
   return {{"sandboxID", r.id()},
           {"templateID", r.spec().image()},
           {"clientID", r.node_id()},
-          {"envdVersion", kEnvdVersion}};
+          {"envdVersion", kEnvdVersion},
+          {"envdAccessToken", Token(secret, r.id())}};
+}
+
+// A path as envd takes it: relative ones under the user's home.
+std::string EnvdPath(const std::string& path, const std::string& user) {
+  if (!path.empty() && path[0] == '/') return path;
+  std::string home = user.empty() || user == "root" ? "/root" : "/home/" + user;
+  return path.empty() ? home : home + "/" + path;
+}
+
+// The parts of a multipart/form-data body: (filename, data) each.
+bool Multipart(const std::string& type, const std::string& body, std::vector<std::pair<std::string, std::string>>* out) {
+  size_t b = type.find("boundary=");
+  if (b == std::string::npos) return false;
+  std::string boundary = type.substr(b + 9);
+  if (size_t semi = boundary.find(';'); semi != std::string::npos) boundary.resize(semi);
+  if (boundary.size() > 1 && boundary.front() == '"') boundary = boundary.substr(1, boundary.size() - 2);
+  const std::string delim = "--" + boundary;
+  size_t at = body.find(delim);
+  while (at != std::string::npos) {
+    at += delim.size();
+    if (body.compare(at, 2, "--") == 0) return true;  // the closing delimiter
+    if (body.compare(at, 2, "\r\n") != 0) return false;
+    size_t head_end = body.find("\r\n\r\n", at);
+    size_t next = body.find("\r\n" + delim, at);
+    if (head_end == std::string::npos || next == std::string::npos || head_end > next) return false;
+    std::string head = body.substr(at + 2, head_end - at - 2);
+    size_t fn = head.find("filename=\"");
+    std::string name;
+    if (fn != std::string::npos) name = head.substr(fn + 10, head.find('"', fn + 10) - fn - 10);
+    out->emplace_back(name, body.substr(head_end + 4, next - head_end - 4));
+    at = next + 2;
+  }
+  return false;
 }
 
 bool Gone(const v1::SandboxRecord& r) {
@@ -218,11 +264,13 @@ class Counted final : public HttpResponder {
 
 class Door {
  public:
-  Door(caf::event_based_actor* self, entry_actor entry) : self_(self), entry_(std::move(entry)) {}
+  Door(caf::event_based_actor* self, entry_actor entry, std::string secret)
+      : self_(self), entry_(std::move(entry)), secret_(std::move(secret)) {}
 
   void Handle(Call& c) {
     const std::string& m = c.req.method;
     const std::string& p = c.req.path;
+    if (p == "/health" || p == "/files") return Envd(c);
     if (m == "POST" && p == "/sandboxes") return Create(c);
     if (m == "GET" && p == "/v2/sandboxes") return List(c);
     if (p.rfind("/sandboxes/", 0) == 0) {
@@ -290,8 +338,9 @@ class Door {
     else if (kind == "vm") spec->set_kind(v1::KIND_VM);
     else return Error(c.reply, 400, "metadata dsec.kind '" + kind.substr(0, 32) + "': container, microvm or vm");
     auto reply = c.reply;
-    Ask<v1::SandboxReply>(reply, std::move(req),
-                          [reply](v1::SandboxReply& r) { reply->Send(201, kJson, Created(r.sandbox()).dump()); });
+    Ask<v1::SandboxReply>(reply, std::move(req), [reply, secret = secret_](v1::SandboxReply& r) {
+      reply->Send(201, kJson, Created(r.sandbox(), secret).dump());
+    });
   }
 
   void Get(Call& c, const std::string& id) {
@@ -328,7 +377,7 @@ class Door {
     auto reply = c.reply;
     Live(reply, id, [this, reply, id, timeout](const v1::SandboxRecord& r) {
       bool paused = r.phase() == v1::SANDBOX_PHASE_PAUSED;
-      auto answer = [reply, paused, created = Created(r)](v1::SandboxReply&) {
+      auto answer = [reply, paused, created = Created(r, secret_)](v1::SandboxReply&) {
         reply->Send(paused ? 201 : 200, kJson, created.dump());
       };
       auto extend = [this, reply, id, timeout, deadline = r.ttl_deadline_ms(), answer](v1::SandboxReply& after) {
@@ -357,6 +406,75 @@ class Door {
       p.set_memory(true);  // E2B's pause keeps the memory and gives the host its RAM back
       Ask<v1::SandboxReply>(reply, std::move(p), [reply](v1::SandboxReply&) { reply->Send(204, kJson, ""); });
     });
+  }
+
+  // envd's REST calls (the sandbox by E2b-Sandbox-Id, its token checked
+  // by the handler): /health, and /files to read and write files.
+  void Envd(Call& c) {
+    const std::string id = *c.req.Header("e2b-sandbox-id");
+    auto reply = c.reply;
+    if (c.req.path == "/health") {  // 204 running; 502 (as E2B's proxy says of a gone one) otherwise
+      v1::GetSandboxRequest get;
+      get.set_sandbox_id(id);
+      self_->request(entry_, kCallTimeout, std::move(get))
+          .then(
+              [reply, id](v1::SandboxReply& r) {
+                if (FromProto(r.status()).ok() && r.sandbox().phase() == v1::SANDBOX_PHASE_RUNNING)
+                  return reply->Send(204, kJson, "");
+                Error(reply, 502, "sandbox " + id + " is not running");
+              },
+              [reply](caf::error& e) { Error(reply, 503, "dsec did not answer: " + caf::to_string(e)); });
+      return;
+    }
+    auto q = Query(c.req.query);
+    const std::string user = q.count("username") ? q["username"] : "";
+    if (c.req.method == "GET") {
+      if (!q.count("path")) return Error(reply, 400, "path is required");
+      v1::ReadFileRequest req;
+      req.set_sandbox_id(id);
+      req.set_path(EnvdPath(q["path"], user));
+      return Ask<v1::FileReply>(reply, std::move(req), [reply](v1::FileReply& r) {
+        reply->Send(200, "application/octet-stream", std::move(*r.mutable_content()));
+      });
+    }
+    std::vector<std::pair<std::string, std::string>> files;
+    const std::string* type = c.req.Header("content-type");
+    if (type && type->rfind("multipart/form-data", 0) == 0) {
+      if (!Multipart(*type, c.req.body, &files) || files.empty())
+        return Error(reply, 400, "the body is not multipart/form-data with a file part");
+    } else {
+      files.emplace_back("", std::move(c.req.body));
+    }
+    auto written = std::make_shared<json>(json::array());
+    auto left = std::make_shared<size_t>(files.size());
+    auto failed = std::make_shared<bool>(false);
+    for (auto& [name, data] : files) {
+      std::string path = q.count("path") ? q["path"] : name;
+      if (path.empty()) return Error(reply, 400, "each file needs a path (the query's path or its part's filename)");
+      v1::WriteFileRequest req;
+      req.set_sandbox_id(id);
+      req.set_path(EnvdPath(path, user));
+      req.set_content(std::move(data));
+      req.set_make_parents(true);
+      std::string full = req.path();
+      written->push_back({{"name", full.substr(full.rfind('/') + 1)}, {"type", "file"}, {"path", full}});
+      self_->request(entry_, kCallTimeout, std::move(req))
+          .then(
+              [reply, written, left, failed](v1::FileReply& r) {
+                Status s = FromProto(r.status());
+                if (*failed) return;
+                if (!s.ok()) {
+                  *failed = true;
+                  return Error(reply, s);
+                }
+                if (--*left == 0) reply->Send(200, kJson, written->dump());
+              },
+              [reply, failed](caf::error& e) {
+                if (*failed) return;
+                *failed = true;
+                Error(reply, 503, "dsec did not answer: " + caf::to_string(e));
+              });
+    }
   }
 
   void List(Call& c) {
@@ -396,13 +514,15 @@ class Door {
 
   caf::event_based_actor* self_;
   entry_actor entry_;
+  std::string secret_;
 };
 
 }  // namespace
 
-E2bDoor::E2bDoor(caf::actor_system& sys, entry_actor entry, const ApiKeys& keys, HttpServer& server) {
-  actor_ = sys.spawn([entry](caf::event_based_actor* self) -> caf::behavior {
-    auto door = std::make_shared<Door>(self, entry);
+E2bDoor::E2bDoor(caf::actor_system& sys, entry_actor entry, const ApiKeys& keys, std::string secret,
+                 HttpServer& server) {
+  actor_ = sys.spawn([entry, secret](caf::event_based_actor* self) -> caf::behavior {
+    auto door = std::make_shared<Door>(self, entry, secret);
     return {[door](Call& c) { door->Handle(c); }};
   });
   HttpHandler handler = [this, &keys](HttpRequest req, std::shared_ptr<HttpResponder> raw) {
@@ -420,6 +540,20 @@ E2bDoor::E2bDoor(caf::actor_system& sys, entry_actor entry, const ApiKeys& keys,
   server.Route("GET", "/sandboxes/", handler, 0, true);
   server.Route("DELETE", "/sandboxes/", handler, 0, true);
   server.Route("POST", "/sandboxes/", handler, kMaxBody, true);
+  // envd's REST calls: no API key, the sandbox's access token instead.
+  HttpHandler envd = [this, secret](HttpRequest req, std::shared_ptr<HttpResponder> raw) {
+    auto reply = std::make_shared<Counted>(std::move(raw), "envd" + req.path);
+    const std::string* id = req.Header("e2b-sandbox-id");
+    const std::string* token = req.Header("x-access-token");
+    if (!id || !E2bId(*id)) return Error(reply, 400, "no E2b-Sandbox-Id naming a sandbox (set E2B_SANDBOX_URL)");
+    if (!token || *token != Token(secret, *id))
+      return Error(reply, 401, "no X-Access-Token of sandbox " + *id + " (its create or connect reply has it)");
+    if (!actor_) return Error(reply, 503, "the E2B door is stopping");
+    caf::anon_send(actor_, Call{std::move(req), std::move(reply)});
+  };
+  server.Route("GET", "/health", envd);
+  server.Route("GET", "/files", envd);
+  server.Route("POST", "/files", envd, 64u << 20);
 }
 
 E2bDoor::~E2bDoor() { Stop(); }

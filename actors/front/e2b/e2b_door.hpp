@@ -27,8 +27,9 @@ inline constexpr const char* kEnvdVersion = "0.1.0";
 class E2bDoor {
  public:
   // Adds the routes to `server` (before its Start); `server` and `keys`
-  // outlive this.
-  E2bDoor(caf::actor_system& sys, entry_actor entry, const ApiKeys& keys, HttpServer& server);
+  // outlive this. `secret` keys each sandbox's envd access token (an HMAC
+  // of its id: nothing stored).
+  E2bDoor(caf::actor_system& sys, entry_actor entry, const ApiKeys& keys, std::string secret, HttpServer& server);
   ~E2bDoor();  // Stop()
   E2bDoor(const E2bDoor&) = delete;
   E2bDoor& operator=(const E2bDoor&) = delete;

@@ -1,18 +1,9 @@
 // Drives dsec's E2B door with the unmodified `e2b` SDK (its module path in
 // E2B_MODULE; E2B_API_URL and E2B_API_KEY as a user sets them) and prints
 // what it saw as one JSON object, for e2b_control_test.cpp to judge.
-const { Sandbox } = require(process.env.E2B_MODULE);
+const { Sandbox, failure, main } = require('./common.cjs');
 
-async function failure(fn) {
-  try {
-    await fn();
-    return 'no error';
-  } catch (e) {
-    return `${e.constructor.name}: ${e.message}`;
-  }
-}
-
-(async () => {
+main(async () => {
   const out = {};
   const run = process.env.RUN_ID;
   const sbx = await Sandbox.create(process.env.TEMPLATE, { metadata: { run }, timeoutMs: 120000 });
@@ -36,8 +27,5 @@ async function failure(fn) {
   out.badKey = await failure(() => Sandbox.create(process.env.TEMPLATE, { apiKey: 'e2b_' + '0'.repeat(40) }));
   out.badTemplate = await failure(() => Sandbox.create('no-such-image'));
   out.badKind = await failure(() => Sandbox.create(process.env.TEMPLATE, { metadata: { 'dsec.kind': 'zeppelin' } }));
-  console.log(JSON.stringify(out));
-})().catch((e) => {
-  console.error(e);
-  process.exit(1);
+  return out;
 });

@@ -48,6 +48,7 @@ class E2bDoor : public ContainerTest {
     EXPECT_TRUE(key.ok()) << "dsecd writes its first E2B key there";
     std::vector<std::string> argv = {"/usr/bin/env", "E2B_MODULE=" + module_,
                                      "E2B_API_URL=http://" + daemon_->e2b_addr(),
+                                     "E2B_SANDBOX_URL=http://" + daemon_->e2b_addr(),
                                      "E2B_API_KEY=" + (key.ok() ? key->substr(0, key->find('\n')) : ""),
                                      "E2B_DOMAIN=dsec.invalid"};
     for (const auto& e : env) argv.push_back(e);
@@ -122,6 +123,11 @@ TEST_F(E2bDoor, RequestsWithoutAValidKeyAreRefusedAndMakeNothing) {
               HasSubstr("\n400"));
   EXPECT_THAT(curl({"-H", h, url + "/NOT-AN-ID"}), HasSubstr("\n404"));
   EXPECT_THAT(curl({"-H", h, "http://" + daemon_->e2b_addr() + "/v2/sandboxes?limit=0"}), HasSubstr("\n400"));
+  // envd's calls: no sandbox named, or no token of it.
+  std::string files = "http://" + daemon_->e2b_addr() + "/files?path=/etc/passwd";
+  EXPECT_THAT(curl({files}), HasSubstr("\n400"));
+  EXPECT_THAT(curl({"-H", "E2b-Sandbox-Id: e0123", files}), HasSubstr("\n401"));
+  EXPECT_THAT(curl({"-H", "E2b-Sandbox-Id: e0123", "-H", "X-Access-Token: 00", files}), HasSubstr("\n401"));
   // Each answer is counted, by call and status.
   auto metrics = RunProcess({"/usr/bin/curl", "-s", "http://" + daemon_->http_addr() + "/metrics"}).out;
   EXPECT_THAT(metrics, HasSubstr("dsec_e2b_requests_total{call=\"create\",code=\"401\"}"));
@@ -132,6 +138,24 @@ TEST_F(E2bDoor, RequestsWithoutAValidKeyAreRefusedAndMakeNothing) {
   EXPECT_EQ(all->sandboxes_size(), 0) << "nothing was made";
   for (const auto& sb : all->sandboxes())  // what a broken door made, gone with the test
     if (auto made = client_->Attach(sb.id()); made.ok()) (void)made->Destroy();
+}
+
+// envd's files and health on the same port (E2B_SANDBOX_URL): what the
+// SDK writes, it reads back byte for byte, parents made; a missing file is
+// its NotFound; another sandbox's token is refused.
+TEST_F(E2bDoor, TheSdkWritesAndReadsFilesThroughTheSandboxUrl) {
+  auto r = Node("envd_files.cjs", {std::string("TEMPLATE=") + kImage});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  auto out = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_TRUE(out.is_object()) << r.out;
+  EXPECT_EQ(out["written"]["path"], "/tmp/e2b/deep/a.txt");
+  EXPECT_EQ(out["read"], "hello from e2b\n");
+  EXPECT_EQ(out["binarySame"], true);
+  EXPECT_EQ(out["c"], "c");
+  EXPECT_THAT(out["missing"].get<std::string>(), HasSubstr("NotFound"));
+  EXPECT_EQ(out["running"], true);
+  EXPECT_THAT(out["crossToken"].get<std::string>(), HasSubstr("status 401"));
+  EXPECT_EQ(out["runningAfterKill"], false);
 }
 
 // An operator issues a key (dsecctl e2b-key, through the admin console),

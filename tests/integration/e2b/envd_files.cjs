@@ -1,0 +1,32 @@
+// envd's REST calls through dsec's E2B door (E2B_SANDBOX_URL at the same
+// port): files written and read back by the unmodified `e2b` SDK, and the
+// sandbox's health; prints what it saw as one JSON object.
+const { Sandbox, failure, main } = require('./common.cjs');
+
+main(async () => {
+  const out = {};
+  const sbx = await Sandbox.create(process.env.TEMPLATE, { timeoutMs: 120000 });
+  out.id = sbx.sandboxId;
+  try {
+    out.written = await sbx.files.write('/tmp/e2b/deep/a.txt', 'hello from e2b\n');
+    out.read = await sbx.files.read('/tmp/e2b/deep/a.txt');
+    const bytes = new Uint8Array(70000).map((_, i) => (i * 7) % 256);
+    await sbx.files.write([{ path: '/tmp/e2b/b.bin', data: bytes }, { path: '/tmp/e2b/c.txt', data: 'c' }]);
+    const back = await sbx.files.read('/tmp/e2b/b.bin', { format: 'bytes' });
+    out.binarySame = back.length === bytes.length && back.every((v, i) => v === bytes[i]);
+    out.c = await sbx.files.read('/tmp/e2b/c.txt');
+    out.missing = await failure(() => sbx.files.read('/tmp/e2b/none'));
+    out.running = await sbx.isRunning();
+    // Another sandbox's token does not open this one's files.
+    const other = await Sandbox.create(process.env.TEMPLATE, { timeoutMs: 60000 });
+    out.crossToken = await failure(() =>
+      fetch(`${process.env.E2B_SANDBOX_URL}/files?path=/tmp/e2b/c.txt`, {
+        headers: { 'E2b-Sandbox-Id': sbx.sandboxId, 'X-Access-Token': other.envdAccessToken ?? 'none' },
+      }).then((r) => { if (r.status !== 200) throw new Error(`status ${r.status}`); }));
+    await other.kill();
+  } finally {
+    await sbx.kill();
+  }
+  out.runningAfterKill = await sbx.isRunning();
+  return out;
+});
