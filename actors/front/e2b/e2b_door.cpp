@@ -445,12 +445,14 @@ class Door {
     } else {
       files.emplace_back("", std::move(c.req.body));
     }
+    for (const auto& f : files)  // all checked before any is written
+      if (!q.count("path") && f.first.empty())
+        return Error(reply, 400, "each file needs a path (the query's path or its part's filename)");
     auto written = std::make_shared<json>(json::array());
     auto left = std::make_shared<size_t>(files.size());
     auto failed = std::make_shared<bool>(false);
     for (auto& [name, data] : files) {
       std::string path = q.count("path") ? q["path"] : name;
-      if (path.empty()) return Error(reply, 400, "each file needs a path (the query's path or its part's filename)");
       v1::WriteFileRequest req;
       req.set_sandbox_id(id);
       req.set_path(EnvdPath(path, user));
