@@ -95,6 +95,9 @@ void Driver::WriteFile(const v1::SandboxRecord&, const v1::WriteFileRequest&, Fi
 void Driver::ListFiles(const v1::SandboxRecord&, const v1::ListFilesRequest&, FileCallback done) {
   done(NoState(*this, "files"));
 }
+void Driver::PathOp(const v1::SandboxRecord&, const v1::PathOpRequest&, FileCallback done) {
+  done(NoState(*this, "files"));
+}
 void Driver::Pause(const v1::SandboxRecord&, bool, StatusCallback done) {
   done(NoState(*this, "processes to pause"));
 }

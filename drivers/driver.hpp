@@ -118,6 +118,8 @@ class Driver {
   virtual void ReadFile(const v1::SandboxRecord& sandbox, const v1::ReadFileRequest& req, FileCallback done);
   virtual void WriteFile(const v1::SandboxRecord& sandbox, const v1::WriteFileRequest& req, FileCallback done);
   virtual void ListFiles(const v1::SandboxRecord& sandbox, const v1::ListFilesRequest& req, FileCallback done);
+  // Make a directory, move or remove a path (destination checked too).
+  virtual void PathOp(const v1::SandboxRecord& sandbox, const v1::PathOpRequest& req, FileCallback done);
   // Freezes (paused) or thaws every process of the sandbox (traits().pause).
   virtual void Pause(const v1::SandboxRecord& sandbox, bool paused, StatusCallback done);
   // A pause that frees the sandbox's memory (traits().pause_memory): a VM's

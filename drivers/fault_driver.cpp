@@ -154,6 +154,10 @@ void FaultDriver::ListFiles(const v1::SandboxRecord& sb, const v1::ListFilesRequ
   Gate(Op::kFiles, [this, sb, req, done] { base_->ListFiles(sb, req, done); }, [done](const Status& s) { done(s); });
 }
 
+void FaultDriver::PathOp(const v1::SandboxRecord& sb, const v1::PathOpRequest& req, FileCallback done) {
+  Gate(Op::kFiles, [this, sb, req, done] { base_->PathOp(sb, req, done); }, [done](const Status& s) { done(s); });
+}
+
 void FaultDriver::Pause(const v1::SandboxRecord& sb, bool paused, StatusCallback done) {
   Gate(Op::kPause, [this, sb, paused, done] { base_->Pause(sb, paused, done); }, done);
 }

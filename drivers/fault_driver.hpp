@@ -63,6 +63,7 @@ class FaultDriver final : public Driver {
   void ReadFile(const v1::SandboxRecord& sb, const v1::ReadFileRequest& req, FileCallback done) override;
   void WriteFile(const v1::SandboxRecord& sb, const v1::WriteFileRequest& req, FileCallback done) override;
   void ListFiles(const v1::SandboxRecord& sb, const v1::ListFilesRequest& req, FileCallback done) override;
+  void PathOp(const v1::SandboxRecord& sb, const v1::PathOpRequest& req, FileCallback done) override;
   void Pause(const v1::SandboxRecord& sb, bool paused, StatusCallback done) override;
   void PauseMemory(const v1::SandboxRecord& sb, StatusCallback done) override { base_->PauseMemory(sb, std::move(done)); }
   Result<uint64_t> DiskUsage(const v1::SandboxRecord& sb) const override { return base_->DiskUsage(sb); }

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
 #include <fstream>
 #include <set>
@@ -110,9 +111,16 @@ Status MakeRootfs(const std::string& dir, const RootfsOptions& o) {
     if (::access(from.c_str(), R_OK) != 0) return Status::FailedPrecondition("no " + from + " on this host");
     DSEC_RETURN_IF_ERROR(CopyWithLibraries(dir, from, to, &copied, /*strip=*/true));
   }
+  // A user `user` (uid 1000, home /home/user, also in group staff) as E2B's
+  // templates have one.
   DSEC_RETURN_IF_ERROR(WriteFileAtomic(dir + "/etc/passwd",
-                                       "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n"));
-  DSEC_RETURN_IF_ERROR(WriteFileAtomic(dir + "/etc/group", "root:x:0:\nnogroup:x:65534:\n"));
+                                       "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n"
+                                       "user:x:1000:1000:user:/home/user:/bin/bash\n"));
+  DSEC_RETURN_IF_ERROR(
+      WriteFileAtomic(dir + "/etc/group", "root:x:0:\nstaff:x:50:user\nnogroup:x:65534:\nuser:x:1000:\n"));
+  DSEC_RETURN_IF_ERROR(MakeDirs(dir + "/home/user", 0755));
+  if (::geteuid() == 0 && ::chown((dir + "/home/user").c_str(), 1000, 1000) < 0)
+    return Status::FromErrno(errno, "chown " + dir + "/home/user");
   DSEC_RETURN_IF_ERROR(WriteFileAtomic(dir + "/etc/hosts", "127.0.0.1 localhost\n"));
   if (!o.python) return Status::Ok();
 

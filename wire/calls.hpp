@@ -48,6 +48,7 @@
   X(ReadFileRequest, FileReply, kSandbox, sandbox_id)                            \
   X(WriteFileRequest, FileReply, kSandbox, sandbox_id)                           \
   X(ListFilesRequest, FileReply, kSandbox, sandbox_id)                           \
+  X(PathOpRequest, FileReply, kSandbox, sandbox_id)                              \
   X(ListSandboxesRequest, ListSandboxesReply, kFanout, _)                        \
   X(OpenSessionRequest, SessionReply, kNewSession, name)                         \
   X(StepRequest, StepReply, kSession, session)                                   \

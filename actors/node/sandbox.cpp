@@ -294,6 +294,20 @@ caf::result<v1::FileReply> Handle(Self self, v1::ListFilesRequest& req) {
   });
 }
 
+caf::result<v1::FileReply> Handle(Self self, v1::PathOpRequest& req) {
+  if (req.op() == v1::PATH_OP_MOVE) {
+    Status dest = drivers::CheckSandboxPath(req.destination()).Annotate("sandbox " + self->state.rec.id() + ": destination");
+    if (!dest.ok()) {
+      v1::FileReply r;
+      ToProto(dest, r.mutable_status());
+      return r;
+    }
+  }
+  return FileOp(self, req.path(), [req](Self s, drivers::FileCallback cb) {
+    s->state.driver->PathOp(s->state.rec, req, std::move(cb));
+  });
+}
+
 caf::result<v1::SandboxReply> Handle(Self self, v1::DestroyRequest& req) {
   auto& st = self->state;
   if (!st.driver) return Reply(st.driver_status, st);
@@ -345,7 +359,8 @@ sandbox_actor::behavior_type Behavior(Self self) {
       if (self->state.readopting) return Defer<calls::ReplyOf<Req>>(self, req);
     // The calls a paused sandbox refuses: with resume_on_call, they wake it.
     if constexpr (std::is_same_v<Req, v1::ExecRequest> || std::is_same_v<Req, v1::ReadFileRequest> ||
-                  std::is_same_v<Req, v1::WriteFileRequest> || std::is_same_v<Req, v1::ListFilesRequest>)
+                  std::is_same_v<Req, v1::WriteFileRequest> || std::is_same_v<Req, v1::ListFilesRequest> ||
+                  std::is_same_v<Req, v1::PathOpRequest>)
       if (WantsWake(self)) return ResumeThen<calls::ReplyOf<Req>>(self, req);
     return Handle(self, req);
   });

@@ -553,6 +553,18 @@ void AgentClient::ListDir(const std::string& path, Callback<std::vector<agent::F
   Send(req, std::move(p));
 }
 
+void AgentClient::PathOp(const agent::PathOp& op, Callback<agent::FileInfo> done) {
+  auto p = std::make_shared<Pending>();
+  p->done = Answer<agent::FileInfo>(name(), std::move(done), [n = name()](Event& ev) -> Result<agent::FileInfo> {
+    if (ev.has_ok()) return agent::FileInfo();
+    if (!ev.has_stat()) return Unexpected(n, "path_op");
+    return std::move(*ev.mutable_stat());
+  });
+  agent::Request req;
+  *req.mutable_path_op() = op;
+  Send(req, std::move(p));
+}
+
 void AgentClient::Changes(uint32_t limit, Callback<agent::ChangeList> done) {
   auto p = std::make_shared<Pending>();
   p->done = Answer<agent::ChangeList>(name(), std::move(done), [n = name()](Event& ev) -> Result<agent::ChangeList> {

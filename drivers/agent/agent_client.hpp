@@ -76,6 +76,8 @@ class AgentClient {
   void Stat(const std::string& path, Callback<agent::FileInfo> done);
   // Entries sorted by name, without "." and "..".
   void ListDir(const std::string& path, Callback<std::vector<agent::FileInfo>> done);
+  // Make a directory, move or remove a path: the result's lstat (a remove: an empty FileInfo).
+  void PathOp(const agent::PathOp& req, Callback<agent::FileInfo> done);
   void Ping(Callback<agent::Pong> done);
   // What a VM guest changed of its image (its writable layer against its
   // lower ones), at most `limit` changes.

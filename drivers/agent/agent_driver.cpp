@@ -40,6 +40,10 @@ v1::FileInfo ToInfo(const agent::FileInfo& a) {
   f.set_size(a.size());
   f.set_mtime_ms(a.mtime_ms());
   f.set_link_target(a.link_target());
+  f.set_uid(a.uid());
+  f.set_gid(a.gid());
+  f.set_owner(a.owner());
+  f.set_group(a.group());
   return f;
 }
 
@@ -84,13 +88,18 @@ void AgentDriver::StartExec(const v1::SandboxRecord& sb, const std::string& run_
   agent::Exec e;
   for (const auto& a : req.argv()) e.add_argv(a);
   std::map<std::string, std::string> env = {{"PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
-                                            {"HOME", "/root"},
                                             {"LANG", "C.UTF-8"},
                                             {"TMPDIR", "/tmp"}};
+  if (req.user().empty()) env["HOME"] = "/root";  // a user's HOME: the agent's, from its passwd entry
   for (const auto& [k, v] : sb.spec().env()) env[k] = v;
   for (const auto& [k, v] : req.env()) env[k] = v;
   for (const auto& [k, v] : env) e.add_env(k + "=" + v);
-  e.set_cwd(!req.cwd().empty() ? req.cwd() : !sb.spec().workdir().empty() ? sb.spec().workdir() : "/work");
+  // A user's exec without cwd starts in its home (the agent finds it).
+  e.set_cwd(!req.cwd().empty()          ? req.cwd()
+            : !req.user().empty()        ? ""
+            : !sb.spec().workdir().empty() ? sb.spec().workdir()
+                                           : "/work");
+  e.set_user(req.user());
   e.set_stdin(req.stdin());
   e.set_stream(on_output != nullptr);
   e.set_key(req.idempotency_key());
@@ -197,6 +206,7 @@ void AgentDriver::WriteFile(const v1::SandboxRecord& sb, const v1::WriteFileRequ
   w.set_data(req.content());
   w.set_mode(req.mode() ? req.mode() : 0644);
   w.set_mkdirs(req.make_parents());
+  w.set_user(req.user());
   (*box)->agent->WriteFile(w, [done](const Status& st) {
     if (!st.ok()) return done(st);
     done(v1::FileReply());
@@ -219,6 +229,22 @@ void AgentDriver::ListFiles(const v1::SandboxRecord& sb, const v1::ListFilesRequ
       for (const auto& e : *entries) *reply.add_entries() = ToInfo(e);
       done(std::move(reply));
     });
+  });
+}
+
+void AgentDriver::PathOp(const v1::SandboxRecord& sb, const v1::PathOpRequest& req, FileCallback done) {
+  auto box = RunningBox(sb.id());
+  if (!box.ok()) return done(box.status());
+  agent::PathOp op;
+  op.set_op(static_cast<uint32_t>(req.op()));
+  op.set_path(req.path());
+  op.set_destination(req.destination());
+  op.set_user(req.user());
+  (*box)->agent->PathOp(op, [done](Result<agent::FileInfo> r) {
+    if (!r.ok()) return done(r.status());
+    v1::FileReply reply;
+    if (!r->name().empty()) *reply.mutable_info() = ToInfo(*r);
+    done(std::move(reply));
   });
 }
 

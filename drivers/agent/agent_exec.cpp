@@ -51,6 +51,7 @@ struct ChildPlan {
   bool set_gid = false, set_uid = false;
   uid_t uid = 0;
   gid_t gid = 0;
+  std::vector<gid_t> groups;  // supplementary groups (Exec.user's); none without
   const char* cgroup_procs = nullptr;  // joined first (AgentOptions::cgroup)
   bool drop_caps = false;              // AgentOptions::guarded: only kContainerCaps stay
 };
@@ -111,7 +112,8 @@ struct ChildPlan {
   if (p.set_gid || p.set_uid) {
     // Raw calls: libc's versions would signal "our" threads, which are the
     // agent's.
-    if (::geteuid() == 0 && ::syscall(SYS_setgroups, 0, nullptr) < 0) fail(kStageCredentials, errno);
+    if (::geteuid() == 0 && ::syscall(SYS_setgroups, p.groups.size(), p.groups.data()) < 0)
+      fail(kStageCredentials, errno);
     if (p.set_gid && ::syscall(SYS_setresgid, p.gid, p.gid, p.gid) < 0) fail(kStageCredentials, errno);
     if (p.set_uid && ::syscall(SYS_setresuid, p.uid, p.uid, p.uid) < 0) fail(kStageCredentials, errno);
   }
@@ -272,6 +274,12 @@ void Agent::StartExec(Conn& c, uint64_t id, Exec& req) {
       SendError(c, id, EINVAL, "exec: an env entry contains a NUL byte");
       return;
     }
+  // A named user: its ids and groups, HOME, USER, LOGNAME, its home as cwd.
+  std::vector<gid_t> groups;
+  if (std::string why; !AsUser(&req, &groups, &why)) {
+    SendError(c, id, ENOENT, "exec: " + why);
+    return;
+  }
   std::string cwd = req.cwd().empty() ? "/" : req.cwd();
   if (HasNul(cwd)) {
     SendError(c, id, EINVAL, "exec: cwd contains a NUL byte");
@@ -311,6 +319,7 @@ void Agent::StartExec(Conn& c, uint64_t id, Exec& req) {
   plan.set_gid = req.gid() != 0;
   plan.uid = req.uid();
   plan.gid = req.gid();
+  plan.groups = std::move(groups);
 
   auto fail_setup = [&](const std::string& what) {
     Event ev;

@@ -1,4 +1,4 @@
-// File requests of dsec-agent: ReadFile, WriteFile, Stat, ListDir. They run
+// File requests of dsec-agent: ReadFile, WriteFile, Stat, ListDir, PathOp. They run
 // on the event loop and block on the local filesystem, which is the
 // sandbox's own (the agent runs inside it), so paths are taken as given and
 // symlinks followed like any program there would, except the "magic" links
@@ -37,8 +37,13 @@ const char* TypeName(mode_t m) {
 // errno for "this is not a regular file": EISDIR for directories, else EINVAL.
 int NotRegularErrno(mode_t m) { return S_ISDIR(m) ? EISDIR : EINVAL; }
 
-void FillInfo(FileInfo* fi, const std::string& name, const struct stat& st, const std::string& link) {
+void FillInfo(FileInfo* fi, const std::string& name, const struct stat& st, const std::string& link,
+              const IdNames& names) {
   fi->set_name(name);
+  fi->set_uid(st.st_uid);
+  fi->set_gid(st.st_gid);
+  fi->set_owner(names.User(st.st_uid));
+  fi->set_group(names.Group(st.st_gid));
   fi->set_mode(st.st_mode);
   fi->set_size(static_cast<uint64_t>(st.st_size));
   fi->set_mtime_ms(static_cast<int64_t>(st.st_mtim.tv_sec) * 1000 + st.st_mtim.tv_nsec / 1000000);
@@ -67,6 +72,62 @@ int OpenNoMagic(const std::string& path, int flags, mode_t mode = 0) {
   long fd = ::syscall(SYS_openat2, AT_FDCWD, path.c_str(), &how, sizeof how);
   if (fd < 0 && errno == ENOSYS) return ::open(path.c_str(), flags, mode);  // kernels before 5.6
   return static_cast<int>(fd);
+}
+
+// Makes the missing directories on the way to `path` (not `path` itself),
+// owned by `owner` when it is not root. 0, or the errno with `why`.
+int MakeParents(const std::string& path, const UserEntry& owner, std::string* why) {
+  for (size_t slash = path.find('/', 1); slash != std::string::npos; slash = path.find('/', slash + 1)) {
+    std::string dir = path.substr(0, slash);
+    if (::mkdir(dir.c_str(), 0755) < 0) {
+      if (errno == EEXIST) continue;
+      *why = "create directory " + dir + ": " + std::strerror(errno);
+      return errno;
+    }
+    if ((owner.uid | owner.gid) && ::chown(dir.c_str(), owner.uid, owner.gid) < 0) {
+      *why = "chown directory " + dir + ": " + std::strerror(errno);
+      return errno;
+    }
+  }
+  return 0;
+}
+
+// Removes what `name` (in `dirfd`) is, directories with all they hold,
+// without following symlinks. 0 or the errno; `why` names the path.
+int RemoveAt(int dirfd, const std::string& name, const std::string& shown, std::string* why, int depth = 0) {
+  if (::unlinkat(dirfd, name.c_str(), 0) == 0) return 0;
+  if (errno != EISDIR && errno != EPERM) {
+    *why = "remove " + shown + ": " + std::strerror(errno);
+    return errno;
+  }
+  if (depth > 256) {
+    *why = "remove " + shown + ": deeper than 256 directories";
+    return ELOOP;
+  }
+  int fd = ::openat(dirfd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) {
+    *why = "remove " + shown + ": " + std::strerror(errno);
+    return errno;
+  }
+  DIR* d = ::fdopendir(fd);
+  if (!d) {
+    ::close(fd);
+    *why = "remove " + shown + ": " + std::strerror(errno);
+    return errno;
+  }
+  std::vector<std::string> names;
+  while (dirent* e = ::readdir(d))
+    if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) names.emplace_back(e->d_name);
+  int err = 0;
+  for (const auto& n : names)
+    if ((err = RemoveAt(fd, n, shown + "/" + n, why, depth + 1))) break;
+  ::closedir(d);
+  if (err) return err;
+  if (::unlinkat(dirfd, name.c_str(), AT_REMOVEDIR) < 0) {
+    *why = "remove " + shown + ": " + std::strerror(errno);
+    return errno;
+  }
+  return 0;
 }
 
 std::string MagicLinkWhy(int err) {
@@ -119,12 +180,11 @@ void Agent::OnWriteFile(Conn& c, uint64_t id, const WriteFile& req) {
   const std::string& path = req.path();
   auto fail = [&](int err, const std::string& why) { SendError(c, id, err, "write_file " + path + ": " + why); };
   if (path.empty() || path.find('\0') != std::string::npos) return fail(EINVAL, "empty path or NUL byte in it");
+  UserEntry owner;
+  std::string why;
+  if (!req.user().empty() && !LookupUser(req.user(), &owner, &why)) return fail(ENOENT, why);
   if (req.mkdirs()) {
-    for (size_t slash = path.find('/', 1); slash != std::string::npos; slash = path.find('/', slash + 1)) {
-      std::string dir = path.substr(0, slash);
-      if (::mkdir(dir.c_str(), 0755) < 0 && errno != EEXIST)
-        return fail(errno, "create directory " + dir + ": " + std::strerror(errno));
-    }
+    if (int err = MakeParents(path, owner, &why)) return fail(err, why);
   }
   mode_t mode = req.mode() ? static_cast<mode_t>(req.mode() & 07777) : 0644;
   // Exclusive create first, to know whether the mode is ours to set.
@@ -144,6 +204,8 @@ void Agent::OnWriteFile(Conn& c, uint64_t id, const WriteFile& req) {
   // keeps its mode unless the request names one.
   if ((created || req.mode()) && ::fchmod(fd.get(), mode) < 0)
     return fail(errno, std::string("chmod: ") + std::strerror(errno));
+  if (created && owner.uid | owner.gid && ::fchown(fd.get(), owner.uid, owner.gid) < 0)
+    return fail(errno, std::string("chown: ") + std::strerror(errno));
   if (!created && ::ftruncate(fd.get(), 0) < 0)
     return fail(errno, std::string("truncate: ") + std::strerror(errno));
   if (int err = WriteFull(fd.get(), req.data().data(), req.data().size()))
@@ -155,10 +217,11 @@ void Agent::OnWriteFile(Conn& c, uint64_t id, const WriteFile& req) {
   Send(c, ev);
 }
 
-void Agent::OnStat(Conn& c, uint64_t id, const Stat& req) {
-  const std::string& path = req.path();
+void Agent::OnStat(Conn& c, uint64_t id, const Stat& req) { SendStat(c, id, "stat", req.path()); }
+
+void Agent::SendStat(Conn& c, uint64_t id, const std::string& what, const std::string& path) {
   if (path.empty() || path.find('\0') != std::string::npos)
-    return SendError(c, id, EINVAL, "stat " + path + ": empty path or NUL byte in it");
+    return SendError(c, id, EINVAL, what + " " + path + ": empty path or NUL byte in it");
   // lstat: a symlink is reported as one, with its target. The parent is
   // resolved without magic links, the last component not followed.
   std::string base = Basename(path);
@@ -169,11 +232,52 @@ void Agent::OnStat(Conn& c, uint64_t id, const Stat& req) {
   UniqueFd dir(OpenNoMagic(parent, O_PATH | O_DIRECTORY | O_CLOEXEC));
   struct stat st;
   if (!dir || ::fstatat(dir.get(), base.c_str(), &st, AT_SYMLINK_NOFOLLOW) < 0)
-    return SendError(c, id, errno, "stat " + path + ": " + MagicLinkWhy(errno));
+    return SendError(c, id, errno, what + " " + path + ": " + MagicLinkWhy(errno));
   Event ev;
   ev.set_id(id);
-  FillInfo(ev.mutable_stat(), Basename(path), st, S_ISLNK(st.st_mode) ? ReadLinkAt(dir.get(), base.c_str()) : "");
+  FillInfo(ev.mutable_stat(), Basename(path), st, S_ISLNK(st.st_mode) ? ReadLinkAt(dir.get(), base.c_str()) : "",
+           IdNames());
   Send(c, ev);
+}
+
+void Agent::OnPathOp(Conn& c, uint64_t id, const PathOp& req) {
+  const std::string& path = req.path();
+  const char* what = req.op() == 1 ? "make_dir" : req.op() == 2 ? "move" : req.op() == 3 ? "remove" : "path_op";
+  auto fail = [&](int err, const std::string& why) { SendError(c, id, err, std::string(what) + " " + path + ": " + why); };
+  if (path.empty() || path.find('\0') != std::string::npos || req.destination().find('\0') != std::string::npos)
+    return fail(EINVAL, "empty path or NUL byte in it");
+  if (path == "/") return fail(EBUSY, "the root itself cannot be made, moved or removed");
+  std::string why;
+  switch (req.op()) {
+    case 1: {  // make_dir: the parents too; EEXIST when the path exists
+      UserEntry owner;
+      if (!req.user().empty() && !LookupUser(req.user(), &owner, &why)) return fail(ENOENT, why);
+      if (int err = MakeParents(path, owner, &why)) return fail(err, why);
+      if (::mkdir(path.c_str(), 0755) < 0) return fail(errno, std::strerror(errno));
+      if ((owner.uid | owner.gid) && ::chown(path.c_str(), owner.uid, owner.gid) < 0)
+        return fail(errno, std::string("chown: ") + std::strerror(errno));
+      return SendStat(c, id, what, path);
+    }
+    case 2:  // move
+      if (req.destination().empty()) return fail(EINVAL, "no destination");
+      if (::rename(path.c_str(), req.destination().c_str()) < 0)
+        return fail(errno, "to " + req.destination() + ": " + std::strerror(errno));
+      return SendStat(c, id, what, req.destination());
+    case 3: {  // remove, recursively
+      std::string p = path;
+      while (p.size() > 1 && p.back() == '/') p.pop_back();
+      std::string parent = p.substr(0, p.find_last_of('/') + 1);
+      UniqueFd dir(OpenNoMagic(parent.empty() ? "." : parent, O_PATH | O_DIRECTORY | O_CLOEXEC));
+      if (!dir) return fail(errno, MagicLinkWhy(errno));
+      if (int err = RemoveAt(dir.get(), Basename(p), p, &why)) return SendError(c, id, err, why);
+      Event ev;
+      ev.set_id(id);
+      ev.mutable_ok();
+      return Send(c, ev);
+    }
+    default:
+      return fail(EINVAL, "unknown operation " + std::to_string(req.op()) + " (1 make_dir, 2 move, 3 remove)");
+  }
 }
 
 void Agent::OnListDir(Conn& c, uint64_t id, const ListDir& req) {
@@ -192,13 +296,14 @@ void Agent::OnListDir(Conn& c, uint64_t id, const ListDir& req) {
   ev.set_id(id);
   auto* list = ev.mutable_dir_list();
   size_t bytes = 0;
+  IdNames names;
   errno = 0;
   while (dirent* e = ::readdir(d)) {
     if (std::strcmp(e->d_name, ".") == 0 || std::strcmp(e->d_name, "..") == 0) continue;
     struct stat st;
     if (::fstatat(fd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0) continue;  // gone meanwhile
     FileInfo* fi = list->add_entries();
-    FillInfo(fi, e->d_name, st, S_ISLNK(st.st_mode) ? ReadLinkAt(fd, e->d_name) : "");
+    FillInfo(fi, e->d_name, st, S_ISLNK(st.st_mode) ? ReadLinkAt(fd, e->d_name) : "", names);
     bytes += fi->ByteSizeLong() + 8;
     if (bytes > kMaxReadBytes) {
       ::closedir(d);

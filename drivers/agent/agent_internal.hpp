@@ -17,6 +17,7 @@
 
 #include "drivers/agent/agent.hpp"
 #include "drivers/agent/agent.pb.h"
+#include "drivers/agent/passwd.hpp"
 #include "runtime/frame.hpp"
 #include "runtime/unique_fd.hpp"
 
@@ -164,6 +165,9 @@ class Agent {
   // A VM guest's changes: its upper layer against its lower ones, shown
   // read-only at kLayersDir by the guest's init (drivers/guard/upper_diff).
   void OnChanges(Conn& c, uint64_t id, const Changes& req);
+  void OnPathOp(Conn& c, uint64_t id, const PathOp& req);
+  // Answers with the lstat of `path` (FileInfo, owner names included).
+  void SendStat(Conn& c, uint64_t id, const std::string& what, const std::string& path);
 
   AgentOptions opts_;
   std::string cgroup_procs_;  // <AgentOptions::cgroup>/cgroup.procs, or ""

@@ -84,6 +84,11 @@ class FakeDriver final : public Driver {
   void ReadFile(const v1::SandboxRecord& sandbox, const v1::ReadFileRequest& req, FileCallback done) override;
   void WriteFile(const v1::SandboxRecord& sandbox, const v1::WriteFileRequest& req, FileCallback done) override;
   void ListFiles(const v1::SandboxRecord& sandbox, const v1::ListFilesRequest& req, FileCallback done) override;
+  // Not modelled: Unimplemented, saying so.
+  void PathOp(const v1::SandboxRecord& sandbox, const v1::PathOpRequest& req, FileCallback done) override {
+    done(Status::Unimplemented("fake " + sandbox.id() + ": make_dir, move and remove are not modelled by the fake "
+                               "kind (a container does them)"));
+  }
   void Pause(const v1::SandboxRecord& sandbox, bool paused, StatusCallback done) override;
   Result<uint64_t> DiskUsage(const v1::SandboxRecord& sandbox) const override;
   void Readopt(const v1::SandboxRecord& sandbox, const std::string& driver_state, StatusCallback done) override;

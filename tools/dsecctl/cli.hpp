@@ -149,4 +149,12 @@ void AddSnapshotCommands(CLI::App* app, SnapshotFlags* f);
 // Whichever of them was given.
 int RunSnapshotCommand(const Common& c, const SnapshotFlags& f);
 
+// `dsecctl fs ls|mkdir|mv|rm` (fs.cpp).
+struct FsFlags {
+  CLI::App *fs = nullptr, *ls = nullptr, *mkdir = nullptr, *mv = nullptr, *rm = nullptr;
+  std::string id, path, destination, user;
+};
+void AddFsCommands(CLI::App* app, FsFlags* f);
+int RunFsCommand(const Common& c, const FsFlags& f);
+
 }  // namespace dsec::ctl

@@ -71,6 +71,10 @@ int main(int argc, char** argv) {
   exec->add_option("id", exec_id, "sandbox id")->required();
   AddLimitFlags(exec, &exec_l, true);
   exec->add_flag("--json", exec_json, "print the whole result as JSON");
+  std::string exec_user;
+  exec->add_option("--user,-u", exec_user,
+                   "run as this user of the sandbox's /etc/passwd (name or uid): its ids, groups, HOME; its home "
+                   "as the working directory unless --cwd");
   exec->add_option("command", exec_cmd, "the command (after --)")->required();
 
   std::vector<std::string> rm_ids;
@@ -197,6 +201,8 @@ int main(int argc, char** argv) {
   std::string admin_id;
   SnapshotFlags snap_f;
   AddSnapshotCommands(&app, &snap_f);
+  FsFlags fs_f;
+  AddFsCommands(&app, &fs_f);
 
   auto* status = app.add_subcommand("status", "node status (admin console)");
   auto* nodes = app.add_subcommand("nodes", "node records (admin console)");
@@ -250,6 +256,7 @@ int main(int argc, char** argv) {
     return Admin(c, "e2b-key " + key_verb + (key_name.empty() ? "" : " " + key_name), raw);
   }
   if (*snap_f.snapshot || *snap_f.fork) return RunSnapshotCommand(c, snap_f);
+  if (*fs_f.fs) return RunFsCommand(c, fs_f);
 
   int rc = 0;
   if (*run) {
@@ -289,6 +296,7 @@ int main(int argc, char** argv) {
     dsec::v1::ExecRequest req;
     if (auto e = ApplyLimits(exec_l, req.mutable_limits()); !e.empty()) return Fail(e, kUsage);
     if (auto e = BuildExec(exec_l, exec_cmd, &req); !e.empty()) return Fail(e, kUsage);
+    req.set_user(exec_user);
     if (!::isatty(0)) req.set_stdin(ReadAllStdin(64u << 20));
     auto client = ConnectOrDie(c, &rc);
     if (!client) return rc;

@@ -1,5 +1,7 @@
 #include "actors/front/e2b/e2b_door.hpp"
 
+#include "actors/front/e2b/door_internal.hpp"
+
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 #include <time.h>
@@ -16,26 +18,26 @@
 
 namespace dsec::e2b {
 
-namespace {
+std::string EnvdPath(const std::string& path, const std::string& user) {
+  if (!path.empty() && path[0] == '/') return path;
+  std::string home = user.empty() || user == "root" ? "/root" : "/home/" + user;
+  return path.empty() ? home : home + "/" + path;
+}
 
-struct Call {
-  HttpRequest req;
-  std::shared_ptr<HttpResponder> reply;
-};
-
-}  // namespace
-}  // namespace dsec::e2b
-
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(dsec::e2b::Call)
-
-namespace dsec::e2b {
+std::string Rfc3339(int64_t ms) {
+  time_t secs = static_cast<time_t>(ms / 1000);
+  struct tm tm;
+  gmtime_r(&secs, &tm);
+  char buf[40];
+  size_t n = std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &tm);
+  std::snprintf(buf + n, sizeof buf - n, ".%03dZ", static_cast<int>(((ms % 1000) + 1000) % 1000));
+  return buf;
+}
 
 namespace {
 
 using nlohmann::json;
-constexpr auto kCallTimeout = std::chrono::minutes(5);
 constexpr uint32_t kDefaultTimeoutS = 300;
-constexpr const char* kJson = "application/json";
 
 void Error(const std::shared_ptr<HttpResponder>& reply, int code, const std::string& message) {
   reply->Send(code, kJson, json{{"code", code}, {"message", message}}.dump());
@@ -59,15 +61,6 @@ int HttpCode(const Status& s) {
 
 void Error(const std::shared_ptr<HttpResponder>& reply, const Status& s) { Error(reply, HttpCode(s), s.message()); }
 
-std::string Rfc3339(int64_t ms) {
-  time_t secs = static_cast<time_t>(ms / 1000);
-  struct tm tm;
-  gmtime_r(&secs, &tm);
-  char buf[40];
-  size_t n = std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &tm);
-  std::snprintf(buf + n, sizeof buf - n, ".%03dZ", static_cast<int>(ms % 1000));
-  return buf;
-}
 
 // E2B's SDK takes ids of [a-z0-9] only (a '-' breaks its host names).
 bool E2bId(const std::string& id) {
@@ -141,13 +134,6 @@ json Created(const v1::SandboxRecord& r, const std::string& secret) {
           {"clientID", r.node_id()},
           {"envdVersion", kEnvdVersion},
           {"envdAccessToken", Token(secret, r.id())}};
-}
-
-// A path as envd takes it: relative ones under the user's home.
-std::string EnvdPath(const std::string& path, const std::string& user) {
-  if (!path.empty() && path[0] == '/') return path;
-  std::string home = user.empty() || user == "root" ? "/root" : "/home/" + user;
-  return path.empty() ? home : home + "/" + path;
 }
 
 // The parts of a multipart/form-data body: (filename, data) each.
@@ -271,6 +257,8 @@ class Door {
     const std::string& m = c.req.method;
     const std::string& p = c.req.path;
     if (p == "/health" || p == "/files") return Envd(c);
+    if (p.rfind("/filesystem.Filesystem/", 0) == 0 || p.rfind("/process.Process/", 0) == 0)
+      return ServeEnvdRpc(self_, entry_, c, *c.req.Header("e2b-sandbox-id"));
     if (m == "POST" && p == "/sandboxes") return Create(c);
     if (m == "GET" && p == "/v2/sandboxes") return List(c);
     if (p.rfind("/sandboxes/", 0) == 0) {
@@ -458,6 +446,7 @@ class Door {
       req.set_path(EnvdPath(path, user));
       req.set_content(std::move(data));
       req.set_make_parents(true);
+      req.set_user(user);
       std::string full = req.path();
       written->push_back({{"name", full.substr(full.rfind('/') + 1)}, {"type", "file"}, {"path", full}});
       self_->request(entry_, kCallTimeout, std::move(req))
@@ -556,6 +545,8 @@ E2bDoor::E2bDoor(caf::actor_system& sys, entry_actor entry, const ApiKeys& keys,
   server.Route("GET", "/health", envd);
   server.Route("GET", "/files", envd);
   server.Route("POST", "/files", envd, 64u << 20);
+  server.Route("POST", "/filesystem.Filesystem/", envd, 1 << 20, true);
+  server.Route("POST", "/process.Process/", envd, 16u << 20, true);
 }
 
 E2bDoor::~E2bDoor() { Stop(); }

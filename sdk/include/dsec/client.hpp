@@ -97,8 +97,7 @@ class Sandbox {
   // A new network policy (service.proto, SetNetworkRequest), in force for
   // new connections when this returns; the record comes back.
   Result<v1::SandboxRecord> SetNetwork(const v1::NetworkPolicy& policy, v1::NetworkChange change) const;
-  // Files (container kinds). Paths are absolute, without "..", and resolve
-  // inside the sandbox.
+  // Files (kinds with state), by absolute paths without ".." (more: dsec/files.hpp).
   Result<std::string> ReadFile(const std::string& path, uint64_t max_bytes = 0) const;
   Status WriteFile(const std::string& path, const std::string& content, uint32_t mode = 0644,
                    bool make_parents = false) const;
@@ -122,6 +121,7 @@ class Sandbox {
  private:
   friend class Client;
   friend struct SnapshotCalls;  // dsec/snapshot.hpp
+  friend struct FileCalls;      // dsec/files.hpp
   template <class Reply, class Request>
   void Call(Request req, Done<Reply> done) const;
   Sandbox(Client* c, std::string id, v1::SandboxSpec spec, std::string route)

@@ -210,6 +210,19 @@ TEST_F(Container, DsecctlCpPauseResumeAndStreamedExec) {
   auto both_local = daemon_->Ctl({"cp", dir + "/a", dir + "/b"});
   EXPECT_EQ(both_local.exit_code, 2);
   EXPECT_NE(both_local.err.find("ID:/"), std::string::npos) << both_local.err;
+  // fs mkdir (for a user), mv, ls (owner names from the image), rm; exec --user.
+  EXPECT_EQ(daemon_->Ctl({"fs", "mkdir", id, "/work/d/e", "--user", "user"}).exit_code, 0);
+  EXPECT_EQ(daemon_->Ctl({"fs", "mv", id, "/work/in.sh", "/work/d/e/moved"}).exit_code, 0);
+  auto listed = daemon_->Ctl({"fs", "ls", id, "/work/d"});
+  EXPECT_EQ(listed.out.substr(0, listed.out.find(' ', 11) + 1), "drwxr-xr-x user ") << listed.out << listed.err;
+  EXPECT_NE(listed.out.find(" e\n"), std::string::npos) << listed.out;
+  auto as_user = daemon_->Ctl({"exec", "--user", "user", id, "--", "sh", "-c", "id -un; pwd"});
+  EXPECT_EQ(as_user.out, "user\n/home/user\n") << as_user.err;
+  EXPECT_EQ(daemon_->Ctl({"exec", "-u", "user", "--cwd", "/work/d", id, "--", "ls", "e"}).out, "moved\n");
+  EXPECT_EQ(daemon_->Ctl({"fs", "rm", id, "/work/d"}).exit_code, 0);
+  auto gone = daemon_->Ctl({"fs", "ls", id, "/work/d"});
+  EXPECT_EQ(gone.exit_code, 125);
+  EXPECT_NE(gone.err.find("/work/d"), std::string::npos) << gone.err;
 
   auto paused = daemon_->Ctl({"pause", id});
   EXPECT_EQ(paused.exit_code, 0) << paused.err;

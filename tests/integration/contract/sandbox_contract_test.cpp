@@ -4,6 +4,7 @@
 // re-adoption after kill -9); one it does not support must say so, naming
 // the kind, and change nothing.
 #include <signal.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <chrono>
@@ -17,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "dsec/files.hpp"
 #include "tests/support/container_fixture.hpp"
 #include "tests/support/host_probes.hpp"
 #include "tests/support/kind_sandbox_fixture.hpp"
@@ -300,6 +302,42 @@ TEST_P(Contract, FilesRoundTripThroughExec) {
   auto too_big = sb->ReadFile("/work/blob", 1000);
   EXPECT_FALSE(too_big.ok());
   EXPECT_EQ(ShIn(*sb, "ls /work | tr '\\n' ' '").stdout(), "blob deep out.txt ");
+  Destroy(*sb);
+}
+
+// Users and the tree's changes (ExecRequest.user, PathOpRequest), which
+// E2B's door and dsecctl fs stand on: a uid the image's passwd lacks is run
+// as itself (home "/"), a name it lacks is refused, naming it; a directory
+// made for a user is theirs; move and remove do what they say.
+TEST_P(Contract, ExecAsAUserAndPathOperations) {
+  if (!GetParam().traits.files) return;
+  if (GetParam().name == "fake") GTEST_SKIP() << "the fake kind does not model users or path operations";
+  auto sb = New();
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  auto req = Command({"sh", "-c", "id -u; id -g; echo $HOME; pwd"});
+  req.set_user("1234");
+  auto r = sb->Exec(req);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->stdout(), "1234\n1234\n/\n/\n") << r->stderr();
+  req.set_user("nosuchuser");
+  auto refused = sb->Exec(req);
+  EXPECT_FALSE(refused.ok() && refused->verdict() == v1::VERDICT_OK);
+  std::string why = refused.ok() ? refused->error() : refused.status().message();
+  EXPECT_NE(why.find("no user 'nosuchuser'"), std::string::npos) << why;
+  auto made = MakeDir(*sb, "/work/pd/a/b", "1234");
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  EXPECT_EQ(made->name(), "b");
+  EXPECT_EQ(made->uid(), 1234u);
+  EXPECT_EQ(MakeDir(*sb, "/work/pd/a/b").status().code(), Status::Code::kAlreadyExists);
+  ASSERT_TRUE(sb->WriteFile("/work/pd/a/b/f", "x").ok());
+  auto moved = Move(*sb, "/work/pd/a", "/work/pd/z");
+  ASSERT_TRUE(moved.ok()) << moved.status().ToString();
+  EXPECT_TRUE(S_ISDIR(moved->mode()));
+  EXPECT_EQ(ShIn(*sb, "stat -c '%u %n' /work/pd/z/b; cat /work/pd/z/b/f").stdout(), "1234 /work/pd/z/b\nx");
+  ASSERT_TRUE(Remove(*sb, "/work/pd/z").ok());
+  EXPECT_EQ(ShIn(*sb, "ls -A /work/pd | wc -l").stdout(), "0\n");
+  EXPECT_EQ(Remove(*sb, "/work/pd/none").code(), Status::Code::kNotFound);
+  EXPECT_EQ(Move(*sb, "/work/pd", "../x").status().code(), Status::Code::kInvalidArgument);
   Destroy(*sb);
 }
 

@@ -158,6 +158,47 @@ TEST_F(E2bDoor, TheSdkWritesAndReadsFilesThroughTheSandboxUrl) {
   EXPECT_EQ(out["runningAfterKill"], false);
 }
 
+// envd's Connect services (process.Start, the filesystem calls) through
+// the door, as the SDK uses them: output streamed as it comes and in order,
+// exit codes and the SDK's errors, commands and files as the SDK's default
+// user `user` (from the image's passwd) or as root.
+TEST_F(E2bDoor, TheSdkRunsCommandsAndWalksTheFilesystem) {
+  auto r = Node("envd_rpc.cjs", {std::string("TEMPLATE=") + kImage});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  auto out = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_TRUE(out.is_object()) << r.out;
+  using J = nlohmann::json;
+  EXPECT_EQ(out["run"], J({{"exitCode", 0}, {"stdout", "line1\nline2\nline3\n"}, {"stderr", "err\n"}}));
+  EXPECT_GE(out["chunks"].size(), 4u) << out["chunks"].dump();
+  EXPECT_GT(out["streamedSpanMs"].get<int>(), 250) << "the lines came as they were written, not at the end";
+  EXPECT_EQ(out["whoami"], "user\n/home/user\n/home/user\n") << "the SDK's default user, its HOME and cwd";
+  EXPECT_EQ(out["rootWho"], "0\n/root\n");
+  EXPECT_EQ(out["envs"], "bar baz\n");
+  EXPECT_THAT(out["exit3"].get<std::string>(), HasSubstr("CommandExitError"));
+  EXPECT_EQ(out["exit3Code"], 3);
+  EXPECT_THAT(out["timeout"].get<std::string>(), HasSubstr("Timeout"));
+  EXPECT_THAT(out["unknownUser"].get<std::string>(), HasSubstr("no user 'nosuchuser'"));
+  EXPECT_GT(out["bgPid"].get<int>(), 0);
+  EXPECT_EQ(out["bg"], "started\ndone\n");
+  EXPECT_EQ(out["madeDir"], true);
+  EXPECT_EQ(out["madeAgain"], false) << "an existing directory: makeDir's false";
+  EXPECT_EQ(out["dirOwner"], "user") << "what makeDir made belongs to the caller's user";
+  EXPECT_EQ(out["list1"], J::parse(R"([["/tmp/fs/a","dir"]])"));
+  EXPECT_EQ(out["list3"], J::parse(R"([["/tmp/fs/a","dir",null],["/tmp/fs/a/b","dir",null],)"
+                                   R"(["/tmp/fs/a/b/two.txt","file",2],["/tmp/fs/a/one.txt","file",1]])"))
+      << "depth 3, in walk order";
+  EXPECT_EQ(out["exists"], true);
+  EXPECT_EQ(out["existsNot"], false);
+  EXPECT_EQ(out["info"], J({{"name", "one.txt"}, {"type", "file"}, {"size", 1}, {"mode", 0644},
+                            {"permissions", "-rw-r--r--"}, {"owner", "user"}, {"group", "user"}, {"recent", true}}));
+  EXPECT_THAT(out["homeInfo"].get<std::string>(), HasSubstr("NotFound"));
+  EXPECT_EQ(out["relative"], "relativeuser\n") << "a relative path is under the user's home, and the file its own";
+  EXPECT_EQ(out["moved"], J({"/tmp/fs/uno.txt", "uno.txt", false}));
+  EXPECT_EQ(out["afterRemove"], J({"/tmp/fs/uno.txt"})) << "a directory removed with all it held";
+  EXPECT_THAT(out["listFile"].get<std::string>(), HasSubstr("not a directory"));
+  EXPECT_THAT(out["listMissing"].get<std::string>(), HasSubstr("NotFound"));
+}
+
 // An operator issues a key (dsecctl e2b-key, through the admin console),
 // the SDK's calls pass with it, and once revoked they get 401 at once.
 TEST_F(E2bDoor, AnIssuedKeyWorksUntilItIsRevoked) {

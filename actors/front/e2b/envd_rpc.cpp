@@ -1,0 +1,499 @@
+// envd's Connect services, as E2B's SDK calls them (docs/e2b.md): the
+// Connect protocol with JSON. A unary call is a JSON body answered by one
+// (errors: the HTTP status of the Connect code, {"code", "message"}); a
+// server stream is one request envelope ([flags][u32 big-endian length]
+// [JSON]) answered by 200 and envelopes, the last one flagged 0x02
+// (end of stream) carrying {} or {"error": {...}}. Each call becomes calls
+// of the table (wire/calls.hpp) to the entry actor; a process's stream is an
+// actor of its own that passes the exec's pieces on as they come.
+#include <openssl/evp.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include <algorithm>
+#include <atomic>
+#include <map>
+
+#include "actors/front/e2b/door_internal.hpp"
+#include "dsec/status_proto.hpp"
+
+namespace dsec::e2b {
+
+namespace {
+
+using nlohmann::json;
+
+// Connect's name for a status code.
+const char* ConnectCode(Status::Code c) {
+  switch (c) {
+    case Status::Code::kNotFound: return "not_found";
+    case Status::Code::kInvalidArgument: return "invalid_argument";
+    case Status::Code::kAlreadyExists: return "already_exists";
+    case Status::Code::kFailedPrecondition: return "failed_precondition";
+    case Status::Code::kResourceExhausted: return "resource_exhausted";
+    case Status::Code::kUnavailable: return "unavailable";
+    case Status::Code::kUnimplemented: return "unimplemented";
+    case Status::Code::kUnauthenticated: return "unauthenticated";
+    case Status::Code::kDeadlineExceeded: return "deadline_exceeded";
+    case Status::Code::kAborted: return "aborted";
+    default: return "internal";
+  }
+}
+
+// The HTTP status Connect gives a unary call's error.
+int ConnectHttp(Status::Code c) {
+  switch (c) {
+    case Status::Code::kNotFound: return 404;
+    case Status::Code::kInvalidArgument:
+    case Status::Code::kFailedPrecondition: return 400;
+    case Status::Code::kAlreadyExists: return 409;
+    case Status::Code::kResourceExhausted: return 429;
+    case Status::Code::kUnavailable: return 503;
+    case Status::Code::kUnimplemented: return 501;
+    case Status::Code::kUnauthenticated: return 401;
+    case Status::Code::kDeadlineExceeded: return 504;
+    case Status::Code::kAborted: return 409;
+    default: return 500;
+  }
+}
+
+json ErrorJson(const Status& s) { return {{"code", ConnectCode(s.code())}, {"message", s.message()}}; }
+
+std::string Envelope(uint8_t flags, const std::string& payload) {
+  std::string out(5, '\0');
+  out[0] = static_cast<char>(flags);
+  uint32_t n = static_cast<uint32_t>(payload.size());
+  for (int i = 0; i < 4; ++i) out[1 + i] = static_cast<char>((n >> (24 - 8 * i)) & 0xff);
+  return out + payload;
+}
+
+std::string Base64(const std::string& bytes) {
+  std::string out(4 * ((bytes.size() + 2) / 3) + 1, '\0');
+  int n = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                          reinterpret_cast<const unsigned char*>(bytes.data()), static_cast<int>(bytes.size()));
+  out.resize(static_cast<size_t>(n));
+  return out;
+}
+
+// The user of "Authorization: Basic base64(user:)", or "".
+std::string BasicUser(const HttpRequest& req) {
+  const std::string* auth = req.Header("authorization");
+  if (!auth || auth->rfind("Basic ", 0) != 0 || auth->size() > 1024) return "";
+  std::string b64 = auth->substr(6);
+  std::string raw(b64.size(), '\0');
+  int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(raw.data()),
+                          reinterpret_cast<const unsigned char*>(b64.data()), static_cast<int>(b64.size()));
+  if (n < 0) return "";
+  raw.resize(static_cast<size_t>(n));
+  raw.resize(std::min(raw.find(':'), raw.find('\0')));
+  return raw;
+}
+
+
+// A mode as Go's FileMode.String() writes it ("drwxr-xr-x", "Lrwxrwxrwx"),
+// which envd reports as permissions.
+std::string Permissions(uint32_t mode) {
+  std::string out;
+  if (S_ISDIR(mode)) out += 'd';
+  if (S_ISLNK(mode)) out += 'L';
+  if (S_ISBLK(mode) || S_ISCHR(mode)) out += 'D';
+  if (S_ISFIFO(mode)) out += 'p';
+  if (S_ISSOCK(mode)) out += 'S';
+  if (mode & S_ISUID) out += 'u';
+  if (mode & S_ISGID) out += 'g';
+  if (S_ISCHR(mode)) out += 'c';
+  if (mode & S_ISVTX) out += 't';
+  if (out.empty()) out = "-";
+  const char* rwx = "rwxrwxrwx";
+  for (int i = 0; i < 9; ++i) out += (mode & (0400u >> i)) ? rwx[i] : '-';
+  return out;
+}
+
+// dsec's FileInfo as envd's EntryInfo.
+json Entry(const v1::FileInfo& f, const std::string& path) {
+  const char* type = S_ISDIR(f.mode())   ? "FILE_TYPE_DIRECTORY"
+                     : S_ISLNK(f.mode()) ? "FILE_TYPE_SYMLINK"
+                     : S_ISREG(f.mode()) ? "FILE_TYPE_FILE"
+                                         : "FILE_TYPE_UNSPECIFIED";
+  json e = {{"name", f.name()},
+            {"type", type},
+            {"path", path},
+            {"size", std::to_string(f.size())},
+            {"mode", f.mode() & 0777},
+            {"permissions", Permissions(f.mode())},
+            {"owner", f.owner().empty() ? std::to_string(f.uid()) : f.owner()},
+            {"group", f.group().empty() ? std::to_string(f.gid()) : f.group()},
+            {"modifiedTime", Rfc3339(f.mtime_ms())}};
+  if (S_ISLNK(f.mode())) e["symlinkTarget"] = f.link_target();
+  return e;
+}
+
+std::string Join(const std::string& dir, const std::string& name) {
+  return dir == "/" ? "/" + name : dir + "/" + name;
+}
+
+// One Connect call: how it answers (unary or as a stream), and the asks it
+// makes of dsec.
+class Rpc : public std::enable_shared_from_this<Rpc> {
+ public:
+  Rpc(caf::event_based_actor* self, entry_actor entry, Call c, std::string sandbox, bool streaming)
+      : self_(self), entry_(std::move(entry)), c_(std::move(c)), sandbox_(std::move(sandbox)), streaming_(streaming) {
+    user_ = BasicUser(c_.req);
+  }
+
+  const std::string& user() const { return user_; }
+  const std::string& sandbox() const { return sandbox_; }
+  const HttpRequest& req() const { return c_.req; }
+  const std::shared_ptr<HttpResponder>& reply() const { return c_.reply; }
+
+  // The first answer counts; later ones (another ask of a walk failing) are dropped.
+  void Fail(const Status& s) {
+    if (answered_) return;
+    answered_ = true;
+    if (!streaming_) return c_.reply->Send(ConnectHttp(s.code()), kJson, ErrorJson(s).dump());
+    if (!begun_) Begin();
+    c_.reply->Write(Envelope(2, json{{"error", ErrorJson(s)}}.dump()));
+    c_.reply->End();
+  }
+  void Answer(const json& msg) {
+    if (answered_) return;
+    answered_ = true;
+    c_.reply->Send(200, kJson, msg.dump());
+  }
+  // A stream's end without error.
+  void EndStream() {
+    if (answered_) return;
+    answered_ = true;
+    c_.reply->Write(Envelope(2, "{}"));
+    c_.reply->End();
+  }
+  void Begin() {
+    begun_ = true;
+    c_.reply->Begin(200, "application/connect+json");
+  }
+
+  // Asks dsec; a failed status (or none) fails the call here.
+  template <class Reply, class Req>
+  void Ask(Req req, std::function<void(Reply&)> ok) {
+    auto me = shared_from_this();
+    self_->request(entry_, kCallTimeout, std::move(req))
+        .then(
+            [me, ok](Reply& r) {
+              Status s = FromProto(r.status());
+              if (!s.ok()) return me->Fail(s);
+              ok(r);
+            },
+            [me](caf::error& e) { me->Fail(Status::Unavailable("dsec did not answer: " + caf::to_string(e))); });
+  }
+
+  void ListFiles(const std::string& path, std::function<void(v1::FileReply&)> ok) {
+    v1::ListFilesRequest req;
+    req.set_sandbox_id(sandbox_);
+    req.set_path(path);
+    Ask<v1::FileReply>(std::move(req), std::move(ok));
+  }
+
+  void PathOp(v1::PathOp op, const std::string& path, const std::string& dest, std::function<void(v1::FileReply&)> ok) {
+    v1::PathOpRequest req;
+    req.set_sandbox_id(sandbox_);
+    req.set_op(op);
+    req.set_path(path);
+    req.set_destination(dest);
+    req.set_user(user_);
+    Ask<v1::FileReply>(std::move(req), std::move(ok));
+  }
+
+  caf::event_based_actor* self() const { return self_; }
+  const entry_actor& entry() const { return entry_; }
+
+ private:
+  caf::event_based_actor* self_;
+  entry_actor entry_;
+  Call c_;
+  std::string sandbox_;
+  std::string user_;
+  bool streaming_;
+  bool begun_ = false;
+  bool answered_ = false;
+};
+
+// A string field of a message, or "" (a wrong type: false).
+bool StringField(const json& msg, const char* name, std::string* out) {
+  auto it = msg.find(name);
+  if (it == msg.end() || it->is_null()) return true;
+  if (!it->is_string()) return false;
+  *out = it->get<std::string>();
+  return true;
+}
+
+// ListDir to a depth: each directory's entries, listed one call at a time,
+// then put in walk order (a directory, then what it holds).
+class DirWalk : public std::enable_shared_from_this<DirWalk> {
+ public:
+  static constexpr size_t kMaxEntries = 100'000;
+  DirWalk(std::shared_ptr<Rpc> rpc, uint32_t depth) : rpc_(std::move(rpc)), depth_(depth) {}
+
+  void Start(const std::string& root) {
+    auto me = shared_from_this();
+    rpc_->ListFiles(root, [me, root](v1::FileReply& r) {
+      if (!S_ISDIR(r.info().mode()))
+        return me->rpc_->Fail(Status::InvalidArgument("path is not a directory: " + root));
+      me->Take(root, 1, r);
+      me->Done();
+    });
+  }
+
+ private:
+  void Take(const std::string& dir, uint32_t level, v1::FileReply& r) {
+    auto& mine = listed_[dir];
+    for (const auto& e : r.entries()) {
+      mine.push_back(e);
+      if (++count_ > kMaxEntries) failed_ = true;
+      if (level < depth_ && S_ISDIR(e.mode())) List(Join(dir, e.name()), level + 1);
+    }
+  }
+  void List(const std::string& dir, uint32_t level) {
+    ++pending_;
+    auto me = shared_from_this();
+    rpc_->ListFiles(dir, [me, dir, level](v1::FileReply& r) {
+      me->Take(dir, level, r);
+      --me->pending_;
+      me->Done();
+    });
+  }
+  void Done() {
+    if (pending_ || answered_) return;
+    answered_ = true;
+    if (failed_)
+      return rpc_->Fail(Status::ResourceExhausted("more than " + std::to_string(kMaxEntries) +
+                                                  " entries; list with a smaller depth"));
+    json entries = json::array();
+    Emit(listed_.begin()->first, &entries);
+    rpc_->Answer({{"entries", entries}});
+  }
+  void Emit(const std::string& dir, json* out) {
+    for (const auto& e : listed_[dir]) {
+      std::string path = Join(dir, e.name());
+      out->push_back(Entry(e, path));
+      if (S_ISDIR(e.mode()) && listed_.count(path)) Emit(path, out);
+    }
+  }
+
+  std::shared_ptr<Rpc> rpc_;
+  uint32_t depth_;
+  std::map<std::string, std::vector<v1::FileInfo>> listed_;
+  size_t pending_ = 0, count_ = 0;
+  bool failed_ = false, answered_ = false;
+};
+
+void Filesystem(const std::shared_ptr<Rpc>& rpc, const std::string& method, const json& msg) {
+  std::string path, dest;
+  if (!StringField(msg, "path", &path) || !StringField(msg, "source", &path) ||
+      !StringField(msg, "destination", &dest))
+    return rpc->Fail(Status::InvalidArgument("path, source and destination are strings"));
+  if (method != "Move" && path.empty() && !msg.contains("path"))
+    return rpc->Fail(Status::InvalidArgument("path is required"));
+  path = EnvdPath(path, rpc->user());
+  if (method == "Stat") {
+    return rpc->ListFiles(path, [rpc, path](v1::FileReply& r) { rpc->Answer({{"entry", Entry(r.info(), path)}}); });
+  }
+  if (method == "ListDir") {
+    uint32_t depth = 1;
+    if (auto it = msg.find("depth"); it != msg.end() && !it->is_null()) {
+      if (!it->is_number_unsigned()) return rpc->Fail(Status::InvalidArgument("depth is a whole number"));
+      depth = std::max<uint32_t>(1, it->get<uint32_t>());
+    }
+    auto walk = std::make_shared<DirWalk>(rpc, std::min<uint32_t>(depth, 64));
+    return walk->Start(path);
+  }
+  if (method == "MakeDir") {
+    return rpc->PathOp(v1::PATH_OP_MAKE_DIR, path, "",
+                       [rpc, path](v1::FileReply& r) { rpc->Answer({{"entry", Entry(r.info(), path)}}); });
+  }
+  if (method == "Move") {
+    if (dest.empty()) return rpc->Fail(Status::InvalidArgument("source and destination are required"));
+    dest = EnvdPath(dest, rpc->user());
+    return rpc->PathOp(v1::PATH_OP_MOVE, path, dest,
+                       [rpc, dest](v1::FileReply& r) { rpc->Answer({{"entry", Entry(r.info(), dest)}}); });
+  }
+  if (method == "Remove") {
+    return rpc->PathOp(v1::PATH_OP_REMOVE, path, "", [rpc](v1::FileReply&) { rpc->Answer(json::object()); });
+  }
+  rpc->Fail(Status::Unimplemented("filesystem." + method.substr(0, 64) +
+                                  " is not served by this dsec yet (docs/e2b.md lists what is)"));
+}
+
+// A pid for each process started through the door (E2B's SDK takes it
+// as the process's handle).
+std::atomic<uint32_t> next_pid{1000};
+
+// The name of a signal as Go's ProcessState.String() gives it.
+std::string SignalName(int sig) {
+  switch (sig) {
+    case SIGKILL: return "killed";
+    case SIGTERM: return "terminated";
+    case SIGINT: return "interrupt";
+    case SIGSEGV: return "segmentation fault";
+    case SIGABRT: return "aborted";
+    case SIGPIPE: return "broken pipe";
+    default: return "signal " + std::to_string(sig);
+  }
+}
+
+struct Tick {};
+
+}  // namespace
+}  // namespace dsec::e2b
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(dsec::e2b::Tick)
+
+namespace dsec::e2b {
+namespace {
+
+// process.Start: the command as an exec streamed to an actor of its own,
+// which writes each piece as a data event as it comes (keepalives while
+// it is quiet) and the end event when it ends. A client that stops
+// reading is cut off once max_buffered bytes wait for it (no end message).
+void Start(const std::shared_ptr<Rpc>& rpc, const json& msg) {
+  const json* process = msg.contains("process") && msg["process"].is_object() ? &msg["process"] : nullptr;
+  if (!process || !(*process).contains("cmd") || !(*process)["cmd"].is_string())
+    return rpc->Fail(Status::InvalidArgument("process.cmd is required"));
+  if (msg.contains("pty") && !msg["pty"].is_null())
+    return rpc->Fail(Status::Unimplemented("a PTY is not served by this dsec yet (docs/e2b.md)"));
+  v1::ExecRequest req;
+  req.set_sandbox_id(rpc->sandbox());
+  req.add_argv((*process)["cmd"].get<std::string>());
+  if (auto it = process->find("args"); it != process->end() && !it->is_null()) {
+    if (!it->is_array()) return rpc->Fail(Status::InvalidArgument("process.args is a list of strings"));
+    for (const auto& a : *it) {
+      if (!a.is_string()) return rpc->Fail(Status::InvalidArgument("process.args is a list of strings"));
+      req.add_argv(a.get<std::string>());
+    }
+  }
+  if (auto it = process->find("envs"); it != process->end() && !it->is_null()) {
+    if (!it->is_object()) return rpc->Fail(Status::InvalidArgument("process.envs is an object of strings"));
+    for (const auto& [k, v] : it->items()) {
+      if (!v.is_string()) return rpc->Fail(Status::InvalidArgument("process.envs." + k + " is not a string"));
+      (*req.mutable_env())[k] = v.get<std::string>();
+    }
+  }
+  std::string cwd;
+  if (!StringField(*process, "cwd", &cwd)) return rpc->Fail(Status::InvalidArgument("process.cwd is a string"));
+  req.set_cwd(EnvdPath(cwd, rpc->user()));
+  req.set_user(rpc->user());
+  req.set_stream(true);
+  if (const std::string* t = rpc->req().Header("connect-timeout-ms")) {
+    char* end = nullptr;
+    unsigned long long ms = std::strtoull(t->c_str(), &end, 10);
+    if (!t->empty() && !*end && ms > 0) req.mutable_limits()->set_timeout_ms(ms);
+  }
+  int keepalive_s = 50;
+  if (const std::string* k = rpc->req().Header("keepalive-ping-interval"))
+    keepalive_s = std::clamp(std::atoi(k->c_str()), 1, 50);
+  uint32_t pid = next_pid++;
+  req.set_stream_id(pid);
+  rpc->self()->spawn([rpc, req, pid, keepalive_s](caf::event_based_actor* self) mutable -> caf::behavior {
+    auto reply = rpc->reply();
+    rpc->Begin();
+    reply->Write(Envelope(0, json{{"event", {{"start", {{"pid", pid}}}}}}.dump()));
+    auto cut = std::make_shared<bool>(false);
+    // A piece the client cannot take (gone, or max_buffered waiting): the
+    // stream ends without an end message; the command runs on.
+    auto send = [reply, cut, self](const json& ev) {
+      if (*cut) return;
+      if (!reply->Write(Envelope(0, json{{"event", ev}}.dump()))) {
+        *cut = true;
+        reply->End();
+        self->quit();
+      }
+    };
+    self->request(rpc->entry(), caf::infinite, std::move(req))
+        .then(
+            [rpc, send, cut, self](v1::ExecReply& r) {
+              if (*cut) return self->quit();
+              Status s = FromProto(r.status());
+              const v1::ExecResult& res = r.result();
+              if (s.ok() && res.verdict() == v1::VERDICT_TIME_LIMIT)
+                s = Status::DeadlineExceeded("the command ran past the call's timeout and was killed");
+              if (!s.ok()) {
+                rpc->Fail(s);
+                return self->quit();
+              }
+              json end = {{"exitCode", res.signal() ? -1 : res.exit_code()},
+                          {"exited", res.signal() == 0},
+                          {"status", res.signal() ? "signal: " + SignalName(res.signal())
+                                                  : "exit status " + std::to_string(res.exit_code())}};
+              if (!res.error().empty() && res.verdict() != v1::VERDICT_OK) end["error"] = res.error();
+              send({{"end", end}});
+              if (!*cut) rpc->EndStream();
+              self->quit();
+            },
+            [rpc, self](caf::error& e) {
+              rpc->Fail(Status::Unavailable("dsec did not answer: " + caf::to_string(e)));
+              self->quit();
+            });
+    self->delayed_send(self, std::chrono::seconds(keepalive_s), Tick{});
+    return {
+        [send](v1::ExecOutput& out) {
+          if (!out.stdout().empty()) send({{"data", {{"stdout", Base64(out.stdout())}}}});
+          if (!out.stderr().empty()) send({{"data", {{"stderr", Base64(out.stderr())}}}});
+        },
+        [send, self, keepalive_s](Tick) {
+          send({{"keepalive", json::object()}});
+          self->delayed_send(self, std::chrono::seconds(keepalive_s), Tick{});
+        },
+    };
+  });
+}
+
+void Process(const std::shared_ptr<Rpc>& rpc, const std::string& method, const json& msg) {
+  if (method == "Start") return Start(rpc, msg);
+  rpc->Fail(Status::Unimplemented("process." + method.substr(0, 64) +
+                                  " is not served by this dsec yet: processes started through the door live as "
+                                  "long as their stream (docs/e2b.md)"));
+}
+
+}  // namespace
+
+void ServeEnvdRpc(caf::event_based_actor* self, const entry_actor& entry, Call& c, const std::string& sandbox) {
+  const std::string& p = c.req.path;
+  size_t slash = p.find('/', 1);
+  std::string service = p.substr(1, slash == std::string::npos ? std::string::npos : slash - 1);
+  std::string method = slash == std::string::npos ? "" : p.substr(slash + 1);
+  const std::string* type = c.req.Header("content-type");
+  std::string ct = type ? type->substr(0, type->find(';')) : "";
+  bool streaming = ct == "application/connect+json";
+  auto rpc = std::make_shared<Rpc>(self, entry, std::move(c), sandbox, streaming);
+  if (!streaming && ct != "application/json")
+    return rpc->reply()->Send(415, kJson,
+                              ErrorJson(Status::InvalidArgument("Content-Type " + ct.substr(0, 64) +
+                                                                ": this door speaks Connect with JSON "
+                                                                "(application/json, application/connect+json)"))
+                                  .dump());
+  std::string body = rpc->req().body;
+  if (streaming) {  // one envelope holding the request
+    if (body.size() < 5) return rpc->Fail(Status::InvalidArgument("the request envelope is truncated"));
+    uint8_t flags = static_cast<uint8_t>(body[0]);
+    uint32_t n = 0;
+    for (int i = 1; i <= 4; ++i) n = (n << 8) | static_cast<uint8_t>(body[i]);
+    if (flags & 1) return rpc->Fail(Status::InvalidArgument("compressed envelopes are not accepted"));
+    if (n != body.size() - 5)
+      return rpc->Fail(Status::InvalidArgument("the request envelope says " + std::to_string(n) + " bytes; " +
+                                               std::to_string(body.size() - 5) + " came"));
+    body = body.substr(5);
+  }
+  json msg = body.empty() ? json::object() : json::parse(body, nullptr, false);
+  if (!msg.is_object()) return rpc->Fail(Status::InvalidArgument("the request message is not a JSON object"));
+  bool stream_method = (service == "process.Process" && (method == "Start" || method == "Connect")) ||
+                       (service == "filesystem.Filesystem" && method == "WatchDir");
+  if (stream_method != streaming)
+    return rpc->Fail(Status::InvalidArgument(service + "/" + method.substr(0, 64) + " is " +
+                                             (stream_method ? "a server stream (application/connect+json)"
+                                                            : "unary (application/json)")));
+  if (service == "filesystem.Filesystem") return Filesystem(rpc, method, msg);
+  if (service == "process.Process") return Process(rpc, method, msg);
+  rpc->Fail(Status::Unimplemented("no service " + service.substr(0, 64) + " (filesystem.Filesystem, process.Process)"));
+}
+
+}  // namespace dsec::e2b

@@ -1,0 +1,45 @@
+#include "dsec/files.hpp"
+
+#include "sdk/src/client_impl.hpp"
+
+namespace dsec {
+
+struct FileCalls {
+  static void PathOp(const Sandbox& sb, v1::PathOpRequest req, Done<v1::FileReply> done) {
+    sb.Call<v1::FileReply>(std::move(req), std::move(done));  // instantiated in handles.cpp
+  }
+};
+
+void PathOpAsync(const Sandbox& sandbox, v1::PathOpRequest req, Done<v1::FileReply> done) {
+  FileCalls::PathOp(sandbox, std::move(req), std::move(done));
+}
+
+namespace {
+
+Result<v1::FileInfo> Op(const Sandbox& sb, v1::PathOp op, const std::string& path, const std::string& dest,
+                        const std::string& user) {
+  v1::PathOpRequest req;
+  req.set_op(op);
+  req.set_path(path);
+  req.set_destination(dest);
+  req.set_user(user);
+  auto r = Wait<v1::FileReply>([&](Done<v1::FileReply> d) { PathOpAsync(sb, std::move(req), std::move(d)); });
+  if (!r.ok()) return r.status();
+  return std::move(*r->mutable_info());
+}
+
+}  // namespace
+
+Result<v1::FileInfo> MakeDir(const Sandbox& sandbox, const std::string& path, const std::string& user) {
+  return Op(sandbox, v1::PATH_OP_MAKE_DIR, path, "", user);
+}
+
+Result<v1::FileInfo> Move(const Sandbox& sandbox, const std::string& from, const std::string& to) {
+  return Op(sandbox, v1::PATH_OP_MOVE, from, to, "");
+}
+
+Status Remove(const Sandbox& sandbox, const std::string& path) {
+  return Op(sandbox, v1::PATH_OP_REMOVE, path, "", "").status();
+}
+
+}  // namespace dsec

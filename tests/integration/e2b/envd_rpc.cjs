@@ -1,0 +1,64 @@
+// envd's Connect services through dsec's E2B door, driven by the unmodified
+// `e2b` SDK: commands (run, streamed callbacks, exit codes, as the SDK's
+// default user `user` and as root, a timeout) and the filesystem calls
+// (list with depth, exists, getInfo, makeDir, rename, remove); prints what
+// it saw as one JSON object.
+const { Sandbox, failure, main } = require('./common.cjs');
+
+main(async () => {
+  const out = {};
+  const sbx = await Sandbox.create(process.env.TEMPLATE, { timeoutMs: 120000 });
+  out.id = sbx.sandboxId;
+  try {
+    // Commands: foreground, output as it comes, in order.
+    const chunks = [];
+    const r = await sbx.commands.run('for i in 1 2 3; do echo line$i; sleep 0.2; done; echo err >&2', {
+      onStdout: (d) => chunks.push(['out', d, Date.now()]),
+      onStderr: (d) => chunks.push(['err', d, Date.now()]),
+    });
+    out.run = { exitCode: r.exitCode, stdout: r.stdout, stderr: r.stderr };
+    out.chunks = chunks.map((c) => [c[0], c[1]]);
+    const outs = chunks.filter((c) => c[0] === 'out');
+    out.streamedSpanMs = outs.length ? outs[outs.length - 1][2] - outs[0][2] : 0;
+    out.whoami = (await sbx.commands.run('id -un; echo $HOME; pwd')).stdout;
+    out.rootWho = (await sbx.commands.run('id -u; pwd', { user: 'root' })).stdout;
+    out.envs = (await sbx.commands.run('echo $FOO', { envs: { FOO: 'bar baz' }, cwd: '/tmp' })).stdout;
+    out.exit3 = await failure(() => sbx.commands.run('echo partial; exit 3'));
+    try {
+      await sbx.commands.run('exit 3');
+    } catch (e) {
+      out.exit3Code = e.exitCode;
+    }
+    out.timeout = await failure(() => sbx.commands.run('sleep 30', { timeoutMs: 1000 }));
+    out.unknownUser = await failure(() => sbx.commands.run('true', { user: 'nosuchuser' }));
+    const bg = await sbx.commands.run('echo started; sleep 0.3; echo done', { background: true });
+    out.bgPid = bg.pid;
+    out.bg = (await bg.wait()).stdout;
+
+    // Filesystem.
+    out.madeDir = await sbx.files.makeDir('/tmp/fs/a/b');
+    out.madeAgain = await sbx.files.makeDir('/tmp/fs/a/b');
+    out.dirOwner = (await sbx.files.getInfo('/tmp/fs')).owner;
+    await sbx.files.write('/tmp/fs/a/one.txt', '1');
+    await sbx.files.write('/tmp/fs/a/b/two.txt', '22');
+    out.list1 = (await sbx.files.list('/tmp/fs')).map((e) => [e.path, e.type]);
+    out.list3 = (await sbx.files.list('/tmp/fs', { depth: 3 })).map((e) => [e.path, e.type, e.type === 'file' ? e.size : null]);
+    out.exists = await sbx.files.exists('/tmp/fs/a/one.txt');
+    out.existsNot = await sbx.files.exists('/tmp/fs/none');
+    const info = await sbx.files.getInfo('/tmp/fs/a/one.txt');
+    out.info = { name: info.name, type: info.type, size: info.size, mode: info.mode, permissions: info.permissions,
+                 owner: info.owner, group: info.group, recent: Math.abs(Date.now() - info.modifiedTime) < 600000 };
+    out.homeInfo = await sbx.files.getInfo('notes.txt').catch((e) => e.constructor.name);
+    await sbx.files.write('notes.txt', 'relative');
+    out.relative = (await sbx.commands.run('cat /home/user/notes.txt; stat -c %U /home/user/notes.txt')).stdout;
+    const moved = await sbx.files.rename('/tmp/fs/a/one.txt', '/tmp/fs/uno.txt');
+    out.moved = [moved.path, moved.name, await sbx.files.exists('/tmp/fs/a/one.txt')];
+    await sbx.files.remove('/tmp/fs/a');
+    out.afterRemove = (await sbx.files.list('/tmp/fs', { depth: 5 })).map((e) => e.path);
+    out.listFile = await failure(() => sbx.files.list('/tmp/fs/uno.txt'));
+    out.listMissing = await failure(() => sbx.files.list('/tmp/nowhere'));
+  } finally {
+    await sbx.kill();
+  }
+  return out;
+});
