@@ -98,6 +98,9 @@ void Driver::ListFiles(const v1::SandboxRecord&, const v1::ListFilesRequest&, Fi
 void Driver::PathOp(const v1::SandboxRecord&, const v1::PathOpRequest&, FileCallback done) {
   done(NoState(*this, "files"));
 }
+void Driver::Process(const v1::SandboxRecord&, const v1::ProcessRequest&, ProcessCallback done) {
+  done(NoState(*this, "processes that outlive a call"));
+}
 void Driver::Pause(const v1::SandboxRecord&, bool, StatusCallback done) {
   done(NoState(*this, "processes to pause"));
 }

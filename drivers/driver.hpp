@@ -26,6 +26,7 @@ using CreateCallback = std::function<void(Result<std::string>)>;
 using OutputCallback = std::function<void(const v1::ExecOutput&)>;
 // ReadFile: content; ListFiles: info and entries; WriteFile: nothing.
 using FileCallback = std::function<void(Result<v1::FileReply>)>;
+using ProcessCallback = std::function<void(Result<v1::ProcessReply>)>;
 // What Snapshot wrote: bytes of file contents and entries.
 struct SnapshotStats {
   uint64_t bytes = 0;
@@ -120,6 +121,8 @@ class Driver {
   virtual void ListFiles(const v1::SandboxRecord& sandbox, const v1::ListFilesRequest& req, FileCallback done);
   // Make a directory, move or remove a path (destination checked too).
   virtual void PathOp(const v1::SandboxRecord& sandbox, const v1::PathOpRequest& req, FileCallback done);
+  // Its running execs by pid: listed, signalled, stdin written or closed.
+  virtual void Process(const v1::SandboxRecord& sandbox, const v1::ProcessRequest& req, ProcessCallback done);
   // Freezes (paused) or thaws every process of the sandbox (traits().pause).
   virtual void Pause(const v1::SandboxRecord& sandbox, bool paused, StatusCallback done);
   // A pause that frees the sandbox's memory (traits().pause_memory): a VM's

@@ -64,6 +64,9 @@ class FaultDriver final : public Driver {
   void WriteFile(const v1::SandboxRecord& sb, const v1::WriteFileRequest& req, FileCallback done) override;
   void ListFiles(const v1::SandboxRecord& sb, const v1::ListFilesRequest& req, FileCallback done) override;
   void PathOp(const v1::SandboxRecord& sb, const v1::PathOpRequest& req, FileCallback done) override;
+  void Process(const v1::SandboxRecord& sb, const v1::ProcessRequest& req, ProcessCallback done) override {
+    base_->Process(sb, req, std::move(done));
+  }
   void Pause(const v1::SandboxRecord& sb, bool paused, StatusCallback done) override;
   void PauseMemory(const v1::SandboxRecord& sb, StatusCallback done) override { base_->PauseMemory(sb, std::move(done)); }
   Result<uint64_t> DiskUsage(const v1::SandboxRecord& sb) const override { return base_->DiskUsage(sb); }

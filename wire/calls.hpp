@@ -49,6 +49,7 @@
   X(WriteFileRequest, FileReply, kSandbox, sandbox_id)                           \
   X(ListFilesRequest, FileReply, kSandbox, sandbox_id)                           \
   X(PathOpRequest, FileReply, kSandbox, sandbox_id)                              \
+  X(ProcessRequest, ProcessReply, kSandbox, sandbox_id)                          \
   X(ListSandboxesRequest, ListSandboxesReply, kFanout, _)                        \
   X(OpenSessionRequest, SessionReply, kNewSession, name)                         \
   X(StepRequest, StepReply, kSession, session)                                   \

@@ -100,6 +100,14 @@ caf::result<v1::ExecReply> Handle(Self self, v1::ExecRequest& req) {
   if (ok.ok() && !req.idempotency_key().empty() && !st.driver->traits().stateful)
     ok = Status::InvalidArgument(std::string("an idempotency_key needs a sandbox with state; every ") +
                                  st.driver->name() + " exec is a fresh run");
+  bool interactive = req.interactive() || req.has_pty();
+  if (ok.ok() && interactive && !req.idempotency_key().empty())
+    ok = Status::InvalidArgument("an interactive exec takes its input by pid, as it runs: it cannot have an "
+                                 "idempotency_key (which may answer from a run that happened before)");
+  if (ok.ok() && interactive && !st.driver->traits().stateful)
+    ok = Status::Unimplemented(std::string(st.driver->name()) +
+                               " sandboxes have no processes to reach by pid: each exec is one fresh run "
+                               "(use a container sandbox for an interactive exec)");
   if (ok.ok() && req.stream() && !st.driver->traits().streaming)
     ok = Status::Unimplemented(std::string(st.driver->name()) +
                                " sandboxes cannot stream output: each exec is one fresh run whose output "
@@ -292,6 +300,28 @@ caf::result<v1::FileReply> Handle(Self self, v1::ListFilesRequest& req) {
   return FileOp(self, req.path(), [req](Self s, drivers::FileCallback cb) {
     s->state.driver->ListFiles(s->state.rec, req, std::move(cb));
   });
+}
+
+// Its running execs by pid (ProcessRequest): answered from the driver, on this actor.
+caf::result<v1::ProcessReply> Handle(Self self, v1::ProcessRequest& req) {
+  auto& st = self->state;
+  if (Status no = NotServing(self, false); !no.ok()) {
+    v1::ProcessReply r;
+    ToProto(no, r.mutable_status());
+    return r;
+  }
+  auto rp = self->make_response_promise<v1::ProcessReply>();
+  auto handle = caf::actor_cast<sandbox_actor>(self);
+  Touch(self);
+  st.driver->Process(st.rec, req, [handle, self, rp](Result<v1::ProcessReply> r) mutable {
+    Post(handle, [self, rp, r = std::move(r)]() mutable {
+      v1::ProcessReply reply;
+      if (r.ok()) reply = std::move(*r);
+      else ToProto(r.status().Annotate("sandbox " + self->state.rec.id()), reply.mutable_status());
+      rp.deliver(std::move(reply));
+    });
+  });
+  return rp;
 }
 
 caf::result<v1::FileReply> Handle(Self self, v1::PathOpRequest& req) {

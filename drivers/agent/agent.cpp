@@ -482,6 +482,7 @@ void Agent::OnFrame(Conn& c, const std::string& frame) {
     case Request::kPing: OnPing(c, id); break;
     case Request::kChanges: OnChanges(c, id, req.changes()); break;
     case Request::kPathOp: OnPathOp(c, id, req.path_op()); break;
+    case Request::kProc: OnProc(c, id, req.proc()); break;
     default:
       SendError(c, id, EOPNOTSUPP,
                 "request " + std::to_string(id) + " has no body or one this agent (" DSEC_VERSION

@@ -565,6 +565,18 @@ void AgentClient::PathOp(const agent::PathOp& op, Callback<agent::FileInfo> done
   Send(req, std::move(p));
 }
 
+void AgentClient::Proc(const agent::Proc& proc, Callback<agent::ProcList> done) {
+  auto p = std::make_shared<Pending>();
+  p->done = Answer<agent::ProcList>(name(), std::move(done), [n = name()](Event& ev) -> Result<agent::ProcList> {
+    if (ev.has_ok()) return agent::ProcList();
+    if (!ev.has_procs()) return Unexpected(n, "proc");
+    return std::move(*ev.mutable_procs());
+  });
+  agent::Request req;
+  *req.mutable_proc() = proc;
+  Send(req, std::move(p));
+}
+
 void AgentClient::Changes(uint32_t limit, Callback<agent::ChangeList> done) {
   auto p = std::make_shared<Pending>();
   p->done = Answer<agent::ChangeList>(name(), std::move(done), [n = name()](Event& ev) -> Result<agent::ChangeList> {

@@ -78,6 +78,8 @@ class AgentClient {
   void ListDir(const std::string& path, Callback<std::vector<agent::FileInfo>> done);
   // Make a directory, move or remove a path: the result's lstat (a remove: an empty FileInfo).
   void PathOp(const agent::PathOp& req, Callback<agent::FileInfo> done);
+  // The agent's running execs (list: their ProcList; else an empty one).
+  void Proc(const agent::Proc& req, Callback<agent::ProcList> done);
   void Ping(Callback<agent::Pong> done);
   // What a VM guest changed of its image (its writable layer against its
   // lower ones), at most `limit` changes.

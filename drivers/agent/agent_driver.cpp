@@ -100,6 +100,11 @@ void AgentDriver::StartExec(const v1::SandboxRecord& sb, const std::string& run_
             : !sb.spec().workdir().empty() ? sb.spec().workdir()
                                            : "/work");
   e.set_user(req.user());
+  e.set_interactive(req.interactive());
+  if (req.has_pty()) {
+    e.mutable_pty()->set_cols(req.pty().cols());
+    e.mutable_pty()->set_rows(req.pty().rows());
+  }
   e.set_stdin(req.stdin());
   e.set_stream(on_output != nullptr);
   e.set_key(req.idempotency_key());
@@ -122,7 +127,9 @@ void AgentDriver::StartExec(const v1::SandboxRecord& sb, const std::string& run_
   if (on_output)
     piece = [on_output](const agent::Output& o) {
       v1::ExecOutput out;
-      if (o.stream() == 2) out.set_stderr(o.data());
+      if (o.stream() == 0) out.set_pid(static_cast<uint32_t>(o.pid()));
+      else if (o.stream() == 3) out.set_pty(o.data());
+      else if (o.stream() == 2) out.set_stderr(o.data());
       else out.set_stdout(o.data());
       on_output(out);
     };
@@ -244,6 +251,32 @@ void AgentDriver::PathOp(const v1::SandboxRecord& sb, const v1::PathOpRequest& r
     if (!r.ok()) return done(r.status());
     v1::FileReply reply;
     if (!r->name().empty()) *reply.mutable_info() = ToInfo(*r);
+    done(std::move(reply));
+  });
+}
+
+void AgentDriver::Process(const v1::SandboxRecord& sb, const v1::ProcessRequest& req, ProcessCallback done) {
+  auto box = RunningBox(sb.id());
+  if (!box.ok()) return done(box.status());
+  agent::Proc p;
+  p.set_op(static_cast<uint32_t>(req.op()));
+  p.set_pid(static_cast<int32_t>(req.pid()));
+  p.set_signal(req.signal());
+  p.set_input(req.input());
+  p.mutable_size()->set_cols(req.size().cols());
+  p.mutable_size()->set_rows(req.size().rows());
+  (*box)->agent->Proc(p, [done](Result<agent::ProcList> r) {
+    if (!r.ok()) return done(r.status());
+    v1::ProcessReply reply;
+    for (const auto& a : r->procs()) {
+      auto* p = reply.add_processes();
+      p->set_pid(static_cast<uint32_t>(a.pid()));
+      p->mutable_argv()->CopyFrom(a.argv());
+      p->set_cwd(a.cwd());
+      p->set_uid(a.uid());
+      p->set_running_ms(a.running_ms());
+      p->set_stdin_open(a.stdin_open());
+    }
     done(std::move(reply));
   });
 }

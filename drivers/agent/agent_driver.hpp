@@ -69,6 +69,7 @@ class AgentDriver : public Driver {
   void WriteFile(const v1::SandboxRecord& sandbox, const v1::WriteFileRequest& req, FileCallback done) override;
   void ListFiles(const v1::SandboxRecord& sandbox, const v1::ListFilesRequest& req, FileCallback done) override;
   void PathOp(const v1::SandboxRecord& sandbox, const v1::PathOpRequest& req, FileCallback done) override;
+  void Process(const v1::SandboxRecord& sandbox, const v1::ProcessRequest& req, ProcessCallback done) override;
 
  protected:
   // The box of a running sandbox with a connected agent, ready for a call

@@ -19,6 +19,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/epoll.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -52,6 +53,7 @@ struct ChildPlan {
   uid_t uid = 0;
   gid_t gid = 0;
   std::vector<gid_t> groups;  // supplementary groups (Exec.user's); none without
+  bool pty = false;           // in, out and err are a terminal's: a session of its own
   const char* cgroup_procs = nullptr;  // joined first (AgentOptions::cgroup)
   bool drop_caps = false;              // AgentOptions::guarded: only kContainerCaps stay
 };
@@ -74,7 +76,8 @@ struct ChildPlan {
   dfl.sa_handler = SIG_DFL;
   for (int sig = 1; sig < NSIG; ++sig)
     if (sig != SIGKILL && sig != SIGSTOP) ::sigaction(sig, &dfl, nullptr);
-  ::setpgid(0, 0);
+  if (p.pty) ::setsid();  // a session (and group) of its own, the terminal its controlling one
+  else ::setpgid(0, 0);
   // No oom_score_adj here: while the child shares our memory, the kernel
   // applies a write to every process sharing it (the agent too, losing its
   // -900) after a walk over every process on the host. The agent sets it
@@ -88,6 +91,7 @@ struct ChildPlan {
   if (::dup2(in, 0) < 0 || ::dup2(out, 1) < 0 || ::dup2(err, 2) < 0 || ::dup2(st, 3) < 0) fail(kStageStdio, errno);
   status = 3;
   ::fcntl(3, F_SETFD, FD_CLOEXEC);
+  if (p.pty && ::ioctl(0, TIOCSCTTY, 0) < 0) fail(kStageStdio, errno);
   ::syscall(SYS_close_range, 4u, ~0u, 0u);  // our fds are CLOEXEC anyway; inherited ones may not be
   if (p.cgroup_procs) {
     int g = ::open(p.cgroup_procs, O_WRONLY | O_CLOEXEC);
@@ -338,6 +342,19 @@ void Agent::StartExec(Conn& c, uint64_t id, Exec& req) {
   plan.out = out[1];
   plan.err = err[1];
   plan.status = st[1];
+  // A terminal: the child's stdin, stdout and stderr are its slave end; we
+  // read and write the master (the pipes' other ends go unused).
+  UniqueFd master, slave;
+  if (req.has_pty()) {
+    if (int e = OpenPty(req.pty().cols(), req.pty().rows(), &master, &slave)) {
+      errno = e;
+      fail_setup("open a pseudo-terminal (/dev/ptmx)");
+      for (int* p : {in, out, err, st}) CloseBoth(p);
+      return;
+    }
+    plan.in = plan.out = plan.err = slave.get();
+    plan.pty = true;
+  }
   // Clone with every signal blocked (until the child has executed): the
   // child resets dispositions before it unblocks, so a Signal that arrives
   // in between is held, not lost to an ignored disposition it inherited
@@ -363,7 +380,14 @@ void Agent::StartExec(Conn& c, uint64_t id, Exec& req) {
     for (int fd : {in[1], out[0], err[0], st[0]}) ::close(fd);
     return;
   }
-  ::setpgid(pid, pid);  // also in the child; whichever runs first
+  ::setpgid(pid, pid);  // also in the child; whichever runs first (a terminal's child has its session)
+  if (master) {
+    slave.Reset();
+    ::close(in[1]);
+    in[1] = ::fcntl(master.get(), F_DUPFD_CLOEXEC, 3);
+    ::close(out[0]);
+    out[0] = master.Release();
+  }
 
   auto x = std::make_unique<ExecRun>();
   x->key = next_key_++;
@@ -396,41 +420,17 @@ void Agent::StartExec(Conn& c, uint64_t id, Exec& req) {
   by_pid_[pid] = r.key;
   c.execs[id] = r.key;
   execs_[r.key] = std::move(x);
-  if (req.stdin().empty()) {
-    r.in.Reset();
-  } else {
-    r.stdin_data.swap(*req.mutable_stdin());
-    WatchFd(r.in.get(), r.key, kExecIn, EPOLLOUT);
-    WriteStdin(r);
+  r.interactive = req.interactive() || req.has_pty();
+  r.pty = req.has_pty();
+  r.argv.assign(req.argv().begin(), req.argv().end());
+  if (r.interactive && r.stream) {  // the pid first: the client's handle for Proc (a terminal's too)
+    Event ev;
+    ev.set_id(id);
+    ev.mutable_output()->set_pid(pid);
+    Send(c, ev);
   }
-}
-
-void Agent::OnSignalRequest(Conn& c, uint64_t id, const Signal& req) {
-  auto it = c.execs.find(req.exec_id());
-  auto x = it == c.execs.end() ? execs_.end() : execs_.find(it->second);
-  if (x == execs_.end()) {
-    SendError(c, id, ESRCH,
-              "signal: no running exec with id " + std::to_string(req.exec_id()) + " on this connection");
-    return;
-  }
-  ExecRun& r = *x->second;
-  if (req.signal() < 0 || req.signal() >= NSIG) {
-    SendError(c, id, EINVAL, "signal: " + std::to_string(req.signal()) + " is not a signal number");
-    return;
-  }
-  // Once its process was reaped its pid may name someone else's group.
-  bool group_ours = !r.reaped || !by_pid_.count(r.pid);
-  if (group_ours && ::kill(-r.pid, req.signal()) < 0 && errno != ESRCH) {
-    SendError(c, id, errno,
-              "signal: send signal " + std::to_string(req.signal()) + " to exec " +
-                  std::to_string(req.exec_id()) + " (process group " + std::to_string(r.pid) +
-                  "): " + std::strerror(errno));
-    return;
-  }
-  Event ev;
-  ev.set_id(id);
-  ev.mutable_ok();
-  Send(c, ev);
+  r.stdin_data.swap(*req.mutable_stdin());
+  WriteStdin(r);
 }
 
 void Agent::KillGroup(ExecRun& x) {
@@ -512,7 +512,7 @@ void Agent::ReadPipe(ExecRun& x, bool is_err, int max_reads) {
       } else if (c) {
         Event ev;
         ev.set_id(x.req_id);
-        ev.mutable_output()->set_stream(is_err ? 2 : 1);
+        ev.mutable_output()->set_stream(is_err ? 2 : x.pty ? 3 : 1);
         ev.mutable_output()->set_data(buf, take);
         Send(*c, ev);
       }
@@ -523,18 +523,6 @@ void Agent::ReadPipe(ExecRun& x, bool is_err, int max_reads) {
       KillGroup(x);  // then drain to EOF, dropping the rest
     }
   }
-}
-
-void Agent::WriteStdin(ExecRun& x) {
-  while (x.in && x.stdin_off < x.stdin_data.size()) {
-    ssize_t w = ::write(x.in.get(), x.stdin_data.data() + x.stdin_off, x.stdin_data.size() - x.stdin_off);
-    if (w < 0 && errno == EINTR) continue;
-    if (w < 0 && errno == EAGAIN) return;
-    if (w < 0) break;  // EPIPE: it closed stdin early; its business
-    x.stdin_off += static_cast<size_t>(w);
-  }
-  x.in.Reset();
-  std::string().swap(x.stdin_data);
 }
 
 void Agent::Pause(ExecRun& x, Conn& c) {

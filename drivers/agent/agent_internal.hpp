@@ -86,6 +86,11 @@ struct ExecRun {
   UniqueFd in, status;  // stdin write end; CLOEXEC pipe the child reports setup errors on
   std::string stdin_data;
   size_t stdin_off = 0;
+  bool interactive = false;  // stdin open for Proc input until close_stdin
+  bool pty = false;          // in and out are a terminal's master end
+  bool stdin_close = false;  // close stdin once stdin_data is written
+  bool in_watched = false;   // `in` is in epoll for EPOLLOUT
+  std::vector<std::string> argv;  // for Proc list
   bool reaped = false, paused = false, timed_out = false, output_exceeded = false;
   int wait_status = 0;
   int setup_stage = 0, setup_errno = 0;  // from the child, when it failed before or at execve
@@ -101,6 +106,10 @@ struct ExecRun {
   int64_t start_ns = 0, deadline_ns = 0, grace_ns = 0;
   uint64_t oom_kills_at_start = 0;  // AgentOptions::oom_events' count
 };
+
+// A pseudo-terminal of that size: its master and slave ends (CLOEXEC;
+// the master non-blocking). 0, or the errno.
+int OpenPty(uint32_t cols, uint32_t rows, UniqueFd* master, UniqueFd* slave);
 
 class Agent {
  public:
@@ -145,7 +154,9 @@ class Agent {
   void Reap();
   void OnExecEvent(uint64_t key, Kind kind, uint32_t events);
   void ReadPipe(ExecRun& x, bool is_err, int max_reads);
+  // agent_procs.cpp: stdin, and execs by pid (Proc).
   void WriteStdin(ExecRun& x);
+  void OnProc(Conn& c, uint64_t id, const Proc& req);
   void KillGroup(ExecRun& x);
   void Pause(ExecRun& x, Conn& c);
   void Resume(ExecRun& x);

@@ -85,6 +85,9 @@ class FakeDriver final : public Driver {
   void WriteFile(const v1::SandboxRecord& sandbox, const v1::WriteFileRequest& req, FileCallback done) override;
   void ListFiles(const v1::SandboxRecord& sandbox, const v1::ListFilesRequest& req, FileCallback done) override;
   // Not modelled: Unimplemented, saying so.
+  void Process(const v1::SandboxRecord& sandbox, const v1::ProcessRequest&, ProcessCallback done) override {
+    done(Status::Unimplemented("fake " + sandbox.id() + ": processes by pid are not modelled by the fake kind"));
+  }
   void PathOp(const v1::SandboxRecord& sandbox, const v1::PathOpRequest& req, FileCallback done) override {
     done(Status::Unimplemented("fake " + sandbox.id() + ": make_dir, move and remove are not modelled by the fake "
                                "kind (a container does them)"));

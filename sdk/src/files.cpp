@@ -1,17 +1,12 @@
 #include "dsec/files.hpp"
 
 #include "sdk/src/client_impl.hpp"
+#include "sdk/src/extra_calls.hpp"
 
 namespace dsec {
 
-struct FileCalls {
-  static void PathOp(const Sandbox& sb, v1::PathOpRequest req, Done<v1::FileReply> done) {
-    sb.Call<v1::FileReply>(std::move(req), std::move(done));  // instantiated in handles.cpp
-  }
-};
-
 void PathOpAsync(const Sandbox& sandbox, v1::PathOpRequest req, Done<v1::FileReply> done) {
-  FileCalls::PathOp(sandbox, std::move(req), std::move(done));
+  ExtraCalls::Call<v1::FileReply>(sandbox, std::move(req), std::move(done));
 }
 
 namespace {

@@ -45,8 +45,9 @@ void Sandbox::Call(Request req, Done<Reply> done) const {
   req.set_sandbox_id(id_);
   client_->impl_->CallVia<Reply>(route_, std::move(req), client_->impl_->options.rpc_timeout, std::move(done));
 }
-// dsec/files.hpp's calls (files.cpp).
+// ExtraCalls' (dsec/files.hpp, dsec/processes.hpp).
 template void Sandbox::Call<v1::FileReply, v1::PathOpRequest>(v1::PathOpRequest, Done<v1::FileReply>) const;
+template void Sandbox::Call<v1::ProcessReply, v1::ProcessRequest>(v1::ProcessRequest, Done<v1::ProcessReply>) const;
 
 namespace {
 // The reply's record. A node answers without its own address: the route it

@@ -47,6 +47,10 @@ def test_every_async_call(container_daemon: Daemon) -> None:
                 await sb.write_file("/work/a.txt", "one\n", make_parents=True)
                 assert await sb.read_file("/work/a.txt") == b"one\n"
                 assert "a.txt" in [e.name for e in (await sb.list_files("/work")).entries]
+                assert (await sb.make_dir("/work/m", user="1234")).uid == 1234
+                await sb.move("/work/m", "/work/n2")
+                assert (await sb.exec("stat -c %u /work/n2", user="user")).text == "1234\n"
+                await sb.remove("/work/n2")
                 execs = await asyncio.gather(*(sb.exec(["sh", "-c", f"echo {i} >> /work/n"]) for i in range(20)))
                 assert all(e.ok for e in execs)
                 assert len((await sb.read_file("/work/n")).splitlines()) == 20

@@ -70,7 +70,25 @@ def test_create_exec_files_pause_resume_destroy(cclient: dsec.Client) -> None:
         listing = sb.list_files("/work")
         assert {e.name for e in listing.entries} >= {"f", "sub", "bin.dat"}
         info = sb.list_files("/work/sub/a.py").info
-        assert (info.name, info.size, info.mode & 0o777) == ("a.py", 11, 0o600)
+        assert (info.name, info.size, info.mode & 0o777, info.owner) == ("a.py", 11, 0o600, "root")
+        made = sb.make_dir("/work/d/e", user="user")  # the image's user `user` (uid 1000)
+        assert (made.name, made.uid, made.owner) == ("e", 1000, "user")
+        with pytest.raises(dsec.AlreadyExists):
+            sb.make_dir("/work/d/e")
+        assert sb.exec("id -un; pwd", user="user").text == "user\n/home/user\n"
+        assert sb.move("/work/sub/a.py", "/work/d/e/b.py").name == "b.py"
+        sb.remove("/work/d")
+        assert "d" not in {e.name for e in sb.list_files("/work").entries}
+        with pytest.raises(dsec.NotFound):
+            sb.remove("/work/d")
+        st = sb.exec_stream(["sh", "-c", "cat; echo end"], interactive=True)
+        pid = st.pid
+        assert pid > 0 and [p.argv[0] for p in sb.processes() if p.pid == pid and p.stdin_open] == ["sh"]
+        sb.send_input(pid, "x\n")
+        sb.close_stdin(pid)
+        assert b"".join(c.data for c in st) == b"x\nend\n" and st.result.exit_code == 0
+        with pytest.raises(dsec.NotFound):
+            sb.signal(pid)
         with pytest.raises(dsec.Error):
             sb.read_file("/work/bin.dat", max_bytes=10)
         sb.pause()

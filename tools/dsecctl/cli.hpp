@@ -149,6 +149,19 @@ void AddSnapshotCommands(CLI::App* app, SnapshotFlags* f);
 // Whichever of them was given.
 int RunSnapshotCommand(const Common& c, const SnapshotFlags& f);
 
+// `dsecctl exec`, `ps`, `signal` (exec.cpp).
+struct ExecFlags {
+  CLI::App *exec = nullptr, *ps = nullptr, *signal = nullptr;
+  LimitFlags limits;
+  std::string id, user;
+  std::vector<std::string> cmd;
+  bool json = false, interactive = false, tty = false;
+  uint32_t pid = 0;
+  int sig = 15;
+};
+void AddExecCommands(CLI::App* app, ExecFlags* f);
+int RunExecCommand(const Common& c, const ExecFlags& f);
+
 // `dsecctl fs ls|mkdir|mv|rm` (fs.cpp).
 struct FsFlags {
   CLI::App *fs = nullptr, *ls = nullptr, *mkdir = nullptr, *mv = nullptr, *rm = nullptr;

@@ -63,20 +63,6 @@ int main(int argc, char** argv) {
   create->add_option("--snapshot", create_snapshot,
                      "start from this snapshot (dsecctl snapshot ls): its state, image and kind, on its node");
 
-  LimitFlags exec_l;
-  std::string exec_id;
-  std::vector<std::string> exec_cmd;
-  bool exec_json = false;
-  auto* exec = app.add_subcommand("exec", "run a command in an existing sandbox");
-  exec->add_option("id", exec_id, "sandbox id")->required();
-  AddLimitFlags(exec, &exec_l, true);
-  exec->add_flag("--json", exec_json, "print the whole result as JSON");
-  std::string exec_user;
-  exec->add_option("--user,-u", exec_user,
-                   "run as this user of the sandbox's /etc/passwd (name or uid): its ids, groups, HOME; its home "
-                   "as the working directory unless --cwd");
-  exec->add_option("command", exec_cmd, "the command (after --)")->required();
-
   std::vector<std::string> rm_ids;
   auto* rm = app.add_subcommand("rm", "destroy sandboxes");
   rm->add_option("ids", rm_ids, "sandbox ids")->required();
@@ -203,6 +189,8 @@ int main(int argc, char** argv) {
   AddSnapshotCommands(&app, &snap_f);
   FsFlags fs_f;
   AddFsCommands(&app, &fs_f);
+  ExecFlags exec_f;
+  AddExecCommands(&app, &exec_f);
 
   auto* status = app.add_subcommand("status", "node status (admin console)");
   auto* nodes = app.add_subcommand("nodes", "node records (admin console)");
@@ -292,38 +280,7 @@ int main(int argc, char** argv) {
     std::cout << sb->id() << "\n";
     return 0;
   }
-  if (*exec) {
-    dsec::v1::ExecRequest req;
-    if (auto e = ApplyLimits(exec_l, req.mutable_limits()); !e.empty()) return Fail(e, kUsage);
-    if (auto e = BuildExec(exec_l, exec_cmd, &req); !e.empty()) return Fail(e, kUsage);
-    req.set_user(exec_user);
-    if (!::isatty(0)) req.set_stdin(ReadAllStdin(64u << 20));
-    auto client = ConnectOrDie(c, &rc);
-    if (!client) return rc;
-    auto sb = client->Attach(exec_id);
-    if (!sb.ok()) return Fail(sb.status());
-    if (exec_json) {
-      auto r = sb->Exec(req);
-      if (!r.ok()) return Fail(r.status());
-      return Report(*r, true);
-    }
-    // Output as the command writes it (a long build, a test run).
-    auto r = sb->ExecStream(req, [](const dsec::v1::ExecOutput& o) {
-      if (!o.stdout().empty()) {
-        std::fwrite(o.stdout().data(), 1, o.stdout().size(), stdout);
-        std::fflush(stdout);
-      }
-      if (!o.stderr().empty()) {
-        std::fwrite(o.stderr().data(), 1, o.stderr().size(), stderr);
-        std::fflush(stderr);
-      }
-    });
-    // A kind that cannot stream (fncall) refuses before running anything:
-    // run it whole instead.
-    if (!r.ok() && r.status().code() == dsec::Status::Code::kUnimplemented) r = sb->Exec(req);
-    if (!r.ok()) return Fail(r.status());
-    return Report(*r, false);
-  }
+  if (*exec_f.exec || *exec_f.ps || *exec_f.signal) return RunExecCommand(c, exec_f);
   if (*pause || *resume) {
     auto client = ConnectOrDie(c, &rc);
     if (!client) return rc;

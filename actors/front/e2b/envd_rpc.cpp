@@ -76,16 +76,26 @@ std::string Base64(const std::string& bytes) {
   return out;
 }
 
+// Standard base64 (padding optional) to bytes; false when it is not.
+bool Unbase64(const std::string& in, std::string* out) {
+  std::string b64 = in;
+  while (b64.size() % 4) b64 += '=';
+  out->assign(b64.size() / 4 * 3 + 1, '\0');
+  int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out->data()),
+                          reinterpret_cast<const unsigned char*>(b64.data()), static_cast<int>(b64.size()));
+  if (n < 0) return false;
+  size_t pad = 0;
+  for (size_t i = b64.size(); i > 0 && b64[i - 1] == '=' && pad < 2; --i) ++pad;
+  out->resize(static_cast<size_t>(n) - pad);  // EVP_DecodeBlock counts the padding as zero bytes
+  return true;
+}
+
 // The user of "Authorization: Basic base64(user:)", or "".
 std::string BasicUser(const HttpRequest& req) {
   const std::string* auth = req.Header("authorization");
   if (!auth || auth->rfind("Basic ", 0) != 0 || auth->size() > 1024) return "";
-  std::string b64 = auth->substr(6);
-  std::string raw(b64.size(), '\0');
-  int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(raw.data()),
-                          reinterpret_cast<const unsigned char*>(b64.data()), static_cast<int>(b64.size()));
-  if (n < 0) return "";
-  raw.resize(static_cast<size_t>(n));
+  std::string raw;
+  if (!Unbase64(auth->substr(6), &raw)) return "";
   raw.resize(std::min(raw.find(':'), raw.find('\0')));
   return raw;
 }
@@ -324,9 +334,8 @@ void Filesystem(const std::shared_ptr<Rpc>& rpc, const std::string& method, cons
                                   " is not served by this dsec yet (docs/e2b.md lists what is)"));
 }
 
-// A pid for each process started through the door (E2B's SDK takes it
-// as the process's handle).
-std::atomic<uint32_t> next_pid{1000};
+// Each stream's id (its pieces carry it).
+std::atomic<uint64_t> next_stream{1};
 
 // The name of a signal as Go's ProcessState.String() gives it.
 std::string SignalName(int sig) {
@@ -339,6 +348,21 @@ std::string SignalName(int sig) {
     case SIGPIPE: return "broken pipe";
     default: return "signal " + std::to_string(sig);
   }
+}
+
+// A message's pty.size object, or nullptr.
+const json* PtySize(const json& msg) {
+  auto pty = msg.find("pty");
+  if (pty == msg.end() || !pty->is_object()) return nullptr;
+  auto size = pty->find("size");
+  return size != pty->end() && size->is_object() ? &*size : nullptr;
+}
+
+// A terminal dimension (0: the agent's default; at most 10 000).
+uint32_t Dim(const json& size, const char* key) {
+  auto it = size.find(key);
+  if (it == size.end() || !it->is_number_unsigned()) return 0;
+  return static_cast<uint32_t>(std::min<uint64_t>(it->get<uint64_t>(), 10000));
 }
 
 struct Tick {};
@@ -359,9 +383,13 @@ void Start(const std::shared_ptr<Rpc>& rpc, const json& msg) {
   const json* process = msg.contains("process") && msg["process"].is_object() ? &msg["process"] : nullptr;
   if (!process || !(*process).contains("cmd") || !(*process)["cmd"].is_string())
     return rpc->Fail(Status::InvalidArgument("process.cmd is required"));
-  if (msg.contains("pty") && !msg["pty"].is_null())
-    return rpc->Fail(Status::Unimplemented("a PTY is not served by this dsec yet (docs/e2b.md)"));
   v1::ExecRequest req;
+  if (msg.contains("pty") && !msg["pty"].is_null()) {  // a terminal (the SDK's pty.create)
+    const json* size = PtySize(msg);
+    if (!size) return rpc->Fail(Status::InvalidArgument("pty.size {cols, rows} is required"));
+    req.mutable_pty()->set_cols(Dim(*size, "cols"));
+    req.mutable_pty()->set_rows(Dim(*size, "rows"));
+  }
   req.set_sandbox_id(rpc->sandbox());
   req.add_argv((*process)["cmd"].get<std::string>());
   if (auto it = process->find("args"); it != process->end() && !it->is_null()) {
@@ -383,6 +411,11 @@ void Start(const std::shared_ptr<Rpc>& rpc, const json& msg) {
   req.set_cwd(EnvdPath(cwd, rpc->user()));
   req.set_user(rpc->user());
   req.set_stream(true);
+  // Interactive, for its pid (the start event) and for SendInput and
+  // CloseStdin by it; envd's stdin is open unless the request says false
+  // (absent: open, as envd defaults): then it is closed at once.
+  req.set_interactive(true);
+  bool keep_stdin = !msg.contains("stdin") || msg["stdin"] != false;
   if (const std::string* t = rpc->req().Header("connect-timeout-ms")) {
     char* end = nullptr;
     unsigned long long ms = std::strtoull(t->c_str(), &end, 10);
@@ -391,12 +424,10 @@ void Start(const std::shared_ptr<Rpc>& rpc, const json& msg) {
   int keepalive_s = 50;
   if (const std::string* k = rpc->req().Header("keepalive-ping-interval"))
     keepalive_s = std::clamp(std::atoi(k->c_str()), 1, 50);
-  uint32_t pid = next_pid++;
-  req.set_stream_id(pid);
-  rpc->self()->spawn([rpc, req, pid, keepalive_s](caf::event_based_actor* self) mutable -> caf::behavior {
+  req.set_stream_id(next_stream++);
+  rpc->self()->spawn([rpc, req, keepalive_s, keep_stdin](caf::event_based_actor* self) mutable -> caf::behavior {
     auto reply = rpc->reply();
     rpc->Begin();
-    reply->Write(Envelope(0, json{{"event", {{"start", {{"pid", pid}}}}}}.dump()));
     auto cut = std::make_shared<bool>(false);
     // A piece the client cannot take (gone, or max_buffered waiting): the
     // stream ends without an end message; the command runs on.
@@ -424,7 +455,9 @@ void Start(const std::shared_ptr<Rpc>& rpc, const json& msg) {
                           {"exited", res.signal() == 0},
                           {"status", res.signal() ? "signal: " + SignalName(res.signal())
                                                   : "exit status " + std::to_string(res.exit_code())}};
+              // envd's error: what Go's Wait said ("exit status 3"), or dsec's reason (a limit).
               if (!res.error().empty() && res.verdict() != v1::VERDICT_OK) end["error"] = res.error();
+              else if (res.signal() || res.exit_code()) end["error"] = end["status"];
               send({{"end", end}});
               if (!*cut) rpc->EndStream();
               self->quit();
@@ -435,9 +468,21 @@ void Start(const std::shared_ptr<Rpc>& rpc, const json& msg) {
             });
     self->delayed_send(self, std::chrono::seconds(keepalive_s), Tick{});
     return {
-        [send](v1::ExecOutput& out) {
+        [send, self, rpc, keep_stdin](v1::ExecOutput& out) {
+          if (out.pid()) {  // the first piece: the process's own pid
+            send({{"start", {{"pid", out.pid()}}}});
+            if (!keep_stdin) {
+              v1::ProcessRequest close;
+              close.set_sandbox_id(rpc->sandbox());
+              close.set_op(v1::PROCESS_OP_CLOSE_STDIN);
+              close.set_pid(out.pid());
+              self->request(rpc->entry(), kCallTimeout, std::move(close))
+                  .then([](v1::ProcessReply&) {}, [](caf::error&) {});  // gone meanwhile: nothing to close
+            }
+          }
           if (!out.stdout().empty()) send({{"data", {{"stdout", Base64(out.stdout())}}}});
           if (!out.stderr().empty()) send({{"data", {{"stderr", Base64(out.stderr())}}}});
+          if (!out.pty().empty()) send({{"data", {{"pty", Base64(out.pty())}}}});
         },
         [send, self, keepalive_s](Tick) {
           send({{"keepalive", json::object()}});
@@ -447,11 +492,85 @@ void Start(const std::shared_ptr<Rpc>& rpc, const json& msg) {
   });
 }
 
+// The pid of a ProcessSelector ({"pid": N}), or 0 with the call failed.
+uint32_t SelectedPid(const std::shared_ptr<Rpc>& rpc, const json& msg) {
+  auto p = msg.find("process");
+  if (p != msg.end() && p->is_object()) {
+    if (auto pid = p->find("pid"); pid != p->end() && pid->is_number_unsigned() && pid->get<uint64_t>() > 0 &&
+                                   pid->get<uint64_t>() < (1u << 31))
+      return pid->get<uint32_t>();
+    if (p->contains("tag")) {
+      rpc->Fail(Status::InvalidArgument("processes are selected by pid here, not by tag"));
+      return 0;
+    }
+  }
+  rpc->Fail(Status::InvalidArgument("process.pid is required"));
+  return 0;
+}
+
 void Process(const std::shared_ptr<Rpc>& rpc, const std::string& method, const json& msg) {
   if (method == "Start") return Start(rpc, msg);
+  v1::ProcessRequest req;
+  req.set_sandbox_id(rpc->sandbox());
+  if (method == "List") {
+    req.set_op(v1::PROCESS_OP_LIST);
+    return rpc->Ask<v1::ProcessReply>(std::move(req), [rpc](v1::ProcessReply& r) {
+      json procs = json::array();
+      for (const auto& p : r.processes()) {
+        json args = json::array();
+        for (int i = 1; i < p.argv_size(); ++i) args.push_back(p.argv(i));
+        procs.push_back({{"config", {{"cmd", p.argv_size() ? p.argv(0) : ""}, {"args", args}, {"envs", json::object()},
+                                     {"cwd", p.cwd()}}},
+                         {"pid", p.pid()}});
+      }
+      rpc->Answer({{"processes", procs}});
+    });
+  }
+  if (method == "SendSignal") {
+    uint32_t pid = SelectedPid(rpc, msg);
+    if (!pid) return;
+    int sig = 0;
+    auto s = msg.find("signal");
+    if (s != msg.end() && s->is_string()) sig = *s == "SIGNAL_SIGKILL" ? SIGKILL : *s == "SIGNAL_SIGTERM" ? SIGTERM : 0;
+    if (s != msg.end() && s->is_number_integer()) sig = s->get<int>() == 9 || s->get<int>() == 15 ? s->get<int>() : 0;
+    if (!sig) return rpc->Fail(Status::InvalidArgument("signal: SIGNAL_SIGKILL or SIGNAL_SIGTERM"));
+    req.set_op(v1::PROCESS_OP_SIGNAL);
+    req.set_pid(pid);
+    req.set_signal(sig);
+    return rpc->Ask<v1::ProcessReply>(std::move(req), [rpc](v1::ProcessReply&) { rpc->Answer(json::object()); });
+  }
+  if (method == "SendInput" || method == "CloseStdin") {
+    uint32_t pid = SelectedPid(rpc, msg);
+    if (!pid) return;
+    req.set_pid(pid);
+    req.set_op(method == "CloseStdin" ? v1::PROCESS_OP_CLOSE_STDIN : v1::PROCESS_OP_INPUT);
+    if (method == "SendInput") {
+      // input.stdin or input.pty: both are the process's input (a terminal's is its master)
+      auto in = msg.find("input");
+      bool ok = in != msg.end() && in->is_object();
+      auto data = ok ? in->find("stdin") : msg.end();
+      if (ok && data == in->end()) data = in->find("pty");
+      if (!ok || data == in->end() || !data->is_string())
+        return rpc->Fail(Status::InvalidArgument("input.stdin or input.pty (base64) is required"));
+      std::string raw;
+      if (!Unbase64(data->get<std::string>(), &raw)) return rpc->Fail(Status::InvalidArgument("input.stdin is not base64"));
+      req.set_input(std::move(raw));
+    }
+    return rpc->Ask<v1::ProcessReply>(std::move(req), [rpc](v1::ProcessReply&) { rpc->Answer(json::object()); });
+  }
+  if (method == "Update") {  // a terminal's new size
+    uint32_t pid = SelectedPid(rpc, msg);
+    if (!pid) return;
+    const json* size = PtySize(msg);
+    if (!size) return rpc->Fail(Status::InvalidArgument("pty.size {cols, rows} is required"));
+    req.set_op(v1::PROCESS_OP_RESIZE);
+    req.set_pid(pid);
+    req.mutable_size()->set_cols(Dim(*size, "cols"));
+    req.mutable_size()->set_rows(Dim(*size, "rows"));
+    return rpc->Ask<v1::ProcessReply>(std::move(req), [rpc](v1::ProcessReply&) { rpc->Answer(json::object()); });
+  }
   rpc->Fail(Status::Unimplemented("process." + method.substr(0, 64) +
-                                  " is not served by this dsec yet: processes started through the door live as "
-                                  "long as their stream (docs/e2b.md)"));
+                                  " is not served by this dsec yet (docs/e2b.md lists what is)"));
 }
 
 }  // namespace

@@ -121,7 +121,7 @@ class Sandbox {
  private:
   friend class Client;
   friend struct SnapshotCalls;  // dsec/snapshot.hpp
-  friend struct FileCalls;      // dsec/files.hpp
+  friend struct ExtraCalls;     // dsec/files.hpp, dsec/processes.hpp
   template <class Reply, class Request>
   void Call(Request req, Done<Reply> done) const;
   Sandbox(Client* c, std::string id, v1::SandboxSpec spec, std::string route)

@@ -26,7 +26,7 @@ from typing import (Any, Callable, Coroutine, Generator, Generic, List, Mapping,
 from . import _args, _core
 from ._errors import NotFound
 from ._client import Chunk, _Connection, _chunks, _content, _flag, _grade, _mode, _nonneg, _positive_seconds
-from ._records import (ExecResult, FileList, ImageManifest, SandboxPage, SandboxRecord, SessionRecord, SnapshotInfo,
+from ._records import (ExecResult, FileInfo, FileList, ImageManifest, SandboxPage, SandboxRecord, SessionRecord, SnapshotInfo,
                        StepFlag, StepMeta,
                        StepRecord, StepReply)
 
@@ -197,17 +197,18 @@ class AsyncSandbox:
     async def exec(self, cmd: _args.Command, *, stdin: Union[bytes, str, None] = None,
                    env: Optional[Mapping[str, str]] = None, cwd: Optional[_args.PathArg] = None,
                    timeout: Optional[float] = None, limits: Any = None,
-                   idempotency_key: Optional[str] = None) -> ExecResult:
+                   idempotency_key: Optional[str] = None, user: Optional[str] = None) -> ExecResult:
         """See dsec.Sandbox.exec."""
         req = _args.exec_request(cmd, stdin=stdin, env=env, cwd=cwd, timeout=timeout, limits=limits,
-                                 idempotency_key=idempotency_key)
+                                 idempotency_key=idempotency_key, user=user)
         return await _call(self._sb.exec, req)
 
     def exec_stream(self, cmd: _args.Command, *, stdin: Union[bytes, str, None] = None,
                     env: Optional[Mapping[str, str]] = None, cwd: Optional[_args.PathArg] = None,
-                    timeout: Optional[float] = None, limits: Any = None) -> AsyncExecStream:
+                    timeout: Optional[float] = None, limits: Any = None,
+                    user: Optional[str] = None) -> AsyncExecStream:
         """Starts the exec now; iterate with ``async for`` (see dsec.Sandbox.exec_stream)."""
-        req = _args.exec_request(cmd, stdin=stdin, env=env, cwd=cwd, timeout=timeout, limits=limits)
+        req = _args.exec_request(cmd, stdin=stdin, env=env, cwd=cwd, timeout=timeout, limits=limits, user=user)
         return AsyncExecStream(self._sb, req)
 
     async def get(self) -> SandboxRecord:
@@ -250,6 +251,16 @@ class AsyncSandbox:
 
     async def list_files(self, path: _args.PathArg) -> FileList:
         return await _call(self._sb.list_files, _args.path(path))
+
+    async def make_dir(self, path: _args.PathArg, *, user: Optional[str] = None) -> FileInfo:
+        """See dsec.Sandbox.make_dir."""
+        return await _call(self._sb.path_op, "make_dir", _args.path(path), "", _args.text(user or "", "user"))
+
+    async def move(self, source: _args.PathArg, destination: _args.PathArg) -> FileInfo:
+        return await _call(self._sb.path_op, "move", _args.path(source), _args.path(destination), "")
+
+    async def remove(self, path: _args.PathArg) -> None:
+        await _call(self._sb.path_op, "remove", _args.path(path), "", "")
 
     async def __aenter__(self) -> "AsyncSandbox":
         return self

@@ -213,7 +213,8 @@ _network = network
 
 
 def exec_request(cmd: Any, *, stdin: Any = None, env: Any = None, cwd: Any = None, timeout: Any = None,
-                 limits: Any = None, idempotency_key: Any = None) -> Dict[str, Any]:
+                 limits: Any = None, idempotency_key: Any = None, user: Any = None,
+                 interactive: bool = False) -> Dict[str, Any]:
     out: Dict[str, Any] = {"argv": command(cmd)}
     if stdin is not None:
         if isinstance(stdin, str):
@@ -230,6 +231,10 @@ def exec_request(cmd: Any, *, stdin: Any = None, env: Any = None, cwd: Any = Non
         out["limits"] = lim
     if idempotency_key is not None:
         out["idempotency_key"] = text(idempotency_key, "idempotency_key")
+    if user is not None:
+        out["user"] = text(user, "user")
+    if interactive:
+        out["interactive"] = True
     return out
 
 

@@ -13,7 +13,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Union
 
 from . import _args, _core
 from ._errors import InvalidArgument, NotFound
-from ._records import (ExecResult, FileList, GradeSpec, ImageManifest, SandboxPage, SandboxRecord, SessionRecord, SnapshotInfo,
+from ._records import (ExecResult, FileInfo, FileList, ProcessInfo, GradeSpec, ImageManifest, SandboxPage, SandboxRecord, SessionRecord, SnapshotInfo,
                        StepFlag, StepMeta,
                        StepRecord, StepReply, StepsPage)
 
@@ -90,6 +90,12 @@ class ExecStream:
         self._pending: List[Chunk] = []
         self.result: Optional[ExecResult] = None
 
+    @property
+    def pid(self) -> int:
+        """An interactive exec's pid (waits for it to start; 0 if it ended
+        without one)."""
+        return self._stream.pid(60.0)
+
     def __iter__(self) -> "ExecStream":
         return self
 
@@ -119,21 +125,27 @@ class Sandbox:
 
     def exec(self, cmd: _args.Command, *, stdin: Union[bytes, str, None] = None, env: Optional[Mapping[str, str]] = None,
              cwd: Optional[_args.PathArg] = None, timeout: Optional[float] = None, limits: Any = None,
-             idempotency_key: Optional[str] = None) -> ExecResult:
+             idempotency_key: Optional[str] = None, user: Optional[str] = None) -> ExecResult:
         """Runs `cmd` (a str runs with sh -c; a list is the argv) in the sandbox and waits for it.
 
-        `timeout` (seconds) and `limits` override the sandbox's limits for this exec."""
+        `timeout` (seconds) and `limits` override the sandbox's limits for this exec. `user`
+        (a name in the sandbox's /etc/passwd, or a uid) runs it as that user: its ids, groups,
+        HOME and USER, its home as the working directory unless `cwd`."""
         req = _args.exec_request(cmd, stdin=stdin, env=env, cwd=cwd, timeout=timeout, limits=limits,
-                                 idempotency_key=idempotency_key)
+                                 idempotency_key=idempotency_key, user=user)
         return self._sb.exec(req, None)
 
     def exec_stream(self, cmd: _args.Command, *, stdin: Union[bytes, str, None] = None,
                     env: Optional[Mapping[str, str]] = None, cwd: Optional[_args.PathArg] = None,
-                    timeout: Optional[float] = None, limits: Any = None) -> ExecStream:
+                    timeout: Optional[float] = None, limits: Any = None, user: Optional[str] = None,
+                    interactive: bool = False) -> ExecStream:
         """Like exec, with the output as it comes: iterate over the returned ExecStream.
 
-        Kinds that cannot stream (fncall) raise dsec.Unimplemented, having run nothing."""
-        req = _args.exec_request(cmd, stdin=stdin, env=env, cwd=cwd, timeout=timeout, limits=limits)
+        With `interactive`, its stdin stays open (send_input, close_stdin) and the
+        stream's ``pid`` names it (signal, processes). Kinds that cannot stream
+        (fncall) raise dsec.Unimplemented, having run nothing."""
+        req = _args.exec_request(cmd, stdin=stdin, env=env, cwd=cwd, timeout=timeout, limits=limits, user=user,
+                                 interactive=_flag(interactive, "interactive"))
         return ExecStream(self._sb.exec_stream(req))
 
     def get(self) -> SandboxRecord:
@@ -194,8 +206,39 @@ class Sandbox:
                             None)
 
     def list_files(self, path: _args.PathArg) -> FileList:
-        """The path's FileInfo (``info``) and, for a directory, its ``entries``."""
+        """The path's FileInfo (``info``: name, mode, size, owner, group, ...) and, for a
+        directory, its ``entries``."""
         return self._sb.list_files(_args.path(path), None)
+
+    def processes(self) -> List[ProcessInfo]:
+        """The execs running in it now (any client's), oldest first."""
+        return self._sb.process("list", 0, 0, b"", None)
+
+    def signal(self, pid: int, signal: int = 15) -> None:
+        """Sends `signal` to the process group of the running exec `pid`
+        (NotFound once it has ended)."""
+        self._sb.process("signal", _args.count(pid, "pid", 0xFFFFFFFF), int(signal), b"", None)
+
+    def send_input(self, pid: int, data: Union[bytes, str]) -> None:
+        """Writes `data` to an interactive exec's stdin, after what came before."""
+        self._sb.process("input", _args.count(pid, "pid", 0xFFFFFFFF), 0, _content(data), None)
+
+    def close_stdin(self, pid: int) -> None:
+        """Closes an interactive exec's stdin: it reads end-of-file."""
+        self._sb.process("close_stdin", _args.count(pid, "pid", 0xFFFFFFFF), 0, b"", None)
+
+    def make_dir(self, path: _args.PathArg, *, user: Optional[str] = None) -> FileInfo:
+        """Makes a directory and the parents it lacks (owned by `user`, a name in the
+        sandbox's /etc/passwd or a uid; default root). AlreadyExists when it exists."""
+        return self._sb.path_op("make_dir", _args.path(path), "", _args.text(user or "", "user"), None)
+
+    def move(self, source: _args.PathArg, destination: _args.PathArg) -> FileInfo:
+        """Renames a path inside the sandbox (a file at `destination` is replaced)."""
+        return self._sb.path_op("move", _args.path(source), _args.path(destination), "", None)
+
+    def remove(self, path: _args.PathArg) -> None:
+        """Removes a file, or a directory with all it holds (symlinks are not followed)."""
+        self._sb.path_op("remove", _args.path(path), "", "", None)
 
     def __enter__(self) -> "Sandbox":
         return self

@@ -297,6 +297,22 @@ class FileInfo(Record):
     size: int
     mtime_ms: int
     link_target: str
+    uid: int
+    gid: int
+    owner: str  # names in the sandbox's /etc/passwd and /etc/group ("" when none)
+    group: str
+
+
+class ProcessInfo(Record):
+    """A running exec (Sandbox.processes)."""
+
+    _message = "dsec.v1.ProcessInfo"
+    pid: int
+    argv: List[str]
+    cwd: str
+    uid: int
+    running_ms: int
+    stdin_open: bool
 
 
 class FileList(Record):

@@ -11,6 +11,8 @@
 #include <thread>
 
 #include "bridge.hpp"
+#include "dsec/files.hpp"
+#include "dsec/processes.hpp"
 #include "dsec/snapshot.hpp"
 
 namespace dsec::py {
@@ -18,6 +20,7 @@ namespace dsec::py {
 void BindHandles(pb::module_& m) {
   pb::class_<StreamQueue, StreamRef>(m, "Stream")
       .def("next_chunk", &NextChunk)
+      .def("pid", &StreamPid)
       .def("result", &StreamResult);
 
   pb::class_<PySandbox>(m, "Sandbox")
@@ -39,7 +42,8 @@ void BindHandles(pb::module_& m) {
                    std::move(req),
                    [q](const v1::ExecOutput& out) {
                      std::lock_guard<std::mutex> l(q->mu);
-                     q->chunks.emplace_back(out.stdout(), out.stderr());
+                     if (out.pid()) q->pid = out.pid();
+                     else q->chunks.emplace_back(out.stdout(), out.stderr());
                      q->cv.notify_all();
                    },
                    [q](Result<v1::ExecResult> r) {
@@ -157,10 +161,44 @@ void BindHandles(pb::module_& m) {
                  },
                  None);
            })
-      .def("list_files", [](const PySandbox& s, std::string path, pb::object aio) {
+      .def("list_files",
+           [](const PySandbox& s, std::string path, pb::object aio) {
+             return Issue<Result<v1::FileReply>>(
+                 s.core, aio, [&s, path](Client&, Done<v1::FileReply> d) { s.sb.ListFilesAsync(path, std::move(d)); },
+                 [](Result<v1::FileReply>& r) { return ToPy(*r); });
+           })
+      .def("process",
+           [](const PySandbox& s, std::string op, uint32_t pid, int signal, pb::bytes input, pb::object aio) {
+             v1::ProcessRequest req;
+             req.set_op(op == "list"          ? v1::PROCESS_OP_LIST
+                        : op == "signal"      ? v1::PROCESS_OP_SIGNAL
+                        : op == "input"       ? v1::PROCESS_OP_INPUT
+                        : op == "close_stdin" ? v1::PROCESS_OP_CLOSE_STDIN
+                                              : v1::PROCESS_OP_UNSPECIFIED);
+             req.set_pid(pid);
+             req.set_signal(signal);
+             req.set_input(std::string(input));
+             return Issue<Result<v1::ProcessReply>>(
+                 s.core, aio, [&s, req](Client&, Done<v1::ProcessReply> d) { ProcessAsync(s.sb, req, std::move(d)); },
+                 [](Result<v1::ProcessReply>& r) {
+                   pb::list out;
+                   for (const auto& p : r->processes()) out.append(ToPy(p));
+                   return pb::object(std::move(out));
+                 });
+           })
+      .def("path_op", [](const PySandbox& s, std::string op, std::string path, std::string dest, std::string user,
+                         pb::object aio) {
+        v1::PathOpRequest req;
+        req.set_op(op == "make_dir" ? v1::PATH_OP_MAKE_DIR
+                   : op == "move"   ? v1::PATH_OP_MOVE
+                   : op == "remove" ? v1::PATH_OP_REMOVE
+                                    : v1::PATH_OP_UNSPECIFIED);
+        req.set_path(path);
+        req.set_destination(dest);
+        req.set_user(user);
         return Issue<Result<v1::FileReply>>(
-            s.core, aio, [&s, path](Client&, Done<v1::FileReply> d) { s.sb.ListFilesAsync(path, std::move(d)); },
-            [](Result<v1::FileReply>& r) { return ToPy(*r); });
+            s.core, aio, [&s, req](Client&, Done<v1::FileReply> d) { PathOpAsync(s.sb, req, std::move(d)); },
+            [op](Result<v1::FileReply>& r) { return op == "remove" ? pb::none() : ToPy(r->info()); });
       });
 
   pb::class_<PySession>(m, "Session")

@@ -177,6 +177,13 @@ CoreRef Strong(const std::weak_ptr<Core>& weak) {
 
 pb::object None(const Status&) { return pb::none(); }
 
+uint32_t StreamPid(const StreamRef& q, double timeout_s) {
+  pb::gil_scoped_release nogil;
+  std::unique_lock<std::mutex> lock(q->mu);
+  q->cv.wait_for(lock, std::chrono::duration<double>(timeout_s), [&] { return q->pid != 0 || q->done; });
+  return q->pid;
+}
+
 pb::object NextChunk(const StreamRef& q) {
   std::pair<std::string, std::string> chunk;
   bool ended = false;

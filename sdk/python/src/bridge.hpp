@@ -272,12 +272,12 @@ struct PySession {
   Session s;
 };
 
-// Output of a blocking exec_stream, handed from the SDK thread to the
-// iterating Python thread.
+// Output of a blocking exec_stream, from the SDK thread to the iterating Python thread.
 struct StreamQueue {
   std::mutex mu;
   std::condition_variable cv;
   std::deque<std::pair<std::string, std::string>> chunks;  // (stdout, stderr)
+  uint32_t pid = 0;  // an interactive exec's, once its first piece came
   bool done = false;
   Result<v1::ExecResult> result = Status::Unavailable("the stream has not ended");
 };
@@ -285,6 +285,8 @@ using StreamRef = std::shared_ptr<StreamQueue>;
 
 // The next (stdout, stderr) piece, or None once the exec has ended.
 pb::object NextChunk(const StreamRef& q);
+// An interactive exec's pid once its first piece came (0: none within timeout_s).
+uint32_t StreamPid(const StreamRef& q, double timeout_s);
 // The exec's result once its output has been read to the end.
 pb::object StreamResult(const StreamRef& q);
 

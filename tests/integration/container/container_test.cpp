@@ -237,6 +237,61 @@ TEST_F(Container, DsecctlCpPauseResumeAndStreamedExec) {
   EXPECT_EQ(Remains(id), "");
 }
 
+// dsecctl exec passes a pipe's input on as it comes (the second line is
+// written only once the first was answered), and Ctrl-C stops the command
+// in the sandbox, not only the client; ps lists running execs, signal
+// ends one by pid.
+TEST_F(Container, DsecctlExecStreamsStdinPassesCtrlCAndSignalsByPid) {
+  auto created = daemon_->Ctl({"create", "--kind", "container", "--image", kImage});
+  ASSERT_EQ(created.exit_code, 0) << created.err;
+  std::string id = Trim(created.out);
+  char tmpl[] = "/tmp/dsec-test-exec-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  std::string fifo = std::string(tmpl) + "/in";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  std::string ctl = BinDir() + "/dsecctl --data-dir " + daemon_->data_dir();
+  auto child = Child::Start({"/bin/sh", "-c",
+                             "exec " + ctl + " exec " + id + " -- sh -c 'read a; echo got $a; read b; echo got $b' < " +
+                                 fifo});
+  ASSERT_TRUE(child.ok()) << child.status().ToString();
+  {
+    std::ofstream in(fifo);  // opens once the shell has opened its end
+    in << "one" << std::endl;
+    std::string line;
+    ASSERT_TRUE((*child)->ReadLine(&line, 60)) << "the first line never reached the command";
+    EXPECT_EQ(line, "got one");
+    in << "two" << std::endl;
+  }
+  std::string line;
+  ASSERT_TRUE((*child)->ReadLine(&line, 60));
+  EXPECT_EQ(line, "got two");
+  EXPECT_EQ((*child)->Wait(), 0);
+
+  auto sleeper = Child::Start({"/bin/sh", "-c", "exec " + ctl + " exec " + id + " -- sh -c 'echo ready; exec sleep 600'"});
+  ASSERT_TRUE(sleeper.ok()) << sleeper.status().ToString();
+  ASSERT_TRUE((*sleeper)->ReadLine(&line, 60));
+  ASSERT_EQ(line, "ready");
+  auto ps = daemon_->Ctl({"ps", id});
+  EXPECT_NE(ps.out.find("sleep 600"), std::string::npos) << ps.out << ps.err;
+  ::kill((*sleeper)->pid(), SIGINT);
+  EXPECT_EQ((*sleeper)->Wait(), 128 + SIGINT) << "the command ended by Ctrl-C's SIGINT, in the sandbox";
+  EXPECT_EQ(daemon_->Ctl({"ps", id}).out.find("sleep 600"), std::string::npos) << "nothing left running";
+
+  auto other = Child::Start({"/bin/sh", "-c", "exec " + ctl + " exec " + id + " -- sh -c 'echo ready; exec sleep 601'"});
+  ASSERT_TRUE(other.ok());
+  ASSERT_TRUE((*other)->ReadLine(&line, 60));
+  std::string listed = daemon_->Ctl({"ps", id}).out;
+  size_t at = listed.find("sleep 601");
+  ASSERT_NE(at, std::string::npos) << listed;
+  std::string row = listed.substr(listed.rfind('\n', at) + 1);
+  EXPECT_EQ(daemon_->Ctl({"signal", id, row.substr(0, row.find(' ')), "-s", "9"}).exit_code, 0);
+  EXPECT_EQ((*other)->Wait(), 128 + SIGKILL);
+  auto gone = daemon_->Ctl({"signal", id, row.substr(0, row.find(' '))});
+  EXPECT_EQ(gone.exit_code, 125) << gone.err;
+  RunProcess({"/bin/rm", "-rf", tmpl});
+  EXPECT_EQ(daemon_->Ctl({"rm", id}).exit_code, 0);
+}
+
 TEST_F(Container, HundredSequentialExecsSeeEachOthersFiles) {
   auto sb = NewContainer();
   ASSERT_TRUE(sb.ok()) << sb.status().ToString();

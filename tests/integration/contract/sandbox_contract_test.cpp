@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dsec/files.hpp"
+#include "dsec/processes.hpp"
 #include "tests/support/container_fixture.hpp"
 #include "tests/support/host_probes.hpp"
 #include "tests/support/kind_sandbox_fixture.hpp"
@@ -338,6 +339,69 @@ TEST_P(Contract, ExecAsAUserAndPathOperations) {
   EXPECT_EQ(ShIn(*sb, "ls -A /work/pd | wc -l").stdout(), "0\n");
   EXPECT_EQ(Remove(*sb, "/work/pd/none").code(), Status::Code::kNotFound);
   EXPECT_EQ(Move(*sb, "/work/pd", "../x").status().code(), Status::Code::kInvalidArgument);
+  Destroy(*sb);
+}
+
+// Execs by pid (ProcessRequest), which E2B's commands and dsecctl stand
+// on: an interactive exec names its pid first, is listed, takes input in
+// order until its stdin is closed; a signal by pid reaches it; a gone pid
+// is NotFound.
+TEST_P(Contract, InteractiveExecsAreReachedByTheirPid) {
+  if (!GetParam().traits.files) return;
+  if (GetParam().name == "fake") GTEST_SKIP() << "the fake kind does not model processes by pid";
+  auto sb = New();
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  auto run = [&](v1::ExecRequest req, std::string* out) {
+    req.set_interactive(true);
+    auto pid = std::make_shared<std::promise<uint32_t>>();
+    auto done = std::async(std::launch::async, [&sb, req, pid, out] {
+      return sb->ExecStream(req, [pid, out](const v1::ExecOutput& o) {
+        if (o.pid()) pid->set_value(o.pid());
+        *out += o.stdout() + o.pty();  // pieces come one at a time, in order
+      });
+    });
+    auto f = pid->get_future();
+    bool named = f.wait_for(std::chrono::seconds(60)) == std::future_status::ready;
+    EXPECT_TRUE(named) << "no piece named the pid";
+    return std::make_pair(named ? f.get() : 0u, std::move(done));
+  };
+  std::string out;
+  auto [pid, done] = run(Command({"sh", "-c", "while read l; do echo got $l; done; echo eof"}), &out);
+  ASSERT_GT(pid, 0u);
+  auto listed = ListProcesses(*sb);
+  ASSERT_TRUE(listed.ok()) << listed.status().ToString();
+  bool found = false;
+  for (const auto& p : *listed)
+    if (p.pid() == pid) found = p.argv(0) == "sh" && p.stdin_open();
+  EXPECT_TRUE(found) << "the running exec is listed, its stdin open";
+  ASSERT_TRUE(SendInput(*sb, pid, "a\n").ok());
+  ASSERT_TRUE(SendInput(*sb, pid, "b\n").ok());
+  ASSERT_TRUE(CloseStdin(*sb, pid).ok());
+  auto r = done.get();
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(out, "got a\ngot b\neof\n");
+  EXPECT_EQ(SendInput(*sb, pid, "x").code(), Status::Code::kNotFound);
+  std::string slept;
+  auto [sleeper, sleeping] = run(Command({"sleep", "60"}), &slept);
+  ASSERT_GT(sleeper, 0u);
+  ASSERT_TRUE(SignalProcess(*sb, sleeper, SIGTERM).ok());
+  auto killed = sleeping.get();
+  ASSERT_TRUE(killed.ok()) << killed.status().ToString();
+  EXPECT_EQ(killed->signal(), SIGTERM);
+  EXPECT_EQ(SignalProcess(*sb, sleeper, SIGTERM).code(), Status::Code::kNotFound);
+  // A terminal: the command's stdin and stdout are one, typed into by pid.
+  auto term_req = Command({"sh", "-c", "test -t 0 && test -t 1 && echo on-a-tty; read x; echo got $x"});
+  term_req.mutable_pty()->set_cols(100);
+  term_req.mutable_pty()->set_rows(30);
+  std::string screen;
+  auto [term, typing] = run(term_req, &screen);
+  ASSERT_GT(term, 0u);
+  ASSERT_TRUE(SendInput(*sb, term, "hi\n").ok());
+  auto typed = typing.get();
+  ASSERT_TRUE(typed.ok()) << typed.status().ToString();
+  EXPECT_NE(screen.find("on-a-tty"), std::string::npos) << screen;
+  EXPECT_NE(screen.find("got hi"), std::string::npos) << screen;
+  EXPECT_NE(screen.find("\r\n"), std::string::npos) << "a terminal's line endings: " << screen;
   Destroy(*sb);
 }
 

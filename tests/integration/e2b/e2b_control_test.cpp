@@ -158,10 +158,11 @@ TEST_F(E2bDoor, TheSdkWritesAndReadsFilesThroughTheSandboxUrl) {
   EXPECT_EQ(out["runningAfterKill"], false);
 }
 
-// envd's Connect services (process.Start, the filesystem calls) through
-// the door, as the SDK uses them: output streamed as it comes and in order,
-// exit codes and the SDK's errors, commands and files as the SDK's default
-// user `user` (from the image's passwd) or as root.
+// envd's Connect services (process Start, List, SendInput, CloseStdin,
+// SendSignal; the filesystem calls) through the door, as the SDK uses them:
+// output streamed as it comes and in order, exit codes and the SDK's
+// errors, processes by their own pid, commands and files as the SDK's
+// default user `user` (from the image's passwd) or as root.
 TEST_F(E2bDoor, TheSdkRunsCommandsAndWalksTheFilesystem) {
   auto r = Node("envd_rpc.cjs", {std::string("TEMPLATE=") + kImage});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
@@ -174,12 +175,22 @@ TEST_F(E2bDoor, TheSdkRunsCommandsAndWalksTheFilesystem) {
   EXPECT_EQ(out["whoami"], "user\n/home/user\n/home/user\n") << "the SDK's default user, its HOME and cwd";
   EXPECT_EQ(out["rootWho"], "0\n/root\n");
   EXPECT_EQ(out["envs"], "bar baz\n");
-  EXPECT_THAT(out["exit3"].get<std::string>(), HasSubstr("CommandExitError"));
+  EXPECT_EQ(out["exit3"], "CommandExitError: exit status 3") << "envd's error: Go's, from Wait";
   EXPECT_EQ(out["exit3Code"], 3);
   EXPECT_THAT(out["timeout"].get<std::string>(), HasSubstr("Timeout"));
   EXPECT_THAT(out["unknownUser"].get<std::string>(), HasSubstr("no user 'nosuchuser'"));
-  EXPECT_GT(out["bgPid"].get<int>(), 0);
-  EXPECT_EQ(out["bg"], "started\ndone\n");
+  EXPECT_EQ(out["bgPidIsBash"], true) << "the pid the SDK holds is the process's own";
+  EXPECT_EQ(out["cat"], "hello\nworld\n") << "stdin sent by pid, as it comes";
+  EXPECT_EQ(out["catNoStdin"], "") << "without stdin: true, stdin is closed at once";
+  EXPECT_EQ(out["listed"], J::parse(R"([["/bin/bash",["-l","-c","sleep 30"]]])"));
+  EXPECT_EQ(out["killed"], true);
+  EXPECT_THAT(out["sleeperEnd"].get<std::string>(), HasSubstr("CommandExitError"));
+  EXPECT_EQ(out["killAgain"], false) << "a gone process: the SDK's NotFound, false";
+  EXPECT_THAT(out["inputToGone"].get<std::string>(), HasSubstr("NotFound"));
+  EXPECT_THAT(out["ptyOut"].get<std::string>(), HasSubstr("tty 100 30 True False"))
+      << "a terminal of the size it was resized to; python3 is not the session's leader, bash is";
+  EXPECT_THAT(out["ptyEnd"].get<std::string>(), HasSubstr("CommandExitError: exit status 7"))
+      << "bash's exit code ends the terminal";
   EXPECT_EQ(out["madeDir"], true);
   EXPECT_EQ(out["madeAgain"], false) << "an existing directory: makeDir's false";
   EXPECT_EQ(out["dirOwner"], "user") << "what makeDir made belongs to the caller's user";

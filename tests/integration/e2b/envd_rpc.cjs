@@ -31,9 +31,29 @@ main(async () => {
     }
     out.timeout = await failure(() => sbx.commands.run('sleep 30', { timeoutMs: 1000 }));
     out.unknownUser = await failure(() => sbx.commands.run('true', { user: 'nosuchuser' }));
-    const bg = await sbx.commands.run('echo started; sleep 0.3; echo done', { background: true });
-    out.bgPid = bg.pid;
-    out.bg = (await bg.wait()).stdout;
+    const bg = await sbx.commands.run('echo $$; sleep 0.3; echo done', { background: true });
+    out.bgPidIsBash = (await bg.wait()).stdout === `${bg.pid}\ndone\n`;
+    // Processes by pid: stdin written (closeStdin: the SDK wants envd 0.5.2), listed, killed.
+    const cat = await sbx.commands.run('head -n 2', { background: true, stdin: true });
+    await cat.sendStdin('hello\n');
+    await sbx.commands.sendStdin(cat.pid, 'world\n');
+    out.cat = (await cat.wait()).stdout;
+    out.catNoStdin = (await sbx.commands.run('cat', { timeoutMs: 10000 })).stdout;
+    const sleeper = await sbx.commands.run('sleep 30', { background: true });
+    out.listed = (await sbx.commands.list()).filter((p) => p.pid === sleeper.pid).map((p) => [p.cmd, p.args]);
+    out.killed = await sleeper.kill();
+    out.sleeperEnd = await failure(() => sleeper.wait());
+    out.killAgain = await sbx.commands.kill(sleeper.pid);
+    out.inputToGone = await failure(() => sbx.commands.sendStdin(sleeper.pid, 'x'));
+    // A terminal: resized, typed into, its output as it comes.
+    const seen = [];
+    const term = await sbx.pty.create({ cols: 80, rows: 24, onData: (d) => seen.push(Buffer.from(d).toString()) });
+    await sbx.pty.resize(term.pid, { cols: 100, rows: 30 });
+    const type = (s) => sbx.pty.sendInput(term.pid, new TextEncoder().encode(s));
+    await type('python3 -c "import os; print(\'tty\', *os.get_terminal_size(), os.isatty(0), os.getsid(0) == os.getpid())"\n');
+    await type('exit 7\n');
+    out.ptyEnd = await failure(() => term.wait());
+    out.ptyOut = seen.join('');
 
     // Filesystem.
     out.madeDir = await sbx.files.makeDir('/tmp/fs/a/b');

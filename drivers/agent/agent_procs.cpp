@@ -1,0 +1,177 @@
+// An exec's stdin (written as the epoll loop lets it; an interactive one's
+// kept open for more), terminals, Signal (an exec of the connection by its
+// request id), and Proc: the agent's running execs by pid, whichever
+// connection started them, listed, signalled, their stdin written or
+// closed, their terminal resized.
+#include "drivers/agent/agent_internal.hpp"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <sys/ioctl.h>
+#include <termios.h>
+#include <signal.h>
+#include <sys/epoll.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+namespace dsec::agent::internal {
+
+namespace {
+// Input waiting for a process that does not read: beyond this, Proc input is refused.
+constexpr size_t kMaxPendingInput = 16 << 20;
+}  // namespace
+
+int OpenPty(uint32_t cols, uint32_t rows, UniqueFd* master, UniqueFd* slave) {
+  UniqueFd m(::posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC | O_NONBLOCK));
+  if (!m || ::grantpt(m.get()) < 0 || ::unlockpt(m.get()) < 0) return errno;
+  char name[64];
+  if (int e = ::ptsname_r(m.get(), name, sizeof name)) return e;
+  UniqueFd s(::open(name, O_RDWR | O_NOCTTY | O_CLOEXEC));
+  if (!s) return errno;
+  winsize ws{};
+  ws.ws_col = static_cast<unsigned short>(cols ? cols : 80);
+  ws.ws_row = static_cast<unsigned short>(rows ? rows : 24);
+  if (::ioctl(m.get(), TIOCSWINSZ, &ws) < 0) return errno;
+  *master = std::move(m);
+  *slave = std::move(s);
+  return 0;
+}
+
+void Agent::WriteStdin(ExecRun& x) {
+  while (x.in && x.stdin_off < x.stdin_data.size()) {
+    ssize_t w = ::write(x.in.get(), x.stdin_data.data() + x.stdin_off, x.stdin_data.size() - x.stdin_off);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0 && errno == EAGAIN) {
+      if (!x.in_watched) WatchFd(x.in.get(), x.key, kExecIn, EPOLLOUT);
+      x.in_watched = true;
+      return;
+    }
+    if (w < 0) {  // EPIPE: it closed stdin early; its business
+      x.stdin_close = true;
+      break;
+    }
+    x.stdin_off += static_cast<size_t>(w);
+  }
+  std::string().swap(x.stdin_data);
+  x.stdin_off = 0;
+  if (x.interactive && !x.stdin_close && x.in) {  // all written: wait for more
+    if (x.in_watched) ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, x.in.get(), nullptr);
+    x.in_watched = false;
+    return;
+  }
+  x.in.Reset();  // closing it leaves epoll too
+  x.in_watched = false;
+}
+
+void Agent::OnSignalRequest(Conn& c, uint64_t id, const Signal& req) {
+  auto it = c.execs.find(req.exec_id());
+  auto x = it == c.execs.end() ? execs_.end() : execs_.find(it->second);
+  if (x == execs_.end()) {
+    SendError(c, id, ESRCH,
+              "signal: no running exec with id " + std::to_string(req.exec_id()) + " on this connection");
+    return;
+  }
+  ExecRun& r = *x->second;
+  if (req.signal() < 0 || req.signal() >= NSIG) {
+    SendError(c, id, EINVAL, "signal: " + std::to_string(req.signal()) + " is not a signal number");
+    return;
+  }
+  // Once its process was reaped its pid may name someone else's group.
+  bool group_ours = !r.reaped || !by_pid_.count(r.pid);
+  if (group_ours && ::kill(-r.pid, req.signal()) < 0 && errno != ESRCH) {
+    SendError(c, id, errno,
+              "signal: send signal " + std::to_string(req.signal()) + " to exec " +
+                  std::to_string(req.exec_id()) + " (process group " + std::to_string(r.pid) +
+                  "): " + std::strerror(errno));
+    return;
+  }
+  Event ev;
+  ev.set_id(id);
+  ev.mutable_ok();
+  Send(c, ev);
+}
+
+void Agent::OnProc(Conn& c, uint64_t id, const Proc& req) {
+  auto ok = [&] {
+    Event ev;
+    ev.set_id(id);
+    ev.mutable_ok();
+    Send(c, ev);
+  };
+  if (req.op() == 1) {  // list: the execs still running, oldest first
+    Event ev;
+    ev.set_id(id);
+    auto* list = ev.mutable_procs();
+    std::vector<const ExecRun*> running;
+    for (const auto& [key, x] : execs_)
+      if (!x->reaped) running.push_back(x.get());
+    std::sort(running.begin(), running.end(), [](auto* a, auto* b) { return a->start_ns < b->start_ns; });
+    int64_t now = NowNs();
+    for (const ExecRun* x : running) {
+      ProcInfo* p = list->add_procs();
+      p->set_pid(x->pid);
+      for (const auto& a : x->argv) p->add_argv(a);
+      p->set_cwd(x->cwd);
+      p->set_uid(x->uid);
+      p->set_running_ms((now - x->start_ns) / 1000000);
+      p->set_stdin_open(x->interactive && !x->stdin_close && static_cast<bool>(x->in));
+    }
+    return Send(c, ev);
+  }
+  const std::string what = req.op() == 2   ? "signal"
+                           : req.op() == 3 ? "input"
+                           : req.op() == 4 ? "close_stdin"
+                           : req.op() == 5 ? "resize"
+                                           : "proc";
+  auto found = by_pid_.find(req.pid());
+  auto it = found == by_pid_.end() ? execs_.end() : execs_.find(found->second);
+  if (it == execs_.end() || it->second->reaped)
+    return SendError(c, id, ESRCH, what + ": no running process " + std::to_string(req.pid()) +
+                                       " started by dsec in this sandbox (list them to see which run)");
+  ExecRun& x = *it->second;
+  switch (req.op()) {
+    case 2:
+      if (req.signal() <= 0 || req.signal() >= NSIG)
+        return SendError(c, id, EINVAL, "signal: " + std::to_string(req.signal()) + " is not a signal number");
+      if (::kill(-x.pid, req.signal()) < 0 && errno != ESRCH)
+        return SendError(c, id, errno, "signal: process group " + std::to_string(x.pid) + ": " + std::strerror(errno));
+      return ok();
+    case 3:
+    case 4:
+      if (!x.interactive || x.stdin_close || !x.in)
+        return SendError(c, id, EPIPE, what + ": process " + std::to_string(x.pid) +
+                                           (x.interactive ? "'s stdin is closed"
+                                                          : " was not started interactive (its stdin was closed "
+                                                            "after the exec's own)"));
+      if (req.op() == 4) {
+        x.stdin_close = true;
+      } else {
+        if (x.stdin_data.size() - x.stdin_off + req.input().size() > kMaxPendingInput)
+          return SendError(c, id, EAGAIN, "input: process " + std::to_string(x.pid) + " has " +
+                                              std::to_string(x.stdin_data.size() - x.stdin_off) +
+                                              " bytes of input it has not read yet; send more once it reads");
+        x.stdin_data.append(req.input());
+      }
+      WriteStdin(x);
+      return ok();
+    case 5: {
+      int master = x.out.fd ? x.out.fd.get() : x.in ? x.in.get() : -1;  // both are the master's
+      if (!x.pty || master < 0)
+        return SendError(c, id, ENOTTY, "resize: process " + std::to_string(x.pid) + " has no terminal");
+      winsize ws{};
+      ws.ws_col = static_cast<unsigned short>(std::clamp<uint32_t>(req.size().cols(), 1, 10000));
+      ws.ws_row = static_cast<unsigned short>(std::clamp<uint32_t>(req.size().rows(), 1, 10000));
+      if (::ioctl(master, TIOCSWINSZ, &ws) < 0)
+        return SendError(c, id, errno, "resize: " + std::string(std::strerror(errno)));
+      return ok();
+    }
+    default:
+      return SendError(c, id, EINVAL, "proc: unknown operation " + std::to_string(req.op()) +
+                                          " (1 list, 2 signal, 3 input, 4 close_stdin, 5 resize)");
+  }
+}
+
+}  // namespace dsec::agent::internal

@@ -1,0 +1,16 @@
+// Calls of a sandbox beyond client.hpp's (dsec/files.hpp, dsec/processes.hpp),
+// made through Sandbox's private Call (instantiated for them in handles.cpp).
+#pragma once
+
+#include "dsec/client.hpp"
+
+namespace dsec {
+
+struct ExtraCalls {
+  template <class Reply, class Request>
+  static void Call(const Sandbox& sb, Request req, Done<Reply> done) {
+    sb.Call<Reply>(std::move(req), std::move(done));
+  }
+};
+
+}  // namespace dsec
