@@ -129,6 +129,10 @@ int main(int argc, char** argv) {
                     "kept in a cache, so the same image again is only packed");
   build->add_option("--packages", deb.packages, "with --debian: packages beyond the variant's, comma-separated")
       ->delimiter(',');
+  build->add_option("--user", deb.users,
+                    "with --debian: make these users, comma-separated (uid 1000, 1001, ...; home /home/NAME, bash; "
+                    "passwordless sudo when sudo is installed); E2B's base template: --user user")
+      ->delimiter(',');
   build->add_option("--variant", deb.variant, "with --debian: debootstrap --variant")->capture_default_str();
   build->add_option("--mirror", deb.mirror, "with --debian: the Debian mirror")->capture_default_str();
   build->add_option("--cache-dir", deb.cache_dir,

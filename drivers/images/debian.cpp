@@ -63,6 +63,7 @@ std::string DebianCacheName(const DebianOptions& o) {
   packages.erase(std::unique(packages.begin(), packages.end()), packages.end());
   std::string key = o.suite + "\n" + Arch() + "\n" + o.variant;
   for (const auto& p : packages) key += "\n" + p;
+  for (const auto& u : o.users) key += "\nuser=" + u;  // in order: the first is uid 1000
   return o.suite + "-" + Arch() + "-" + o.variant + "-" + Sha256Hex(key).substr(0, 16);
 }
 
@@ -72,6 +73,10 @@ Result<std::string> DebianRootfs(const DebianOptions& o) {
       return Status::InvalidArgument("'" + word + "' is not a Debian suite or debootstrap variant name");
   for (const auto& p : o.packages)
     if (!IsValidPackage(p)) return Status::InvalidArgument("'" + p + "' is not a Debian package name");
+  for (const auto& u : o.users)
+    if (u.empty() || u.size() > 32 || u.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_-") != std::string::npos ||
+        !(std::islower(static_cast<unsigned char>(u[0])) || u[0] == '_') || u == "root")
+      return Status::InvalidArgument("'" + u + "' is not a user name to make ([a-z_][a-z0-9_-]*, not root)");
   std::string cache = o.cache_dir;
   if (cache.empty()) {
     const char* env = std::getenv("DSEC_DEBIAN_CACHE");
@@ -106,6 +111,22 @@ Result<std::string> DebianRootfs(const DebianOptions& o) {
     std::string tail = Tail(log, 5);
     RunToFile({"/bin/rm", "-rf", "--one-file-system", tmp}, "/dev/null");
     return Status::Internal("debootstrap " + o.suite + " exited " + std::to_string(rc) + " (log " + log + "):\n" + tail);
+  }
+  // The users, by the tree's own useradd (chrooted: its passwd, group,
+  // shadow and skeleton), and sudo without a password where sudo is.
+  for (size_t i = 0; i < o.users.size(); ++i) {
+    const std::string& u = o.users[i];
+    std::string uid = std::to_string(1000 + i);
+    rc = RunToFile({Find("chroot"), tmp, "/usr/sbin/useradd", "--create-home", "--shell", "/bin/bash", "--uid", uid,
+                    "--user-group", u},
+                   log);
+    if (rc == 0 && ::access((tmp + "/etc/sudoers.d").c_str(), F_OK) == 0)
+      rc = WriteFileAtomic(tmp + "/etc/sudoers.d/" + u, u + " ALL=(ALL:ALL) NOPASSWD: ALL\n", 0440).ok() ? 0 : 1;
+    if (rc != 0) {
+      std::string tail = Tail(log, 5);
+      RunToFile({"/bin/rm", "-rf", "--one-file-system", tmp}, "/dev/null");
+      return Status::Internal("making user " + u + " in the tree failed (log " + log + "):\n" + tail);
+    }
   }
   // What an image does not need: the downloaded packages and the lists.
   // (No shell: the cache dir comes from the user.)

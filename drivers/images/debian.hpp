@@ -2,7 +2,9 @@
 // build without Docker or a registry: debootstrap of a suite with extra
 // packages, kept in a cache (one tree per suite, architecture, variant and
 // package set), so the second build of the same image is a pack, not a
-// download. dsec-image build --debian bookworm --packages python3,git NAME.
+// download. dsec-image build --debian bookworm --packages python3,git NAME;
+// E2B's `base` template (docs/e2b.md): --packages python3,git,curl,sudo,
+// ca-certificates --user user base.
 #pragma once
 
 #include <functional>
@@ -18,6 +20,10 @@ struct DebianOptions {
   std::vector<std::string> packages;    // beyond the variant's
   std::string variant = "minbase";      // debootstrap --variant
   std::string mirror = "http://deb.debian.org/debian";
+  // Users made in the tree (uid 1000, 1001, ... in order; a group of their
+  // own, home /home/<name>, bash; with sudo installed, passwordless sudo),
+  // as E2B's templates have `user`.
+  std::vector<std::string> users;
   // Where trees are kept: $DSEC_DEBIAN_CACHE, else /var/cache/dsec/debian.
   std::string cache_dir;
   std::function<void(const std::string&)> progress;

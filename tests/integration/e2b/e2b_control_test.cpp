@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "drivers/images/debian.hpp"
 #include "harness/daemon.hpp"
 #include "runtime/files.hpp"
 #include "tests/support/container_fixture.hpp"
@@ -208,6 +209,40 @@ TEST_F(E2bDoor, TheSdkRunsCommandsAndWalksTheFilesystem) {
   EXPECT_EQ(out["afterRemove"], J({"/tmp/fs/uno.txt"})) << "a directory removed with all it held";
   EXPECT_THAT(out["listFile"].get<std::string>(), HasSubstr("not a directory"));
   EXPECT_THAT(out["listMissing"].get<std::string>(), HasSubstr("NotFound"));
+}
+
+// E2B's `base` template is one documented command away (docs/e2b.md):
+// Debian's packages and a user `user`, as the SDK's own tests expect.
+// Skips without debootstrap or, when the tree is not cached yet, without
+// Debian's mirror.
+TEST_F(E2bDoor, TheBaseTemplateIsOneDsecImageCommandAway) {
+  if (::access("/usr/sbin/debootstrap", X_OK) != 0) GTEST_SKIP() << "no debootstrap (apt-get install debootstrap)";
+  const std::vector<std::string> cmd = {"build", "--debian", "bookworm", "--packages",
+                                        "python3,git,curl,sudo,ca-certificates", "--user", "user", "base"};
+  images::DebianOptions deb;
+  deb.packages = {"python3", "git", "curl", "sudo", "ca-certificates"};
+  deb.users = {"user"};
+  struct stat st;
+  bool cached = ::stat(("/var/cache/dsec/debian/" + images::DebianCacheName(deb) + "/etc/debian_version").c_str(),
+                       &st) == 0;
+  if (!cached && RunProcess({"/usr/bin/curl", "-sfI", "-m", "10", "http://deb.debian.org/debian/dists/bookworm/Release"})
+                         .exit_code != 0)
+    GTEST_SKIP() << "deb.debian.org is not reachable and the base tree is not cached";
+  std::vector<std::string> argv = {BinDir() + "/dsec-image", "--data-dir", daemon_->data_dir()};
+  argv.insert(argv.end(), cmd.begin(), cmd.end());
+  auto built = RunProcess(argv, {}, 1200);
+  ASSERT_EQ(built.exit_code, 0) << built.err;
+  auto r = Node("base_template.cjs", {});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  auto out = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_TRUE(out.is_object()) << r.out;
+  EXPECT_EQ(out["who"], "user\n/home/user\n/home/user\n");
+  EXPECT_EQ(out["sudo"], nlohmann::json({"-rwsr-xr-x\n", "user ALL=(ALL:ALL) NOPASSWD: ALL\n"}))
+      << "sudo, with user's passwordless rule";
+  EXPECT_EQ(out["tools"], "42\ngit version\ncurl\n");
+  EXPECT_EQ(out["bashIsLogin"], "login\n") << "commands run in bash -l, as E2B's";
+  EXPECT_EQ(out["root"], "root\n");
+  (void)RunProcess({BinDir() + "/dsec-image", "--data-dir", daemon_->data_dir(), "rm", "base"});
 }
 
 // An operator issues a key (dsecctl e2b-key, through the admin console),
