@@ -422,6 +422,7 @@ void Agent::StartExec(Conn& c, uint64_t id, Exec& req) {
   execs_[r.key] = std::move(x);
   r.interactive = req.interactive() || req.has_pty();
   r.pty = req.has_pty();
+  r.privileged = req.privileged();
   r.argv.assign(req.argv().begin(), req.argv().end());
   if (r.interactive && r.stream) {  // the pid first: the client's handle for Proc (a terminal's too)
     Event ev;

@@ -88,6 +88,7 @@ struct ExecRun {
   size_t stdin_off = 0;
   bool interactive = false;  // stdin open for Proc input until close_stdin
   bool pty = false;          // in and out are a terminal's master end
+  bool privileged = false;   // dsecd's own upkeep (Exec.privileged): not listed nor reached by Proc
   bool stdin_close = false;  // close stdin once stdin_data is written
   bool in_watched = false;   // `in` is in epoll for EPOLLOUT
   std::vector<std::string> argv;  // for Proc list

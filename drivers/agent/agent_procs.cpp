@@ -107,7 +107,7 @@ void Agent::OnProc(Conn& c, uint64_t id, const Proc& req) {
     auto* list = ev.mutable_procs();
     std::vector<const ExecRun*> running;
     for (const auto& [key, x] : execs_)
-      if (!x->reaped) running.push_back(x.get());
+      if (!x->reaped && !x->privileged) running.push_back(x.get());
     std::sort(running.begin(), running.end(), [](auto* a, auto* b) { return a->start_ns < b->start_ns; });
     int64_t now = NowNs();
     for (const ExecRun* x : running) {
@@ -128,7 +128,8 @@ void Agent::OnProc(Conn& c, uint64_t id, const Proc& req) {
                                            : "proc";
   auto found = by_pid_.find(req.pid());
   auto it = found == by_pid_.end() ? execs_.end() : execs_.find(found->second);
-  if (it == execs_.end() || it->second->reaped)
+  // dsecd's own upkeep is not the user's to signal or feed (it runs with the agent's capabilities).
+  if (it == execs_.end() || it->second->reaped || it->second->privileged)
     return SendError(c, id, ESRCH, what + ": no running process " + std::to_string(req.pid()) +
                                        " started by dsec in this sandbox (list them to see which run)");
   ExecRun& x = *it->second;

@@ -188,6 +188,14 @@ TEST_F(E2bDoor, TheSdkRunsCommandsAndWalksTheFilesystem) {
   EXPECT_THAT(out["sleeperEnd"].get<std::string>(), HasSubstr("CommandExitError"));
   EXPECT_EQ(out["killAgain"], false) << "a gone process: the SDK's NotFound, false";
   EXPECT_THAT(out["inputToGone"].get<std::string>(), HasSubstr("NotFound"));
+  // Bad input: a stream's error is its end message (HTTP 200, flag 0x02); a unary call's, an HTTP status.
+  EXPECT_EQ(out["truncated"][0], 200);
+  EXPECT_THAT(out["truncated"][1].get<std::string>(), HasSubstr("\"code\":\"invalid_argument\""));
+  EXPECT_EQ(out["truncated"][1].get<std::string>()[0], '\x02') << "the end-of-stream flag";
+  EXPECT_THAT(out["claims1GiB"][1].get<std::string>(), HasSubstr("says 1073741824 bytes; 2 came"));
+  EXPECT_EQ(out["notJson"][0], 400);
+  EXPECT_THAT(out["notJson"][1].get<std::string>(), HasSubstr("invalid_argument"));
+  EXPECT_EQ(out["protoBody"][0], 415) << "JSON only, said so";
   EXPECT_THAT(out["ptyOut"].get<std::string>(), HasSubstr("tty 100 30 True False"))
       << "a terminal of the size it was resized to; python3 is not the session's leader, bash is";
   EXPECT_THAT(out["ptyEnd"].get<std::string>(), HasSubstr("CommandExitError: exit status 7"))

@@ -45,6 +45,16 @@ main(async () => {
     out.sleeperEnd = await failure(() => sleeper.wait());
     out.killAgain = await sbx.commands.kill(sleeper.pid);
     out.inputToGone = await failure(() => sbx.commands.sendStdin(sleeper.pid, 'x'));
+    // Bad Connect input: each answered with Connect's invalid_argument, nothing run.
+    const raw = (path, type, body) => fetch(`${process.env.E2B_SANDBOX_URL}${path}`, {
+      method: 'POST', body,
+      headers: { 'E2b-Sandbox-Id': sbx.sandboxId, 'X-Access-Token': sbx.envdAccessToken, 'Content-Type': type },
+    }).then(async (r) => [r.status, Buffer.from(await r.arrayBuffer()).toString('latin1')]);
+    out.truncated = await raw('/process.Process/Start', 'application/connect+json', new Uint8Array([0, 0, 0]));
+    out.claims1GiB = await raw('/process.Process/Start', 'application/connect+json',
+      new Uint8Array([0, 0x40, 0, 0, 0, 0x7b, 0x7d]));
+    out.notJson = await raw('/filesystem.Filesystem/Stat', 'application/json', 'not json');
+    out.protoBody = await raw('/filesystem.Filesystem/Stat', 'application/proto', 'x');
     // A terminal: resized, typed into, its output as it comes.
     const seen = [];
     const term = await sbx.pty.create({ cols: 80, rows: 24, onData: (d) => seen.push(Buffer.from(d).toString()) });
