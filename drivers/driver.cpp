@@ -101,6 +101,11 @@ void Driver::PathOp(const v1::SandboxRecord&, const v1::PathOpRequest&, FileCall
 void Driver::Process(const v1::SandboxRecord&, const v1::ProcessRequest&, ProcessCallback done) {
   done(NoState(*this, "processes that outlive a call"));
 }
+std::function<void()> Driver::Watch(const v1::SandboxRecord&, const v1::WatchRequest&, OutputCallback,
+                                    StatusCallback done) {
+  done(NoState(*this, "directories to watch"));
+  return nullptr;
+}
 void Driver::Pause(const v1::SandboxRecord&, bool, StatusCallback done) {
   done(NoState(*this, "processes to pause"));
 }

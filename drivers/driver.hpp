@@ -123,6 +123,13 @@ class Driver {
   virtual void PathOp(const v1::SandboxRecord& sandbox, const v1::PathOpRequest& req, FileCallback done);
   // Its running execs by pid: listed, signalled, stdin written or closed.
   virtual void Process(const v1::SandboxRecord& sandbox, const v1::ProcessRequest& req, ProcessCallback done);
+  // Watches a directory of the sandbox (WatchRequest): `on_events` gets
+  // pieces (`watching` once it is in place, then `events`), `done` its end
+  // (OK once stopped). Returns what stops it (callable any time, once or
+  // more; nothing after `done`), or null when `done` was called at once.
+  // The default: Unimplemented, naming the kind.
+  virtual std::function<void()> Watch(const v1::SandboxRecord& sandbox, const v1::WatchRequest& req,
+                                      OutputCallback on_events, StatusCallback done);
   // Freezes (paused) or thaws every process of the sandbox (traits().pause).
   virtual void Pause(const v1::SandboxRecord& sandbox, bool paused, StatusCallback done);
   // A pause that frees the sandbox's memory (traits().pause_memory): a VM's

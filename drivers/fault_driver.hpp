@@ -67,6 +67,10 @@ class FaultDriver final : public Driver {
   void Process(const v1::SandboxRecord& sb, const v1::ProcessRequest& req, ProcessCallback done) override {
     base_->Process(sb, req, std::move(done));
   }
+  std::function<void()> Watch(const v1::SandboxRecord& sb, const v1::WatchRequest& req, OutputCallback on_events,
+                              StatusCallback done) override {
+    return base_->Watch(sb, req, std::move(on_events), std::move(done));
+  }
   void Pause(const v1::SandboxRecord& sb, bool paused, StatusCallback done) override;
   void PauseMemory(const v1::SandboxRecord& sb, StatusCallback done) override { base_->PauseMemory(sb, std::move(done)); }
   Result<uint64_t> DiskUsage(const v1::SandboxRecord& sb) const override { return base_->DiskUsage(sb); }

@@ -90,6 +90,16 @@ Result<v1::Limits> EffectiveLimits(const LimitPolicy& p, const KindTraits& kind,
 }
 
 Status CheckExecRequest(const LimitPolicy& p, const v1::ExecRequest& exec) {
+  if (exec.attach_pid()) {  // no command: the output of one running
+    if (!exec.stream())
+      return Status::InvalidArgument("exec: attach_pid " + std::to_string(exec.attach_pid()) +
+                                     " needs stream (the output comes as it is printed)");
+    if (exec.argv_size() || !exec.stdin().empty() || exec.interactive() || exec.has_pty() ||
+        !exec.idempotency_key().empty())
+      return Status::InvalidArgument("exec: attach_pid attaches to a running process: no argv, stdin, "
+                                     "interactive, pty or idempotency_key with it");
+    return Status::Ok();
+  }
   if (exec.argv_size() == 0 || exec.argv(0).empty())
     return Status::InvalidArgument("exec: argv is empty; give the command to run");
   if (exec.idempotency_key().size() > 1024)

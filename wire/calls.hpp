@@ -50,6 +50,7 @@
   X(ListFilesRequest, FileReply, kSandbox, sandbox_id)                           \
   X(PathOpRequest, FileReply, kSandbox, sandbox_id)                              \
   X(ProcessRequest, ProcessReply, kSandbox, sandbox_id)                          \
+  X(WatchRequest, WatchReply, kSandbox, sandbox_id)                              \
   X(ListSandboxesRequest, ListSandboxesReply, kFanout, _)                        \
   X(OpenSessionRequest, SessionReply, kNewSession, name)                         \
   X(StepRequest, StepReply, kSession, session)                                   \

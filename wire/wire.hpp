@@ -64,7 +64,8 @@ namespace dsec {
 
 // The SDK entry point: every call of the table (wire/calls.hpp), which a
 // node and a controller both answer. Every reply carries a dsec.v1.Status;
-// a streamed ExecRequest also sends v1::ExecOutput messages to its sender,
+// a streamed ExecRequest and a WatchRequest also send v1::ExecOutput
+// messages to their sender,
 // and an AnnotateBatch is answered with v1::AnnotateResults messages.
 using entry_actor = calls::ActorOf<calls::All>::type;
 

@@ -100,7 +100,7 @@ caf::result<v1::ExecReply> Handle(Self self, v1::ExecRequest& req) {
   if (ok.ok() && !req.idempotency_key().empty() && !st.driver->traits().stateful)
     ok = Status::InvalidArgument(std::string("an idempotency_key needs a sandbox with state; every ") +
                                  st.driver->name() + " exec is a fresh run");
-  bool interactive = req.interactive() || req.has_pty();
+  bool interactive = req.interactive() || req.has_pty() || req.attach_pid();
   if (ok.ok() && interactive && !req.idempotency_key().empty())
     ok = Status::InvalidArgument("an interactive exec takes its input by pid, as it runs: it cannot have an "
                                  "idempotency_key (which may answer from a run that happened before)");
@@ -119,7 +119,13 @@ caf::result<v1::ExecReply> Handle(Self self, v1::ExecRequest& req) {
     ToProto(limits.status().Annotate("sandbox " + st.rec.id()), reply.mutable_status());
     return reply;
   }
-  *req.mutable_limits() = *limits;
+  if (req.attach_pid()) {  // its process has its limits; the caller's timeout ends the attachment only
+    uint64_t ms = req.limits().timeout_ms();
+    req.clear_limits();
+    req.mutable_limits()->set_timeout_ms(ms);
+  } else {
+    *req.mutable_limits() = *limits;
+  }
   // Streamed pieces go to the sender; read it first, for the response
   // promise takes it over (current_sender() is null after this).
   auto to = req.stream() ? caf::actor_cast<caf::actor>(self->current_sender()) : caf::actor{};
@@ -217,6 +223,7 @@ caf::result<v1::SandboxReply> Handle(Self self, v1::SetTimeoutRequest& req) {
 
 caf::result<v1::SnapshotReply> Handle(Self self, v1::SnapshotRequest& req) { return TakeSnapshot(self, req); }
 caf::result<v1::ForkReply> Handle(Self self, v1::ForkRequest& req) { return Fork(self, req); }
+caf::result<v1::WatchReply> Handle(Self self, v1::WatchRequest& req) { return WatchDir(self, req); }
 
 // A new network policy (the proto's SetNetworkRequest): the policy it
 // makes is checked as a new spec's would be, applied by the driver, then
@@ -371,6 +378,7 @@ sandbox_actor::behavior_type Behavior(Self self) {
               reply.mutable_status());
       rp.deliver(std::move(reply));
     }
+    EndWatches(self, Status::Unavailable("sandbox " + st.rec.id() + " crashed (" + what + "); watch again"));
     auto files = std::move(st.file_callers);
     st.file_callers.clear();
     for (auto& [id, rp] : files) {
@@ -405,6 +413,7 @@ sandbox_actor::behavior_type Behavior(Self self) {
         st.rec.set_phase(v1::SANDBOX_PHASE_FAILED);
         st.rec.set_error(why.substr(0, 4096));
         st.ctx->log->warn("sandbox {}: {}", st.rec.id(), st.rec.error());
+        EndWatches(self, Status::Unavailable("sandbox " + st.rec.id() + " failed: " + st.rec.error()));
         // A run that ended meanwhile is NotFound: its answer is on its way.
         for (const auto& id : st.running) (void)st.driver->Kill(id, "sandbox " + st.rec.id() + " failed (" + why + ")");
         Checkpoint(self, [self](const Status& w) {

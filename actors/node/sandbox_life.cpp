@@ -227,6 +227,7 @@ void StartDestroy(Self self, std::string why, std::function<void(const Status&)>
   auto& st = self->state;
   st.destroying = true;
   st.rec.set_phase(v1::SANDBOX_PHASE_STOPPING);
+  EndWatches(self, Status::Unavailable("sandbox " + st.rec.id() + " is being destroyed; its watches end"));
   auto handle = caf::actor_cast<sandbox_actor>(self);
   st.after_runs = [self, handle, why, done]() mutable {
     self->state.driver->Destroy(self->state.rec, self->state.driver_state, [handle, self, why, done](const Status& s) mutable {

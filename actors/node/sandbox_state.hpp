@@ -58,6 +58,18 @@ struct SandboxState {
   // wait here (see Defer) and no end is armed.
   bool readopting = false;
   std::vector<std::function<void()>> after_readopt;
+  // Directory watches (WatchRequest), by a number of this actor's: what
+  // stops each, who asked (stopped when it goes away) and its answer.
+  struct Watching {
+    std::function<void()> stop;
+    caf::actor_addr who;
+    uint64_t stream_id = 0;
+    uint64_t events = 0;
+    caf::typed_response_promise<v1::WatchReply> rp;
+  };
+  std::unordered_map<uint64_t, Watching> watches;
+  uint64_t next_watch = 0;
+  bool monitors_set = false;  // the down handler that stops a gone caller's watches
   // This sandbox in dsec_sandboxes{kind,phase} while its actor lives.
   metrics::PhaseGauge phase_gauge;
   metrics::Histogram* exec_seconds = nullptr;  // dsec_exec_seconds{kind}, looked up once
@@ -97,6 +109,12 @@ void StartDestroy(Self self, std::string why, std::function<void(const Status&)>
 void ArmExpiry(Self self);
 // An exec or file call starts or ends: a new idle period.
 void Touch(Self self);
+
+// Directory watches (sandbox_watch.cpp): started, stopped by their caller
+// (or when it goes away, or at their timeout); EndWatches answers every one
+// (the sandbox is ending).
+caf::result<v1::WatchReply> WatchDir(Self self, v1::WatchRequest& req);
+void EndWatches(Self self, const Status& why);
 
 // Sandbox.Snapshot and Sandbox.Fork (sandbox_snapshot.cpp).
 caf::result<v1::SnapshotReply> TakeSnapshot(Self self, v1::SnapshotRequest& req);

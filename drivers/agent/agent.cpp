@@ -183,6 +183,7 @@ void Agent::Loop() {
         case kListen: OnListen(); break;
         case kSignal: OnSignalFd(); break;
         case kVport: OnVportEvent(events[i].events); break;
+        case kInotify: OnInotify(); break;
         case kConn:
           if (Conn* c = FindConn(key)) OnConnEvent(*c, events[i].events);
           break;
@@ -197,6 +198,7 @@ void Agent::Loop() {
 int Agent::NextTimeoutMs() const {
   if (!dirty_.empty()) return 0;
   int64_t next = timers_.empty() ? 0 : timers_.begin()->first;
+  if (!attach_timers_.empty() && (!next || attach_timers_.begin()->first < next)) next = attach_timers_.begin()->first;
   if (listen_resume_ns_ && (!next || listen_resume_ns_ < next)) next = listen_resume_ns_;
   if (vport_poll_ns_ && (!next || vport_poll_ns_ < next)) next = vport_poll_ns_;
   if (!next) return -1;
@@ -222,6 +224,11 @@ void Agent::RunTimers() {
     } else {
       vport_poll_ns_ = now + 50'000'000;
     }
+  }
+  while (!attach_timers_.empty() && attach_timers_.begin()->first <= now) {
+    auto [conn, id] = attach_timers_.begin()->second;
+    attach_timers_.erase(attach_timers_.begin());
+    OnAttachTimer(conn, id);
   }
   while (!timers_.empty() && timers_.begin()->first <= now) {
     auto [when, key] = *timers_.begin();
@@ -483,6 +490,7 @@ void Agent::OnFrame(Conn& c, const std::string& frame) {
     case Request::kChanges: OnChanges(c, id, req.changes()); break;
     case Request::kPathOp: OnPathOp(c, id, req.path_op()); break;
     case Request::kProc: OnProc(c, id, req.proc()); break;
+    case Request::kWatch: OnWatch(c, id, req.watch()); break;
     default:
       SendError(c, id, EOPNOTSUPP,
                 "request " + std::to_string(id) + " has no body or one this agent (" DSEC_VERSION
@@ -569,11 +577,19 @@ void Agent::CloseConn(Conn& c) {
   // Its execs run on; what they print is read and dropped.
   for (auto& [id, key] : c.execs) {
     auto it = execs_.find(key);
-    if (it == execs_.end() || it->second->conn != c.key) continue;  // a waiter's entry: the run is another's
+    if (it == execs_.end()) continue;
+    if (it->second->conn != c.key) {  // a waiter's or an attached client's entry: the run is another's
+      Detach(*it->second, c.key);
+      continue;
+    }
     it->second->conn = 0;
     Resume(*it->second);
   }
   c.execs.clear();
+  // Its watches end (nobody to tell).
+  auto watches = std::move(c.watches);
+  c.watches.clear();
+  for (auto& [id, key] : watches) EndWatch(key, 0, {});
   c.paused.clear();
   closed_.push_back(c.key);
   if (c.key == fd_conn_ && !listen_ && !pid1_) stop_ = true;  // nothing left to serve

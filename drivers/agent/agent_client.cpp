@@ -48,7 +48,9 @@ Status::Code CodeForErrno(int err) {
     case ENOMEM:
     case EMFILE:
     case ENFILE:
-    case EAGAIN: return Status::Code::kResourceExhausted;
+    case EAGAIN:
+    case ENOBUFS: return Status::Code::kResourceExhausted;
+    case ETIMEDOUT: return Status::Code::kDeadlineExceeded;
     case EOPNOTSUPP: return Status::Code::kUnimplemented;
     default: return Status::Code::kInternal;
   }
@@ -463,7 +465,7 @@ void AgentClient::OnFrame(const std::string& frame) {
       opts_.log(name() + ": " + (ev.has_error() ? ev.error().message() : std::string("unsolicited event")));
     return;
   }
-  bool final = !ev.has_output();
+  bool final = !ev.has_output() && !ev.has_fs_events();
   std::shared_ptr<Pending> p;
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -478,7 +480,11 @@ void AgentClient::OnFrame(const std::string& frame) {
     return;
   }
   if (!final) {
-    if (p->on_output) p->on_output(ev.output());
+    if (ev.has_fs_events()) {
+      if (p->on_fs_events) p->on_fs_events(ev.fs_events());
+    } else if (p->on_output) {
+      p->on_output(ev.output());
+    }
     return;
   }
   p->done(std::move(ev));
@@ -495,6 +501,15 @@ uint64_t AgentClient::Exec(const agent::Exec& exec, OutputCallback on_output, Ca
   });
   agent::Request req;
   *req.mutable_exec() = exec;
+  return Send(req, std::move(p));
+}
+
+uint64_t AgentClient::Watch(const agent::Watch& watch, FsEventsCallback on_events, StatusCallback done) {
+  auto p = std::make_shared<Pending>();
+  p->on_fs_events = std::move(on_events);
+  p->done = AnswerOk(name(), std::move(done), "watch");
+  agent::Request req;
+  *req.mutable_watch() = watch;
   return Send(req, std::move(p));
 }
 

@@ -43,6 +43,7 @@ struct AgentClientOptions {
 class AgentClient {
  public:
   using OutputCallback = std::function<void(const agent::Output&)>;
+  using FsEventsCallback = std::function<void(const agent::FsEvents&)>;
   using StatusCallback = std::function<void(const Status&)>;
   template <class T>
   using Callback = std::function<void(Result<T>)>;
@@ -81,6 +82,10 @@ class AgentClient {
   // The agent's running execs (list: their ProcList; else an empty one).
   void Proc(const agent::Proc& req, Callback<agent::ProcList> done);
   void Ping(Callback<agent::Pong> done);
+  // Watches a directory: on_events gets `watching` once it is in place,
+  // then the changes; `done` its end (OK once a Signal of the returned id
+  // stopped it). Returns the id (0 when it failed at once).
+  uint64_t Watch(const agent::Watch& req, FsEventsCallback on_events, StatusCallback done);
   // What a VM guest changed of its image (its writable layer against its
   // lower ones), at most `limit` changes.
   void Changes(uint32_t limit, Callback<agent::ChangeList> done);
@@ -110,6 +115,7 @@ class AgentClient {
   // What waits for the answer to one request.
   struct Pending {
     OutputCallback on_output;                    // Exec only
+    FsEventsCallback on_fs_events;               // Watch only
     std::function<void(Result<agent::Event>)> done;  // the final event (or failure)
   };
 

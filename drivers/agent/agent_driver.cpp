@@ -101,6 +101,7 @@ void AgentDriver::StartExec(const v1::SandboxRecord& sb, const std::string& run_
                                            : "/work");
   e.set_user(req.user());
   e.set_interactive(req.interactive());
+  e.set_attach_pid(static_cast<int32_t>(req.attach_pid()));
   if (req.has_pty()) {
     e.mutable_pty()->set_cols(req.pty().cols());
     e.mutable_pty()->set_rows(req.pty().rows());
@@ -279,6 +280,39 @@ void AgentDriver::Process(const v1::SandboxRecord& sb, const v1::ProcessRequest&
     }
     done(std::move(reply));
   });
+}
+
+std::function<void()> AgentDriver::Watch(const v1::SandboxRecord& sb, const v1::WatchRequest& req,
+                                         OutputCallback on_events, StatusCallback done) {
+  auto running = RunningBox(sb.id());
+  if (!running.ok()) {
+    done(running.status());
+    return nullptr;
+  }
+  auto box = *running;
+  agent::Watch w;
+  w.set_path(req.path());
+  w.set_recursive(req.recursive());
+  AgentClient* client = box->agent.get();
+  uint64_t id = client->Watch(
+      w,
+      [on_events](const agent::FsEvents& fs) {
+        v1::ExecOutput piece;
+        piece.set_watching(fs.watching());
+        for (const auto& e : fs.events()) {
+          auto* out = piece.add_events();
+          out->set_name(e.name());
+          out->set_type(static_cast<v1::FsEventType>(e.type()));
+        }
+        on_events(piece);
+      },
+      [done, id = box->id, kind = std::string(name())](const Status& s) { done(s.Annotate(kind + " " + id)); });
+  if (!id) return nullptr;
+  std::weak_ptr<AgentBox> weak = box;
+  // The same connection only: another's ids name other requests.
+  return [weak, client, id] {
+    if (auto b = weak.lock(); b && b->agent.get() == client) client->Signal(id, 0, [](const Status&) {});
+  };
 }
 
 }  // namespace dsec::drivers

@@ -70,6 +70,8 @@ class AgentDriver : public Driver {
   void ListFiles(const v1::SandboxRecord& sandbox, const v1::ListFilesRequest& req, FileCallback done) override;
   void PathOp(const v1::SandboxRecord& sandbox, const v1::PathOpRequest& req, FileCallback done) override;
   void Process(const v1::SandboxRecord& sandbox, const v1::ProcessRequest& req, ProcessCallback done) override;
+  std::function<void()> Watch(const v1::SandboxRecord& sandbox, const v1::WatchRequest& req, OutputCallback on_events,
+                              StatusCallback done) override;
 
  protected:
   // The box of a running sandbox with a connected agent, ready for a call

@@ -258,6 +258,7 @@ void Agent::StartExec(Conn& c, uint64_t id, Exec& req) {
     SendError(c, id, EEXIST, "exec: request id " + std::to_string(id) + " is already running on this connection");
     return;
   }
+  if (req.attach_pid()) return Attach(c, id, req);
   if (!req.key().empty() && req.stream()) {
     SendError(c, id, EINVAL, "exec: a keyed exec cannot stream its output");
     return;
@@ -496,6 +497,8 @@ void Agent::ReadPipe(ExecRun& x, bool is_err, int max_reads) {
       Pause(x, *c);  // its program blocks on a full pipe until the client reads
       return;
     }
+    for (auto [conn, req_id] : x.attached)
+      if (Conn* a = FindConn(conn); a && a->pending() >= kHighWater) return Pause(x, *a);
     ssize_t n = ::read(p.fd.get(), buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && errno == EAGAIN) return;
@@ -510,12 +513,16 @@ void Agent::ReadPipe(ExecRun& x, bool is_err, int max_reads) {
       p.count += take;
       if (!x.stream) {
         p.buf.append(buf, take);
-      } else if (c) {
+      } else if (c || !x.attached.empty()) {
         Event ev;
         ev.set_id(x.req_id);
         ev.mutable_output()->set_stream(is_err ? 2 : x.pty ? 3 : 1);
         ev.mutable_output()->set_data(buf, take);
-        Send(*c, ev);
+        if (c) Send(*c, ev);
+        for (auto [conn, req_id] : x.attached) {
+          ev.set_id(req_id);
+          if (Conn* a = FindConn(conn)) Send(*a, ev);
+        }
       }
     }
     if (take < static_cast<size_t>(n) && !p.truncated) {
@@ -641,6 +648,14 @@ void Agent::Finish(ExecRun& x, const std::string& forced_error) {
     auto it = c->execs.find(x.req_id);
     if (it != c->execs.end() && it->second == x.key) c->execs.erase(it);
     c->paused.erase(x.key);
+  }
+  for (auto [conn, req_id] : x.attached) {
+    Conn* a = FindConn(conn);
+    if (!a) continue;
+    ev.set_id(req_id);
+    Send(*a, ev);
+    a->execs.erase(req_id);
+    a->paused.erase(x.key);
   }
   if (!x.idem_key.empty()) {
     // Everyone who asked for this key hears; the result is kept for those

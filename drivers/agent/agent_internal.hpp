@@ -49,7 +49,8 @@ constexpr size_t kKeptBytes = 8 << 20;  // beyond this, older kept results go
 // epoll tags: (key << 3) | kind. Keys are unique for the agent's lifetime.
 enum Kind : uint64_t {
   kListen = 0, kSignal = 1, kConn = 2, kExecOut = 3, kExecErr = 4, kExecIn = 5,
-  kVport = 6  // the virtio-serial port while no host has synced
+  kVport = 6,  // the virtio-serial port while no host has synced
+  kInotify = 7  // the agent's inotify instance (every Watch)
 };
 
 struct Conn {
@@ -64,6 +65,7 @@ struct Conn {
   bool vport = false;      // fd is the agent's virtio-serial port: not ours to close
   std::unordered_map<uint64_t, uint64_t> execs;  // request id -> exec key
   std::set<uint64_t> paused;                     // exec keys waiting for us to drain
+  std::unordered_map<uint64_t, uint64_t> watches;  // request id -> watch key
   size_t pending() const { return out.size() - out_off; }
 };
 
@@ -101,11 +103,24 @@ struct ExecRun {
   std::string idem_key;
   size_t fingerprint = 0;
   std::vector<std::pair<uint64_t, uint64_t>> waiters;
+  // Streamed: more clients that attached (Exec.attach_pid): (conn, request id).
+  std::vector<std::pair<uint64_t, uint64_t>> attached;
   // For messages.
   std::string cwd;
   uint32_t uid = 0, gid = 0;
   int64_t start_ns = 0, deadline_ns = 0, grace_ns = 0;
   uint64_t oom_kills_at_start = 0;  // AgentOptions::oom_events' count
+};
+
+// A directory watch (Watch): its client, and the inotify watch descriptors
+// it uses (Agent::wd_users_ says which directory each is, for whom).
+struct WatchRun {
+  uint64_t key = 0;
+  uint64_t conn = 0;
+  uint64_t req_id = 0;
+  std::string root;
+  bool recursive = false;
+  std::set<int> wds;
 };
 
 // A pseudo-terminal of that size: its master and slave ends (CLOEXEC;
@@ -158,6 +173,21 @@ class Agent {
   // agent_procs.cpp: stdin, and execs by pid (Proc).
   void WriteStdin(ExecRun& x);
   void OnProc(Conn& c, uint64_t id, const Proc& req);
+  // Exec.attach_pid: the running streamed exec's output to this request
+  // too (until limits.timeout_ms, if set: then ETIMEDOUT, the process runs on).
+  void Attach(Conn& c, uint64_t id, const Exec& req);
+  void OnAttachTimer(uint64_t conn, uint64_t id);
+  // Stops reaching `conn` (gone): its attached requests are forgotten.
+  void Detach(ExecRun& x, uint64_t conn);
+
+  // agent_watch.cpp: directory watches (one inotify instance for all).
+  void OnWatch(Conn& c, uint64_t id, const Watch& req);
+  void OnInotify();
+  // Adds `dir` (rel to the watch's root) and, when recursive, what is under
+  // it; false with *why past the limit or when the root cannot be watched.
+  bool AddWatchDirs(WatchRun& w, const std::string& rel, std::string* why);
+  // Ends a watch: ok (err 0) or an error, to its client if still there.
+  void EndWatch(uint64_t key, int err, const std::string& why);
   void KillGroup(ExecRun& x);
   void Pause(ExecRun& x, Conn& c);
   void Resume(ExecRun& x);
@@ -206,8 +236,12 @@ class Agent {
   };
   std::vector<KeptResult> kept_;
   std::unordered_map<pid_t, uint64_t> by_pid_;
+  UniqueFd inotify_;
+  std::unordered_map<uint64_t, std::unique_ptr<WatchRun>> watches_;
+  std::unordered_map<int, std::vector<std::pair<uint64_t, std::string>>> wd_users_;  // wd -> (watch, rel dir)
   // (when, exec key): deadlines and pipe grace ends; stale entries are skipped.
   std::multimap<int64_t, uint64_t> timers_;
+  std::multimap<int64_t, std::pair<uint64_t, uint64_t>> attach_timers_;  // (conn, request id)
   std::set<uint64_t> dirty_;  // connections with output to write
   std::vector<uint64_t> closed_;  // connections to forget at the end of the iteration
   ino_t listen_ino_ = 0;          // our socket file, removed at exit if still ours

@@ -1,8 +1,9 @@
 // An exec's stdin (written as the epoll loop lets it; an interactive one's
-// kept open for more), terminals, Signal (an exec of the connection by its
-// request id), and Proc: the agent's running execs by pid, whichever
-// connection started them, listed, signalled, their stdin written or
-// closed, their terminal resized.
+// kept open for more), terminals, Signal (an exec or a watch of the
+// connection by its request id), attaching to a running exec's output, and
+// Proc: the agent's running execs by pid, whichever connection started
+// them, listed, signalled, their stdin written or closed, their terminal
+// resized.
 #include "drivers/agent/agent_internal.hpp"
 
 #include <errno.h>
@@ -67,6 +68,13 @@ void Agent::WriteStdin(ExecRun& x) {
 }
 
 void Agent::OnSignalRequest(Conn& c, uint64_t id, const Signal& req) {
+  if (auto w = c.watches.find(req.exec_id()); w != c.watches.end()) {  // a watch: it ends
+    EndWatch(w->second, 0, {});  // its end (ok) to the watch, then this one's
+    Event ev;
+    ev.set_id(id);
+    ev.mutable_ok();
+    return Send(c, ev);
+  }
   auto it = c.execs.find(req.exec_id());
   auto x = it == c.execs.end() ? execs_.end() : execs_.find(it->second);
   if (x == execs_.end()) {
@@ -92,6 +100,49 @@ void Agent::OnSignalRequest(Conn& c, uint64_t id, const Signal& req) {
   ev.set_id(id);
   ev.mutable_ok();
   Send(c, ev);
+}
+
+void Agent::Attach(Conn& c, uint64_t id, const Exec& req) {
+  int32_t pid = req.attach_pid();
+  auto found = by_pid_.find(pid);
+  auto it = found == by_pid_.end() ? execs_.end() : execs_.find(found->second);
+  if (it == execs_.end() || it->second->reaped || it->second->privileged)
+    return SendError(c, id, ESRCH, "attach: no running process " + std::to_string(pid) +
+                                       " started by dsec in this sandbox (list them to see which run)");
+  ExecRun& x = *it->second;
+  if (!x.stream)
+    return SendError(c, id, EINVAL, "attach: process " + std::to_string(pid) +
+                                        " does not stream its output (its exec gets it whole when it ends)");
+  x.attached.emplace_back(c.key, id);
+  c.execs[id] = x.key;
+  if (uint64_t ms = req.limits().timeout_ms())
+    attach_timers_.emplace(NowNs() + static_cast<int64_t>(std::min<uint64_t>(ms, 1ull << 40)) * 1000000,
+                           std::make_pair(c.key, id));
+  Event ev;  // the pid first, as an interactive exec's start says it
+  ev.set_id(id);
+  ev.mutable_output()->set_pid(pid);
+  Send(c, ev);
+}
+
+void Agent::OnAttachTimer(uint64_t conn, uint64_t id) {
+  Conn* c = FindConn(conn);
+  if (!c) return;
+  auto it = c->execs.find(id);
+  auto x = it == c->execs.end() ? execs_.end() : execs_.find(it->second);
+  if (x == execs_.end()) return;  // ended (answered) already
+  auto& a = x->second->attached;
+  auto mine = std::find(a.begin(), a.end(), std::make_pair(conn, id));
+  if (mine == a.end()) return;  // the request id is the process's own start, or reused
+  a.erase(mine);
+  c->execs.erase(it);
+  SendError(*c, id, ETIMEDOUT, "attach: its time is up; process " + std::to_string(x->second->pid) + " runs on");
+  Resume(*x->second);
+}
+
+void Agent::Detach(ExecRun& x, uint64_t conn) {
+  auto& a = x.attached;
+  a.erase(std::remove_if(a.begin(), a.end(), [conn](const auto& p) { return p.first == conn; }), a.end());
+  Resume(x);  // it may have waited for that client alone; the next read pauses again if another is slow
 }
 
 void Agent::OnProc(Conn& c, uint64_t id, const Proc& req) {

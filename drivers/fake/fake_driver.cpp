@@ -310,6 +310,10 @@ void FakeDriver::Exec(const v1::SandboxRecord& sb, const std::string& run_id, co
 
 void FakeDriver::ExecStreaming(const v1::SandboxRecord& sb, const std::string& run_id, const v1::ExecRequest& req,
                                OutputCallback on_output, ExecCallback done) {
+  if (req.attach_pid()) {
+    done(Status::Unimplemented("fake " + sb.id() + ": processes by pid (attach) are not modelled by the fake kind"));
+    return;
+  }
   if (!opts_.traits.streaming) {
     if (!Post([this, sb, run_id, req, on_output, done] { Driver::ExecStreaming(sb, run_id, req, on_output, done); }))
       Driver::ExecStreaming(sb, run_id, req, on_output, done);

@@ -115,7 +115,8 @@ struct Client::Impl {
     auto shared_done = std::make_shared<std::function<void(Result<Reply>)>>(std::move(done));
     sdk::CallMsg call;
     call.timeout = timeout;
-    if constexpr (std::is_same<Request, v1::ExecRequest>::value) call.stream_id = req.stream_id();
+    if constexpr (std::is_same<Request, v1::ExecRequest>::value || std::is_same<Request, v1::WatchRequest>::value)
+      call.stream_id = req.stream_id();
     call.on_output = std::move(on_output);
     call.fail = [this, timeout, shared_done](const caf::error& e) { (*shared_done)(ToStatus(e, timeout)); };
     // Called once: the request moves into the message.
@@ -158,6 +159,8 @@ struct Client::Impl {
 
   // Runs wait for their own time limit, plus the RPC margin.
   std::chrono::milliseconds ExecTimeout(const v1::SandboxSpec& spec, const v1::ExecRequest& exec) const {
+    // Attached to a running process: as long as it runs, unless limited.
+    if (exec.attach_pid() && !exec.limits().timeout_ms()) return std::chrono::hours(24 * 365);
     uint32_t limit = exec.limits().timeout_ms() ? exec.limits().timeout_ms()
                      : spec.limits().timeout_ms() ? spec.limits().timeout_ms()
                                                   : 30'000;

@@ -1,4 +1,4 @@
-// Calls of a sandbox beyond client.hpp's (dsec/files.hpp, dsec/processes.hpp),
+// Calls of a sandbox beyond client.hpp's (dsec/files.hpp, dsec/processes.hpp, dsec/watch.hpp),
 // made through Sandbox's private Call (instantiated for them in handles.cpp).
 #pragma once
 
@@ -8,8 +8,8 @@ namespace dsec {
 
 struct ExtraCalls {
   template <class Reply, class Request>
-  static void Call(const Sandbox& sb, Request req, Done<Reply> done) {
-    sb.Call<Reply>(std::move(req), std::move(done));
+  static void Call(const Sandbox& sb, Request req, Done<Reply> done, OnOutput on_output = nullptr) {
+    sb.Call<Reply>(std::move(req), std::move(done), std::move(on_output));
   }
 };
 

@@ -41,13 +41,22 @@ Result<v1::ExecResult> Sandbox::ExecStream(v1::ExecRequest req, OnOutput on_outp
 }
 
 template <class Reply, class Request>
-void Sandbox::Call(Request req, Done<Reply> done) const {
+void Sandbox::Call(Request req, Done<Reply> done, OnOutput on_output) const {
   req.set_sandbox_id(id_);
-  client_->impl_->CallVia<Reply>(route_, std::move(req), client_->impl_->options.rpc_timeout, std::move(done));
+  auto timeout = client_->impl_->options.rpc_timeout;
+  if constexpr (std::is_same<Request, v1::WatchRequest>::value) {  // it lasts until stopped, or its timeout
+    if (!req.stop()) {
+      req.set_stream_id(client_->impl_->next_stream++);
+      timeout = req.timeout_ms() ? timeout + std::chrono::milliseconds(req.timeout_ms()) : std::chrono::hours(24 * 365);
+    }
+  }
+  client_->impl_->CallVia<Reply>(route_, std::move(req), timeout, std::move(done), std::move(on_output));
 }
 // ExtraCalls' (dsec/files.hpp, dsec/processes.hpp).
-template void Sandbox::Call<v1::FileReply, v1::PathOpRequest>(v1::PathOpRequest, Done<v1::FileReply>) const;
-template void Sandbox::Call<v1::ProcessReply, v1::ProcessRequest>(v1::ProcessRequest, Done<v1::ProcessReply>) const;
+template void Sandbox::Call<v1::FileReply, v1::PathOpRequest>(v1::PathOpRequest, Done<v1::FileReply>, OnOutput) const;
+template void Sandbox::Call<v1::ProcessReply, v1::ProcessRequest>(v1::ProcessRequest, Done<v1::ProcessReply>,
+                                                                  OnOutput) const;
+template void Sandbox::Call<v1::WatchReply, v1::WatchRequest>(v1::WatchRequest, Done<v1::WatchReply>, OnOutput) const;
 
 namespace {
 // The reply's record. A node answers without its own address: the route it

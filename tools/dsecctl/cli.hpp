@@ -149,15 +149,16 @@ void AddSnapshotCommands(CLI::App* app, SnapshotFlags* f);
 // Whichever of them was given.
 int RunSnapshotCommand(const Common& c, const SnapshotFlags& f);
 
-// `dsecctl exec`, `ps`, `signal` (exec.cpp).
+// `dsecctl exec`, `ps`, `signal`, `attach`, `watch` (exec.cpp).
 struct ExecFlags {
-  CLI::App *exec = nullptr, *ps = nullptr, *signal = nullptr;
+  CLI::App *exec = nullptr, *ps = nullptr, *signal = nullptr, *attach = nullptr, *watch = nullptr;
   LimitFlags limits;
-  std::string id, user;
+  std::string id, user, path;
   std::vector<std::string> cmd;
-  bool json = false, interactive = false, tty = false;
+  bool json = false, interactive = false, tty = false, recursive = false;
   uint32_t pid = 0;
   int sig = 15;
+  double timeout_s = 0;  // attach, watch: how long (0: until it ends)
 };
 void AddExecCommands(CLI::App* app, ExecFlags* f);
 int RunExecCommand(const Common& c, const ExecFlags& f);

@@ -1,7 +1,9 @@
-// `dsecctl exec`, `ps` and `signal` (dsec/processes.hpp): a command in a
-// sandbox with its output streamed as it comes, its stdin streamed too (a
-// pipe, or the terminal with -i) and Ctrl-C passed to it (SIGINT; a second
-// Ctrl-C: SIGKILL); the sandbox's running execs listed and signalled by pid.
+// `dsecctl exec`, `ps`, `signal`, `attach` and `watch` (dsec/processes.hpp,
+// dsec/watch.hpp): a command in a sandbox with its output streamed as it
+// comes, its stdin streamed too (a pipe, or the terminal with -i) and
+// Ctrl-C passed to it (SIGINT; a second Ctrl-C: SIGKILL); the sandbox's
+// running execs listed, signalled and attached to by pid; a directory's
+// changes as they happen.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -10,6 +12,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <cstring>
 #include <condition_variable>
@@ -20,6 +23,7 @@
 #include <thread>
 
 #include "dsec/processes.hpp"
+#include "dsec/watch.hpp"
 #include "tools/dsecctl/cli.hpp"
 
 namespace dsec::ctl {
@@ -45,7 +49,36 @@ void AddExecCommands(CLI::App* app, ExecFlags* f) {
   f->signal->add_option("id", f->id, "sandbox id")->required();
   f->signal->add_option("pid", f->pid, "the exec's pid")->required();
   f->signal->add_option("-s,--signal", f->sig, "signal number (default 15, TERM)");
+  f->attach = app->add_subcommand(
+      "attach", "a running exec's output from now on, by pid (see ps), and its exit status; Ctrl-C leaves it running");
+  f->attach->add_option("id", f->id, "sandbox id")->required();
+  f->attach->add_option("pid", f->pid, "the exec's pid")->required();
+  f->attach->add_option("--timeout", f->timeout_s, "stop following after this many seconds (exit 124)");
+  f->watch = app->add_subcommand("watch", "print a directory's changes as they happen: TYPE NAME a line each");
+  f->watch->add_option("id", f->id, "sandbox id")->required();
+  f->watch->add_option("path", f->path, "the directory (absolute)")->required();
+  f->watch->add_flag("-r,--recursive", f->recursive, "every directory under it too, new ones included");
+  f->watch->add_option("--timeout", f->timeout_s, "stop after this many seconds (0: until Ctrl-C)");
 }
+
+namespace {
+int Watch(const Sandbox& sb, const ExecFlags& f) {
+  static const char* kTypes[] = {"?", "create", "write", "remove", "rename", "chmod"};
+  WatchOptions o;
+  o.recursive = f.recursive;
+  o.timeout = std::chrono::milliseconds(static_cast<int64_t>(f.timeout_s * 1000));
+  auto w = WatchDir(
+      sb, f.path,
+      [](const v1::FsEvent& e) {
+        std::printf("%s %s\n", kTypes[e.type() >= 0 && e.type() <= 5 ? e.type() : 0], e.name().c_str());
+        std::fflush(stdout);
+      },
+      o);
+  if (!w.ok()) return Fail(w.status());
+  auto end = (*w)->Wait();  // Ctrl-C ends dsecctl, and with it the watch
+  return end.ok() ? 0 : Fail(end.status());
+}
+}  // namespace
 
 namespace {
 
@@ -117,6 +150,24 @@ int RunExecCommand(const Common& c, const ExecFlags& f) {
                   p.stdin_open() ? "open" : "-", cmd.c_str());
     }
     return 0;
+  }
+  if (*f.attach || *f.watch) {
+    auto client = ConnectOrDie(c, &rc);
+    if (!client) return rc;
+    auto sb = client->Attach(f.id);
+    if (!sb.ok()) return Fail(sb.status());
+    if (*f.watch) return Watch(*sb, f);
+    v1::ExecRequest req;
+    req.set_attach_pid(f.pid);
+    req.mutable_limits()->set_timeout_ms(static_cast<uint64_t>(f.timeout_s * 1000));
+    auto r = sb->ExecStream(req, [](const v1::ExecOutput& o) {
+      Write(stdout, o.stdout());
+      Write(stderr, o.stderr());
+      Write(stdout, o.pty());
+    });
+    if (!r.ok() && r.status().code() == Status::Code::kDeadlineExceeded && f.timeout_s > 0) return 124;
+    if (!r.ok()) return Fail(r.status());
+    return Report(*r, false);
   }
   v1::ExecRequest req;
   if (auto e = ApplyLimits(f.limits, req.mutable_limits()); !e.empty()) return Fail(e, kUsage);

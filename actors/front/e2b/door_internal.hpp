@@ -4,10 +4,12 @@
 
 #include <caf/all.hpp>
 
+#include <cstdint>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "dsec/status.hpp"
 #include "runtime/http_server.hpp"
 #include "wire/wire.hpp"
 
@@ -29,6 +31,17 @@ std::string Rfc3339(int64_t ms);
 
 // A path as envd takes it: relative ones under the user's home.
 std::string EnvdPath(const std::string& path, const std::string& user);
+
+// The Connect protocol (connect_codec.cpp): a status code's Connect name
+// and the HTTP status a unary call's error gets; an error's body
+// ({"code", "message"}); an envelope ([flags][u32 big-endian length][payload]);
+// bytes as standard base64 and back (padding optional; false: not base64).
+const char* ConnectCode(Status::Code c);
+int ConnectHttp(Status::Code c);
+nlohmann::json ErrorJson(const Status& s);
+std::string Envelope(uint8_t flags, const std::string& payload);
+std::string Base64(const std::string& bytes);
+bool Unbase64(const std::string& in, std::string* out);
 
 // envd's Connect services (POST /filesystem.Filesystem/<M>,
 // /process.Process/<M>; docs/e2b.md): unary JSON calls and server streams

@@ -6,7 +6,6 @@
 // (end of stream) carrying {} or {"error": {...}}. Each call becomes calls
 // of the table (wire/calls.hpp) to the entry actor; a process's stream is an
 // actor of its own that passes the exec's pieces on as they come.
-#include <openssl/evp.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -23,72 +22,6 @@ namespace dsec::e2b {
 namespace {
 
 using nlohmann::json;
-
-// Connect's name for a status code.
-const char* ConnectCode(Status::Code c) {
-  switch (c) {
-    case Status::Code::kNotFound: return "not_found";
-    case Status::Code::kInvalidArgument: return "invalid_argument";
-    case Status::Code::kAlreadyExists: return "already_exists";
-    case Status::Code::kFailedPrecondition: return "failed_precondition";
-    case Status::Code::kResourceExhausted: return "resource_exhausted";
-    case Status::Code::kUnavailable: return "unavailable";
-    case Status::Code::kUnimplemented: return "unimplemented";
-    case Status::Code::kUnauthenticated: return "unauthenticated";
-    case Status::Code::kDeadlineExceeded: return "deadline_exceeded";
-    case Status::Code::kAborted: return "aborted";
-    default: return "internal";
-  }
-}
-
-// The HTTP status Connect gives a unary call's error.
-int ConnectHttp(Status::Code c) {
-  switch (c) {
-    case Status::Code::kNotFound: return 404;
-    case Status::Code::kInvalidArgument:
-    case Status::Code::kFailedPrecondition: return 400;
-    case Status::Code::kAlreadyExists: return 409;
-    case Status::Code::kResourceExhausted: return 429;
-    case Status::Code::kUnavailable: return 503;
-    case Status::Code::kUnimplemented: return 501;
-    case Status::Code::kUnauthenticated: return 401;
-    case Status::Code::kDeadlineExceeded: return 504;
-    case Status::Code::kAborted: return 409;
-    default: return 500;
-  }
-}
-
-json ErrorJson(const Status& s) { return {{"code", ConnectCode(s.code())}, {"message", s.message()}}; }
-
-std::string Envelope(uint8_t flags, const std::string& payload) {
-  std::string out(5, '\0');
-  out[0] = static_cast<char>(flags);
-  uint32_t n = static_cast<uint32_t>(payload.size());
-  for (int i = 0; i < 4; ++i) out[1 + i] = static_cast<char>((n >> (24 - 8 * i)) & 0xff);
-  return out + payload;
-}
-
-std::string Base64(const std::string& bytes) {
-  std::string out(4 * ((bytes.size() + 2) / 3) + 1, '\0');
-  int n = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()),
-                          reinterpret_cast<const unsigned char*>(bytes.data()), static_cast<int>(bytes.size()));
-  out.resize(static_cast<size_t>(n));
-  return out;
-}
-
-// Standard base64 (padding optional) to bytes; false when it is not.
-bool Unbase64(const std::string& in, std::string* out) {
-  std::string b64 = in;
-  while (b64.size() % 4) b64 += '=';
-  out->assign(b64.size() / 4 * 3 + 1, '\0');
-  int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out->data()),
-                          reinterpret_cast<const unsigned char*>(b64.data()), static_cast<int>(b64.size()));
-  if (n < 0) return false;
-  size_t pad = 0;
-  for (size_t i = b64.size(); i > 0 && b64[i - 1] == '=' && pad < 2; --i) ++pad;
-  out->resize(static_cast<size_t>(n) - pad);  // EVP_DecodeBlock counts the padding as zero bytes
-  return true;
-}
 
 // The user of "Authorization: Basic base64(user:)", or "".
 std::string BasicUser(const HttpRequest& req) {
@@ -175,9 +108,11 @@ class Rpc : public std::enable_shared_from_this<Rpc> {
   void EndStream() {
     if (answered_) return;
     answered_ = true;
+    if (!begun_) Begin();
     c_.reply->Write(Envelope(2, "{}"));
     c_.reply->End();
   }
+  bool begun() const { return begun_; }
   void Begin() {
     begun_ = true;
     c_.reply->Begin(200, "application/connect+json");
@@ -297,6 +232,8 @@ class DirWalk : public std::enable_shared_from_this<DirWalk> {
   bool failed_ = false, answered_ = false;
 };
 
+void WatchDir(const std::shared_ptr<Rpc>& rpc, const std::string& path, bool recursive);
+
 void Filesystem(const std::shared_ptr<Rpc>& rpc, const std::string& method, const json& msg) {
   std::string path, dest;
   if (!StringField(msg, "path", &path) || !StringField(msg, "source", &path) ||
@@ -330,6 +267,7 @@ void Filesystem(const std::shared_ptr<Rpc>& rpc, const std::string& method, cons
   if (method == "Remove") {
     return rpc->PathOp(v1::PATH_OP_REMOVE, path, "", [rpc](v1::FileReply&) { rpc->Answer(json::object()); });
   }
+  if (method == "WatchDir") return WatchDir(rpc, path, msg.contains("recursive") && msg["recursive"] == true);
   rpc->Fail(Status::Unimplemented("filesystem." + method.substr(0, 64) +
                                   " is not served by this dsec yet (docs/e2b.md lists what is)"));
 }
@@ -375,6 +313,52 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(dsec::e2b::Tick)
 namespace dsec::e2b {
 namespace {
 
+// What a streamed call's actor shares: `send` writes one message (in a
+// ProcessEvent's "event" when `wrapped`); a piece the client cannot take
+// (gone, or max_buffered waiting) cuts the stream without an end message
+// and ends the actor. Keepalives at the client's Keepalive-Ping-Interval
+// (at most 50 s), once the stream has begun.
+struct Streamer {
+  Streamer(std::shared_ptr<Rpc> r, caf::event_based_actor* s, bool wrapped) : rpc(std::move(r)), self(s) {
+    auto reply = rpc->reply();
+    auto* me = self;
+    auto gone = cut;
+    send = [reply, gone, me, wrapped](const json& ev) {
+      if (*gone) return;
+      if (!reply->Write(Envelope(0, (wrapped ? json{{"event", ev}} : ev).dump()))) {
+        *gone = true;
+        reply->End();
+        me->quit();
+      }
+    };
+    if (const std::string* k = rpc->req().Header("keepalive-ping-interval"))
+      keepalive_s = std::clamp(std::atoi(k->c_str()), 1, 50);
+  }
+  // dsec not answering the call fails it.
+  std::function<void(caf::error&)> Unanswered() const {
+    return [rpc = rpc, me = self](caf::error& e) {
+      rpc->Fail(Status::Unavailable("dsec did not answer: " + caf::to_string(e)));
+      me->quit();
+    };
+  }
+  void Keepalives() const { self->delayed_send(self, std::chrono::seconds(keepalive_s), Tick{}); }
+  std::function<void(Tick)> OnTick() const {
+    return [send = send, rpc = rpc, me = self, s = keepalive_s](Tick) {
+      if (rpc->begun()) send({{"keepalive", json::object()}});
+      me->delayed_send(me, std::chrono::seconds(s), Tick{});
+    };
+  }
+
+  std::shared_ptr<Rpc> rpc;
+  caf::event_based_actor* self;
+  std::shared_ptr<bool> cut = std::make_shared<bool>(false);
+  std::function<void(const json&)> send;
+  int keepalive_s = 50;
+};
+
+void StreamExec(const std::shared_ptr<Rpc>& rpc, v1::ExecRequest req, bool keep_stdin);
+uint32_t SelectedPid(const std::shared_ptr<Rpc>& rpc, const json& msg);
+
 // process.Start: the command as an exec streamed to an actor of its own,
 // which writes each piece as a data event as it comes (keepalives while
 // it is quiet) and the end event when it ends. A client that stops
@@ -416,29 +400,28 @@ void Start(const std::shared_ptr<Rpc>& rpc, const json& msg) {
   // (absent: open, as envd defaults): then it is closed at once.
   req.set_interactive(true);
   bool keep_stdin = !msg.contains("stdin") || msg["stdin"] != false;
-  if (const std::string* t = rpc->req().Header("connect-timeout-ms")) {
-    char* end = nullptr;
-    unsigned long long ms = std::strtoull(t->c_str(), &end, 10);
-    if (!t->empty() && !*end && ms > 0) req.mutable_limits()->set_timeout_ms(ms);
-  }
-  int keepalive_s = 50;
-  if (const std::string* k = rpc->req().Header("keepalive-ping-interval"))
-    keepalive_s = std::clamp(std::atoi(k->c_str()), 1, 50);
+  StreamExec(rpc, std::move(req), keep_stdin);
+}
+
+// The call's Connect-Timeout-Ms (0: none).
+uint64_t TimeoutMs(const std::shared_ptr<Rpc>& rpc) {
+  const std::string* t = rpc->req().Header("connect-timeout-ms");
+  if (!t) return 0;
+  char* end = nullptr;
+  unsigned long long ms = std::strtoull(t->c_str(), &end, 10);
+  return !t->empty() && !*end ? ms : 0;
+}
+
+// A streamed exec (Start) or an attachment to one (Connect) as envd's
+// stream of ProcessEvents: start (the pid), data, keepalives, end.
+void StreamExec(const std::shared_ptr<Rpc>& rpc, v1::ExecRequest req, bool keep_stdin) {
+  if (uint64_t ms = TimeoutMs(rpc)) req.mutable_limits()->set_timeout_ms(ms);
   req.set_stream_id(next_stream++);
-  rpc->self()->spawn([rpc, req, keepalive_s, keep_stdin](caf::event_based_actor* self) mutable -> caf::behavior {
-    auto reply = rpc->reply();
+  rpc->self()->spawn([rpc, req, keep_stdin](caf::event_based_actor* self) mutable -> caf::behavior {
     rpc->Begin();
-    auto cut = std::make_shared<bool>(false);
-    // A piece the client cannot take (gone, or max_buffered waiting): the
-    // stream ends without an end message; the command runs on.
-    auto send = [reply, cut, self](const json& ev) {
-      if (*cut) return;
-      if (!reply->Write(Envelope(0, json{{"event", ev}}.dump()))) {
-        *cut = true;
-        reply->End();
-        self->quit();
-      }
-    };
+    Streamer stream(rpc, self, true);  // the command runs on when the stream is cut
+    auto send = stream.send;
+    auto cut = stream.cut;
     self->request(rpc->entry(), caf::infinite, std::move(req))
         .then(
             [rpc, send, cut, self](v1::ExecReply& r) {
@@ -462,11 +445,8 @@ void Start(const std::shared_ptr<Rpc>& rpc, const json& msg) {
               if (!*cut) rpc->EndStream();
               self->quit();
             },
-            [rpc, self](caf::error& e) {
-              rpc->Fail(Status::Unavailable("dsec did not answer: " + caf::to_string(e)));
-              self->quit();
-            });
-    self->delayed_send(self, std::chrono::seconds(keepalive_s), Tick{});
+            stream.Unanswered());
+    stream.Keepalives();
     return {
         [send, self, rpc, keep_stdin](v1::ExecOutput& out) {
           if (out.pid()) {  // the first piece: the process's own pid
@@ -484,12 +464,63 @@ void Start(const std::shared_ptr<Rpc>& rpc, const json& msg) {
           if (!out.stderr().empty()) send({{"data", {{"stderr", Base64(out.stderr())}}}});
           if (!out.pty().empty()) send({{"data", {{"pty", Base64(out.pty())}}}});
         },
-        [send, self, keepalive_s](Tick) {
-          send({{"keepalive", json::object()}});
-          self->delayed_send(self, std::chrono::seconds(keepalive_s), Tick{});
-        },
+        stream.OnTick(),
     };
   });
+}
+
+// filesystem.WatchDir: a dsec watch streamed to an actor of its own: the
+// start event once it is in place, then each change, keepalives while it
+// is quiet; its end (Connect-Timeout-Ms, or the directory removed) ends
+// the stream. A client that leaves ends the actor, and so the watch (the
+// sandbox watches its caller).
+void WatchDir(const std::shared_ptr<Rpc>& rpc, const std::string& path, bool recursive) {
+  v1::WatchRequest req;
+  req.set_sandbox_id(rpc->sandbox());
+  req.set_path(path);
+  req.set_recursive(recursive);
+  req.set_timeout_ms(TimeoutMs(rpc));
+  req.set_stream_id(next_stream++);
+  rpc->self()->spawn([rpc, req](caf::event_based_actor* self) mutable -> caf::behavior {
+    Streamer stream(rpc, self, false);  // WatchDirResponse: the oneof's field itself
+    auto send = stream.send;
+    auto cut = stream.cut;
+    self->request(rpc->entry(), caf::infinite, std::move(req))
+        .then(
+            [rpc, cut, self](v1::WatchReply& r) {
+              if (*cut) return self->quit();
+              Status s = FromProto(r.status());
+              if (s.ok()) rpc->EndStream();
+              else rpc->Fail(s);
+              self->quit();
+            },
+            stream.Unanswered());
+    stream.Keepalives();
+    return {
+        [send, rpc](v1::ExecOutput& piece) {
+          static const char* kTypes[] = {"EVENT_TYPE_UNSPECIFIED", "EVENT_TYPE_CREATE", "EVENT_TYPE_WRITE",
+                                         "EVENT_TYPE_REMOVE", "EVENT_TYPE_RENAME", "EVENT_TYPE_CHMOD"};
+          if (piece.watching()) {  // the stream begins once the watch is in place: an error before is unary-like
+            rpc->Begin();
+            send({{"start", json::object()}});
+          }
+          for (const auto& e : piece.events())
+            send({{"filesystem", {{"name", e.name()}, {"type", kTypes[e.type() >= 0 && e.type() <= 5 ? e.type() : 0]}}}});
+        },
+        stream.OnTick(),
+    };
+  });
+}
+
+// A process Start began (commands.connect): its events from now on.
+void Connect(const std::shared_ptr<Rpc>& rpc, const json& msg) {
+  uint32_t pid = SelectedPid(rpc, msg);
+  if (!pid) return;
+  v1::ExecRequest req;
+  req.set_sandbox_id(rpc->sandbox());
+  req.set_attach_pid(pid);
+  req.set_stream(true);
+  StreamExec(rpc, std::move(req), true);
 }
 
 // The pid of a ProcessSelector ({"pid": N}), or 0 with the call failed.
@@ -510,6 +541,7 @@ uint32_t SelectedPid(const std::shared_ptr<Rpc>& rpc, const json& msg) {
 
 void Process(const std::shared_ptr<Rpc>& rpc, const std::string& method, const json& msg) {
   if (method == "Start") return Start(rpc, msg);
+  if (method == "Connect") return Connect(rpc, msg);
   v1::ProcessRequest req;
   req.set_sandbox_id(rpc->sandbox());
   if (method == "List") {

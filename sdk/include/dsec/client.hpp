@@ -123,7 +123,7 @@ class Sandbox {
   friend struct SnapshotCalls;  // dsec/snapshot.hpp
   friend struct ExtraCalls;     // dsec/files.hpp, dsec/processes.hpp
   template <class Reply, class Request>
-  void Call(Request req, Done<Reply> done) const;
+  void Call(Request req, Done<Reply> done, OnOutput on_output = nullptr) const;
   Sandbox(Client* c, std::string id, v1::SandboxSpec spec, std::string route)
       : client_(c), id_(std::move(id)), spec_(std::move(spec)), route_(std::move(route)) {}
   Client* client_;

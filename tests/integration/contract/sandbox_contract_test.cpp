@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <iterator>
 #include <fstream>
 #include <future>
@@ -20,7 +21,9 @@
 
 #include "dsec/files.hpp"
 #include "dsec/processes.hpp"
+#include "dsec/watch.hpp"
 #include "tests/support/container_fixture.hpp"
+#include "tests/support/daemon_fixture.hpp"
 #include "tests/support/host_probes.hpp"
 #include "tests/support/kind_sandbox_fixture.hpp"
 #include "tests/support/kinds.hpp"
@@ -309,7 +312,8 @@ TEST_P(Contract, FilesRoundTripThroughExec) {
 // Users and the tree's changes (ExecRequest.user, PathOpRequest), which
 // E2B's door and dsecctl fs stand on: a uid the image's passwd lacks is run
 // as itself (home "/"), a name it lacks is refused, naming it; a directory
-// made for a user is theirs; move and remove do what they say.
+// made for a user is theirs; move and remove do what they say; a watched
+// directory's changes are reported as they happen.
 TEST_P(Contract, ExecAsAUserAndPathOperations) {
   if (!GetParam().traits.files) return;
   if (GetParam().name == "fake") GTEST_SKIP() << "the fake kind does not model users or path operations";
@@ -339,13 +343,63 @@ TEST_P(Contract, ExecAsAUserAndPathOperations) {
   EXPECT_EQ(ShIn(*sb, "ls -A /work/pd | wc -l").stdout(), "0\n");
   EXPECT_EQ(Remove(*sb, "/work/pd/none").code(), Status::Code::kNotFound);
   EXPECT_EQ(Move(*sb, "/work/pd", "../x").status().code(), Status::Code::kInvalidArgument);
+  // Watches: a directory's changes as they happen, named relative to it;
+  // a recursive one sees into directories made after it began.
+  ASSERT_TRUE(MakeDir(*sb, "/work/w").ok());
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::string> deep_seen, flat_seen;
+  auto into = [&](std::vector<std::string>* seen) {
+    return [&mu, &cv, seen](const v1::FsEvent& e) {
+      static const char* kTypes[] = {"?", "create", "write", "remove", "rename", "chmod"};
+      std::lock_guard<std::mutex> lk(mu);
+      seen->push_back(std::string(kTypes[e.type() >= 0 && e.type() <= 5 ? e.type() : 0]) + " " + e.name());
+      cv.notify_all();
+    };
+  };
+  auto seen_has = [&](const std::vector<std::string>& seen, const std::string& what) {
+    std::unique_lock<std::mutex> lk(mu);
+    return cv.wait_for(lk, std::chrono::seconds(30),
+                       [&] { return std::find(seen.begin(), seen.end(), what) != seen.end(); });
+  };
+  WatchOptions recursive;
+  recursive.recursive = true;
+  auto deep = WatchDir(*sb, "/work/w", into(&deep_seen), recursive);
+  ASSERT_TRUE(deep.ok()) << deep.status().ToString();
+  auto flat = WatchDir(*sb, "/work/w", into(&flat_seen));
+  ASSERT_TRUE(flat.ok()) << flat.status().ToString();
+  ShIn(*sb, "mkdir /work/w/sub");
+  ASSERT_TRUE(seen_has(deep_seen, "create sub"));  // its watch is added as its create is read
+  ShIn(*sb, "cd /work/w && echo hi > a && chmod 600 a && echo x > sub/b && mv a c && rm c && mkdir done");
+  ASSERT_TRUE(seen_has(deep_seen, "create done"));
+  ASSERT_TRUE(seen_has(flat_seen, "create done"));
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    EXPECT_EQ(deep_seen, (std::vector<std::string>{"create sub", "create a", "write a", "chmod a", "create sub/b",
+                                                    "write sub/b", "rename a", "create c", "remove c",
+                                                    "create done"}));
+    EXPECT_EQ(flat_seen, (std::vector<std::string>{"create sub", "create a", "write a", "chmod a", "rename a",
+                                                    "create c", "remove c", "create done"}));
+  }
+  auto stopped = (*deep)->Stop();
+  ASSERT_TRUE(stopped.ok()) << stopped.status().ToString();
+  EXPECT_EQ(*stopped, 10u);
+  ShIn(*sb, "touch /work/w/later");
+  ASSERT_TRUE(seen_has(flat_seen, "create later"));
+  EXPECT_EQ(deep_seen.size(), 10u) << "a stopped watch reports nothing more";
+  EXPECT_EQ(WatchDir(*sb, "/work/none", nullptr).status().code(), Status::Code::kNotFound);
+  ASSERT_TRUE(Remove(*sb, "/work/w").ok());
+  auto gone = (*flat)->Wait();  // its directory removed: it ends, saying so
+  EXPECT_EQ(gone.status().code(), Status::Code::kNotFound) << gone.status().ToString();
   Destroy(*sb);
 }
 
 // Execs by pid (ProcessRequest), which E2B's commands and dsecctl stand
 // on: an interactive exec names its pid first, is listed, takes input in
-// order until its stdin is closed; a signal by pid reaches it; a gone pid
-// is NotFound.
+// order until its stdin is closed; it outlives the client that started it
+// and is attached to by pid (its output from then on, its end; an
+// attachment's timeout leaves it running); a signal by pid reaches it; a
+// gone pid is NotFound.
 TEST_P(Contract, InteractiveExecsAreReachedByTheirPid) {
   if (!GetParam().traits.files) return;
   if (GetParam().name == "fake") GTEST_SKIP() << "the fake kind does not model processes by pid";
@@ -381,9 +435,58 @@ TEST_P(Contract, InteractiveExecsAreReachedByTheirPid) {
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(out, "got a\ngot b\neof\n");
   EXPECT_EQ(SendInput(*sb, pid, "x").code(), Status::Code::kNotFound);
+  // It outlives its caller: started by a client that then goes away, it
+  // runs on, and another attaches to its output from then on (and its end).
+  uint32_t orphan = 0;
+  {
+    std::unique_ptr<Client> other;
+    ASSERT_EQ(ConnectClient(*daemon_, &other), "");
+    auto theirs = other->Attach(sb->id());
+    ASSERT_TRUE(theirs.ok()) << theirs.status().ToString();
+    auto started = std::make_shared<std::promise<uint32_t>>();
+    auto echoed = std::make_shared<std::promise<void>>();
+    auto req = Command({"sh", "-c", "while read l; do echo again $l; done; exit 7"});
+    req.set_interactive(true);
+    theirs->ExecStreamAsync(
+        req,
+        [started, echoed](const v1::ExecOutput& o) {
+          if (o.pid()) started->set_value(o.pid());
+          if (o.stdout() == "again before\n") echoed->set_value();
+        },
+        [](Result<v1::ExecResult>) {});
+    auto f = started->get_future();
+    ASSERT_EQ(f.wait_for(std::chrono::seconds(60)), std::future_status::ready);
+    orphan = f.get();
+    ASSERT_TRUE(SendInput(*sb, orphan, "before\n").ok());
+    ASSERT_EQ(echoed->get_future().wait_for(std::chrono::seconds(60)), std::future_status::ready);
+    other.reset();  // its caller is gone
+  }
+  std::string later;
+  auto attached = std::make_shared<std::promise<void>>();
+  v1::ExecRequest attach;
+  attach.set_attach_pid(orphan);
+  auto following = std::async(std::launch::async, [&sb, attach, attached, &later] {
+    return sb->ExecStream(attach, [attached, &later](const v1::ExecOutput& o) {
+      if (o.pid()) attached->set_value();
+      later += o.stdout();
+    });
+  });
+  ASSERT_EQ(attached->get_future().wait_for(std::chrono::seconds(60)), std::future_status::ready);
+  ASSERT_TRUE(SendInput(*sb, orphan, "after\n").ok());
+  ASSERT_TRUE(CloseStdin(*sb, orphan).ok());
+  auto ended = following.get();
+  ASSERT_TRUE(ended.ok()) << ended.status().ToString();
+  EXPECT_EQ(later, "again after\n") << "the output from the attachment on, not before";
+  EXPECT_EQ(ended->exit_code(), 7);
+  attach.set_attach_pid(orphan);
+  EXPECT_EQ(sb->ExecStream(attach, [](const v1::ExecOutput&) {}).status().code(), Status::Code::kNotFound);
   std::string slept;
   auto [sleeper, sleeping] = run(Command({"sleep", "60"}), &slept);
   ASSERT_GT(sleeper, 0u);
+  // An attachment with a timeout ends at it; the process runs on.
+  attach.set_attach_pid(sleeper);
+  attach.mutable_limits()->set_timeout_ms(200);
+  EXPECT_EQ(sb->ExecStream(attach, [](const v1::ExecOutput&) {}).status().code(), Status::Code::kDeadlineExceeded);
   ASSERT_TRUE(SignalProcess(*sb, sleeper, SIGTERM).ok());
   auto killed = sleeping.get();
   ASSERT_TRUE(killed.ok()) << killed.status().ToString();

@@ -83,7 +83,7 @@ TEST_F(E2bDoor, TheUnmodifiedSdkCreatesListsExtendsAndKillsSandboxes) {
   EXPECT_EQ(info["templateId"], kImage);
   EXPECT_EQ(info["state"], "running");
   EXPECT_EQ(info["metadata"]["run"], run);
-  EXPECT_EQ(info["envdVersion"], "0.1.0");
+  EXPECT_EQ(info["envdVersion"], "0.1.4") << "the highest whose every behaviour dsec serves (docs/e2b.md)";
   EXPECT_NEAR(info["lifetime"].get<double>(), 120, 2) << "E2B's timeout is its lifetime";
   EXPECT_NEAR(out["extendedBy"].get<double>(), 480, 5) << "setTimeout(600 s) is 600 s from now";
   EXPECT_EQ(out["listed"], nlohmann::json::array({id})) << "listed by its metadata";
@@ -188,6 +188,9 @@ TEST_F(E2bDoor, TheSdkRunsCommandsAndWalksTheFilesystem) {
   EXPECT_THAT(out["sleeperEnd"].get<std::string>(), HasSubstr("CommandExitError"));
   EXPECT_EQ(out["killAgain"], false) << "a gone process: the SDK's NotFound, false";
   EXPECT_THAT(out["inputToGone"].get<std::string>(), HasSubstr("NotFound"));
+  EXPECT_EQ(out["reconnected"], J({{"pid", true}, {"exitCode", 0}, {"stdout", "got x\n"}, {"seen", "got x\n"}}))
+      << "a disconnected command runs on; connect gets its output and its end";
+  EXPECT_THAT(out["connectGone"].get<std::string>(), HasSubstr("NotFound"));
   // Bad input: a stream's error is its end message (HTTP 200, flag 0x02); a unary call's, an HTTP status.
   EXPECT_EQ(out["truncated"][0], 200);
   EXPECT_THAT(out["truncated"][1].get<std::string>(), HasSubstr("\"code\":\"invalid_argument\""));
@@ -217,6 +220,9 @@ TEST_F(E2bDoor, TheSdkRunsCommandsAndWalksTheFilesystem) {
   EXPECT_EQ(out["afterRemove"], J({"/tmp/fs/uno.txt"})) << "a directory removed with all it held";
   EXPECT_THAT(out["listFile"].get<std::string>(), HasSubstr("not a directory"));
   EXPECT_THAT(out["listMissing"].get<std::string>(), HasSubstr("NotFound"));
+  EXPECT_EQ(out["watched"], J::parse(R"([["create","sub"],["create","sub/f.txt"],["write","sub/f.txt"]])"))
+      << "a recursive watch, through the SDK's watchDir (envd 0.1.4)";
+  EXPECT_THAT(out["watchMissing"].get<std::string>(), HasSubstr("NotFound"));
 }
 
 // E2B's `base` template is one documented command away (docs/e2b.md):

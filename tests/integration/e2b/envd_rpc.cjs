@@ -1,8 +1,8 @@
 // envd's Connect services through dsec's E2B door, driven by the unmodified
 // `e2b` SDK: commands (run, streamed callbacks, exit codes, as the SDK's
 // default user `user` and as root, a timeout) and the filesystem calls
-// (list with depth, exists, getInfo, makeDir, rename, remove); prints what
-// it saw as one JSON object.
+// (list with depth, exists, getInfo, makeDir, rename, remove, watchDir),
+// reconnecting to a command; prints what it saw as one JSON object.
 const { Sandbox, failure, main } = require('./common.cjs');
 
 main(async () => {
@@ -45,6 +45,15 @@ main(async () => {
     out.sleeperEnd = await failure(() => sleeper.wait());
     out.killAgain = await sbx.commands.kill(sleeper.pid);
     out.inputToGone = await failure(() => sbx.commands.sendStdin(sleeper.pid, 'x'));
+    // A command outlives its caller's disconnect; connect attaches to it by pid (output from then on).
+    const lone = await sbx.commands.run('read l; echo got $l', { background: true, stdin: true });
+    await lone.disconnect();
+    const rejoined = [];
+    const again = await sbx.commands.connect(lone.pid, { onStdout: (d) => rejoined.push(d) });
+    await sbx.commands.sendStdin(lone.pid, 'x\n');
+    const end = await again.wait();
+    out.reconnected = { pid: again.pid === lone.pid, exitCode: end.exitCode, stdout: end.stdout, seen: rejoined.join('') };
+    out.connectGone = await failure(() => sbx.commands.connect(lone.pid));
     // Bad Connect input: each answered with Connect's invalid_argument, nothing run.
     const raw = (path, type, body) => fetch(`${process.env.E2B_SANDBOX_URL}${path}`, {
       method: 'POST', body,
@@ -87,6 +96,24 @@ main(async () => {
     out.afterRemove = (await sbx.files.list('/tmp/fs', { depth: 5 })).map((e) => e.path);
     out.listFile = await failure(() => sbx.files.list('/tmp/fs/uno.txt'));
     out.listMissing = await failure(() => sbx.files.list('/tmp/nowhere'));
+    // Watches: events as they happen, named relative to the directory; recursive sees into new directories.
+    await sbx.files.makeDir('/tmp/wd');
+    const events = [];
+    const waiting = [];  // [type, name, resolve]: resolved when that event comes
+    const until = (type, name) => new Promise((resolve) => waiting.push([type, name, resolve]));
+    const watch = await sbx.files.watchDir('/tmp/wd', (e) => {
+      events.push([e.type, e.name]);
+      for (const w of waiting) if (w[0] === e.type && w[1] === e.name) w[2]();
+    }, { recursive: true });
+    const subMade = until('create', 'sub');
+    await sbx.files.makeDir('/tmp/wd/sub');
+    await subMade;  // its watch is added as its create is read
+    const fileWritten = until('write', 'sub/f.txt');
+    await sbx.files.write('/tmp/wd/sub/f.txt', 'x');
+    await fileWritten;
+    await watch.stop();
+    out.watched = events.filter((e) => e[0] !== 'chmod');
+    out.watchMissing = await failure(() => sbx.files.watchDir('/tmp/nowhere', () => {}));
   } finally {
     await sbx.kill();
   }

@@ -1,0 +1,211 @@
+// Directory watches (Watch): one inotify instance for the agent (instances
+// are counted per user on the host, 128 by default, and every container's
+// agent is root there), watch descriptors shared by watches of the same
+// directory. Events are named relative to the watched directory and typed
+// as fsnotify (which E2B's envd uses) types them: a move away is a rename,
+// a move in a create.
+#include "drivers/agent/agent_internal.hpp"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/epoll.h>
+#include <sys/inotify.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <deque>
+
+namespace dsec::agent::internal {
+
+namespace {
+constexpr uint32_t kMask = IN_CREATE | IN_MODIFY | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO | IN_ATTRIB |
+                           IN_DELETE_SELF | IN_ONLYDIR | IN_DONT_FOLLOW;
+// Directories one recursive watch may hold (each an inotify watch of the
+// host's per-user budget, fs.inotify.max_user_watches).
+constexpr size_t kMaxWatchDirs = 8192;
+// And all of this agent's watches together: the host's budget is shared by
+// every sandbox whose agent is the same host user.
+constexpr size_t kMaxAgentWatchDirs = 16384;
+constexpr int kCreate = 1, kWrite = 2, kRemove = 3, kRename = 4, kChmod = 5;
+
+int TypeOf(uint32_t mask) {
+  if (mask & (IN_CREATE | IN_MOVED_TO)) return kCreate;
+  if (mask & IN_MODIFY) return kWrite;
+  if (mask & IN_DELETE) return kRemove;
+  if (mask & IN_MOVED_FROM) return kRename;
+  if (mask & IN_ATTRIB) return kChmod;
+  return 0;
+}
+
+std::string Join(const std::string& rel, const std::string& name) { return rel.empty() ? name : rel + "/" + name; }
+}  // namespace
+
+void Agent::OnWatch(Conn& c, uint64_t id, const Watch& req) {
+  if (c.watches.count(id) || c.execs.count(id))
+    return SendError(c, id, EEXIST, "watch: request id " + std::to_string(id) + " is in use on this connection");
+  const std::string& path = req.path();
+  if (path.empty() || path[0] != '/' || path.find('\0') != std::string::npos)
+    return SendError(c, id, EINVAL, "watch: '" + path + "' is not an absolute path");
+  if (!inotify_) {
+    inotify_.Reset(::inotify_init1(IN_NONBLOCK | IN_CLOEXEC));
+    if (!inotify_) return SendError(c, id, errno, std::string("watch: inotify: ") + std::strerror(errno));
+    WatchFd(inotify_.get(), 0, kInotify, EPOLLIN);
+  }
+  auto w = std::make_unique<WatchRun>();
+  w->key = next_key_++;
+  w->conn = c.key;
+  w->req_id = id;
+  w->root = path.size() > 1 && path.back() == '/' ? path.substr(0, path.size() - 1) : path;
+  w->recursive = req.recursive();
+  WatchRun& r = *w;
+  watches_[r.key] = std::move(w);
+  c.watches[id] = r.key;
+  std::string why;
+  if (!AddWatchDirs(r, "", &why)) {
+    c.watches.erase(id);
+    int err = errno ? errno : ENOSPC;
+    EndWatch(r.key, 0, {});
+    return SendError(c, id, err, "watch: " + why);
+  }
+  Event ev;
+  ev.set_id(id);
+  ev.mutable_fs_events()->set_watching(true);
+  Send(c, ev);
+}
+
+bool Agent::AddWatchDirs(WatchRun& w, const std::string& rel, std::string* why) {
+  std::deque<std::string> todo{rel};
+  while (!todo.empty()) {
+    std::string dir = std::move(todo.front());
+    todo.pop_front();
+    std::string full = Join(w.root, dir);
+    if (dir.empty()) full = w.root;
+    if (w.wds.size() >= kMaxWatchDirs) {
+      errno = ENOSPC;
+      *why = "more than " + std::to_string(kMaxWatchDirs) + " directories under " + w.root +
+             " to watch; watch a smaller tree";
+      return false;
+    }
+    if (wd_users_.size() >= kMaxAgentWatchDirs) {
+      errno = ENOSPC;
+      *why = "this sandbox's watches hold " + std::to_string(kMaxAgentWatchDirs) +
+             " directories already; stop one, or watch a smaller tree";
+      return false;
+    }
+    int wd = ::inotify_add_watch(inotify_.get(), full.c_str(), kMask);
+    if (wd < 0) {
+      if (!dir.empty()) continue;  // gone, or not a directory, meanwhile: its events would be none
+      int e = errno;
+      *why = full + ": " + (e == ENOTDIR ? std::string("not a directory")
+                            : e == ENOSPC ? std::string("the host's inotify watches are used up "
+                                                        "(fs.inotify.max_user_watches)")
+                                          : std::string(std::strerror(e)));
+      errno = e;
+      return false;
+    }
+    if (!w.wds.insert(wd).second) continue;  // the same directory by two names (a bind mount)
+    wd_users_[wd].emplace_back(w.key, dir);
+    if (!w.recursive) break;
+    DIR* d = ::opendir(full.c_str());
+    if (!d) continue;
+    while (dirent* e = ::readdir(d)) {
+      if (e->d_type != DT_DIR || !std::strcmp(e->d_name, ".") || !std::strcmp(e->d_name, "..")) continue;
+      todo.push_back(Join(dir, e->d_name));
+    }
+    ::closedir(d);
+  }
+  return true;
+}
+
+void Agent::EndWatch(uint64_t key, int err, const std::string& why) {
+  auto it = watches_.find(key);
+  if (it == watches_.end()) return;
+  std::unique_ptr<WatchRun> w = std::move(it->second);
+  watches_.erase(it);
+  for (int wd : w->wds) {
+    auto u = wd_users_.find(wd);
+    if (u == wd_users_.end()) continue;
+    auto& users = u->second;
+    for (size_t i = 0; i < users.size();)
+      if (users[i].first == key) users.erase(users.begin() + static_cast<long>(i));
+      else ++i;
+    if (users.empty()) {
+      ::inotify_rm_watch(inotify_.get(), wd);
+      wd_users_.erase(u);
+    }
+  }
+  Conn* c = FindConn(w->conn);
+  if (!c || !c->watches.count(w->req_id)) return;  // its client stopped it, or is gone
+  c->watches.erase(w->req_id);
+  if (err) return SendError(*c, w->req_id, err, "watch " + w->root + ": " + why);
+  Event ev;
+  ev.set_id(w->req_id);
+  ev.mutable_ok();
+  Send(*c, ev);
+}
+
+void Agent::OnInotify() {
+  alignas(inotify_event) char buf[64 << 10];
+  std::unordered_map<uint64_t, Event> batches;  // per watch, this read's events
+  std::vector<std::pair<uint64_t, std::string>> ended;  // (watch, why)
+  for (int reads = 0; reads < 16; ++reads) {
+    ssize_t n = ::read(inotify_.get(), buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    for (char* p = buf; p < buf + n;) {
+      auto* e = reinterpret_cast<inotify_event*>(p);
+      p += sizeof(inotify_event) + e->len;
+      if (e->mask & IN_Q_OVERFLOW) {  // events were lost: every watch says so rather than miss them
+        for (auto& [key, w] : watches_) ended.emplace_back(key, "events were lost (the kernel's queue overflowed)");
+        continue;
+      }
+      auto u = wd_users_.find(e->wd);
+      if (u == wd_users_.end()) continue;
+      std::string name = e->len ? std::string(e->name) : std::string();
+      if (e->mask & IN_IGNORED) {  // the directory is gone (or unmounted)
+        for (auto& [key, rel] : u->second) {
+          auto w = watches_.find(key);
+          if (w == watches_.end()) continue;
+          if (rel.empty()) ended.emplace_back(key, "the directory was removed");
+          else w->second->wds.erase(e->wd);
+        }
+        wd_users_.erase(u);
+        continue;
+      }
+      int type = TypeOf(e->mask);
+      if (!type || name.empty()) continue;  // DELETE_SELF: IGNORED follows
+      auto users = u->second;  // AddWatchDirs may add to wd_users_
+      for (auto& [key, rel] : users) {
+        auto w = watches_.find(key);
+        if (w == watches_.end()) continue;
+        WatchRun& r = *w->second;
+        std::string child = Join(rel, name);
+        if (r.recursive && (e->mask & IN_ISDIR) && type == kCreate) {
+          std::string why;
+          if (!AddWatchDirs(r, child, &why)) ended.emplace_back(key, why);
+        }
+        Event& ev = batches[key];
+        auto* fe = ev.mutable_fs_events()->add_events();
+        fe->set_name(child);
+        fe->set_type(static_cast<uint32_t>(type));
+      }
+    }
+    if (static_cast<size_t>(n) < sizeof buf / 2) break;  // drained
+  }
+  for (auto& [key, ev] : batches) {
+    auto w = watches_.find(key);
+    if (w == watches_.end()) continue;
+    Conn* c = FindConn(w->second->conn);
+    if (!c) continue;
+    if (c->pending() >= kHighWater) {  // its client does not read: the watch ends rather than grow without bound
+      ended.emplace_back(key, "its client is not reading its events");
+      continue;
+    }
+    ev.set_id(w->second->req_id);
+    Send(*c, ev);
+  }
+  for (auto& [key, why] : ended) EndWatch(key, why.find("removed") != std::string::npos ? ENOENT : ENOBUFS, why);
+}
+
+}  // namespace dsec::agent::internal

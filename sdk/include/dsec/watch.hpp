@@ -1,0 +1,47 @@
+// Directory watches (service.proto, WatchRequest): a sandbox's directory
+// (and, recursive, every one under it) watched by inotify in the sandbox;
+// each change an FsEvent (create, write, remove, rename, chmod; named
+// relative to the directory) handed to `on_event` on an SDK thread, in
+// order. Container and VM kinds.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "dsec/client.hpp"
+
+namespace dsec {
+
+struct WatchOptions {
+  bool recursive = false;
+  std::chrono::milliseconds timeout{0};  // ends it after this long; 0: until stopped
+};
+
+class DirWatch {
+ public:
+  struct State;
+  DirWatch(Sandbox sandbox, std::shared_ptr<State> state) : sandbox_(std::move(sandbox)), state_(std::move(state)) {}
+  ~DirWatch();  // Stop()
+  DirWatch(const DirWatch&) = delete;
+  DirWatch& operator=(const DirWatch&) = delete;
+  // Stops it and waits for its end: how many events it delivered, or why it
+  // ended before (the directory removed, the sandbox gone).
+  Result<uint64_t> Stop();
+  // Waits for it to end by itself (its timeout, an error).
+  Result<uint64_t> Wait();
+
+ private:
+  Sandbox sandbox_;
+  std::shared_ptr<State> state_;
+};
+
+// Returns once the watch is in place (changes from then on are reported),
+// or why it could not be (NotFound: no such directory).
+Result<std::unique_ptr<DirWatch>> WatchDir(const Sandbox& sandbox, const std::string& path,
+                                           std::function<void(const v1::FsEvent&)> on_event,
+                                           WatchOptions options = {});
+
+}  // namespace dsec
