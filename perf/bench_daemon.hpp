@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "dsec/client.hpp"
 #include "harness/daemon.hpp"
 #include "harness/rootfs.hpp"
 
@@ -32,6 +33,20 @@ inline Result<std::string> ScratchRootfs(const std::string& prefix, std::vector<
   ro.python = false;
   if (Status made = testing::MakeRootfs(tmpl, ro); !made.ok()) return made;
   return tmpl;
+}
+
+// Builds image `name` from `rootfs` into the daemon's data dir (dsec-image build).
+inline Status BuildBenchImage(const testing::TestDaemon& d, const std::string& rootfs, const std::string& name) {
+  auto built = testing::RunProcess({testing::BinDir() + "/dsec-image", "--data-dir", d.data_dir(), "build", rootfs, name});
+  return built.exit_code == 0 ? Status::Ok() : Status::Internal("dsec-image build " + name + ": " + built.err);
+}
+
+// An SDK client of the daemon.
+inline Result<std::unique_ptr<Client>> BenchClient(const testing::TestDaemon& d) {
+  ClientOptions co;
+  co.address = d.sdk_addr();
+  co.data_dir = d.data_dir();
+  return Client::Connect(co);
 }
 
 }  // namespace dsec::bench

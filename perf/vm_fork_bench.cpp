@@ -109,13 +109,8 @@ int main(int argc, char** argv) {
   auto scratch = ScratchRootfs("dsec-vm-fork-bench", {"sh", "true", "cat", "echo", "sleep", "head"});
   if (!scratch.ok()) return Fail("rootfs", scratch.status());
   const std::string rootfs = *scratch;
-  auto built = dsec::testing::RunProcess(
-      {dsec::testing::BinDir() + "/dsec-image", "--data-dir", d.data_dir(), "build", rootfs, "vm-fork-bench"});
-  if (built.exit_code != 0) return Fail("image", dsec::Status::Internal(built.err));
-  dsec::ClientOptions co;
-  co.address = d.sdk_addr();
-  co.data_dir = d.data_dir();
-  auto client = dsec::Client::Connect(co);
+  if (auto built = BuildBenchImage(d, rootfs, "vm-fork-bench"); !built.ok()) return Fail("image", built);
+  auto client = BenchClient(d);
   if (!client.ok()) return Fail("connect", client.status());
   const bool microvm = kind == "microvm";
   Bench b{&d, &**client, dsec::ContainerSpec("vm-fork-bench"), microvm ? d.data_dir() + "/vms/" : ""};
@@ -227,12 +222,8 @@ int main(int argc, char** argv) {
   auto pooled = StartBenchDaemon({"--vm-pool", "1"});
   if (!pooled.ok()) return Fail("dsecd with a pool", pooled.status());
   auto& pd = **pooled;
-  built = dsec::testing::RunProcess(
-      {dsec::testing::BinDir() + "/dsec-image", "--data-dir", pd.data_dir(), "build", rootfs, "vm-fork-bench"});
-  if (built.exit_code != 0) return Fail("image", dsec::Status::Internal(built.err));
-  co.address = pd.sdk_addr();
-  co.data_dir = pd.data_dir();
-  auto pclient = dsec::Client::Connect(co);
+  if (auto built = BuildBenchImage(pd, rootfs, "vm-fork-bench"); !built.ok()) return Fail("image", built);
+  auto pclient = BenchClient(pd);
   if (!pclient.ok()) return Fail("connect", pclient.status());
   Bench pb{&pd, &**pclient, b.spec, microvm ? pd.data_dir() + "/vms/" : ""};
   if (auto first = Creations(pb, pb.spec, 1); !first.ok()) return Fail("the pool's first", first.status());

@@ -147,6 +147,10 @@ caf::result<v1::ExecReply> Handle(Self self, v1::ExecRequest& req) {
       st.exec_seconds->Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
       st.running.erase(run_id);
       st.exec_callers.erase(run_id);
+      if (auto a = st.attachments.find(run_id); a != st.attachments.end()) {
+        Unfollow(self, a->second);
+        st.attachments.erase(a);
+      }
       st.rec.set_exec_count(st.rec.exec_count() + 1);
       if (!st.destroying) Touch(self);
       if (r.ok()) {
@@ -166,6 +170,11 @@ caf::result<v1::ExecReply> Handle(Self self, v1::ExecRequest& req) {
   if (!req.stream()) {
     st.driver->Exec(st.rec, run_id, req, std::move(finished));
     return rp;
+  }
+  // An attachment ends when its caller goes away (the process runs on).
+  if (req.attach_pid() && to) {
+    st.attachments[run_id] = to.address();
+    Follow(self, to);
   }
   // Pieces go to whoever asked, from this actor, so they arrive before
   // the reply (one sender, one receiver: CAF keeps the order).

@@ -6,6 +6,7 @@
 #include <caf/all.hpp>
 
 #include <functional>
+#include <map>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -69,7 +70,11 @@ struct SandboxState {
   };
   std::unordered_map<uint64_t, Watching> watches;
   uint64_t next_watch = 0;
-  bool monitors_set = false;  // the down handler that stops a gone caller's watches
+  // Callers of watches and attachments (ExecRequest.attach_pid), monitored
+  // while they have any: one that goes away has them stopped.
+  std::map<caf::actor_addr, int> followers;
+  std::unordered_map<std::string, caf::actor_addr> attachments;  // run id -> caller
+  bool monitors_set = false;  // the down handler is in place
   // This sandbox in dsec_sandboxes{kind,phase} while its actor lives.
   metrics::PhaseGauge phase_gauge;
   metrics::Histogram* exec_seconds = nullptr;  // dsec_exec_seconds{kind}, looked up once
@@ -115,6 +120,10 @@ void Touch(Self self);
 // (the sandbox is ending).
 caf::result<v1::WatchReply> WatchDir(Self self, v1::WatchRequest& req);
 void EndWatches(Self self, const Status& why);
+// A caller with a watch or an attachment: monitored while it has one
+// (Follow counts one more, Unfollow one less).
+void Follow(Self self, const caf::actor& caller);
+void Unfollow(Self self, const caf::actor_addr& caller);
 
 // Sandbox.Snapshot and Sandbox.Fork (sandbox_snapshot.cpp).
 caf::result<v1::SnapshotReply> TakeSnapshot(Self self, v1::SnapshotRequest& req);

@@ -4,6 +4,7 @@
 // arrive before the reply. A watch ends when its caller stops it, when the
 // caller goes away (monitored: a client that vanished leaves no watch
 // behind), at its timeout, or with the sandbox.
+#include <algorithm>
 #include <chrono>
 
 #include "actors/continuation.hpp"
@@ -30,6 +31,7 @@ void Ended(Self self, uint64_t n, const Status& s) {
   if (it == st.watches.end()) return;  // answered already (stopped with the sandbox)
   auto w = std::move(it->second);
   st.watches.erase(it);
+  Unfollow(self, w.who);
   w.rp.deliver(Answer(s.Annotate("sandbox " + st.rec.id() + ": watch"), w.events));
 }
 
@@ -46,17 +48,47 @@ void StopWhere(Self self, Which which) {
 
 }  // namespace
 
+void Follow(Self self, const caf::actor& caller) {
+  auto& st = self->state;
+  if (!st.monitors_set) {
+    st.monitors_set = true;
+    self->set_down_handler([self](caf::down_msg& dm) {
+      auto& st = self->state;
+      st.followers.erase(dm.source);
+      StopWhere(self, [&](const SandboxState::Watching& w) { return w.who == dm.source; });
+      // Its attachments end; the processes run on (a Kill of an attachment detaches it).
+      for (const auto& [run_id, who] : st.attachments)
+        if (who == dm.source) (void)st.driver->Kill(run_id, "its caller went away");
+    });
+  }
+  if (st.followers[caller.address()]++ == 0) self->monitor(caller);
+}
+
+void Unfollow(Self self, const caf::actor_addr& caller) {
+  auto& f = self->state.followers;
+  auto it = f.find(caller);
+  if (it == f.end() || --it->second > 0) return;
+  f.erase(it);
+  self->demonitor(caller);
+}
+
 caf::result<v1::WatchReply> WatchDir(Self self, v1::WatchRequest& req) {
   auto& st = self->state;
   auto sender = self->current_sender();
   auto who = caf::actor_cast<caf::actor_addr>(sender);
   if (req.stop()) {
     uint64_t id = req.stream_id();
+    bool found = false;
+    for (const auto& [n, w] : st.watches) found = found || (w.who == who && w.stream_id == id);
+    if (!found)
+      return Answer(Status::NotFound("sandbox " + st.rec.id() + ": no watch of this caller with stream id " +
+                                     std::to_string(id) + " (it ended, or another client made it)"),
+                    0);
     StopWhere(self, [&](const SandboxState::Watching& w) { return w.who == who && w.stream_id == id; });
     return Answer(Status::Ok(), 0);
   }
   if (!st.driver) return Answer(st.driver_status.Annotate("sandbox " + st.rec.id()), 0);
-  if (Status no = NotServing(self, true); !no.ok()) return Answer(no, 0);
+  if (Status no = NotServing(self, false); !no.ok()) return Answer(no, 0);
   if (Status p = drivers::CheckSandboxPath(req.path()); !p.ok())
     return Answer(p.Annotate("sandbox " + st.rec.id() + ": watch"), 0);
   if (!who) return Answer(Status::InvalidArgument("a watch needs a caller to send its events to"), 0);
@@ -68,13 +100,7 @@ caf::result<v1::WatchReply> WatchDir(Self self, v1::WatchRequest& req) {
   w.who = who;
   w.stream_id = stream_id;
   w.rp = rp;
-  if (!st.monitors_set) {
-    st.monitors_set = true;
-    self->set_down_handler([self](caf::down_msg& dm) {
-      StopWhere(self, [&](const SandboxState::Watching& w) { return w.who == dm.source; });
-    });
-  }
-  self->monitor(to);
+  Follow(self, to);
   Touch(self);
   auto handle = caf::actor_cast<sandbox_actor>(self);
   auto stop = st.driver->Watch(
@@ -92,8 +118,9 @@ caf::result<v1::WatchReply> WatchDir(Self self, v1::WatchRequest& req) {
   // The driver may have answered already (then `n` is gone).
   if (auto it = st.watches.find(n); it != st.watches.end()) {
     it->second.stop = std::move(stop);
-    if (req.timeout_ms())
-      self->delayed_send(handle, std::chrono::milliseconds(req.timeout_ms()), Continuation{[self, n] {
+    if (req.timeout_ms())  // at most 30 days
+      self->delayed_send(handle, std::chrono::milliseconds(std::min<uint64_t>(req.timeout_ms(), 30ull * 86400'000)),
+                         Continuation{[self, n] {
                            auto it = self->state.watches.find(n);
                            if (it == self->state.watches.end() || !it->second.stop) return;
                            auto stop = std::move(it->second.stop);
@@ -110,6 +137,7 @@ void EndWatches(Self self, const Status& why) {
   st.watches.clear();
   for (auto& [n, w] : watches) {
     if (w.stop) w.stop();
+    Unfollow(self, w.who);
     w.rp.deliver(Answer(why, w.events));
   }
 }

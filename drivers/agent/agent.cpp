@@ -545,6 +545,7 @@ void Agent::Flush(Conn& c) {
   UpdateInterest(c);
   if (c.pending() < kLowWater) {
     ResumePaused(c);
+    if (inotify_paused_) ResumeInotify();
     ProcessFrames(c);  // requests left waiting while we were backed up
   }
 }

@@ -51,6 +51,7 @@ Status::Code CodeForErrno(int err) {
     case EAGAIN:
     case ENOBUFS: return Status::Code::kResourceExhausted;
     case ETIMEDOUT: return Status::Code::kDeadlineExceeded;
+    case ECANCELED: return Status::Code::kAborted;
     case EOPNOTSUPP: return Status::Code::kUnimplemented;
     default: return Status::Code::kInternal;
   }

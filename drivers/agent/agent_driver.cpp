@@ -308,10 +308,11 @@ std::function<void()> AgentDriver::Watch(const v1::SandboxRecord& sb, const v1::
       },
       [done, id = box->id, kind = std::string(name())](const Status& s) { done(s.Annotate(kind + " " + id)); });
   if (!id) return nullptr;
-  std::weak_ptr<AgentBox> weak = box;
-  // The same connection only: another's ids name other requests.
-  return [weak, client, id] {
-    if (auto b = weak.lock(); b && b->agent.get() == client) client->Signal(id, 0, [](const Status&) {});
+  // The same connection only (another's ids name other requests), its box
+  // woken first (a frozen agent would not answer).
+  return [this, sandbox = sb.id(), client, id] {
+    auto b = RunningBox(sandbox);
+    if (b.ok() && (*b)->agent.get() == client) client->Signal(id, 0, [](const Status&) {});
   };
 }
 

@@ -188,6 +188,11 @@ class Agent {
   bool AddWatchDirs(WatchRun& w, const std::string& rel, std::string* why);
   // Ends a watch: ok (err 0) or an error, to its client if still there.
   void EndWatch(uint64_t key, int err, const std::string& why);
+  // A watch's client backs up: inotify is not read (its events wait in the
+  // kernel's queue) until every watching connection drains.
+  void ResumeInotify();
+  // Forgets the directories of watch `w` at `rel` and under it (moved away).
+  void DropWatchDirs(WatchRun& w, const std::string& rel);
   void KillGroup(ExecRun& x);
   void Pause(ExecRun& x, Conn& c);
   void Resume(ExecRun& x);
@@ -237,6 +242,7 @@ class Agent {
   std::vector<KeptResult> kept_;
   std::unordered_map<pid_t, uint64_t> by_pid_;
   UniqueFd inotify_;
+  bool inotify_paused_ = false;
   std::unordered_map<uint64_t, std::unique_ptr<WatchRun>> watches_;
   std::unordered_map<int, std::vector<std::pair<uint64_t, std::string>>> wd_users_;  // wd -> (watch, rel dir)
   // (when, exec key): deadlines and pipe grace ends; stale entries are skipped.

@@ -83,6 +83,18 @@ void Agent::OnSignalRequest(Conn& c, uint64_t id, const Signal& req) {
     return;
   }
   ExecRun& r = *x->second;
+  auto& a = r.attached;
+  if (auto mine = std::find(a.begin(), a.end(), std::make_pair(c.key, req.exec_id())); mine != a.end()) {
+    // An attachment: it ends (the process runs on; its own client signals it).
+    a.erase(mine);
+    c.execs.erase(it);
+    SendError(c, req.exec_id(), ECANCELED, "attach: detached; process " + std::to_string(r.pid) + " runs on");
+    Resume(r);
+    Event ev;
+    ev.set_id(id);
+    ev.mutable_ok();
+    return Send(c, ev);
+  }
   if (req.signal() < 0 || req.signal() >= NSIG) {
     SendError(c, id, EINVAL, "signal: " + std::to_string(req.signal()) + " is not a signal number");
     return;

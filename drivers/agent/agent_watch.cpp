@@ -15,12 +15,15 @@
 
 #include <cstring>
 #include <deque>
+#include <tuple>
 
 namespace dsec::agent::internal {
 
 namespace {
 constexpr uint32_t kMask = IN_CREATE | IN_MODIFY | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO | IN_ATTRIB |
-                           IN_DELETE_SELF | IN_ONLYDIR | IN_DONT_FOLLOW;
+                           IN_DELETE_SELF | IN_MOVE_SELF | IN_ONLYDIR | IN_DONT_FOLLOW;
+// Events for one client are sent in frames of about this size.
+constexpr size_t kBatchBytes = 256 << 10;
 // Directories one recursive watch may hold (each an inotify watch of the
 // host's per-user budget, fs.inotify.max_user_watches).
 constexpr size_t kMaxWatchDirs = 8192;
@@ -111,6 +114,10 @@ bool Agent::AddWatchDirs(WatchRun& w, const std::string& rel, std::string* why) 
     if (!d) continue;
     while (dirent* e = ::readdir(d)) {
       if (e->d_type != DT_DIR || !std::strcmp(e->d_name, ".") || !std::strcmp(e->d_name, "..")) continue;
+      if (w.wds.size() + todo.size() >= kMaxWatchDirs) {  // past the limit: said once the queue reaches it
+        todo.push_back(Join(dir, e->d_name));
+        break;
+      }
       todo.push_back(Join(dir, e->d_name));
     }
     ::closedir(d);
@@ -135,6 +142,7 @@ void Agent::EndWatch(uint64_t key, int err, const std::string& why) {
       wd_users_.erase(u);
     }
   }
+  if (inotify_paused_) ResumeInotify();  // it may have been the client that backed up
   Conn* c = FindConn(w->conn);
   if (!c || !c->watches.count(w->req_id)) return;  // its client stopped it, or is gone
   c->watches.erase(w->req_id);
@@ -145,10 +153,64 @@ void Agent::EndWatch(uint64_t key, int err, const std::string& why) {
   Send(*c, ev);
 }
 
+void Agent::DropWatchDirs(WatchRun& w, const std::string& rel) {
+  std::string under = rel + "/";
+  for (auto it = w.wds.begin(); it != w.wds.end();) {
+    auto u = wd_users_.find(*it);
+    bool gone = false;
+    if (u != wd_users_.end()) {
+      auto& users = u->second;
+      for (size_t i = 0; i < users.size();) {
+        const std::string& r = users[i].second;
+        if (users[i].first == w.key && (r == rel || r.compare(0, under.size(), under) == 0)) {
+          users.erase(users.begin() + static_cast<long>(i));
+          gone = true;
+        } else {
+          ++i;
+        }
+      }
+      if (users.empty()) {
+        ::inotify_rm_watch(inotify_.get(), *it);
+        wd_users_.erase(u);
+      }
+    }
+    it = gone ? w.wds.erase(it) : std::next(it);
+  }
+}
+
+void Agent::ResumeInotify() {
+  for (auto& [key, w] : watches_)
+    if (Conn* c = FindConn(w->conn); c && c->pending() >= kHighWater) return;
+  inotify_paused_ = false;
+  WatchFd(inotify_.get(), 0, kInotify, EPOLLIN);
+  OnInotify();  // what waited in the kernel's queue
+}
+
 void Agent::OnInotify() {
+  // A client that does not keep up: stop reading (the kernel queues; past
+  // its limit the watches end, saying events were lost) until it drains.
+  for (auto& [key, w] : watches_) {
+    Conn* c = FindConn(w->conn);
+    if (c && c->pending() >= kHighWater) {
+      ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, inotify_.get(), nullptr);
+      inotify_paused_ = true;
+      return;
+    }
+  }
   alignas(inotify_event) char buf[64 << 10];
-  std::unordered_map<uint64_t, Event> batches;  // per watch, this read's events
-  std::vector<std::pair<uint64_t, std::string>> ended;  // (watch, why)
+  std::unordered_map<uint64_t, std::pair<Event, size_t>> batches;  // per watch: its events, their bytes
+  std::vector<std::tuple<uint64_t, int, std::string>> ended;        // (watch, errno, why)
+  auto flush = [&](uint64_t key) {
+    auto b = batches.find(key);
+    auto w = watches_.find(key);
+    if (b == batches.end()) return;
+    if (w != watches_.end())
+      if (Conn* c = FindConn(w->second->conn)) {
+        b->second.first.set_id(w->second->req_id);
+        Send(*c, b->second.first);
+      }
+    batches.erase(b);
+  };
   for (int reads = 0; reads < 16; ++reads) {
     ssize_t n = ::read(inotify_.get(), buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;
@@ -157,55 +219,51 @@ void Agent::OnInotify() {
       auto* e = reinterpret_cast<inotify_event*>(p);
       p += sizeof(inotify_event) + e->len;
       if (e->mask & IN_Q_OVERFLOW) {  // events were lost: every watch says so rather than miss them
-        for (auto& [key, w] : watches_) ended.emplace_back(key, "events were lost (the kernel's queue overflowed)");
+        for (auto& [key, w] : watches_) ended.emplace_back(key, ENOBUFS, "events were lost (the kernel's queue overflowed)");
         continue;
       }
       auto u = wd_users_.find(e->wd);
       if (u == wd_users_.end()) continue;
       std::string name = e->len ? std::string(e->name) : std::string();
-      if (e->mask & IN_IGNORED) {  // the directory is gone (or unmounted)
+      if (e->mask & (IN_IGNORED | IN_MOVE_SELF)) {  // gone, unmounted or (a watch's root) moved away
+        bool ignored = e->mask & IN_IGNORED;
         for (auto& [key, rel] : u->second) {
           auto w = watches_.find(key);
           if (w == watches_.end()) continue;
-          if (rel.empty()) ended.emplace_back(key, "the directory was removed");
-          else w->second->wds.erase(e->wd);
+          if (rel.empty()) ended.emplace_back(key, ENOENT, ignored ? "the directory was removed" : "the directory was moved");
+          else if (ignored) w->second->wds.erase(e->wd);
         }
-        wd_users_.erase(u);
+        if (ignored) wd_users_.erase(u);
         continue;
       }
       int type = TypeOf(e->mask);
       if (!type || name.empty()) continue;  // DELETE_SELF: IGNORED follows
-      auto users = u->second;  // AddWatchDirs may add to wd_users_
+      auto users = u->second;  // AddWatchDirs and DropWatchDirs change wd_users_
       for (auto& [key, rel] : users) {
         auto w = watches_.find(key);
         if (w == watches_.end()) continue;
         WatchRun& r = *w->second;
         std::string child = Join(rel, name);
-        if (r.recursive && (e->mask & IN_ISDIR) && type == kCreate) {
+        if (r.recursive && (e->mask & IN_ISDIR)) {
+          // Moved away: its tree is no longer this watch's (a move in comes as a create, under its new name).
+          if (e->mask & IN_MOVED_FROM) DropWatchDirs(r, child);
           std::string why;
-          if (!AddWatchDirs(r, child, &why)) ended.emplace_back(key, why);
+          if (type == kCreate && !AddWatchDirs(r, child, &why)) ended.emplace_back(key, ENOSPC, why);
         }
-        Event& ev = batches[key];
+        auto& [ev, bytes] = batches[key];
         auto* fe = ev.mutable_fs_events()->add_events();
         fe->set_name(child);
         fe->set_type(static_cast<uint32_t>(type));
+        bytes += child.size() + 8;
+        if (bytes >= kBatchBytes) flush(key);
       }
     }
     if (static_cast<size_t>(n) < sizeof buf / 2) break;  // drained
   }
-  for (auto& [key, ev] : batches) {
-    auto w = watches_.find(key);
-    if (w == watches_.end()) continue;
-    Conn* c = FindConn(w->second->conn);
-    if (!c) continue;
-    if (c->pending() >= kHighWater) {  // its client does not read: the watch ends rather than grow without bound
-      ended.emplace_back(key, "its client is not reading its events");
-      continue;
-    }
-    ev.set_id(w->second->req_id);
-    Send(*c, ev);
-  }
-  for (auto& [key, why] : ended) EndWatch(key, why.find("removed") != std::string::npos ? ENOENT : ENOBUFS, why);
+  std::vector<uint64_t> keys;
+  for (auto& [key, b] : batches) keys.push_back(key);
+  for (uint64_t key : keys) flush(key);
+  for (auto& [key, err, why] : ended) EndWatch(key, err, why);
 }
 
 }  // namespace dsec::agent::internal

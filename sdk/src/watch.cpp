@@ -25,11 +25,15 @@ Result<std::unique_ptr<DirWatch>> WatchDir(const Sandbox& sandbox, const std::st
   req.set_timeout_ms(static_cast<uint64_t>(options.timeout.count()));
   ExtraCalls::Call<v1::WatchReply>(
       sandbox, std::move(req),
-      [state](Result<v1::WatchReply> r) {
-        std::lock_guard<std::mutex> lk(state->mu);
-        state->ended = true;
-        state->end = r.ok() ? Result<uint64_t>(r->events()) : Result<uint64_t>(r.status());
-        state->cv.notify_all();
+      [state, on_end = options.on_end](Result<v1::WatchReply> r) {
+        Result<uint64_t> end = r.ok() ? Result<uint64_t>(r->events()) : Result<uint64_t>(r.status());
+        {
+          std::lock_guard<std::mutex> lk(state->mu);
+          state->ended = true;
+          state->end = end;
+          state->cv.notify_all();
+        }
+        if (on_end) on_end(end);
       },
       [state, on_event](const v1::ExecOutput& piece) {
         if (piece.watching()) {
@@ -62,7 +66,11 @@ Result<uint64_t> DirWatch::Stop() {
   stop.set_stream_id(stream_id);
   auto asked = dsec::Wait<v1::WatchReply>(
       [&](Done<v1::WatchReply> d) { ExtraCalls::Call<v1::WatchReply>(sandbox_, std::move(stop), std::move(d)); });
-  if (!asked.ok()) return asked.status();
+  if (!asked.ok()) {
+    std::lock_guard<std::mutex> lk(state_->mu);
+    if (state_->ended) return state_->end;  // it ended meanwhile: how
+    return asked.status();
+  }
   return Wait();
 }
 

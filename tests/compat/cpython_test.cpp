@@ -102,7 +102,7 @@ TEST(CompatCPython, RegressionTestsPassInAContainerAsInAChroot) {
   EXPECT_THAT(names->stdout(), HasSubstr("localhost"));
   EXPECT_THAT(names->stdout(), HasSubstr(sb->id()));
 
-  auto run = Command({"sh", "-c", "cd /work && HOME=/root python3 -m test -j1 --timeout 600 --junit-xml /work/result.xml " +
+  auto run = Command({"sh", "-c", "cd /work && HOME=/root python3 -m test -j2 --timeout 600 --junit-xml /work/result.xml " +
                                       Joined(kTests) + " > /work/output.txt 2>&1"});
   run.mutable_limits()->set_timeout_ms(1800 * 1000);
   auto r = sb->Exec(run);

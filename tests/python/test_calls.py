@@ -89,6 +89,22 @@ def test_create_exec_files_pause_resume_destroy(cclient: dsec.Client) -> None:
         assert b"".join(c.data for c in st) == b"x\nend\n" and st.result.exit_code == 0
         with pytest.raises(dsec.NotFound):
             sb.signal(pid)
+        st = sb.exec_stream(["sh", "-c", "read l; echo got $l"], interactive=True)
+        following = sb.attach(st.pid)  # another's output, from now on, and its end
+        sb.send_input(st.pid, "x\n")
+        assert b"".join(c.data for c in following) == b"got x\n" and following.result.exit_code == 0
+        assert b"".join(c.data for c in st) == b"got x\n"
+        sb.make_dir("/work/wd")
+        seen = []
+        with sb.watch("/work/wd", recursive=True) as w:
+            sb.write_file("/work/wd/f", "x")
+            for e in w:
+                seen.append((e.type, e.name))
+                if e.type == "write":
+                    break
+        assert seen[0] == ("create", "f") and seen[-1] == ("write", "f"), seen
+        with pytest.raises(dsec.NotFound):
+            sb.watch("/work/none")
         with pytest.raises(dsec.Error):
             sb.read_file("/work/bin.dat", max_bytes=10)
         sb.pause()

@@ -187,16 +187,23 @@ TEST_F(FrontDoorTest, SilentConnectionsTimeOutAndCannotKeepATrainerOut) {
   ::close(quiet);
 }
 
-// The acceptance flood: 10 000 hostile connections to the SDK port and to
-// the console, 5 000 to the HTTP port (heads, and good requests followed by
-// garbage, a huge body's claim, or silence after one answer) while a
-// trainer works. dsecd's memory stays within 256 MiB of idle, every call of
-// the trainer is answered within its 1 s deadline, and afterwards no
+// The acceptance flood: 10 000 hostile connections to the SDK port, to the
+// console and to the E2B door, 5 000 to the HTTP port (heads, and good
+// requests followed by garbage, a huge body's claim, or silence after one
+// answer; at the door also E2B calls without a key and Connect envelopes
+// claiming 1 GiB) while a trainer works through the SDK and through the
+// door. dsecd's memory stays within 256 MiB of idle, every call of the
+// trainer is answered within its 1 s deadline, and afterwards no
 // descriptor is left behind.
 TEST_F(FrontDoorTest, TenThousandHostileConnectionsPerPortCostNothingLasting) {
   pid_t pid = daemon_->pid();
   int sdk = PortOf(daemon_->sdk_addr()), console = PortOf(daemon_->admin_addr()),
-      http = PortOf(daemon_->http_addr());
+      http = PortOf(daemon_->http_addr()), e2b = PortOf(daemon_->e2b_addr());
+  auto key = ReadFileToString(daemon_->data_dir() + "/e2b.key");
+  ASSERT_TRUE(key.ok()) << key.status().ToString();
+  const std::string e2b_list =
+      "GET /v2/sandboxes HTTP/1.1\r\nHost: dsec\r\nX-API-Key: " + key->substr(0, key->find('\n')) + "\r\n\r\n";
+  ASSERT_EQ(HttpExchange(e2b, e2b_list).code, 200);
   // Warm up what a trainer uses, then take the idle figures.
   ASSERT_TRUE(client_->Run(FncallSpec(), Command({"true"})).ok());
   (void)daemon_->Admin("stats");
@@ -206,7 +213,7 @@ TEST_F(FrontDoorTest, TenThousandHostileConnectionsPerPortCostNothingLasting) {
 
   std::atomic<bool> flooding{true};
   std::atomic<int> sent{0}, finished{0};
-  enum Port { kSdk, kConsole, kHttp };
+  enum Port { kSdk, kConsole, kHttp, kE2b };
   auto flood = [&](int port, Port kind, unsigned seed) {
     std::mt19937 rng(seed);
     std::vector<int> held;
@@ -224,17 +231,22 @@ TEST_F(FrontDoorTest, TenThousandHostileConnectionsPerPortCostNothingLasting) {
           for (auto& ch : bytes) ch = static_cast<char>(rng());
           break;
         case 1:  // a truncated handshake
-          bytes = kind == kHttp ? std::string("GET / HTTP/1.1\r\nHost: a")
+          bytes = kind == kE2b    ? std::string("POST /sandboxes HTTP/1.1\r\nX-API-Key: e2b_00")
+                  : kind == kHttp ? std::string("GET / HTTP/1.1\r\nHost: a")
                   : is_console  ? std::string("AUTH ")
                                 : std::string("dsec\x01\x01", 6);
           break;
         case 2:  // an oversized one: a right-looking start, then 64 KiB more
-          bytes = kind == kHttp ? "GET /" + std::string(70000, 'A')
+          bytes = kind == kHttp || kind == kE2b ? "GET /" + std::string(70000, 'A')
                   : is_console  ? std::string(70000, 'A')
                                 : std::string("dsec\x01\x01\0\0", 8) + std::string(65536, 'x');
           break;
         case 3:  // a BASP header claiming 1 GiB / wrong tokens / a good request, then garbage
-          if (kind == kHttp) {
+          if (kind == kE2b) {  // no key; then an envd stream whose envelope claims 1 GiB
+            bytes = "GET /v2/sandboxes HTTP/1.1\r\n\r\nPOST /process.Process/Start HTTP/1.1\r\n"
+                    "Content-Type: application/connect+json\r\nE2b-Sandbox-Id: e0\r\n"
+                    "Content-Length: 999999999\r\n\r\n" + std::string("\0\x40\0\0\0", 5);
+          } else if (kind == kHttp) {
             bytes = "GET / HTTP/1.1\r\n\r\nPOST / HTTP/1.1\r\nContent-Length: 999999999\r\n\r\n";
             for (int k = 0; k < 100; ++k) bytes += static_cast<char>(rng());
           } else {
@@ -243,7 +255,7 @@ TEST_F(FrontDoorTest, TenThousandHostileConnectionsPerPortCostNothingLasting) {
           }
           break;
         case 4:  // silent (HTTP: after one request, kept alive): held open for a while
-          if (kind == kHttp) SendAll(fd, "GET / HTTP/1.1\r\n\r\n");
+          if (kind == kHttp || kind == kE2b) SendAll(fd, "GET / HTTP/1.1\r\n\r\n");
           if (held.size() < 300) {
             held.push_back(fd);
             fd = -1;
@@ -278,14 +290,21 @@ TEST_F(FrontDoorTest, TenThousandHostileConnectionsPerPortCostNothingLasting) {
   flooders.emplace_back(flood, console, kConsole, 3);
   flooders.emplace_back(flood, console, kConsole, 4);
   flooders.emplace_back(flood, http, kHttp, 5);
+  flooders.emplace_back(flood, e2b, kE2b, 6);
+  flooders.emplace_back(flood, e2b, kE2b, 7);
   int calls = 0, connects = 0;
   std::chrono::nanoseconds slowest{0};
   std::string failed;  // the first failure; the threads are joined before it is reported
-  while (finished < 5 && failed.empty()) {
+  while (finished < 7 && failed.empty()) {
     auto t0 = Clock::now();
     auto images = (*trainer)->ListImages();
     if (!images.ok()) failed = "call " + std::to_string(calls) + " during the flood: " + images.status().ToString();
     slowest = std::max(slowest, Clock::now() - t0);
+    // And one through the door, as an E2B client makes it (1 s deadline).
+    auto e0 = Clock::now();
+    if (failed.empty() && HttpExchange(e2b, e2b_list, 1000).code != 200)
+      failed = "E2B call " + std::to_string(calls) + " during the flood: no 200 within 1 s";
+    slowest = std::max(slowest, Clock::now() - e0);
     ++calls;
     if (failed.empty() && calls % 20 == 0) {
       // A new connection gets the SDK's own connect timeout (5 s). The door

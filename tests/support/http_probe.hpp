@@ -24,21 +24,28 @@ struct HttpReply {
 
 inline int HttpPort(const std::string& addr) { return std::stoi(addr.substr(addr.rfind(':') + 1)); }
 
-// Sends `request` as it is to 127.0.0.1:`port` and reads the reply.
-inline HttpReply HttpExchange(int port, const std::string& request, int timeout_ms = 15000) {
-  HttpReply r;
+// A TCP connection to 127.0.0.1:`port`, or -1.
+inline int DialLoopback(int port) {
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return r;
+  if (fd < 0) return -1;
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_port = htons(static_cast<uint16_t>(port));
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  timeval tv{timeout_ms / 1000, (timeout_ms % 1000) * 1000};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) < 0) {
     ::close(fd);
-    return r;
+    return -1;
   }
+  return fd;
+}
+
+// Sends `request` as it is to 127.0.0.1:`port` and reads the reply.
+inline HttpReply HttpExchange(int port, const std::string& request, int timeout_ms = 15000) {
+  HttpReply r;
+  int fd = DialLoopback(port);
+  if (fd < 0) return r;
+  timeval tv{timeout_ms / 1000, (timeout_ms % 1000) * 1000};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   (void)!::send(fd, request.data(), request.size(), MSG_NOSIGNAL);
   ::shutdown(fd, SHUT_WR);  // one request: the server closes after answering it
   char buf[65536];

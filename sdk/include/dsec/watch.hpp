@@ -18,6 +18,9 @@ namespace dsec {
 struct WatchOptions {
   bool recursive = false;
   std::chrono::milliseconds timeout{0};  // ends it after this long; 0: until stopped
+  // Called (on an SDK thread) when it ends, however: the events delivered,
+  // or why it ended (as Stop and Wait say).
+  std::function<void(const Result<uint64_t>&)> on_end;
 };
 
 class DirWatch {
@@ -39,7 +42,9 @@ class DirWatch {
 };
 
 // Returns once the watch is in place (changes from then on are reported),
-// or why it could not be (NotFound: no such directory).
+// or why it could not be (NotFound: no such directory). `on_event` runs on
+// an SDK thread: it must not call Stop or Wait (or destroy the DirWatch),
+// which wait for that thread.
 Result<std::unique_ptr<DirWatch>> WatchDir(const Sandbox& sandbox, const std::string& path,
                                            std::function<void(const v1::FsEvent&)> on_event,
                                            WatchOptions options = {});

@@ -31,14 +31,14 @@ _core._set_main_thread(_threading.main_thread().ident)
 from ._records import (KINDS, VERDICTS, ExecRequest, ExecResult, FileInfo, FileList, ProcessInfo, HostPort, ImageManifest,
                        Limits, Flag, StepFlag, GradeSpec, NetworkPolicy, NetworkRefusal, TaskGuard, NetworkReport, ExposedPort, Record, SandboxPage, SandboxRecord, SandboxSpec, SessionRecord, SessionSandbox,
                        SnapshotInfo, StepMeta, StepRecord, StepReply)
-from ._client import Chunk, Client, ExecStream, Sandbox, Session
+from ._client import Chunk, Client, ExecStream, FsEvent, Sandbox, Session, Watch
 from ._aio import AsyncClient, AsyncExecStream, AsyncOpening, AsyncSandbox, AsyncSession
 from . import env
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Client", "Sandbox", "Session", "ExecStream", "Chunk",
+    "Client", "Sandbox", "Session", "ExecStream", "Chunk", "Watch", "FsEvent",
     "AsyncClient", "AsyncSandbox", "AsyncSession", "AsyncExecStream", "AsyncOpening",
     "Record", "ExecResult", "ExecRequest", "SandboxSpec", "TaskGuard", "GradeSpec", "Flag", "StepFlag", "SandboxRecord", "SandboxPage", "Limits", "NetworkPolicy", "NetworkReport",
     "NetworkRefusal", "ExposedPort", "HostPort",

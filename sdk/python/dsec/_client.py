@@ -111,6 +111,53 @@ class ExecStream:
         return self._pending.pop(0)
 
 
+class FsEvent:
+    """A change in a watched directory: `type` is "create", "write", "remove",
+    "rename" (moved away) or "chmod"; `name` is relative to the directory."""
+
+    __slots__ = ("name", "type")
+
+    def __init__(self, name: str, type: str) -> None:  # noqa: A002 (the proto's name)
+        self.name = name
+        self.type = type
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, FsEvent) and (self.name, self.type) == (other.name, other.type)
+
+    def __repr__(self) -> str:
+        return f"FsEvent({self.type}, {self.name!r})"
+
+
+class Watch:
+    """A directory's changes (Sandbox.watch): iterate for FsEvents as they
+    happen; the iteration ends when the watch does (stop(), its timeout, the
+    directory removed: then it raises dsec.NotFound). As a context manager it
+    is stopped when the block ends."""
+
+    def __init__(self, core: "_core.Watch") -> None:
+        self._w = core
+
+    def __iter__(self) -> "Watch":
+        return self
+
+    def __next__(self) -> FsEvent:
+        got = self._w.next_event()
+        if got is None:
+            self._w.result()  # raises how it ended, if not cleanly
+            raise StopIteration
+        return FsEvent(got[0].decode("utf-8", "replace"), got[1].decode())
+
+    def stop(self) -> int:
+        """Stops it and returns how many events it reported."""
+        return self._w.stop()
+
+    def __enter__(self) -> "Watch":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
 class Sandbox:
     """A sandbox (Client.create or Client.attach). As a context manager it is
     destroyed when the block ends."""
@@ -226,6 +273,24 @@ class Sandbox:
     def close_stdin(self, pid: int) -> None:
         """Closes an interactive exec's stdin: it reads end-of-file."""
         self._sb.process("close_stdin", _args.count(pid, "pid", 0xFFFFFFFF), 0, b"", None)
+
+    def attach(self, pid: int, *, timeout: Optional[float] = None) -> ExecStream:
+        """The output of a running streamed exec (by pid: see processes), from now on,
+        and its result: one started by a client that went away runs on, and this
+        follows it. `timeout` (seconds) ends the following with dsec.DeadlineExceeded,
+        not the process."""
+        req: Dict[str, Any] = {"attach_pid": _args.count(pid, "pid", 0xFFFFFFFF)}
+        ms = _args.seconds_to_ms(timeout, "timeout")
+        if ms:
+            req["limits"] = {"timeout_ms": ms}
+        return ExecStream(self._sb.exec_stream(req))
+
+    def watch(self, path: _args.PathArg, *, recursive: bool = False, timeout: Optional[float] = None) -> Watch:
+        """Watches a directory (inotify in the sandbox): returns once the watch is in
+        place; iterate over it for the changes. `recursive`: every directory under it too,
+        new ones included. `timeout` (seconds) ends it; None: until stopped."""
+        ms = _args.seconds_to_ms(timeout, "timeout") or 0
+        return Watch(self._sb.watch(_args.path(path), _flag(recursive, "recursive"), ms / 1000.0))
 
     def make_dir(self, path: _args.PathArg, *, user: Optional[str] = None) -> FileInfo:
         """Makes a directory and the parents it lacks (owned by `user`, a name in the

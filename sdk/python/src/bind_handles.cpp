@@ -1,6 +1,7 @@
 // dsec._core's handle classes: Stream (a blocking exec_stream's output),
-// Sandbox and Session. Their calls go through Issue (bridge.hpp), blocking
-// or onto an event loop, as the Client's do (module.cpp).
+// Sandbox (its watches: bind_watch.cpp) and Session. Their calls go
+// through Issue (bridge.hpp), blocking or onto an event loop, as the
+// Client's do (module.cpp).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -17,14 +18,16 @@
 
 namespace dsec::py {
 
+void BindWatch(pb::module_& m, pb::class_<PySandbox>& sandbox);  // bind_watch.cpp
+
 void BindHandles(pb::module_& m) {
   pb::class_<StreamQueue, StreamRef>(m, "Stream")
       .def("next_chunk", &NextChunk)
       .def("pid", &StreamPid)
       .def("result", &StreamResult);
 
-  pb::class_<PySandbox>(m, "Sandbox")
-      .def_property_readonly("id", [](const PySandbox& s) { return s.sb.id(); })
+  pb::class_<PySandbox> sandbox(m, "Sandbox");
+  sandbox.def_property_readonly("id", [](const PySandbox& s) { return s.sb.id(); })
       .def("exec",
            [](const PySandbox& s, pb::object exec, pb::object aio) {
              auto req = Proto<v1::ExecRequest>(exec, "exec");
@@ -200,6 +203,7 @@ void BindHandles(pb::module_& m) {
             s.core, aio, [&s, req](Client&, Done<v1::FileReply> d) { PathOpAsync(s.sb, req, std::move(d)); },
             [op](Result<v1::FileReply>& r) { return op == "remove" ? pb::none() : ToPy(r->info()); });
       });
+  BindWatch(m, sandbox);
 
   pb::class_<PySession>(m, "Session")
       .def_property_readonly("name", [](const PySession& s) { return s.s.name(); })

@@ -381,12 +381,23 @@ TEST_P(Contract, ExecAsAUserAndPathOperations) {
     EXPECT_EQ(flat_seen, (std::vector<std::string>{"create sub", "create a", "write a", "chmod a", "rename a",
                                                     "create c", "remove c", "create done"}));
   }
+  // A directory renamed within the tree is watched under its new name; one
+  // moved out is not watched any more.
+  ShIn(*sb, "mv /work/w/sub /work/w/sub2 && : > /work/w/sub2/x && mv /work/w/sub2 /work/moved && "
+            ": > /work/moved/y && mkdir /work/w/end");
+  ASSERT_TRUE(seen_has(deep_seen, "create end"));
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    EXPECT_EQ(std::vector<std::string>(deep_seen.begin() + 10, deep_seen.end()),
+              (std::vector<std::string>{"rename sub", "create sub2", "create sub2/x", "rename sub2", "create end"}));
+  }
   auto stopped = (*deep)->Stop();
   ASSERT_TRUE(stopped.ok()) << stopped.status().ToString();
-  EXPECT_EQ(*stopped, 10u);
+  EXPECT_EQ(*stopped, 15u);
+  EXPECT_EQ((*deep)->Stop().status().code(), Status::Code::kOk) << "stopped again: how it ended";
   ShIn(*sb, "touch /work/w/later");
   ASSERT_TRUE(seen_has(flat_seen, "create later"));
-  EXPECT_EQ(deep_seen.size(), 10u) << "a stopped watch reports nothing more";
+  EXPECT_EQ(deep_seen.size(), 15u) << "a stopped watch reports nothing more";
   EXPECT_EQ(WatchDir(*sb, "/work/none", nullptr).status().code(), Status::Code::kNotFound);
   ASSERT_TRUE(Remove(*sb, "/work/w").ok());
   auto gone = (*flat)->Wait();  // its directory removed: it ends, saying so

@@ -4,7 +4,12 @@
 // a user sets them. Skips, saying why, where the host has no node or npm,
 // or the registry cannot be reached.
 #include <gmock/gmock.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+
+#include <chrono>
+#include <fstream>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -12,6 +17,7 @@
 #include "harness/daemon.hpp"
 #include "runtime/files.hpp"
 #include "tests/support/container_fixture.hpp"
+#include "tests/support/http_probe.hpp"
 
 namespace dsec::testing {
 namespace {
@@ -223,6 +229,68 @@ TEST_F(E2bDoor, TheSdkRunsCommandsAndWalksTheFilesystem) {
   EXPECT_EQ(out["watched"], J::parse(R"([["create","sub"],["create","sub/f.txt"],["write","sub/f.txt"]])"))
       << "a recursive watch, through the SDK's watchDir (envd 0.1.4)";
   EXPECT_THAT(out["watchMissing"].get<std::string>(), HasSubstr("NotFound"));
+}
+
+// A client that starts a command printing without end and never reads
+// its stream: what waits for it is bounded (the door's 1 MiB, the exec's
+// output limit), dsecd's memory does not grow with the output, and the
+// door goes on answering.
+TEST_F(E2bDoor, AClientThatNeverReadsCostsABoundedBuffer) {
+  int port = HttpPort(daemon_->e2b_addr());
+  auto key = ReadFileToString(daemon_->data_dir() + "/e2b.key");
+  ASSERT_TRUE(key.ok());
+  std::string body = std::string(R"({"templateID":")") + kImage + R"(","timeout":120})";
+  auto made = HttpExchange(port, "POST /sandboxes HTTP/1.1\r\nHost: dsec\r\nX-API-Key: " +
+                                     key->substr(0, key->find('\n')) + "\r\nContent-Type: application/json\r\n"
+                                     "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body);
+  ASSERT_EQ(made.code, 201) << made.raw;
+  auto sb = nlohmann::json::parse(made.body, nullptr, false);
+  ASSERT_TRUE(sb.is_object()) << made.body;
+  std::string id = sb.value("sandboxID", ""), token = sb.value("envdAccessToken", "");
+  auto envd = [&](const std::string& path, const std::string& type, const std::string& payload) {
+    return "POST " + path + " HTTP/1.1\r\nHost: dsec\r\nE2b-Sandbox-Id: " + id + "\r\nX-Access-Token: " + token +
+           "\r\nContent-Type: " + type + "\r\nContent-Length: " + std::to_string(payload.size()) + "\r\n\r\n" +
+           payload;
+  };
+  std::string start =
+      R"({"process":{"cmd":"/bin/sh","args":["-c","echo > /tmp/started; exec yes 0123456789abcdef"]}})";
+  uint32_t n = static_cast<uint32_t>(start.size());
+  std::string envelope = std::string(1, '\0') + static_cast<char>(n >> 24) + static_cast<char>(n >> 16) +
+                         static_cast<char>(n >> 8) + static_cast<char>(n) + start;
+  auto rss_kib = [&] {
+    std::ifstream in("/proc/" + std::to_string(daemon_->pid()) + "/status");
+    for (std::string line; std::getline(in, line);)
+      if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
+    return 0L;
+  };
+  long rss0 = rss_kib();
+  int fd = DialLoopback(port);
+  ASSERT_GE(fd, 0);
+  std::string req = envd("/process.Process/Start", "application/connect+json", envelope);
+  ASSERT_EQ(::send(fd, req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
+  // It never reads. The command prints until something stops it (it is not
+  // listed any more then).
+  auto listed = [&] {
+    auto r = HttpExchange(port, envd("/process.Process/List", "application/json", "{}"), 1000);
+    EXPECT_EQ(r.code, 200) << "the door answers meanwhile: " << r.raw;
+    return r.body.find("yes") != std::string::npos;
+  };
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  auto mine = client_->Attach(id);
+  ASSERT_TRUE(mine.ok()) << mine.status().ToString();
+  while (!mine->ReadFile("/tmp/started").ok() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // a polling period, not a wait
+  ASSERT_TRUE(mine->ReadFile("/tmp/started").ok()) << "the command never started";
+  while (listed() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // a polling period, not a wait
+  EXPECT_FALSE(listed()) << "the command was stopped (its output limit) though nobody read it: "
+                         << HttpExchange(port, envd("/process.Process/List", "application/json", "{}"), 1000).body;
+  EXPECT_LT(rss_kib() - rss0, 64 * 1024) << "KiB more after a never-read stream";
+  ::close(fd);
+  EXPECT_EQ(HttpExchange(port, "DELETE /sandboxes/" + id + " HTTP/1.1\r\nHost: dsec\r\nX-API-Key: " +
+                                   key->substr(0, key->find('\n')) + "\r\n\r\n")
+                .code,
+            204);
 }
 
 // E2B's `base` template is one documented command away (docs/e2b.md):
