@@ -65,7 +65,7 @@ struct RouteEntry {
 
 // One item of a connection's output, written in order.
 struct Out {
-  enum Kind { kWhole, kHead, kChunk, kLast } kind;
+  enum Kind { kWhole, kHead, kChunk, kLast, kAbort } kind;
   std::shared_ptr<http::response<http::string_body>> whole;  // kWhole
   bool head_only = false;                                    // kWhole: HEAD, no body
   std::shared_ptr<http::response<http::empty_body>> head;    // kHead (chunked)
@@ -278,6 +278,10 @@ class HttpConn : public std::enable_shared_from_this<HttpConn> {
 
   void Pump() {
     if (writing_ || outq_.empty() || gone_) return;
+    if (outq_.front().kind == Out::kAbort) {  // the response broken off: no last chunk
+      outq_.clear();
+      return Close();
+    }
     writing_ = true;
     Out& o = outq_.front();
     stream_.expires_after(std::chrono::milliseconds(s_->opt.request_timeout_ms));
@@ -298,6 +302,7 @@ class HttpConn : public std::enable_shared_from_this<HttpConn> {
       }
       case Out::kChunk: net::async_write(stream_, http::make_chunk(net::buffer(*o.chunk)), done); break;
       case Out::kLast: net::async_write(stream_, http::make_chunk_last(), done); break;
+      case Out::kAbort: break;  // handled above
     }
   }
 
@@ -406,6 +411,12 @@ class Responder final : public HttpResponder {
     if (state_ != kStreaming) return;
     state_ = kDone;
     Post(Out{Out::kLast, nullptr, false, nullptr, nullptr, true});
+  }
+  void Abort() override {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (state_ != kStreaming) return;
+    state_ = kDone;
+    Post(Out{Out::kAbort, nullptr, false, nullptr, nullptr, true});
   }
   bool gone() const override { return conn_->gone(); }
 

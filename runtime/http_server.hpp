@@ -59,6 +59,10 @@ class HttpResponder {
   // max_buffered bytes are waiting (the chunk is dropped then).
   virtual bool Write(std::string chunk) = 0;
   virtual void End() = 0;
+  // Ends a streamed response broken: what was queued is written, then the
+  // connection closes without the last chunk (the client sees its body cut,
+  // as when a server behind a proxy dies).
+  virtual void Abort() = 0;
   // The connection closed (or the server stops): stop producing.
   virtual bool gone() const = 0;
 };

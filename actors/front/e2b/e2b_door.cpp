@@ -238,6 +238,7 @@ class Counted final : public HttpResponder {
   }
   bool Write(std::string chunk) override { return inner_->Write(std::move(chunk)); }
   void End() override { inner_->End(); }
+  void Abort() override { inner_->Abort(); }
   bool gone() const override { return inner_->gone(); }
 
  private:

@@ -68,7 +68,11 @@ json Entry(const v1::FileInfo& f, const std::string& path) {
             {"owner", f.owner().empty() ? std::to_string(f.uid()) : f.owner()},
             {"group", f.group().empty() ? std::to_string(f.gid()) : f.group()},
             {"modifiedTime", Rfc3339(f.mtime_ms())}};
-  if (S_ISLNK(f.mode())) e["symlinkTarget"] = f.link_target();
+  // envd's target is a path (relative ones are taken from the link's directory).
+  if (S_ISLNK(f.mode()))
+    e["symlinkTarget"] = f.link_target().empty() || f.link_target()[0] == '/'
+                             ? f.link_target()
+                             : path.substr(0, path.rfind('/') + 1) + f.link_target();
   return e;
 }
 
@@ -118,15 +122,16 @@ class Rpc : public std::enable_shared_from_this<Rpc> {
     c_.reply->Begin(200, "application/connect+json");
   }
 
-  // Asks dsec; a failed status (or none) fails the call here.
+  // Asks dsec; a failed status (or none) fails the call here, unless
+  // `fine` takes it (then `ok` gets the reply).
   template <class Reply, class Req>
-  void Ask(Req req, std::function<void(Reply&)> ok) {
+  void Ask(Req req, std::function<void(Reply&)> ok, std::function<bool(const Status&)> fine = nullptr) {
     auto me = shared_from_this();
     self_->request(entry_, kCallTimeout, std::move(req))
         .then(
-            [me, ok](Reply& r) {
+            [me, ok, fine](Reply& r) {
               Status s = FromProto(r.status());
-              if (!s.ok()) return me->Fail(s);
+              if (!s.ok() && !(fine && fine(s))) return me->Fail(s);
               ok(r);
             },
             [me](caf::error& e) { me->Fail(Status::Unavailable("dsec did not answer: " + caf::to_string(e))); });
@@ -139,14 +144,15 @@ class Rpc : public std::enable_shared_from_this<Rpc> {
     Ask<v1::FileReply>(std::move(req), std::move(ok));
   }
 
-  void PathOp(v1::PathOp op, const std::string& path, const std::string& dest, std::function<void(v1::FileReply&)> ok) {
+  void PathOp(v1::PathOp op, const std::string& path, const std::string& dest, std::function<void(v1::FileReply&)> ok,
+              std::function<bool(const Status&)> fine = nullptr) {
     v1::PathOpRequest req;
     req.set_sandbox_id(sandbox_);
     req.set_op(op);
     req.set_path(path);
     req.set_destination(dest);
     req.set_user(user_);
-    Ask<v1::FileReply>(std::move(req), std::move(ok));
+    Ask<v1::FileReply>(std::move(req), std::move(ok), std::move(fine));
   }
 
   caf::event_based_actor* self() const { return self_; }
@@ -264,8 +270,10 @@ void Filesystem(const std::shared_ptr<Rpc>& rpc, const std::string& method, cons
     return rpc->PathOp(v1::PATH_OP_MOVE, path, dest,
                        [rpc, dest](v1::FileReply& r) { rpc->Answer({{"entry", Entry(r.info(), dest)}}); });
   }
-  if (method == "Remove") {
-    return rpc->PathOp(v1::PATH_OP_REMOVE, path, "", [rpc](v1::FileReply&) { rpc->Answer(json::object()); });
+  if (method == "Remove") {  // as envd's: a path that is not there is removed already
+    return rpc->PathOp(
+        v1::PATH_OP_REMOVE, path, "", [rpc](v1::FileReply&) { rpc->Answer(json::object()); },
+        [](const Status& s) { return s.code() == Status::Code::kNotFound; });
   }
   if (method == "WatchDir") return WatchDir(rpc, path, msg.contains("recursive") && msg["recursive"] == true);
   rpc->Fail(Status::Unimplemented("filesystem." + method.substr(0, 64) +
@@ -441,9 +449,26 @@ void StreamExec(const std::shared_ptr<Rpc>& rpc, v1::ExecRequest req, bool keep_
               // envd's error: what Go's Wait said ("exit status 3"), or dsec's reason (a limit).
               if (!res.error().empty() && res.verdict() != v1::VERDICT_OK) end["error"] = res.error();
               else if (res.signal() || res.exit_code()) end["error"] = end["status"];
-              send({{"end", end}});
-              if (!*cut) rpc->EndStream();
-              self->quit();
+              auto finish = [rpc, send, cut, self, end] {
+                send({{"end", end}});
+                if (!*cut) rpc->EndStream();
+                self->quit();
+              };
+              if (!res.signal()) return finish();
+              // Killed: with its sandbox (killed, paused), the stream is cut
+              // without an end, as E2B's proxy cuts it (the SDK then asks
+              // /health and says the sandbox is gone).
+              v1::GetSandboxRequest get;
+              get.set_sandbox_id(rpc->sandbox());
+              self->request(rpc->entry(), kCallTimeout, std::move(get))
+                  .then(
+                      [rpc, finish, self](v1::SandboxReply& sb) {
+                        auto phase = sb.sandbox().phase();
+                        if (FromProto(sb.status()).ok() && phase == v1::SANDBOX_PHASE_RUNNING) return finish();
+                        rpc->reply()->Abort();
+                        self->quit();
+                      },
+                      [finish](caf::error&) { finish(); });
             },
             stream.Unanswered());
     stream.Keepalives();

@@ -229,6 +229,11 @@ TEST_F(E2bDoor, TheSdkRunsCommandsAndWalksTheFilesystem) {
   EXPECT_EQ(out["watched"], J::parse(R"([["create","sub"],["create","sub/f.txt"],["write","sub/f.txt"]])"))
       << "a recursive watch, through the SDK's watchDir (envd 0.1.4)";
   EXPECT_THAT(out["watchMissing"].get<std::string>(), HasSubstr("NotFound"));
+  EXPECT_EQ(out["removeMissing"], "no error") << "envd's remove of what is not there";
+  EXPECT_EQ(out["linkTarget"], "/tmp/fs/uno.txt") << "a relative target, from the link's directory";
+  EXPECT_THAT(out["killedDuringRun"].get<std::string>(), HasSubstr("TimeoutError"));
+  EXPECT_THAT(out["killedDuringRun"].get<std::string>(), HasSubstr("killed or reached its end of life"))
+      << "the stream cut without an end, as E2B's proxy cuts it; the SDK's health check says the sandbox is gone";
 }
 
 // A client that starts a command printing without end and never reads

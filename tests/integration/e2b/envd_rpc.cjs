@@ -114,8 +114,15 @@ main(async () => {
     await watch.stop();
     out.watched = events.filter((e) => e[0] !== 'chmod');
     out.watchMissing = await failure(() => sbx.files.watchDir('/tmp/nowhere', () => {}));
-  } finally {
+    out.removeMissing = await failure(() => sbx.files.remove('/tmp/never-was'));
+    await sbx.commands.run('cd /tmp && ln -s uno.txt /tmp/fs/link');
+    out.linkTarget = (await sbx.files.getInfo('/tmp/fs/link')).symlinkTarget;
+    // A command running when its sandbox is killed: its stream is cut, and the SDK says the sandbox is gone.
+    const doomed = await sbx.commands.run('sleep 60', { background: true });
     await sbx.kill();
+    out.killedDuringRun = await failure(() => doomed.wait());
+  } finally {
+    await sbx.kill().catch(() => {});  // killed already, unless something failed first
   }
   return out;
 });

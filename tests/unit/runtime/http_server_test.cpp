@@ -303,6 +303,23 @@ TEST_F(HttpServerTest, AStreamedResponseArrivesInChunksFromAnotherThreadAndTheCo
   EXPECT_EQ(c.Read().code, 200) << "kept alive after the stream";
 }
 
+// Abort: the stream is broken off (the connection closes without the
+// last chunk), so the client sees a cut body, not a complete one.
+TEST_F(HttpServerTest, AnAbortedStreamEndsWithoutItsLastChunk) {
+  Start();
+  Conn c(port_);
+  c.Send("GET /stream HTTP/1.1\r\n\r\n");
+  auto reply = WaitForStream();
+  ASSERT_TRUE(reply);
+  reply->Begin(200, "application/octet-stream");
+  EXPECT_TRUE(reply->Write("partial"));
+  reply->Abort();
+  reply->End();  // nothing after an abort
+  EXPECT_FALSE(reply->Write("more"));
+  EXPECT_EQ(c.Read().code, 0) << "a chunked body without its end is no complete response";
+  EXPECT_TRUE(c.Closed());
+}
+
 TEST_F(HttpServerTest, AReaderThatStopsReadingCostsAtMostTheBufferAndItsCloseIsSeen) {
   HttpServerOptions opt;
   opt.max_buffered = 256 * 1024;
