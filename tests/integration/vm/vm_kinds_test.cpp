@@ -149,9 +149,11 @@ TEST_P(VmKinds, AForkOfEightCarriesMemoryAndEachGuestIsItsOwn) {
   EXPECT_EQ(ShIn(*src, "cat /run/mine 2>&1 || echo none").stdout().find("fork-"), std::string::npos);
   // A fork's memory is a private mapping of the snapshot's: paused with
   // memory it comes back, and a fork of it carries it on.
-  ASSERT_TRUE((*forks)[0].Pause(/*memory=*/true).ok());
+  Status paused = (*forks)[0].Pause(/*memory=*/true);
+  ASSERT_TRUE(paused.ok()) << paused.ToString();
   EXPECT_TRUE(VmProcessesOf(*daemon_, GetParam().kind, (*forks)[0].id()).empty());
-  ASSERT_TRUE((*forks)[0].Resume().ok());
+  Status resumed = (*forks)[0].Resume();
+  ASSERT_TRUE(resumed.ok()) << resumed.ToString();
   EXPECT_EQ(ShIn((*forks)[0], "kill -0 $(cat /run/counter) && cat /run/mine").stdout(), "fork-0\n");
   auto grand = Fork((*forks)[1], 1);
   ASSERT_TRUE(grand.ok()) << grand.status().ToString();
