@@ -393,7 +393,18 @@ class Door {
       v1::PauseRequest p;
       p.set_sandbox_id(id);
       p.set_memory(true);  // E2B's pause keeps the memory and gives the host its RAM back
-      Ask<v1::SandboxReply>(reply, std::move(p), [reply](v1::SandboxReply&) { reply->Send(204, kJson, ""); });
+      // dsec does not pause a sandbox with execs in flight (a command of the
+      // SDK's still streaming): 400 saying so, not E2B's 409, which the SDK
+      // takes for "already paused" (and says nothing).
+      self_->request(entry_, kCallTimeout, std::move(p))
+          .then(
+              [reply](v1::SandboxReply& r) {
+                Status s = FromProto(r.status());
+                if (s.code() == Status::Code::kFailedPrecondition) return Error(reply, 400, s.message());
+                if (!s.ok()) return Error(reply, s);
+                reply->Send(204, kJson, "");
+              },
+              [reply](caf::error& e) { Error(reply, 503, "dsec did not answer: " + caf::to_string(e)); });
     });
   }
 

@@ -117,6 +117,10 @@ main(async () => {
     out.removeMissing = await failure(() => sbx.files.remove('/tmp/never-was'));
     await sbx.commands.run('cd /tmp && ln -s uno.txt /tmp/fs/link');
     out.linkTarget = (await sbx.files.getInfo('/tmp/fs/link')).symlinkTarget;
+    // dsec pauses a sandbox between commands only: a pause with one running is refused, saying so.
+    const busy = await sbx.commands.run('sleep 30', { background: true });
+    out.pauseBusy = await failure(() => sbx.pause());
+    await busy.kill();
     // A command running when its sandbox is killed: its stream is cut, and the SDK says the sandbox is gone.
     const doomed = await sbx.commands.run('sleep 60', { background: true });
     await sbx.kill();
