@@ -8,6 +8,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -121,6 +122,9 @@ struct WatchRun {
   std::string root;
   bool recursive = false;
   std::set<int> wds;
+  // Entries reported as found in a new directory's first listing (wd,
+  // name): their own create event, if it comes too, is not told twice.
+  std::set<std::pair<int, std::string>> listed;
 };
 
 // A pseudo-terminal of that size: its master and slave ends (CLOEXEC;
@@ -185,7 +189,10 @@ class Agent {
   void OnInotify();
   // Adds `dir` (rel to the watch's root) and, when recursive, what is under
   // it; false with *why past the limit or when the root cannot be watched.
-  bool AddWatchDirs(WatchRun& w, const std::string& rel, std::string* why);
+  // With `found`, what is in those directories is passed to it (rel names):
+  // a new directory's entries made before its watch was added.
+  bool AddWatchDirs(WatchRun& w, const std::string& rel, std::string* why,
+                    const std::function<void(const std::string&)>& found = nullptr);
   // Ends a watch: ok (err 0) or an error, to its client if still there.
   void EndWatch(uint64_t key, int err, const std::string& why);
   // A watch's client backs up: inotify is not read (its events wait in the
@@ -193,6 +200,8 @@ class Agent {
   void ResumeInotify();
   // Forgets the directories of watch `w` at `rel` and under it (moved away).
   void DropWatchDirs(WatchRun& w, const std::string& rel);
+  // They were renamed within the watched tree: `from` and under it are `to`.
+  void RenameWatchDirs(WatchRun& w, const std::string& from, const std::string& to);
   void KillGroup(ExecRun& x);
   void Pause(ExecRun& x, Conn& c);
   void Resume(ExecRun& x);

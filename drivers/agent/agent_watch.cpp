@@ -13,6 +13,7 @@
 #include <sys/inotify.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <deque>
 #include <tuple>
@@ -30,6 +31,9 @@ constexpr size_t kMaxWatchDirs = 8192;
 // And all of this agent's watches together: the host's budget is shared by
 // every sandbox whose agent is the same host user.
 constexpr size_t kMaxAgentWatchDirs = 16384;
+// Entries a watch remembers having reported from new directories' first
+// listings (WatchRun::listed); past it, a duplicate create may be told.
+constexpr size_t kMaxListed = 65536;
 constexpr int kCreate = 1, kWrite = 2, kRemove = 3, kRename = 4, kChmod = 5;
 
 int TypeOf(uint32_t mask) {
@@ -77,7 +81,8 @@ void Agent::OnWatch(Conn& c, uint64_t id, const Watch& req) {
   Send(c, ev);
 }
 
-bool Agent::AddWatchDirs(WatchRun& w, const std::string& rel, std::string* why) {
+bool Agent::AddWatchDirs(WatchRun& w, const std::string& rel, std::string* why,
+                         const std::function<void(const std::string&)>& found) {
   std::deque<std::string> todo{rel};
   while (!todo.empty()) {
     std::string dir = std::move(todo.front());
@@ -113,7 +118,12 @@ bool Agent::AddWatchDirs(WatchRun& w, const std::string& rel, std::string* why) 
     DIR* d = ::opendir(full.c_str());
     if (!d) continue;
     while (dirent* e = ::readdir(d)) {
-      if (e->d_type != DT_DIR || !std::strcmp(e->d_name, ".") || !std::strcmp(e->d_name, "..")) continue;
+      if (!std::strcmp(e->d_name, ".") || !std::strcmp(e->d_name, "..")) continue;
+      if (found && w.listed.size() < kMaxListed) {
+        w.listed.emplace(wd, e->d_name);
+        found(Join(dir, e->d_name));
+      }
+      if (e->d_type != DT_DIR) continue;
       if (w.wds.size() + todo.size() >= kMaxWatchDirs) {  // past the limit: said once the queue reaches it
         todo.push_back(Join(dir, e->d_name));
         break;
@@ -178,6 +188,16 @@ void Agent::DropWatchDirs(WatchRun& w, const std::string& rel) {
   }
 }
 
+void Agent::RenameWatchDirs(WatchRun& w, const std::string& from, const std::string& to) {
+  std::string under = from + "/";
+  for (int wd : w.wds) {
+    auto u = wd_users_.find(wd);
+    if (u == wd_users_.end()) continue;
+    for (auto& [key, r] : u->second)
+      if (key == w.key && (r == from || r.compare(0, under.size(), under) == 0)) r = to + r.substr(from.size());
+  }
+}
+
 void Agent::ResumeInotify() {
   for (auto& [key, w] : watches_)
     if (Conn* c = FindConn(w->conn); c && c->pending() >= kHighWater) return;
@@ -211,6 +231,16 @@ void Agent::OnInotify() {
       }
     batches.erase(b);
   };
+  // A directory moved from within a recursive watch: renamed, when its
+  // IN_MOVED_TO (the next event, same cookie) is in the tree too, else
+  // moved away. (watch, its old name), and the cookie.
+  std::vector<std::pair<uint64_t, std::string>> moved;
+  uint32_t moved_cookie = 0;
+  auto moved_away = [&] {
+    for (auto& [key, rel] : moved)
+      if (auto w = watches_.find(key); w != watches_.end()) DropWatchDirs(*w->second, rel);
+    moved.clear();
+  };
   for (int reads = 0; reads < 16; ++reads) {
     ssize_t n = ::read(inotify_.get(), buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;
@@ -218,6 +248,7 @@ void Agent::OnInotify() {
     for (char* p = buf; p < buf + n;) {
       auto* e = reinterpret_cast<inotify_event*>(p);
       p += sizeof(inotify_event) + e->len;
+      if (!moved.empty() && !((e->mask & IN_MOVED_TO) && e->cookie == moved_cookie)) moved_away();
       if (e->mask & IN_Q_OVERFLOW) {  // events were lost: every watch says so rather than miss them
         for (auto& [key, w] : watches_) ended.emplace_back(key, ENOBUFS, "events were lost (the kernel's queue overflowed)");
         continue;
@@ -239,27 +270,47 @@ void Agent::OnInotify() {
       int type = TypeOf(e->mask);
       if (!type || name.empty()) continue;  // DELETE_SELF: IGNORED follows
       auto users = u->second;  // AddWatchDirs and DropWatchDirs change wd_users_
-      for (auto& [key, rel] : users) {
+      for (const auto& user : users) {
+        const uint64_t key = user.first;
         auto w = watches_.find(key);
         if (w == watches_.end()) continue;
         WatchRun& r = *w->second;
+        const std::string& rel = user.second;
         std::string child = Join(rel, name);
+        auto tell = [&batches, &flush, key](const std::string& what, int how) {
+          auto& b = batches[key];
+          auto* fe = b.first.mutable_fs_events()->add_events();
+          fe->set_name(what);
+          fe->set_type(static_cast<uint32_t>(how));
+          b.second += what.size() + 8;
+          if (b.second >= kBatchBytes) flush(key);
+        };
+        // Reported already from its new directory's listing; or gone, so
+        // a create of that name later is news.
+        if (!r.listed.empty() && r.listed.erase({e->wd, name}) && type == kCreate) continue;
+        tell(child, type);
         if (r.recursive && (e->mask & IN_ISDIR)) {
-          // Moved away: its tree is no longer this watch's (a move in comes as a create, under its new name).
-          if (e->mask & IN_MOVED_FROM) DropWatchDirs(r, child);
           std::string why;
-          if (type == kCreate && !AddWatchDirs(r, child, &why)) ended.emplace_back(key, ENOSPC, why);
+          if (e->mask & IN_MOVED_FROM) {
+            moved.emplace_back(key, child);
+            moved_cookie = e->cookie;
+          } else if (e->mask & IN_MOVED_TO) {
+            auto from = std::find_if(moved.begin(), moved.end(), [&](const auto& m) { return m.first == key; });
+            if (from != moved.end()) {  // renamed within the tree: its watches carry on under the new name
+              RenameWatchDirs(r, from->second, child);
+              moved.erase(from);
+            } else if (!AddWatchDirs(r, child, &why)) {  // moved in
+              ended.emplace_back(key, ENOSPC, why);
+            }
+          } else if (type == kCreate && !AddWatchDirs(r, child, &why, [&](const std::string& in) { tell(in, kCreate); })) {
+            ended.emplace_back(key, ENOSPC, why);  // new: what it holds already is told as created
+          }
         }
-        auto& [ev, bytes] = batches[key];
-        auto* fe = ev.mutable_fs_events()->add_events();
-        fe->set_name(child);
-        fe->set_type(static_cast<uint32_t>(type));
-        bytes += child.size() + 8;
-        if (bytes >= kBatchBytes) flush(key);
       }
     }
     if (static_cast<size_t>(n) < sizeof buf / 2) break;  // drained
   }
+  moved_away();
   std::vector<uint64_t> keys;
   for (auto& [key, b] : batches) keys.push_back(key);
   for (uint64_t key : keys) flush(key);
