@@ -101,6 +101,10 @@ void Driver::PathOp(const v1::SandboxRecord&, const v1::PathOpRequest&, FileCall
 void Driver::Process(const v1::SandboxRecord&, const v1::ProcessRequest&, ProcessCallback done) {
   done(NoState(*this, "processes that outlive a call"));
 }
+void Driver::Usage(const v1::SandboxRecord&, UsageCallback done) {
+  done(Status::Unimplemented(std::string(name()) + " sandboxes do not say what they use: each run is measured in its "
+                             "own result (ExecResult.cpu_us, peak_memory_bytes)"));
+}
 std::function<void()> Driver::Watch(const v1::SandboxRecord&, const v1::WatchRequest&, OutputCallback,
                                     StatusCallback done) {
   done(NoState(*this, "directories to watch"));

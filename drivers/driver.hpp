@@ -27,6 +27,7 @@ using OutputCallback = std::function<void(const v1::ExecOutput&)>;
 // ReadFile: content; ListFiles: info and entries; WriteFile: nothing.
 using FileCallback = std::function<void(Result<v1::FileReply>)>;
 using ProcessCallback = std::function<void(Result<v1::ProcessReply>)>;
+using UsageCallback = std::function<void(Result<v1::SandboxUsage>)>;
 // What Snapshot wrote: bytes of file contents and entries.
 struct SnapshotStats {
   uint64_t bytes = 0;
@@ -151,6 +152,10 @@ class Driver {
   virtual Result<uint64_t> DiskUsage(const v1::SandboxRecord& sandbox) const {
     return Status::Unimplemented(std::string(name()) + " sandboxes have no disk of their own");
   }
+  // What the sandbox uses now (UsageRequest): its CPU time and count,
+  // memory used, cached and its total (at_ms, cpu_used_pct and the disk are
+  // the caller's). Unimplemented for a kind that cannot tell.
+  virtual void Usage(const v1::SandboxRecord& sandbox, UsageCallback done);
 
   // A new network policy (Admissible already) for a sandbox that has a
   // network link: one transaction. FailedPrecondition, saying why, for a

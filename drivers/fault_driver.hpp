@@ -74,6 +74,7 @@ class FaultDriver final : public Driver {
   void Pause(const v1::SandboxRecord& sb, bool paused, StatusCallback done) override;
   void PauseMemory(const v1::SandboxRecord& sb, StatusCallback done) override { base_->PauseMemory(sb, std::move(done)); }
   Result<uint64_t> DiskUsage(const v1::SandboxRecord& sb) const override { return base_->DiskUsage(sb); }
+  void Usage(const v1::SandboxRecord& sb, UsageCallback done) override { base_->Usage(sb, std::move(done)); }
   void SetNetwork(const v1::SandboxRecord& sb, const v1::NetworkPolicy& next, StatusCallback done) override {
     base_->SetNetwork(sb, next, std::move(done));
   }

@@ -2,6 +2,7 @@
 // one run (starts its own dsecd; docs/performance.md):
 //
 //   build/bin/e2b_bench --count 30 --concurrency 64 --seconds 10
+//   build/bin/e2b_bench --count 0 --concurrency 0 --streams 1000
 //
 // Prints, for the door (the unmodified `e2b` npm package, run by node:
 // perf/e2b_bench.cjs) and for the C++ SDK:
@@ -11,12 +12,20 @@
 //   - commands per second: --concurrency loops of `true` (through bash -l
 //     -c, as user `user`) on one sandbox for --seconds.
 // And the door's figures over the SDK's (the ratio is what to quote: the
-// machine is shared). Needs node and the package (e2b_test installs it to
+// machine is shared). With --streams N: N sandboxes made through the door,
+// each with a streamed background command left open; dsecd's memory with
+// them open, and again once they have ended (the sandboxes still there):
+// the difference per stream is what an open stream holds; and whether
+// every stream's output came whole and in order. Needs node and the package (e2b_test installs it to
 // /var/cache/dsec/npm; --module names another).
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
+
 #include <atomic>
+#include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <string>
 #include <thread>
@@ -47,12 +56,15 @@ dsec::v1::ExecRequest AsTheSdkRuns(const std::string& cmd) {
 
 int main(int argc, char** argv) {
   CLI::App app{"the E2B door (the unmodified e2b SDK) against dsec's C++ SDK: create-to-first-output, commands/s"};
-  int count = 30, concurrency = 64;
+  int count = 30, concurrency = 64, streams = 0, lines = 1000;
   double seconds = 10;
   std::string module = "/var/cache/dsec/npm/e2b-2.45.0/node_modules/e2b/dist/index.js";
   app.add_option("--count", count, "creations timed, one after another")->capture_default_str();
   app.add_option("--concurrency", concurrency, "commands in flight at once")->capture_default_str();
   app.add_option("--seconds", seconds, "how long commands run")->capture_default_str();
+  app.add_option("--streams", streams, "sandboxes made through the door, each with a stream left open (0: none)")
+      ->capture_default_str();
+  app.add_option("--lines", lines, "lines each stream then prints")->capture_default_str();
   app.add_option("--module", module, "the e2b package's dist/index.js")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   if (::access(module.c_str(), R_OK) != 0 || ::access("/usr/bin/node", X_OK) != 0)
@@ -62,7 +74,7 @@ int main(int argc, char** argv) {
   auto daemon = StartBenchDaemon();
   if (!daemon.ok()) return Fail("dsecd", daemon.status());
   auto& d = **daemon;
-  auto scratch = ScratchRootfs("dsec-e2b-bench", {"sh", "bash", "true", "echo", "cat", "id"});
+  auto scratch = ScratchRootfs("dsec-e2b-bench", {"sh", "bash", "true", "echo", "cat", "id", "seq"});
   if (!scratch.ok()) return Fail("rootfs", scratch.status());
   auto built = BuildBenchImage(d, *scratch, "e2b-bench");
   dsec::testing::RunProcess({"/bin/rm", "-rf", *scratch});
@@ -84,6 +96,40 @@ int main(int argc, char** argv) {
     return j.is_object() ? j : nlohmann::json::object();
   };
   auto spec = dsec::ContainerSpec("e2b-bench");
+
+  if (streams > 0) {
+    char tmpl[] = "/tmp/dsec-e2b-streams.XXXXXX";
+    std::string dir = ::mkdtemp(tmpl) ? tmpl : "";
+    if (dir.empty()) return Fail("streams", dsec::Status::FromErrno(errno, "mkdtemp"));
+    auto rss_mib = [&] { return PssRss(d.pid()).second / 1024.0; };
+    double base = rss_mib(), open = 0, ended = 0;
+    std::thread watcher([&] {  // reads dsecd's memory at each stage the node side reaches
+      auto wait_for = [&](const std::string& f) {
+        while (::access((dir + "/" + f).c_str(), F_OK) != 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      };
+      wait_for("open");
+      open = rss_mib();
+      (void)dsec::WriteFileAtomic(dir + "/go", "");
+      wait_for("ended");
+      ended = rss_mib();
+      (void)dsec::WriteFileAtomic(dir + "/done", "");
+    });
+    auto r = node({"MODE=streams", "COUNT=" + std::to_string(streams), "LINES=" + std::to_string(lines), "DIR=" + dir,
+                   "E2B_ENVD_RPC_CONNECTIONS=" + std::to_string(streams + 64)});
+    if (r.empty()) {  // the node side failed: the watcher ends too
+      (void)dsec::WriteFileAtomic(dir + "/open", "");
+      (void)dsec::WriteFileAtomic(dir + "/ended", "");
+    }
+    watcher.join();
+    dsec::testing::RunProcess({"/bin/rm", "-rf", dir});
+    int made = r.value("made", 0);
+    std::printf("%d streams through the door (%d asked; %d failed; all open after %.1f s): %d whole and in order "
+                "(%d lines each); dsecd RSS %.1f MiB before, %.1f with them open, %.1f once they ended: "
+                "%.1f KiB per open stream, %.1f KiB per sandbox\n",
+                made, streams, r.value("failed", -1), r.value("openMs", 0.0) / 1000, r.value("inOrder", 0), lines, base,
+                open, ended, made ? (open - ended) * 1024 / made : 0, made ? (ended - base) * 1024 / made : 0);
+  }
+  if (count <= 0 || concurrency <= 0) return 0;
 
   // Create-to-first-output.
   std::vector<double> sdk_ms;

@@ -51,6 +51,7 @@
   X(PathOpRequest, FileReply, kSandbox, sandbox_id)                              \
   X(ProcessRequest, ProcessReply, kSandbox, sandbox_id)                          \
   X(WatchRequest, WatchReply, kSandbox, sandbox_id)                              \
+  X(UsageRequest, UsageReply, kSandbox, sandbox_id)                              \
   X(ListSandboxesRequest, ListSandboxesReply, kFanout, _)                        \
   X(OpenSessionRequest, SessionReply, kNewSession, name)                         \
   X(StepRequest, StepReply, kSession, session)                                   \

@@ -124,7 +124,11 @@ caf::result<v1::ExecReply> Handle(Self self, v1::ExecRequest& req) {
     req.clear_limits();
     req.mutable_limits()->set_timeout_ms(ms);
   } else {
+    bool capped = req.limits().output_bytes() != 0;
     *req.mutable_limits() = *limits;
+    // Streamed output goes to its caller as it comes, held back while the
+    // caller does not read: no cap unless the exec asks for one.
+    if (req.stream() && !capped) req.mutable_limits()->set_output_bytes(UINT64_MAX);
   }
   // Streamed pieces go to the sender; read it first, for the response
   // promise takes it over (current_sender() is null after this).
@@ -233,6 +237,7 @@ caf::result<v1::SandboxReply> Handle(Self self, v1::SetTimeoutRequest& req) {
 caf::result<v1::SnapshotReply> Handle(Self self, v1::SnapshotRequest& req) { return TakeSnapshot(self, req); }
 caf::result<v1::ForkReply> Handle(Self self, v1::ForkRequest& req) { return Fork(self, req); }
 caf::result<v1::WatchReply> Handle(Self self, v1::WatchRequest& req) { return WatchDir(self, req); }
+caf::result<v1::UsageReply> Handle(Self self, v1::UsageRequest& req) { return MeasureUsage(self, req); }
 
 // A new network policy (the proto's SetNetworkRequest): the policy it
 // makes is checked as a new spec's would be, applied by the driver, then

@@ -75,6 +75,10 @@ struct SandboxState {
   std::map<caf::actor_addr, int> followers;
   std::unordered_map<std::string, caf::actor_addr> attachments;  // run id -> caller
   bool monitors_set = false;  // the down handler is in place
+  // The last usage reading (UsageRequest), for the CPU share since it:
+  // when (steady clock; 0: none) and its CPU time.
+  int64_t usage_at_ms = 0;
+  uint64_t usage_cpu_ns = 0;
   // This sandbox in dsec_sandboxes{kind,phase} while its actor lives.
   metrics::PhaseGauge phase_gauge;
   metrics::Histogram* exec_seconds = nullptr;  // dsec_exec_seconds{kind}, looked up once
@@ -120,6 +124,8 @@ void Touch(Self self);
 // (the sandbox is ending).
 caf::result<v1::WatchReply> WatchDir(Self self, v1::WatchRequest& req);
 void EndWatches(Self self, const Status& why);
+// What it uses now (sandbox_usage.cpp).
+caf::result<v1::UsageReply> MeasureUsage(Self self, v1::UsageRequest& req);
 // A caller with a watch or an attachment: monitored while it has one
 // (Follow counts one more, Unfollow one less).
 void Follow(Self self, const caf::actor& caller);

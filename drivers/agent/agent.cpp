@@ -486,7 +486,7 @@ void Agent::OnFrame(Conn& c, const std::string& frame) {
     case Request::kWriteFile: OnWriteFile(c, id, req.write_file()); break;
     case Request::kStat: OnStat(c, id, req.stat()); break;
     case Request::kListDir: OnListDir(c, id, req.list_dir()); break;
-    case Request::kPing: OnPing(c, id); break;
+    case Request::kPing: OnPing(c, id, req.ping().usage()); break;
     case Request::kChanges: OnChanges(c, id, req.changes()); break;
     case Request::kPathOp: OnPathOp(c, id, req.path_op()); break;
     case Request::kProc: OnProc(c, id, req.proc()); break;
@@ -498,7 +498,7 @@ void Agent::OnFrame(Conn& c, const std::string& frame) {
   }
 }
 
-void Agent::OnPing(Conn& c, uint64_t id) {
+void Agent::OnPing(Conn& c, uint64_t id, bool usage) {
   Event ev;
   ev.set_id(id);
   auto* p = ev.mutable_pong();
@@ -506,7 +506,31 @@ void Agent::OnPing(Conn& c, uint64_t id) {
   p->set_version(DSEC_VERSION);
   p->set_execs_running(execs_.size());
   p->set_uptime_ms(static_cast<uint64_t>((NowNs() - start_ns_) / 1000000));
+  if (usage) SystemUsage(p);
   Send(c, ev);
+}
+
+void SystemUsage(Pong* p) {
+  long cpus = ::sysconf(_SC_NPROCESSORS_ONLN), hz = ::sysconf(_SC_CLK_TCK);
+  p->set_cpu_count(static_cast<uint32_t>(cpus > 0 ? cpus : 1));
+  if (FILE* f = std::fopen("/proc/stat", "re")) {
+    unsigned long long user = 0, nice = 0, sys = 0, idle = 0, iowait = 0, irq = 0, softirq = 0, steal = 0;
+    if (std::fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &user, &nice, &sys, &idle, &iowait, &irq,
+                    &softirq, &steal) >= 4 && hz > 0)
+      p->set_cpu_ns((user + nice + sys + irq + softirq + steal) * (1000000000ull / static_cast<unsigned long long>(hz)));
+    std::fclose(f);
+  }
+  if (FILE* f = std::fopen("/proc/meminfo", "re")) {
+    char key[64];
+    unsigned long long kb = 0, cache = 0;
+    while (std::fscanf(f, "%63s %llu kB\n", key, &kb) == 2) {
+      if (!std::strcmp(key, "MemTotal:")) p->set_mem_total(kb << 10);
+      else if (!std::strcmp(key, "MemAvailable:")) p->set_mem_available(kb << 10);
+      else if (!std::strcmp(key, "Cached:") || !std::strcmp(key, "Buffers:")) cache += kb << 10;
+    }
+    p->set_mem_cache(cache);
+    std::fclose(f);
+  }
 }
 
 void Agent::Send(Conn& c, const Event& ev) {

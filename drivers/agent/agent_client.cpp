@@ -609,14 +609,14 @@ Result<agent::ChangeList> AgentClient::ChangesSync(uint32_t limit, Millis timeou
                                  [&](Callback<agent::ChangeList> cb) { Changes(limit, std::move(cb)); });
 }
 
-void AgentClient::Ping(Callback<agent::Pong> done) {
+void AgentClient::Ping(Callback<agent::Pong> done, bool usage) {
   auto p = std::make_shared<Pending>();
   p->done = Answer<agent::Pong>(name(), std::move(done), [n = name()](Event& ev) -> Result<agent::Pong> {
     if (!ev.has_pong()) return Unexpected(n, "ping");
     return std::move(*ev.mutable_pong());
   });
   agent::Request req;
-  req.mutable_ping();
+  req.mutable_ping()->set_usage(usage);
   Send(req, std::move(p));
 }
 

@@ -81,7 +81,7 @@ class AgentClient {
   void PathOp(const agent::PathOp& req, Callback<agent::FileInfo> done);
   // The agent's running execs (list: their ProcList; else an empty one).
   void Proc(const agent::Proc& req, Callback<agent::ProcList> done);
-  void Ping(Callback<agent::Pong> done);
+  void Ping(Callback<agent::Pong> done, bool usage = false);  // usage: Ping.usage
   // Watches a directory: on_events gets `watching` once it is in place,
   // then the changes; `done` its end (OK once a Signal of the returned id
   // stopped it). Returns the id (0 when it failed at once).

@@ -316,4 +316,23 @@ std::function<void()> AgentDriver::Watch(const v1::SandboxRecord& sb, const v1::
   };
 }
 
+void AgentDriver::Usage(const v1::SandboxRecord& sb, UsageCallback done) {
+  auto running = RunningBox(sb.id());
+  if (!running.ok()) return done(running.status());
+  auto box = *running;
+  box->agent->Ping(
+      [done, box, kind = std::string(name())](Result<agent::Pong> p) {
+        if (!p.ok()) return done(p.status().Annotate(kind + " " + box->id + ": usage"));
+        v1::SandboxUsage u;
+        u.set_cpu_count(p->cpu_count());
+        u.set_cpu_ns(p->cpu_ns());
+        u.set_mem_total_bytes(p->mem_total());
+        u.set_mem_cache_bytes(p->mem_cache());
+        uint64_t taken = p->mem_total() > p->mem_available() ? p->mem_total() - p->mem_available() : 0;
+        u.set_mem_used_bytes(taken);
+        done(std::move(u));
+      },
+      /*usage=*/true);
+}
+
 }  // namespace dsec::drivers

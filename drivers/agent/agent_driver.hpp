@@ -72,6 +72,9 @@ class AgentDriver : public Driver {
   void Process(const v1::SandboxRecord& sandbox, const v1::ProcessRequest& req, ProcessCallback done) override;
   std::function<void()> Watch(const v1::SandboxRecord& sandbox, const v1::WatchRequest& req, OutputCallback on_events,
                               StatusCallback done) override;
+  // The system's, as its agent reads /proc: right for a VM guest (a kind
+  // whose agent shares the host's /proc, a container, says its own).
+  void Usage(const v1::SandboxRecord& sandbox, UsageCallback done) override;
 
  protected:
   // The box of a running sandbox with a connected agent, ready for a call

@@ -131,6 +131,9 @@ struct WatchRun {
 // the master non-blocking). 0, or the errno.
 int OpenPty(uint32_t cols, uint32_t rows, UniqueFd* master, UniqueFd* slave);
 
+// The system's CPUs, their busy time and its memory, from /proc (Ping.usage).
+void SystemUsage(Pong* p);
+
 class Agent {
  public:
   explicit Agent(const AgentOptions& o) : opts_(o) {}
@@ -156,7 +159,7 @@ class Agent {
   void CloseConn(Conn& c);
   void CollectClosed();
   Conn* FindConn(uint64_t key);
-  void OnPing(Conn& c, uint64_t id);
+  void OnPing(Conn& c, uint64_t id, bool usage);
   int NextTimeoutMs() const;
   void RunTimers();
   // The virtio-serial port (AgentOptions::vport): waiting for a host's sync,

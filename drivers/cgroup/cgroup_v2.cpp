@@ -20,6 +20,15 @@
 namespace dsec::cgroup {
 
 namespace {
+uint64_t KeyedText(const std::string& text, const std::string& key);
+}  // namespace
+
+uint64_t Keyed(const std::string& file, const std::string& key) {
+  auto text = ReadFileToString(file);
+  return text.ok() ? KeyedText(*text, key) : 0;
+}
+
+namespace {
 
 // The value after `key ` in a flat keyed file's text (cgroup.events,
 // cpu.stat, memory.events); 0 when absent.
@@ -30,12 +39,6 @@ uint64_t KeyedText(const std::string& text, const std::string& key) {
   while (in >> k >> v)
     if (k == key) return v;
   return 0;
-}
-
-// The same, of a file.
-uint64_t Keyed(const std::string& file, const std::string& key) {
-  auto text = ReadFileToString(file);
-  return text.ok() ? KeyedText(*text, key) : 0;
 }
 
 bool Contains(const std::string& words, const std::string& w) {
@@ -118,6 +121,10 @@ class GroupsV2 final : public Groups {
 
   uint64_t CpuUsageNs(const std::string& rel) const override { return Keyed(Dir(rel) + "/cpu.stat", "usage_usec") * 1000; }
   uint64_t OomKills(const std::string& rel) const override { return Keyed(Dir(rel) + "/memory.events", "oom_kill"); }
+  MemoryUse Memory(const std::string& rel) const override {
+    auto current = ReadFileToString(Dir(rel) + "/memory.current");
+    return {current.ok() ? std::strtoull(current->c_str(), nullptr, 10) : 0, Keyed(Dir(rel) + "/memory.stat", "file")};
+  }
   Status ReclaimMemory(const std::string& rel) override {
     // memory.reclaim (kernel 5.19+) takes an amount: all the group holds.
     auto current = ReadFileToString(Dir(rel) + "/memory.current");

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
@@ -49,6 +50,11 @@ class GroupsV1 final : public Groups {
   }
   uint64_t CpuUsageNs(const std::string& rel) const override { return CgroupSlot::Paths(m_, rel).CpuUsageNsByPath(); }
   uint64_t OomKills(const std::string& rel) const override { return CgroupSlot::Paths(m_, rel).OomKills(); }
+  MemoryUse Memory(const std::string& rel) const override {
+    auto usage = ReadFileToString(m_.memory + "/" + rel + "/memory.usage_in_bytes");
+    return {usage.ok() ? std::strtoull(usage->c_str(), nullptr, 10) : 0,
+            Keyed(m_.memory + "/" + rel + "/memory.stat", "total_cache")};
+  }
   bool Empty(const std::string& rel) override { return EmptyGroup(m_, rel); }
   bool CanRename() const override { return true; }
   Status Rename(const std::string& rel, const std::string& to) override { return RenameGroup(m_, rel, to); }

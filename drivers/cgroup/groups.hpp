@@ -18,6 +18,10 @@
 
 namespace dsec::cgroup {
 
+// The value after `key ` in a flat keyed cgroup file (cpu.stat,
+// memory.stat, memory.events); 0 when absent or unreadable.
+uint64_t Keyed(const std::string& file, const std::string& key);
+
 class Groups {
  public:
   virtual ~Groups() = default;
@@ -56,6 +60,13 @@ class Groups {
   virtual Status ReclaimMemory(const std::string& rel) = 0;
   virtual uint64_t CpuUsageNs(const std::string& rel) const = 0;
   virtual uint64_t OomKills(const std::string& rel) const = 0;
+  // Its memory now: all it is charged, page cache included, and the cache's
+  // part (v1 memory.usage_in_bytes and total_cache; v2 memory.current and file).
+  struct MemoryUse {
+    uint64_t charged = 0;
+    uint64_t cache = 0;
+  };
+  virtual MemoryUse Memory(const std::string& rel) const = 0;
   // Kills everything inside and waits, up to 1 s, until nothing is left;
   // leaves it thawed. True when it is empty.
   virtual bool Empty(const std::string& rel) = 0;

@@ -607,11 +607,6 @@ bool ContainerDriver::ReleaseGroup(const std::string& rel, Box* box) {
   return !groups_->Exists(rel);
 }
 
-Result<uint64_t> ContainerDriver::DiskUsage(const v1::SandboxRecord& sb) const {
-  if (!disk_) return Status::FailedPrecondition("container disk limits unavailable: " + disk_status_.message());
-  return disk_->Usage(sb.id());
-}
-
 void ContainerDriver::SweepLastRun() {
   // Nothing of this run exists yet: what the last run kept for recycling
   // goes or is taken over, and the sandbox dirs it left are leftovers until

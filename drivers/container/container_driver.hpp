@@ -84,6 +84,8 @@ class ContainerDriver : public BoxDriver {
   void Destroy(const v1::SandboxRecord& sandbox, const std::string& driver_state, StatusCallback done) override;
   void Readopt(const v1::SandboxRecord& sandbox, const std::string& driver_state, StatusCallback done) override;
   Result<uint64_t> DiskUsage(const v1::SandboxRecord& sandbox) const override;
+  // Its cgroup's: CPU time, memory charged (less the cache), its limits.
+  void Usage(const v1::SandboxRecord& sandbox, UsageCallback done) override;
   // Its overlay upper dir against the image (and its mask layer).
   Result<guard::UpperDiff> Changes(const v1::SandboxRecord& sandbox) const override;
   std::map<std::string, uint64_t> DeniedCalls(const v1::SandboxRecord& sandbox) const override;

@@ -57,6 +57,7 @@ template void Sandbox::Call<v1::FileReply, v1::PathOpRequest>(v1::PathOpRequest,
 template void Sandbox::Call<v1::ProcessReply, v1::ProcessRequest>(v1::ProcessRequest, Done<v1::ProcessReply>,
                                                                   OnOutput) const;
 template void Sandbox::Call<v1::WatchReply, v1::WatchRequest>(v1::WatchRequest, Done<v1::WatchReply>, OnOutput) const;
+template void Sandbox::Call<v1::UsageReply, v1::UsageRequest>(v1::UsageRequest, Done<v1::UsageReply>, OnOutput) const;
 
 namespace {
 // The reply's record. A node answers without its own address: the route it

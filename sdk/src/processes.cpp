@@ -41,4 +41,14 @@ Status CloseStdin(const Sandbox& sandbox, uint32_t pid) {
   return Ask(sandbox, v1::PROCESS_OP_CLOSE_STDIN, pid).status();
 }
 
+void UsageAsync(const Sandbox& sandbox, Done<v1::UsageReply> done) {
+  ExtraCalls::Call<v1::UsageReply>(sandbox, v1::UsageRequest(), std::move(done));
+}
+
+Result<v1::SandboxUsage> MeasureUsage(const Sandbox& sandbox) {
+  auto r = Wait<v1::UsageReply>([&](Done<v1::UsageReply> d) { UsageAsync(sandbox, std::move(d)); });
+  if (!r.ok()) return r.status();
+  return std::move(*r->mutable_usage());
+}
+
 }  // namespace dsec

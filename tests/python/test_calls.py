@@ -107,8 +107,13 @@ def test_create_exec_files_pause_resume_destroy(cclient: dsec.Client) -> None:
             sb.watch("/work/none")
         with pytest.raises(dsec.Error):
             sb.read_file("/work/bin.dat", max_bytes=10)
+        use = sb.usage()
+        assert isinstance(use, dsec.SandboxUsage) and use.cpu_count >= 1 and 0 < use.mem_used_bytes < use.mem_total_bytes
+        assert 0.0 <= use.cpu_used_pct <= 100.0 and use.at_ms > 0
         sb.pause()
         assert sb.get().phase == "paused"
+        with pytest.raises(dsec.FailedPrecondition):
+            sb.usage()
         sb.resume()
         assert sb.get().phase == "running"
         assert sb.exec(["cat", "/work/f"]).stdout == b"state\n"  # state kept across pause

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <thread>
 
+#include "dsec/processes.hpp"
 #include "tests/support/container_fixture.hpp"
 #include "tests/support/probes.hpp"
 
@@ -64,6 +65,11 @@ TEST_F(ContainerDisk, AWriterStopsAtItsLimitAndTheOthersKeepWriting) {
   EXPECT_EQ(rec->spec().limits().disk_bytes(), 64ull << 20);
   EXPECT_GE(rec->disk_used_bytes(), 60ull << 20);
   EXPECT_LE(rec->disk_used_bytes(), 65ull << 20);
+  auto use = MeasureUsage(*a);  // the same count, in what it uses
+  ASSERT_TRUE(use.ok()) << use.status().ToString();
+  EXPECT_EQ(use->disk_total_bytes(), 64ull << 20);
+  EXPECT_GE(use->disk_used_bytes(), 60ull << 20);
+  EXPECT_LE(use->disk_used_bytes(), 65ull << 20);
   auto brec = b->Get();
   ASSERT_TRUE(brec.ok());
   EXPECT_EQ(brec->spec().limits().disk_bytes(), 10ull << 30) << "the node's default";

@@ -149,9 +149,9 @@ void AddSnapshotCommands(CLI::App* app, SnapshotFlags* f);
 // Whichever of them was given.
 int RunSnapshotCommand(const Common& c, const SnapshotFlags& f);
 
-// `dsecctl exec`, `ps`, `signal`, `attach`, `watch` (exec.cpp).
+// `dsecctl exec`, `ps`, `usage`, `signal`, `attach`, `watch` (exec.cpp).
 struct ExecFlags {
-  CLI::App *exec = nullptr, *ps = nullptr, *signal = nullptr, *attach = nullptr, *watch = nullptr;
+  CLI::App *exec = nullptr, *ps = nullptr, *usage = nullptr, *signal = nullptr, *attach = nullptr, *watch = nullptr;
   LimitFlags limits;
   std::string id, user, path;
   std::vector<std::string> cmd;

@@ -45,6 +45,9 @@ void AddExecCommands(CLI::App* app, ExecFlags* f) {
   f->exec->add_option("command", f->cmd, "the command (after --)")->required();
   f->ps = app->add_subcommand("ps", "a sandbox's running execs: pid, age, stdin, command");
   f->ps->add_option("id", f->id, "sandbox id")->required();
+  f->usage = app->add_subcommand("usage", "what a sandbox uses now: CPUs and their use, memory, disk");
+  f->usage->add_option("id", f->id, "sandbox id")->required();
+  f->usage->add_flag("--json", f->json, "print it as JSON");
   f->signal = app->add_subcommand("signal", "send a signal to a running exec's process group, by pid (see ps)");
   f->signal->add_option("id", f->id, "sandbox id")->required();
   f->signal->add_option("pid", f->pid, "the exec's pid")->required();
@@ -62,6 +65,22 @@ void AddExecCommands(CLI::App* app, ExecFlags* f) {
 }
 
 namespace {
+int PrintUsage(const Sandbox& sb, bool as_json) {
+  auto u = MeasureUsage(sb);
+  if (!u.ok()) return Fail(u.status());
+  if (as_json) {
+    std::fputs(ToJson(*u).c_str(), stdout);
+    return 0;
+  }
+  auto mib = [](uint64_t b) { return std::to_string(b >> 20) + " MiB"; };
+  std::printf("cpu     %.1f%% of %u (%.1f s in all)\n", u->cpu_used_pct(), u->cpu_count(), u->cpu_ns() / 1e9);
+  std::printf("memory  %s used, %s cache, of %s\n", mib(u->mem_used_bytes()).c_str(), mib(u->mem_cache_bytes()).c_str(),
+              mib(u->mem_total_bytes()).c_str());
+  std::printf("disk    %s%s\n", mib(u->disk_used_bytes()).c_str(),
+              u->disk_total_bytes() ? (" of " + mib(u->disk_total_bytes())).c_str() : " (no limit)");
+  return 0;
+}
+
 int Watch(const Sandbox& sb, const ExecFlags& f) {
   static const char* kTypes[] = {"?", "create", "write", "remove", "rename", "chmod"};
   WatchOptions o;
@@ -131,7 +150,7 @@ void Write(FILE* to, const std::string& s) {
 
 int RunExecCommand(const Common& c, const ExecFlags& f) {
   int rc = 0;
-  if (*f.ps || *f.signal) {
+  if (*f.ps || *f.usage || *f.signal) {
     auto client = ConnectOrDie(c, &rc);
     if (!client) return rc;
     auto sb = client->Attach(f.id);
@@ -140,6 +159,7 @@ int RunExecCommand(const Common& c, const ExecFlags& f) {
       Status s = SignalProcess(*sb, f.pid, f.sig);
       return s.ok() ? 0 : Fail(s);
     }
+    if (*f.usage) return PrintUsage(*sb, f.json);
     auto list = ListProcesses(*sb);
     if (!list.ok()) return Fail(list.status());
     std::printf("%-8s %-8s %-6s %s\n", "PID", "AGE", "STDIN", "COMMAND");

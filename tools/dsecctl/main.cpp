@@ -280,7 +280,7 @@ int main(int argc, char** argv) {
     std::cout << sb->id() << "\n";
     return 0;
   }
-  if (*exec_f.exec || *exec_f.ps || *exec_f.signal || *exec_f.attach || *exec_f.watch)
+  if (*exec_f.exec || *exec_f.ps || *exec_f.usage || *exec_f.signal || *exec_f.attach || *exec_f.watch)
     return RunExecCommand(c, exec_f);
   if (*pause || *resume) {
     auto client = ConnectOrDie(c, &rc);

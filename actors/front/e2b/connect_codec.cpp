@@ -1,7 +1,8 @@
 // The Connect protocol's pieces the E2B door's envd services use (see
 // envd_rpc.cpp): status codes by Connect's names and HTTP statuses, error
-// bodies, envelopes, and base64 for bytes in proto3 JSON.
+// bodies, envelopes, base64 for bytes in proto3 JSON, and gzip bodies.
 #include <openssl/evp.h>
+#include <zlib.h>
 
 #include "actors/front/e2b/door_internal.hpp"
 
@@ -73,6 +74,30 @@ bool Unbase64(const std::string& in, std::string* out) {
   for (size_t i = b64.size(); i > 0 && b64[i - 1] == '=' && pad < 2; --i) ++pad;
   out->resize(static_cast<size_t>(n) - pad);  // EVP_DecodeBlock counts the padding as zero bytes
   return true;
+}
+
+Result<std::string> Gunzip(const std::string& in, size_t max) {
+  z_stream z{};
+  if (inflateInit2(&z, 16 + MAX_WBITS) != Z_OK) return Status::Internal("zlib: inflateInit2 failed");
+  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(in.data()));
+  z.avail_in = static_cast<uInt>(in.size());
+  std::string out;
+  char buf[64 << 10];
+  int rc = Z_OK;
+  while (rc == Z_OK) {
+    z.next_out = reinterpret_cast<Bytef*>(buf);
+    z.avail_out = sizeof buf;
+    rc = inflate(&z, Z_NO_FLUSH);
+    out.append(buf, sizeof buf - z.avail_out);
+    if (out.size() > max) {
+      inflateEnd(&z);
+      return Status::ResourceExhausted("the gzip body holds more than " + std::to_string(max >> 20) + " MiB");
+    }
+  }
+  std::string why = z.msg ? z.msg : "";
+  inflateEnd(&z);
+  if (rc == Z_STREAM_END) return out;
+  return Status::InvalidArgument(rc == Z_BUF_ERROR ? "the gzip body is cut short" : "the body is not gzip: " + why);
 }
 
 }  // namespace dsec::e2b

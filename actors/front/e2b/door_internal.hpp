@@ -32,6 +32,10 @@ std::string Rfc3339(int64_t ms);
 // A path as envd takes it: relative ones under the user's home.
 std::string EnvdPath(const std::string& path, const std::string& user);
 
+// The user a call names, else the default one (envd 0.4.0 picks it on the
+// server; E2B's templates, and dsec's `base`, have a user `user`).
+inline std::string EnvdUser(std::string named) { return named.empty() ? "user" : named; }
+
 // The Connect protocol (connect_codec.cpp): a status code's Connect name
 // and the HTTP status a unary call's error gets; an error's body
 // ({"code", "message"}); an envelope ([flags][u32 big-endian length][payload]);
@@ -42,6 +46,9 @@ nlohmann::json ErrorJson(const Status& s);
 std::string Envelope(uint8_t flags, const std::string& payload);
 std::string Base64(const std::string& bytes);
 bool Unbase64(const std::string& in, std::string* out);
+// A gzip body's content: InvalidArgument when it is not gzip or is cut
+// short; ResourceExhausted past `max` bytes (it stops there).
+Result<std::string> Gunzip(const std::string& in, size_t max);
 
 // envd's Connect services (POST /filesystem.Filesystem/<M>,
 // /process.Process/<M>; docs/e2b.md): unary JSON calls and server streams

@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstdlib>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -38,6 +40,11 @@ namespace {
 
 using nlohmann::json;
 constexpr uint32_t kDefaultTimeoutS = 300;
+// A metrics window that ended this long before now (its end is in whole
+// seconds) still gets the sample of now.
+constexpr int64_t kMetricsSlackS = 10;
+// The most one upload may carry (POST /files), compressed or not.
+constexpr size_t kMaxUpload = 64u << 20;
 
 void Error(const std::shared_ptr<HttpResponder>& reply, int code, const std::string& message) {
   reply->Send(code, kJson, json{{"code", code}, {"message", message}}.dump());
@@ -221,7 +228,7 @@ std::string CallName(const std::string& method, const std::string& path) {
   size_t slash = rest.find('/');
   std::string sub = slash == std::string::npos ? "" : rest.substr(slash + 1);
   if (sub.empty()) return method == "GET" ? "get" : method == "DELETE" ? "kill" : "other";
-  return sub == "timeout" || sub == "connect" || sub == "pause" ? sub : "other";
+  return sub == "timeout" || sub == "connect" || sub == "pause" || sub == "metrics" ? sub : "other";
 }
 
 // Counts each answer in dsec_e2b_requests_total, then passes it on.
@@ -272,6 +279,7 @@ class Door {
       if (m == "POST" && sub == "/timeout") return Timeout(c, id);
       if (m == "POST" && sub == "/connect") return Connect(c, id);
       if (m == "POST" && sub == "/pause") return Pause(c, id);
+      if (m == "GET" && sub == "/metrics") return Metrics(c, id);
     }
     Error(c.reply, 404, m + " " + p + " is not an E2B call this door serves (docs/e2b.md lists them)");
   }
@@ -335,6 +343,37 @@ class Door {
   void Get(Call& c, const std::string& id) {
     auto reply = c.reply;
     Live(reply, id, [reply](const v1::SandboxRecord& r) { reply->Send(200, kJson, Info(r).dump()); });
+  }
+
+  // E2B's metrics: dsec keeps no history, so one sample, taken now
+  // (UsageRequest): none when the window asked for ended before now, or the
+  // sandbox is paused (nothing of it runs).
+  void Metrics(Call& c, const std::string& id) {
+    auto q = Query(c.req.query);
+    int64_t end = q.count("end") ? std::strtoll(q["end"].c_str(), nullptr, 10) : 0;
+    auto reply = c.reply;
+    if (end > 0 && end + kMetricsSlackS < WallClockMs() / 1000) return reply->Send(200, kJson, "[]");
+    v1::UsageRequest req;
+    req.set_sandbox_id(id);
+    self_->request(entry_, kCallTimeout, std::move(req))
+        .then(
+            [reply](v1::UsageReply& r) {
+              Status s = FromProto(r.status());
+              if (s.code() == Status::Code::kFailedPrecondition) return reply->Send(200, kJson, "[]");
+              if (!s.ok()) return Error(reply, s);
+              const v1::SandboxUsage& u = r.usage();
+              json m = {{"timestamp", Rfc3339(u.at_ms())},
+                        {"timestampUnix", u.at_ms() / 1000},
+                        {"cpuCount", u.cpu_count()},
+                        {"cpuUsedPct", std::round(u.cpu_used_pct() * 100) / 100},
+                        {"memUsed", u.mem_used_bytes()},
+                        {"memTotal", u.mem_total_bytes()},
+                        {"memCache", u.mem_cache_bytes()},
+                        {"diskUsed", u.disk_used_bytes()},
+                        {"diskTotal", u.disk_total_bytes()}};
+              reply->Send(200, kJson, json::array({m}).dump());
+            },
+            [reply](caf::error& e) { Error(reply, 503, "dsec did not answer: " + caf::to_string(e)); });
   }
 
   void Kill(Call& c, const std::string& id) {
@@ -427,7 +466,7 @@ class Door {
       return;
     }
     auto q = Query(c.req.query);
-    const std::string user = q.count("username") ? q["username"] : "";
+    const std::string user = EnvdUser(q.count("username") ? q["username"] : "");
     if (c.req.method == "GET") {
       if (!q.count("path")) return Error(reply, 400, "path is required");
       v1::ReadFileRequest req;
@@ -438,6 +477,13 @@ class Door {
       });
     }
     std::vector<std::pair<std::string, std::string>> files;
+    // envd 0.5.7: a raw body may come gzip-compressed (the SDK's gzip: true).
+    if (const std::string* enc = c.req.Header("content-encoding"); enc && *enc != "identity") {
+      if (*enc != "gzip") return Error(reply, 400, "Content-Encoding '" + enc->substr(0, 64) + "' is not taken (gzip is)");
+      auto plain = Gunzip(c.req.body, kMaxUpload);
+      if (!plain.ok()) return Error(reply, plain.status());
+      c.req.body = std::move(*plain);
+    }
     const std::string* type = c.req.Header("content-type");
     if (type && type->rfind("multipart/form-data", 0) == 0) {
       if (!Multipart(*type, c.req.body, &files) || files.empty())
@@ -556,7 +602,7 @@ E2bDoor::E2bDoor(caf::actor_system& sys, entry_actor entry, const ApiKeys& keys,
   };
   server.Route("GET", "/health", envd);
   server.Route("GET", "/files", envd);
-  server.Route("POST", "/files", envd, 64u << 20);
+  server.Route("POST", "/files", envd, kMaxUpload);
   server.Route("POST", "/filesystem.Filesystem/", envd, 1 << 20, true);
   server.Route("POST", "/process.Process/", envd, 16u << 20, true);
 }

@@ -86,7 +86,7 @@ class Rpc : public std::enable_shared_from_this<Rpc> {
  public:
   Rpc(caf::event_based_actor* self, entry_actor entry, Call c, std::string sandbox, bool streaming)
       : self_(self), entry_(std::move(entry)), c_(std::move(c)), sandbox_(std::move(sandbox)), streaming_(streaming) {
-    user_ = BasicUser(c_.req);
+    user_ = EnvdUser(BasicUser(c_.req));
   }
 
   const std::string& user() const { return user_; }
@@ -411,6 +411,9 @@ void Start(const std::shared_ptr<Rpc>& rpc, const json& msg) {
   StreamExec(rpc, std::move(req), keep_stdin);
 }
 
+// The longest exec timeout a node allows (drivers/limits.cpp's maxima).
+constexpr uint64_t kLongestExecMs = 24ull * 3600 * 1000;
+
 // The call's Connect-Timeout-Ms (0: none).
 uint64_t TimeoutMs(const std::shared_ptr<Rpc>& rpc) {
   const std::string* t = rpc->req().Header("connect-timeout-ms");
@@ -423,7 +426,10 @@ uint64_t TimeoutMs(const std::shared_ptr<Rpc>& rpc) {
 // A streamed exec (Start) or an attachment to one (Connect) as envd's
 // stream of ProcessEvents: start (the pid), data, keepalives, end.
 void StreamExec(const std::shared_ptr<Rpc>& rpc, v1::ExecRequest req, bool keep_stdin) {
-  if (uint64_t ms = TimeoutMs(rpc)) req.mutable_limits()->set_timeout_ms(ms);
+  // A command's timeout: none (the SDK's timeoutMs 0) is the longest a node
+  // allows, not dsec's 30 s default. An attachment's: none is none.
+  uint64_t ms = TimeoutMs(rpc);
+  if (ms || !req.attach_pid()) req.mutable_limits()->set_timeout_ms(ms ? ms : kLongestExecMs);
   req.set_stream_id(next_stream++);
   rpc->self()->spawn([rpc, req, keep_stdin](caf::event_based_actor* self) mutable -> caf::behavior {
     rpc->Begin();

@@ -24,4 +24,10 @@ Status CloseStdin(const Sandbox& sandbox, uint32_t pid);
 // The request as given (sandbox_id set here); `done` on an SDK thread.
 void ProcessAsync(const Sandbox& sandbox, v1::ProcessRequest req, Done<v1::ProcessReply> done);
 
+// What the sandbox uses now (service.proto, UsageRequest): CPU time and its
+// share since the last reading, memory, disk. FailedPrecondition when it
+// is not running.
+Result<v1::SandboxUsage> MeasureUsage(const Sandbox& sandbox);
+void UsageAsync(const Sandbox& sandbox, Done<v1::UsageReply> done);
+
 }  // namespace dsec

@@ -28,7 +28,7 @@ _core._set_error_classes(dict(_BY_CODE))
 import threading as _threading
 _core._set_main_thread(_threading.main_thread().ident)
 
-from ._records import (KINDS, VERDICTS, ExecRequest, ExecResult, FileInfo, FileList, ProcessInfo, HostPort, ImageManifest,
+from ._records import (KINDS, VERDICTS, ExecRequest, ExecResult, FileInfo, FileList, ProcessInfo, SandboxUsage, HostPort, ImageManifest,
                        Limits, Flag, StepFlag, GradeSpec, NetworkPolicy, NetworkRefusal, TaskGuard, NetworkReport, ExposedPort, Record, SandboxPage, SandboxRecord, SandboxSpec, SessionRecord, SessionSandbox,
                        SnapshotInfo, StepMeta, StepRecord, StepReply)
 from ._client import Chunk, Client, ExecStream, FsEvent, Sandbox, Session, Watch
@@ -42,7 +42,7 @@ __all__ = [
     "AsyncClient", "AsyncSandbox", "AsyncSession", "AsyncExecStream", "AsyncOpening",
     "Record", "ExecResult", "ExecRequest", "SandboxSpec", "TaskGuard", "GradeSpec", "Flag", "StepFlag", "SandboxRecord", "SandboxPage", "Limits", "NetworkPolicy", "NetworkReport",
     "NetworkRefusal", "ExposedPort", "HostPort",
-    "FileInfo", "FileList", "ProcessInfo", "SessionRecord", "SessionSandbox", "StepMeta", "StepRecord", "StepReply",
+    "FileInfo", "FileList", "ProcessInfo", "SandboxUsage", "SessionRecord", "SessionSandbox", "StepMeta", "StepRecord", "StepReply",
     "ImageManifest", "SnapshotInfo", "KINDS", "VERDICTS",
     "Error", "InvalidArgument", "NotFound", "AlreadyExists", "FailedPrecondition", "ResourceExhausted",
     "Unavailable", "DeadlineExceeded", "Internal", "Unimplemented", "Aborted", "Unauthenticated",

@@ -13,7 +13,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Union
 
 from . import _args, _core
 from ._errors import InvalidArgument, NotFound
-from ._records import (ExecResult, FileInfo, FileList, ProcessInfo, GradeSpec, ImageManifest, SandboxPage, SandboxRecord, SessionRecord, SnapshotInfo,
+from ._records import (ExecResult, FileInfo, FileList, ProcessInfo, SandboxUsage, GradeSpec, ImageManifest, SandboxPage, SandboxRecord, SessionRecord, SnapshotInfo,
                        StepFlag, StepMeta,
                        StepRecord, StepReply, StepsPage)
 
@@ -260,6 +260,11 @@ class Sandbox:
     def processes(self) -> List[ProcessInfo]:
         """The execs running in it now (any client's), oldest first."""
         return self._sb.process("list", 0, 0, b"", None)
+
+    def usage(self) -> SandboxUsage:
+        """What it uses now: CPUs and their share since the last reading, memory,
+        disk. dsec.FailedPrecondition when it is not running."""
+        return self._sb.usage(None)
 
     def signal(self, pid: int, signal: int = 15) -> None:
         """Sends `signal` to the process group of the running exec `pid`

@@ -315,6 +315,21 @@ class ProcessInfo(Record):
     stdin_open: bool
 
 
+class SandboxUsage(Record):
+    """What a sandbox uses now (Sandbox.usage)."""
+
+    _message = "dsec.v1.SandboxUsage"
+    at_ms: int
+    cpu_count: int
+    cpu_ns: int  # CPU time its processes have taken since it started
+    cpu_used_pct: float  # of cpu_count CPUs, since the previous reading (or over a quarter second)
+    mem_used_bytes: int  # without the page cache
+    mem_cache_bytes: int
+    mem_total_bytes: int
+    disk_used_bytes: int
+    disk_total_bytes: int  # 0: no limit
+
+
 class FileList(Record):
     """list_files: the path's own FileInfo and, for a directory, its entries."""
 

@@ -189,6 +189,13 @@ void BindHandles(pb::module_& m) {
                    return pb::object(std::move(out));
                  });
            })
+      .def("usage",
+           [](const PySandbox& s, pb::object aio) {
+             return Issue<Result<v1::UsageReply>>(
+                 s.core, aio,
+                 [&s](Client&, Done<v1::UsageReply> d) { UsageAsync(s.sb, std::move(d)); },
+                 [](Result<v1::UsageReply>& r) { return ToPy(r->usage()); });
+           })
       .def("path_op", [](const PySandbox& s, std::string op, std::string path, std::string dest, std::string user,
                          pb::object aio) {
         v1::PathOpRequest req;

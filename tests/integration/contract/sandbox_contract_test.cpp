@@ -164,6 +164,51 @@ TEST_P(Contract, StateOutlivesAnExecOnlyInStatefulKinds) {
   Finish(*sb);
 }
 
+// What a sandbox uses: its CPU time grows with a busy loop, whose share
+// the next reading says (since the last reading); its memory against its
+// limit; a container's disk with what it writes. Kinds without a sandbox
+// that lives between calls say they cannot tell.
+TEST_P(Contract, UsageSaysWhatTheSandboxUses) {
+  auto sb = Reusable();
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  if (!GetParam().traits.stateful || Simulated()) {
+    ExpectUnsupported(MeasureUsage(*sb).status(), "usage");
+    return Finish(*sb);
+  }
+  auto before = MeasureUsage(*sb);
+  ASSERT_TRUE(before.ok()) << before.status().ToString();
+  EXPECT_GE(before->cpu_count(), 1u);
+  EXPECT_GT(before->mem_used_bytes(), 0u);
+  EXPECT_GT(before->mem_total_bytes(), before->mem_used_bytes());
+  if (uint64_t limit = Spec().limits().memory_bytes()) {
+    EXPECT_LE(before->mem_total_bytes(), limit);
+    EXPECT_GE(before->mem_total_bytes(), limit / 2) << "a VM guest's MemTotal is a little under its memory";
+  }
+  EXPECT_GE(before->cpu_used_pct(), 0.0) << "the first reading's share is over a window of its own";
+  EXPECT_LE(before->cpu_used_pct(), 100.0);
+  EXPECT_GT(before->at_ms(), 0);
+  ASSERT_EQ(ShIn(*sb, "dd if=/dev/zero of=/work/usage.bin bs=1M count=8 2>/dev/null; "
+                      "timeout 1 sh -c 'while :; do :; done'; true").verdict(),
+            v1::VERDICT_OK);
+  auto after = MeasureUsage(*sb);
+  ASSERT_TRUE(after.ok()) << after.status().ToString();
+  EXPECT_GE(after->cpu_ns() - before->cpu_ns(), 300'000'000u) << "a second's busy loop took a third of a second at least";
+  EXPECT_GT(after->cpu_used_pct(), 100.0 / 3 / after->cpu_count() / 4) << "the share since the last reading";
+  EXPECT_LE(after->cpu_used_pct(), 100.0);
+  if (!OwnKernel()) {
+    // What it wrote is in its page cache (its disk's count: container_disk_test).
+    EXPECT_GE(after->mem_cache_bytes(), before->mem_cache_bytes() + (8u << 20)) << "the file it wrote";
+    auto rec = sb->Get();
+    ASSERT_TRUE(rec.ok()) << rec.status().ToString();
+    EXPECT_EQ(after->disk_total_bytes(), rec->spec().limits().disk_bytes());
+  }
+  ShIn(*sb, "rm -f /work/usage.bin");
+  ASSERT_TRUE(sb->Pause().ok());
+  EXPECT_EQ(MeasureUsage(*sb).status().code(), Status::Code::kFailedPrecondition) << "a paused sandbox runs nothing";
+  ASSERT_TRUE(sb->Resume().ok());
+  Finish(*sb);
+}
+
 TEST_P(Contract, LimitsGiveVerdictsAndTheSandboxLivesOn) {
   auto sb = Reusable();
   ASSERT_TRUE(sb.ok()) << sb.status().ToString();
@@ -232,6 +277,21 @@ TEST_P(Contract, StreamedOutputArrivesInOrderAndTheResultCarriesNone) {
   std::lock_guard<std::mutex> lk(mu);
   EXPECT_EQ(out, "line1\nline2\nline3\nline4\nline5\n");
   EXPECT_EQ(err, "e1\ne2\ne3\ne4\ne5\n");
+  // Streamed output has no cap unless the exec asks for one (past the 1 MiB
+  // default a buffered exec would be cut); with one, it is cut there.
+  if (Simulated()) return Finish(*sb);  // the fake kind's shell has no /dev/zero
+  size_t streamed = 0;
+  auto big = sb->ExecStream(Sh("head -c 3000000 /dev/zero"), [&](const v1::ExecOutput& o) { streamed += o.stdout().size(); });
+  ASSERT_TRUE(big.ok()) << big.status().ToString();
+  EXPECT_EQ(big->verdict(), v1::VERDICT_OK) << big->error();
+  EXPECT_EQ(streamed, 3000000u);
+  auto capped = Sh("head -c 3000000 /dev/zero");
+  capped.mutable_limits()->set_output_bytes(100000);
+  streamed = 0;
+  big = sb->ExecStream(capped, [&](const v1::ExecOutput& o) { streamed += o.stdout().size(); });
+  ASSERT_TRUE(big.ok()) << big.status().ToString();
+  EXPECT_EQ(big->verdict(), v1::VERDICT_OUTPUT_LIMIT);
+  EXPECT_EQ(streamed, 100000u);
   Finish(*sb);
 }
 

@@ -16,6 +16,10 @@ main(async () => {
   await sbx.setTimeout(600000);
   const later = await sbx.getInfo();
   out.extendedBy = Math.round((later.endAt - info.endAt) / 1000);
+  const metrics = await sbx.getMetrics();
+  out.metrics = metrics.map((m) => ({ ...m, age: Math.round((Date.now() - m.timestamp.getTime()) / 1000) }));
+  const hourAgo = new Date(Date.now() - 3600000);
+  out.pastMetrics = (await sbx.getMetrics({ start: hourAgo, end: new Date(hourAgo.getTime() + 60000) })).length;
   out.listed = (await Sandbox.list({ query: { metadata: { run } } }).nextItems()).map((s) => s.sandboxId);
   out.othersListed = (await Sandbox.list({ query: { metadata: { run: 'nobody' } } }).nextItems()).length;
   out.running = (await Sandbox.list({ query: { state: ['running'], metadata: { run } } }).nextItems()).length;

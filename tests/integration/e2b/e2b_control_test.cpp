@@ -4,6 +4,7 @@
 // a user sets them. Skips, saying why, where the host has no node or npm,
 // or the registry cannot be reached.
 #include <gmock/gmock.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 
@@ -89,9 +90,20 @@ TEST_F(E2bDoor, TheUnmodifiedSdkCreatesListsExtendsAndKillsSandboxes) {
   EXPECT_EQ(info["templateId"], kImage);
   EXPECT_EQ(info["state"], "running");
   EXPECT_EQ(info["metadata"]["run"], run);
-  EXPECT_EQ(info["envdVersion"], "0.1.4") << "the highest whose every behaviour dsec serves (docs/e2b.md)";
+  EXPECT_EQ(info["envdVersion"], "0.5.7") << "the highest whose every behaviour dsec serves (docs/e2b.md)";
   EXPECT_NEAR(info["lifetime"].get<double>(), 120, 2) << "E2B's timeout is its lifetime";
   EXPECT_NEAR(out["extendedBy"].get<double>(), 480, 5) << "setTimeout(600 s) is 600 s from now";
+  // getMetrics: one sample, of now (dsec keeps no history); none for a
+  // window that ended long ago.
+  ASSERT_EQ(out["metrics"].size(), 1u) << out["metrics"].dump();
+  auto& m = out["metrics"][0];
+  EXPECT_LE(std::abs(m["age"].get<int>()), 5) << m.dump();
+  EXPECT_GE(m["cpuCount"].get<int>(), 1) << m.dump();
+  EXPECT_GE(m["cpuUsedPct"].get<double>(), 0.0) << m.dump();
+  EXPECT_GT(m["memUsed"].get<double>(), 0.0) << m.dump();
+  EXPECT_GT(m["memTotal"].get<double>(), m["memUsed"].get<double>()) << m.dump();
+  EXPECT_TRUE(m.contains("memCache") && m.contains("diskUsed") && m.contains("diskTotal")) << m.dump();
+  EXPECT_EQ(out["pastMetrics"], 0);
   EXPECT_EQ(out["listed"], nlohmann::json::array({id})) << "listed by its metadata";
   EXPECT_EQ(out["othersListed"], 0);
   EXPECT_EQ(out["running"], 1);
@@ -159,6 +171,11 @@ TEST_F(E2bDoor, TheSdkWritesAndReadsFilesThroughTheSandboxUrl) {
   EXPECT_EQ(out["read"], "hello from e2b\n");
   EXPECT_EQ(out["binarySame"], true);
   EXPECT_EQ(out["c"], "c");
+  EXPECT_EQ(out["gzipSame"], true) << "a gzip-compressed upload is written as its content";
+  EXPECT_EQ(out["streamed"], "part1 part2") << "a streamed (chunked) upload";
+  ASSERT_EQ(out["badGzip"].size(), 2u) << out.dump();
+  EXPECT_EQ(out["badGzip"][0], 400);
+  EXPECT_THAT(out["badGzip"][1].get<std::string>(), HasSubstr("not gzip")) << "E2B's error shape, saying why";
   EXPECT_THAT(out["missing"].get<std::string>(), HasSubstr("NotFound"));
   EXPECT_EQ(out["running"], true);
   EXPECT_THAT(out["crossToken"].get<std::string>(), HasSubstr("status 401"));
@@ -188,6 +205,7 @@ TEST_F(E2bDoor, TheSdkRunsCommandsAndWalksTheFilesystem) {
   EXPECT_THAT(out["unknownUser"].get<std::string>(), HasSubstr("no user 'nosuchuser'"));
   EXPECT_EQ(out["bgPidIsBash"], true) << "the pid the SDK holds is the process's own";
   EXPECT_EQ(out["cat"], "hello\nworld\n") << "stdin sent by pid, as it comes";
+  EXPECT_EQ(out["closedStdin"], "a\nend\n") << "closeStdin: it reads end-of-file after what was sent";
   EXPECT_EQ(out["catNoStdin"], "") << "without stdin: true, stdin is closed at once";
   EXPECT_EQ(out["listed"], J::parse(R"([["/bin/bash",["-l","-c","sleep 30"]]])"));
   EXPECT_EQ(out["killed"], true);
@@ -238,10 +256,10 @@ TEST_F(E2bDoor, TheSdkRunsCommandsAndWalksTheFilesystem) {
       << "the stream cut without an end, as E2B's proxy cuts it; the SDK's health check says the sandbox is gone";
 }
 
-// A client that starts a command printing without end and never reads
-// its stream: what waits for it is bounded (the door's 1 MiB, the exec's
-// output limit), dsecd's memory does not grow with the output, and the
-// door goes on answering.
+// A client that starts a command printing 64 MiB and never reads its
+// stream: what waits for it is bounded (the door cuts it off once 1 MiB
+// waits), the command runs on to its end, dsecd's memory does not grow
+// with the output, and the door goes on answering.
 TEST_F(E2bDoor, AClientThatNeverReadsCostsABoundedBuffer) {
   int port = HttpPort(daemon_->e2b_addr());
   auto key = ReadFileToString(daemon_->data_dir() + "/e2b.key");
@@ -259,8 +277,10 @@ TEST_F(E2bDoor, AClientThatNeverReadsCostsABoundedBuffer) {
            "\r\nContent-Type: " + type + "\r\nContent-Length: " + std::to_string(payload.size()) + "\r\n\r\n" +
            payload;
   };
-  std::string start =
-      R"({"process":{"cmd":"/bin/sh","args":["-c","echo > /tmp/started; exec yes 0123456789abcdef"]}})";
+  // 64 MiB of output, which would sit in dsecd's memory (more, as base64)
+  // if nothing held it back.
+  std::string start = R"({"process":{"cmd":"/bin/sh","args":["-c","echo > /tmp/started; )"
+                      R"(yes 0123456789abcdef | head -c 67108864; echo > /tmp/finished"]}})";
   uint32_t n = static_cast<uint32_t>(start.size());
   std::string envelope = std::string(1, '\0') + static_cast<char>(n >> 24) + static_cast<char>(n >> 16) +
                          static_cast<char>(n >> 8) + static_cast<char>(n) + start;
@@ -275,8 +295,6 @@ TEST_F(E2bDoor, AClientThatNeverReadsCostsABoundedBuffer) {
   ASSERT_GE(fd, 0);
   std::string req = envd("/process.Process/Start", "application/connect+json", envelope);
   ASSERT_EQ(::send(fd, req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
-  // It never reads. The command prints until something stops it (it is not
-  // listed any more then).
   auto listed = [&] {
     auto r = HttpExchange(port, envd("/process.Process/List", "application/json", "{}"), 1000);
     EXPECT_EQ(r.code, 200) << "the door answers meanwhile: " << r.raw;
@@ -285,15 +303,33 @@ TEST_F(E2bDoor, AClientThatNeverReadsCostsABoundedBuffer) {
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   auto mine = client_->Attach(id);
   ASSERT_TRUE(mine.ok()) << mine.status().ToString();
-  while (!mine->ReadFile("/tmp/started").ok() && std::chrono::steady_clock::now() < deadline)
+  // It does not read: once 1 MiB waits for it, the door cuts it off; the
+  // command runs on to its end (a streamed exec has no output limit), its
+  // output going nowhere, and dsecd's memory stays flat meanwhile.
+  long peak = 0;
+  while (!mine->ReadFile("/tmp/finished").ok() && std::chrono::steady_clock::now() < deadline) {
+    peak = std::max(peak, rss_kib());
     std::this_thread::sleep_for(std::chrono::milliseconds(50));  // a polling period, not a wait
-  ASSERT_TRUE(mine->ReadFile("/tmp/started").ok()) << "the command never started";
-  while (listed() && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // a polling period, not a wait
-  EXPECT_FALSE(listed()) << "the command was stopped (its output limit) though nobody read it: "
-                         << HttpExchange(port, envd("/process.Process/List", "application/json", "{}"), 1000).body;
-  EXPECT_LT(rss_kib() - rss0, 64 * 1024) << "KiB more after a never-read stream";
+  }
+  ASSERT_TRUE(mine->ReadFile("/tmp/finished").ok()) << "the command ran to its end though nobody read it";
+  EXPECT_LT(peak - rss0, 40 * 1024) << "KiB more while a client does not read";
+  EXPECT_FALSE(listed()) << "it ended";
+  // What reached the client: a part, then the connection's end, without
+  // the stream's end message.
+  timeval tv{30, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  std::string tail;
+  size_t total = 0;
+  char buf[1 << 16];
+  for (ssize_t got; (got = ::recv(fd, buf, sizeof buf, 0)) > 0;) {
+    total += static_cast<size_t>(got);
+    tail.append(buf, static_cast<size_t>(got));
+    if (tail.size() > (4u << 10)) tail.erase(0, tail.size() - (4u << 10));
+  }
   ::close(fd);
+  EXPECT_GT(total, 0u);
+  EXPECT_LT(total, 32u << 20) << "cut off, not sent 64 MiB";
+  EXPECT_EQ(tail.find("\"exited\""), std::string::npos) << "no end message on a cut stream";
   EXPECT_EQ(HttpExchange(port, "DELETE /sandboxes/" + id + " HTTP/1.1\r\nHost: dsec\r\nX-API-Key: " +
                                    key->substr(0, key->find('\n')) + "\r\n\r\n")
                 .code,

@@ -15,6 +15,19 @@ main(async () => {
     const back = await sbx.files.read('/tmp/e2b/b.bin', { format: 'bytes' });
     out.binarySame = back.length === bytes.length && back.every((v, i) => v === bytes[i]);
     out.c = await sbx.files.read('/tmp/e2b/c.txt');
+    // envd 0.5.7: raw (octet-stream) uploads, gzip-compressed or streamed.
+    await sbx.files.write('/tmp/e2b/z.txt', 'zipped '.repeat(10000), { gzip: true });
+    out.gzipSame = (await sbx.files.read('/tmp/e2b/z.txt')) === 'zipped '.repeat(10000);
+    const stream = new ReadableStream({
+      start(c) { c.enqueue(new TextEncoder().encode('part1 ')); c.enqueue(new TextEncoder().encode('part2')); c.close(); },
+    });
+    await sbx.files.write('/tmp/e2b/s.txt', stream);
+    out.streamed = await sbx.files.read('/tmp/e2b/s.txt');
+    out.badGzip = await fetch(`${process.env.E2B_SANDBOX_URL}/files?path=/tmp/e2b/bad`, {
+      method: 'POST', body: 'not gzip at all',
+      headers: { 'Content-Type': 'application/octet-stream', 'Content-Encoding': 'gzip',
+                 'E2b-Sandbox-Id': sbx.sandboxId, 'X-Access-Token': sbx.envdAccessToken ?? '' },
+    }).then(async (r) => [r.status, await r.text()]);
     out.missing = await failure(() => sbx.files.read('/tmp/e2b/none'));
     out.running = await sbx.isRunning();
     // Another sandbox's token does not open this one's files.

@@ -33,11 +33,15 @@ main(async () => {
     out.unknownUser = await failure(() => sbx.commands.run('true', { user: 'nosuchuser' }));
     const bg = await sbx.commands.run('echo $$; sleep 0.3; echo done', { background: true });
     out.bgPidIsBash = (await bg.wait()).stdout === `${bg.pid}\ndone\n`;
-    // Processes by pid: stdin written (closeStdin: the SDK wants envd 0.5.2), listed, killed.
+    // Processes by pid: stdin written and closed, listed, killed.
     const cat = await sbx.commands.run('head -n 2', { background: true, stdin: true });
     await cat.sendStdin('hello\n');
     await sbx.commands.sendStdin(cat.pid, 'world\n');
     out.cat = (await cat.wait()).stdout;
+    const reader = await sbx.commands.run('cat; echo end', { background: true, stdin: true });
+    await reader.sendStdin('a\n');
+    await sbx.commands.closeStdin(reader.pid);
+    out.closedStdin = (await reader.wait()).stdout;
     out.catNoStdin = (await sbx.commands.run('cat', { timeoutMs: 10000 })).stdout;
     const sleeper = await sbx.commands.run('sleep 30', { background: true });
     out.listed = (await sbx.commands.list()).filter((p) => p.pid === sleeper.pid).map((p) => [p.cmd, p.args]);
