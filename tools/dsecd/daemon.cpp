@@ -496,7 +496,9 @@ class Daemon {
     if (node_ctx_) node_ctx_->e2b_keys = [keys = e2b_keys_](const std::vector<std::string>& args) {
       return keys->Admin(args);
     };
-    e2b_http_ = std::make_unique<HttpServer>(HttpServerOptions{}, DriverLog("e2b"));
+    HttpServerOptions e2b_opts;
+    e2b_opts.max_connections = f_.e2b_max_connections;
+    e2b_http_ = std::make_unique<HttpServer>(e2b_opts, DriverLog("e2b"));
     auto secret = LoadOrCreateToken(data_ + "/e2b.secret");
     if (!secret.ok()) {
       log_->error("the E2B door stays closed: {}", secret.status().message());

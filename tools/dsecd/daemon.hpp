@@ -27,6 +27,7 @@ struct Flags {
   std::string admin = "127.0.0.1:7401";
   std::string http = "127.0.0.1:7402";  // "off": none
   std::string e2b = "127.0.0.1:7404";   // the E2B door; "off": none
+  size_t e2b_max_connections = 4096;    // its HTTP connections at once (each E2B stream holds one)
   std::string log_level = "info";
   std::string log_file;
   size_t threads = 2;

@@ -42,6 +42,11 @@ void AddFlags(CLI::App& app, Flags* f, drivers::Registry& kinds) {
                  "the E2B-compatible API (E2B_API_URL for the unmodified e2b SDK; docs/e2b.md) host:port (port 0: "
                  "any; off: none)")
       ->capture_default_str();
+  app.add_option("--e2b-max-connections", f->e2b_max_connections,
+                 "connections the E2B door holds at once: each open command stream or watch is one (the SDK "
+                 "speaks HTTP/1.1), and each may have 1 MiB of output waiting for its client; past it, 503")
+      ->check(CLI::Range(size_t{16}, size_t{1} << 20))
+      ->capture_default_str();
   app.add_option("--log-level", f->log_level, "trace|debug|info|warn|error")->capture_default_str();
   app.add_option("--log-file", f->log_file, "also log to this file");
   app.add_option("--threads", f->threads, "actor scheduler threads")->capture_default_str();

@@ -169,7 +169,7 @@ TEST_F(CgroupV2Guest, TheV2BackendContainersAndTheContractPassInAGuestWithCgroup
   // The sandbox contract, for the kinds whose groups are cgroups: fncall's
   // pooled run groups and containers (pause is a v2 freeze there).
   // Not the users', paths' and processes' tests: no cgroup in them (and each costs seconds under TCG).
-  ExpectSuitePasses("contract_test", "*/fncall:*/container:-*ExecAsAUser*:*Interactive*", 20);
+  ExpectSuitePasses("contract_test", "*/fncall:*/container:-*ExecAsAUser*:*Interactive*", 22);
   ExpectNothingLeftInTheGuest();
 }
 
