@@ -124,10 +124,10 @@ caf::result<v1::ExecReply> Handle(Self self, v1::ExecRequest& req) {
     req.clear_limits();
     req.mutable_limits()->set_timeout_ms(ms);
   } else {
-    bool capped = req.limits().output_bytes() != 0;
+    bool capped = req.limits().output_bytes() != 0 || st.rec.spec().limits().output_bytes() != 0;
     *req.mutable_limits() = *limits;
-    // Streamed output goes to its caller as it comes, held back while the
-    // caller does not read: no cap unless the exec asks for one.
+    // Streamed output goes to its caller as it comes: no cap unless the exec
+    // (or its sandbox's spec) asks for one.
     if (req.stream() && !capped) req.mutable_limits()->set_output_bytes(UINT64_MAX);
   }
   // Streamed pieces go to the sender; read it first, for the response
@@ -393,6 +393,7 @@ sandbox_actor::behavior_type Behavior(Self self) {
       rp.deliver(std::move(reply));
     }
     EndWatches(self, Status::Unavailable("sandbox " + st.rec.id() + " crashed (" + what + "); watch again"));
+    EndUsageCalls(self, Status::Unavailable("sandbox " + st.rec.id() + " crashed (" + what + "); ask again"));
     auto files = std::move(st.file_callers);
     st.file_callers.clear();
     for (auto& [id, rp] : files) {

@@ -257,6 +257,7 @@ void StartDestroy(Self self, std::string why, std::function<void(const Status&)>
                                                  done](const Status& w) mutable {
           Post(handle, [self, why, done, w]() mutable {
             if (self->state.gone) self->state.gone(why);
+            EndUsageCalls(self, Status::FailedPrecondition("sandbox " + self->state.rec.id() + " was destroyed"));
             done(w);
             self->quit();
           });

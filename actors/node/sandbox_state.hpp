@@ -79,6 +79,9 @@ struct SandboxState {
   // when (steady clock; 0: none) and its CPU time.
   int64_t usage_at_ms = 0;
   uint64_t usage_cpu_ns = 0;
+  // Usage calls being measured, answered Unavailable if the actor ends first.
+  std::unordered_map<uint64_t, caf::typed_response_promise<v1::UsageReply>> usage_callers;
+  uint64_t next_usage_call = 0;
   // This sandbox in dsec_sandboxes{kind,phase} while its actor lives.
   metrics::PhaseGauge phase_gauge;
   metrics::Histogram* exec_seconds = nullptr;  // dsec_exec_seconds{kind}, looked up once
@@ -124,8 +127,10 @@ void Touch(Self self);
 // (the sandbox is ending).
 caf::result<v1::WatchReply> WatchDir(Self self, v1::WatchRequest& req);
 void EndWatches(Self self, const Status& why);
-// What it uses now (sandbox_usage.cpp).
+// What it uses now (sandbox_usage.cpp); EndUsageCalls answers those still
+// being measured (the actor ends).
 caf::result<v1::UsageReply> MeasureUsage(Self self, v1::UsageRequest& req);
+void EndUsageCalls(Self self, const Status& why);
 // A caller with a watch or an attachment: monitored while it has one
 // (Follow counts one more, Unfollow one less).
 void Follow(Self self, const caf::actor& caller);

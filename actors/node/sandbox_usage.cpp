@@ -37,8 +37,14 @@ caf::result<v1::UsageReply> MeasureUsage(Self self, v1::UsageRequest&) {
   auto& st = self->state;
   if (Status no = NotServing(self, /*paused_ok=*/false); !no.ok()) return Failed(no);
   auto rp = self->make_response_promise<v1::UsageReply>();
-  auto answer = [self, rp](Result<v1::SandboxUsage> u) mutable -> void {
+  uint64_t call = ++st.next_usage_call;
+  st.usage_callers.emplace(call, rp);
+  auto answer = [self, call](Result<v1::SandboxUsage> u) mutable -> void {
     auto& st = self->state;
+    auto waiting = st.usage_callers.find(call);
+    if (waiting == st.usage_callers.end()) return;  // answered already (EndUsageCalls)
+    auto rp = std::move(waiting->second);
+    st.usage_callers.erase(waiting);
     if (!u.ok()) {
       rp.deliver(Failed(u.status().Annotate("sandbox " + st.rec.id())));
       return;
@@ -74,6 +80,12 @@ caf::result<v1::UsageReply> MeasureUsage(Self self, v1::UsageRequest&) {
                        }});
   });
   return rp;
+}
+
+void EndUsageCalls(Self self, const Status& why) {
+  auto callers = std::move(self->state.usage_callers);
+  self->state.usage_callers.clear();
+  for (auto& [call, rp] : callers) rp.deliver(Failed(why));
 }
 
 }  // namespace dsec::sandbox_detail

@@ -517,7 +517,7 @@ void SystemUsage(Pong* p) {
     unsigned long long user = 0, nice = 0, sys = 0, idle = 0, iowait = 0, irq = 0, softirq = 0, steal = 0;
     if (std::fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &user, &nice, &sys, &idle, &iowait, &irq,
                     &softirq, &steal) >= 4 && hz > 0)
-      p->set_cpu_ns((user + nice + sys + irq + softirq + steal) * (1000000000ull / static_cast<unsigned long long>(hz)));
+      p->set_cpu_ns((user + nice + sys + irq + softirq) * (1000000000ull / static_cast<unsigned long long>(hz)));
     std::fclose(f);
   }
   if (FILE* f = std::fopen("/proc/meminfo", "re")) {

@@ -323,6 +323,9 @@ void AgentDriver::Usage(const v1::SandboxRecord& sb, UsageCallback done) {
   box->agent->Ping(
       [done, box, kind = std::string(name())](Result<agent::Pong> p) {
         if (!p.ok()) return done(p.status().Annotate(kind + " " + box->id + ": usage"));
+        if (!p->cpu_count())  // an agent older than Ping.usage (a guest restored from an older snapshot)
+          return done(Status::Unimplemented(kind + " " + box->id + ": its agent (" + p->version() +
+                                            ") does not say what the sandbox uses"));
         v1::SandboxUsage u;
         u.set_cpu_count(p->cpu_count());
         u.set_cpu_ns(p->cpu_ns());

@@ -203,8 +203,9 @@ class Agent {
   void ResumeInotify();
   // Forgets the directories of watch `w` at `rel` and under it (moved away).
   void DropWatchDirs(WatchRun& w, const std::string& rel);
-  // They were renamed within the watched tree: `from` and under it are `to`.
-  void RenameWatchDirs(WatchRun& w, const std::string& from, const std::string& to);
+  // They were renamed within the watched tree: `from` and under it are `to`
+  // (false: `from` was not watched).
+  bool RenameWatchDirs(WatchRun& w, const std::string& from, const std::string& to);
   void KillGroup(ExecRun& x);
   void Pause(ExecRun& x, Conn& c);
   void Resume(ExecRun& x);

@@ -32,7 +32,8 @@ constexpr size_t kMaxWatchDirs = 8192;
 // every sandbox whose agent is the same host user.
 constexpr size_t kMaxAgentWatchDirs = 16384;
 // Entries a watch remembers having reported from new directories' first
-// listings (WatchRun::listed); past it, a duplicate create may be told.
+// listings (WatchRun::listed; forgotten with their directory's watch); past
+// it, an entry's own create may be told after its listing told it.
 constexpr size_t kMaxListed = 65536;
 constexpr int kCreate = 1, kWrite = 2, kRemove = 3, kRename = 4, kChmod = 5;
 
@@ -119,8 +120,8 @@ bool Agent::AddWatchDirs(WatchRun& w, const std::string& rel, std::string* why,
     if (!d) continue;
     while (dirent* e = ::readdir(d)) {
       if (!std::strcmp(e->d_name, ".") || !std::strcmp(e->d_name, "..")) continue;
-      if (found && w.listed.size() < kMaxListed) {
-        w.listed.emplace(wd, e->d_name);
+      if (found) {  // told whatever it remembers; past kMaxListed its own create may be told again
+        if (w.listed.size() < kMaxListed) w.listed.emplace(wd, e->d_name);
         found(Join(dir, e->d_name));
       }
       if (e->d_type != DT_DIR) continue;
@@ -184,18 +185,26 @@ void Agent::DropWatchDirs(WatchRun& w, const std::string& rel) {
         wd_users_.erase(u);
       }
     }
+    if (gone)
+      for (auto l = w.listed.lower_bound({*it, std::string()}); l != w.listed.end() && l->first == *it;)
+        l = w.listed.erase(l);
     it = gone ? w.wds.erase(it) : std::next(it);
   }
 }
 
-void Agent::RenameWatchDirs(WatchRun& w, const std::string& from, const std::string& to) {
+bool Agent::RenameWatchDirs(WatchRun& w, const std::string& from, const std::string& to) {
   std::string under = from + "/";
+  bool renamed = false;
   for (int wd : w.wds) {
     auto u = wd_users_.find(wd);
     if (u == wd_users_.end()) continue;
     for (auto& [key, r] : u->second)
-      if (key == w.key && (r == from || r.compare(0, under.size(), under) == 0)) r = to + r.substr(from.size());
+      if (key == w.key && (r == from || r.compare(0, under.size(), under) == 0)) {
+        r = to + r.substr(from.size());
+        renamed |= r == to;
+      }
   }
+  return renamed;
 }
 
 void Agent::ResumeInotify() {
@@ -262,7 +271,12 @@ void Agent::OnInotify() {
           auto w = watches_.find(key);
           if (w == watches_.end()) continue;
           if (rel.empty()) ended.emplace_back(key, ENOENT, ignored ? "the directory was removed" : "the directory was moved");
-          else if (ignored) w->second->wds.erase(e->wd);
+          else if (ignored) {
+            w->second->wds.erase(e->wd);
+            auto& listed = w->second->listed;
+            for (auto l = listed.lower_bound({e->wd, std::string()}); l != listed.end() && l->first == e->wd;)
+              l = listed.erase(l);
+          }
         }
         if (ignored) wd_users_.erase(u);
         continue;
@@ -287,7 +301,7 @@ void Agent::OnInotify() {
         };
         // Reported already from its new directory's listing; or gone, so
         // a create of that name later is news.
-        if (!r.listed.empty() && r.listed.erase({e->wd, name}) && type == kCreate) continue;
+        if (!r.listed.empty() && r.listed.erase({e->wd, name}) && (e->mask & IN_CREATE)) continue;
         tell(child, type);
         if (r.recursive && (e->mask & IN_ISDIR)) {
           std::string why;
@@ -296,11 +310,15 @@ void Agent::OnInotify() {
             moved_cookie = e->cookie;
           } else if (e->mask & IN_MOVED_TO) {
             auto from = std::find_if(moved.begin(), moved.end(), [&](const auto& m) { return m.first == key; });
-            if (from != moved.end()) {  // renamed within the tree: its watches carry on under the new name
-              RenameWatchDirs(r, from->second, child);
-              moved.erase(from);
-            } else if (!AddWatchDirs(r, child, &why)) {  // moved in
-              ended.emplace_back(key, ENOSPC, why);
+            // Renamed within the tree: its watches carry on under the new name. Not watched yet (made and
+            // renamed before its create was read: mkdir tmp && mv tmp final), or moved in: watched now.
+            bool within = from != moved.end();
+            bool renamed = within && RenameWatchDirs(r, from->second, child);
+            if (within) moved.erase(from);
+            if (!renamed) {
+              std::function<void(const std::string&)> found;  // a new one's entries were never told
+              if (within) found = [&](const std::string& in) { tell(in, kCreate); };
+              if (!AddWatchDirs(r, child, &why, found)) ended.emplace_back(key, ENOSPC, why);
             }
           } else if (type == kCreate && !AddWatchDirs(r, child, &why, [&](const std::string& in) { tell(in, kCreate); })) {
             ended.emplace_back(key, ENOSPC, why);  // new: what it holds already is told as created

@@ -123,7 +123,9 @@ class GroupsV2 final : public Groups {
   uint64_t OomKills(const std::string& rel) const override { return Keyed(Dir(rel) + "/memory.events", "oom_kill"); }
   MemoryUse Memory(const std::string& rel) const override {
     auto current = ReadFileToString(Dir(rel) + "/memory.current");
-    return {current.ok() ? std::strtoull(current->c_str(), nullptr, 10) : 0, Keyed(Dir(rel) + "/memory.stat", "file")};
+    std::string stat = Dir(rel) + "/memory.stat";
+    return {current.ok() ? std::strtoull(current->c_str(), nullptr, 10) : 0, Keyed(stat, "file"),
+            Keyed(stat, "inactive_file")};
   }
   Status ReclaimMemory(const std::string& rel) override {
     // memory.reclaim (kernel 5.19+) takes an amount: all the group holds.

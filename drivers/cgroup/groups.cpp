@@ -52,8 +52,9 @@ class GroupsV1 final : public Groups {
   uint64_t OomKills(const std::string& rel) const override { return CgroupSlot::Paths(m_, rel).OomKills(); }
   MemoryUse Memory(const std::string& rel) const override {
     auto usage = ReadFileToString(m_.memory + "/" + rel + "/memory.usage_in_bytes");
-    return {usage.ok() ? std::strtoull(usage->c_str(), nullptr, 10) : 0,
-            Keyed(m_.memory + "/" + rel + "/memory.stat", "total_cache")};
+    std::string stat = m_.memory + "/" + rel + "/memory.stat";
+    return {usage.ok() ? std::strtoull(usage->c_str(), nullptr, 10) : 0, Keyed(stat, "total_cache"),
+            Keyed(stat, "total_inactive_file")};
   }
   bool Empty(const std::string& rel) override { return EmptyGroup(m_, rel); }
   bool CanRename() const override { return true; }

@@ -60,11 +60,14 @@ class Groups {
   virtual Status ReclaimMemory(const std::string& rel) = 0;
   virtual uint64_t CpuUsageNs(const std::string& rel) const = 0;
   virtual uint64_t OomKills(const std::string& rel) const = 0;
-  // Its memory now: all it is charged, page cache included, and the cache's
-  // part (v1 memory.usage_in_bytes and total_cache; v2 memory.current and file).
+  // Its memory now: all it is charged, page cache included; the cache's
+  // part; and what of the cache is inactive (reclaimable first; shmem, a
+  // tmpfs file's pages, never is). v1 memory.usage_in_bytes, total_cache,
+  // total_inactive_file; v2 memory.current, file, inactive_file.
   struct MemoryUse {
     uint64_t charged = 0;
     uint64_t cache = 0;
+    uint64_t inactive_file = 0;
   };
   virtual MemoryUse Memory(const std::string& rel) const = 0;
   // Kills everything inside and waits, up to 1 s, until nothing is left;

@@ -93,10 +93,12 @@ Result<std::string> Gunzip(const std::string& in, size_t max) {
       inflateEnd(&z);
       return Status::ResourceExhausted("the gzip body holds more than " + std::to_string(max >> 20) + " MiB");
     }
+    if (rc == Z_STREAM_END && z.avail_in > 0) rc = inflateReset(&z);  // another member follows (as gzip -d reads)
   }
   std::string why = z.msg ? z.msg : "";
   inflateEnd(&z);
   if (rc == Z_STREAM_END) return out;
+  if (rc == Z_MEM_ERROR) return Status::ResourceExhausted("zlib: out of memory inflating the body");
   return Status::InvalidArgument(rc == Z_BUF_ERROR ? "the gzip body is cut short" : "the body is not gzip: " + why);
 }
 

@@ -352,7 +352,7 @@ class Door {
     auto q = Query(c.req.query);
     int64_t end = q.count("end") ? std::strtoll(q["end"].c_str(), nullptr, 10) : 0;
     auto reply = c.reply;
-    if (end > 0 && end + kMetricsSlackS < WallClockMs() / 1000) return reply->Send(200, kJson, "[]");
+    if (end > 0 && end < WallClockMs() / 1000 - kMetricsSlackS) return reply->Send(200, kJson, "[]");
     v1::UsageRequest req;
     req.set_sandbox_id(id);
     self_->request(entry_, kCallTimeout, std::move(req))

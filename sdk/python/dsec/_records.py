@@ -323,7 +323,7 @@ class SandboxUsage(Record):
     cpu_count: int
     cpu_ns: int  # CPU time its processes have taken since it started
     cpu_used_pct: float  # of cpu_count CPUs, since the previous reading (or over a quarter second)
-    mem_used_bytes: int  # without the page cache
+    mem_used_bytes: int  # without the page cache it could give back
     mem_cache_bytes: int
     mem_total_bytes: int
     disk_used_bytes: int

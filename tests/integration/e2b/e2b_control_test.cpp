@@ -173,6 +173,7 @@ TEST_F(E2bDoor, TheSdkWritesAndReadsFilesThroughTheSandboxUrl) {
   EXPECT_EQ(out["c"], "c");
   EXPECT_EQ(out["gzipSame"], true) << "a gzip-compressed upload is written as its content";
   EXPECT_EQ(out["streamed"], "part1 part2") << "a streamed (chunked) upload";
+  EXPECT_EQ(out["twoMembers"], nlohmann::json::array({200, "first second"})) << "a gzip body of two members, whole";
   ASSERT_EQ(out["badGzip"].size(), 2u) << out.dump();
   EXPECT_EQ(out["badGzip"][0], 400);
   EXPECT_THAT(out["badGzip"][1].get<std::string>(), HasSubstr("not gzip")) << "E2B's error shape, saying why";

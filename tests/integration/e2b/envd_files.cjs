@@ -23,6 +23,13 @@ main(async () => {
     });
     await sbx.files.write('/tmp/e2b/s.txt', stream);
     out.streamed = await sbx.files.read('/tmp/e2b/s.txt');
+    const zlib = require('zlib');
+    const twoMembers = Buffer.concat([zlib.gzipSync('first '), zlib.gzipSync('second')]);  // as `cat a.gz b.gz`
+    out.twoMembers = await fetch(`${process.env.E2B_SANDBOX_URL}/files?path=/tmp/e2b/two.txt`, {
+      method: 'POST', body: twoMembers,
+      headers: { 'Content-Type': 'application/octet-stream', 'Content-Encoding': 'gzip',
+                 'E2b-Sandbox-Id': sbx.sandboxId, 'X-Access-Token': sbx.envdAccessToken ?? '' },
+    }).then(async (r) => [r.status, await sbx.files.read('/tmp/e2b/two.txt')]);
     out.badGzip = await fetch(`${process.env.E2B_SANDBOX_URL}/files?path=/tmp/e2b/bad`, {
       method: 'POST', body: 'not gzip at all',
       headers: { 'Content-Type': 'application/octet-stream', 'Content-Encoding': 'gzip',
