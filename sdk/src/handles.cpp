@@ -1,6 +1,9 @@
 // The handles a Client gives out: Sandbox and Session, each call a request
 // of the table (wire/calls.hpp) through the client's agent, to the node
 // that holds it when a controller named one.
+#include <algorithm>
+#include <chrono>
+
 #include "sdk/src/client_impl.hpp"
 
 namespace dsec {
@@ -50,6 +53,10 @@ void Sandbox::Call(Request req, Done<Reply> done, OnOutput on_output) const {
       timeout = req.timeout_ms() ? timeout + std::chrono::milliseconds(req.timeout_ms()) : std::chrono::hours(24 * 365);
     }
   }
+  // A pause with memory writes a VM's memory out, a resume reads it back (a
+  // restore, as a fork's): as long as snapshot and fork may take.
+  if constexpr (std::is_same<Request, v1::PauseRequest>::value || std::is_same<Request, v1::ResumeRequest>::value)
+    timeout = std::max<std::chrono::milliseconds>(timeout, std::chrono::minutes(5));
   client_->impl_->CallVia<Reply>(route_, std::move(req), timeout, std::move(done), std::move(on_output));
 }
 // ExtraCalls' (dsec/files.hpp, dsec/processes.hpp).

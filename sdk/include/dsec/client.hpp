@@ -42,8 +42,8 @@ struct ClientOptions {
   // How long Connect waits for the first connection (default 5 s). A
   // refused connection or a wrong token fails at once.
   std::chrono::milliseconds connect_timeout{5000};
-  // Timeout of calls that run nothing (create, get, open, ...), default 30 s.
-  // Runs, execs and steps wait for their own time limit plus this.
+  // Timeout of calls that run nothing (create, get, ...), default 30 s; runs, execs
+  // and steps: their time limit plus this; snapshot, fork, pause, resume: >= 5 min.
   std::chrono::milliseconds rpc_timeout{30000};
   // SDK worker threads (default 2).
   size_t threads = 2;
