@@ -258,6 +258,11 @@ class Agent {
   bool inotify_paused_ = false;
   std::unordered_map<uint64_t, std::unique_ptr<WatchRun>> watches_;
   std::unordered_map<int, std::vector<std::pair<uint64_t, std::string>>> wd_users_;  // wd -> (watch, rel dir)
+  // A directory moved from within recursive watches, (watch, its old name),
+  // and the move's cookie: renamed when the next event is its IN_MOVED_TO,
+  // else moved away. Kept across reads: the kernel queues the two apart.
+  std::vector<std::pair<uint64_t, std::string>> moved_;
+  uint32_t moved_cookie_ = 0;
   // (when, exec key): deadlines and pipe grace ends; stale entries are skipped.
   std::multimap<int64_t, uint64_t> timers_;
   std::multimap<int64_t, std::pair<uint64_t, uint64_t>> attach_timers_;  // (conn, request id)

@@ -240,15 +240,10 @@ void Agent::OnInotify() {
       }
     batches.erase(b);
   };
-  // A directory moved from within a recursive watch: renamed, when its
-  // IN_MOVED_TO (the next event, same cookie) is in the tree too, else
-  // moved away. (watch, its old name), and the cookie.
-  std::vector<std::pair<uint64_t, std::string>> moved;
-  uint32_t moved_cookie = 0;
   auto moved_away = [&] {
-    for (auto& [key, rel] : moved)
+    for (auto& [key, rel] : moved_)
       if (auto w = watches_.find(key); w != watches_.end()) DropWatchDirs(*w->second, rel);
-    moved.clear();
+    moved_.clear();
   };
   for (int reads = 0; reads < 16; ++reads) {
     ssize_t n = ::read(inotify_.get(), buf, sizeof buf);
@@ -257,7 +252,7 @@ void Agent::OnInotify() {
     for (char* p = buf; p < buf + n;) {
       auto* e = reinterpret_cast<inotify_event*>(p);
       p += sizeof(inotify_event) + e->len;
-      if (!moved.empty() && !((e->mask & IN_MOVED_TO) && e->cookie == moved_cookie)) moved_away();
+      if (!moved_.empty() && !((e->mask & IN_MOVED_TO) && e->cookie == moved_cookie_)) moved_away();
       if (e->mask & IN_Q_OVERFLOW) {  // events were lost: every watch says so rather than miss them
         for (auto& [key, w] : watches_) ended.emplace_back(key, ENOBUFS, "events were lost (the kernel's queue overflowed)");
         continue;
@@ -306,20 +301,18 @@ void Agent::OnInotify() {
         if (r.recursive && (e->mask & IN_ISDIR)) {
           std::string why;
           if (e->mask & IN_MOVED_FROM) {
-            moved.emplace_back(key, child);
-            moved_cookie = e->cookie;
+            moved_.emplace_back(key, child);
+            moved_cookie_ = e->cookie;
           } else if (e->mask & IN_MOVED_TO) {
-            auto from = std::find_if(moved.begin(), moved.end(), [&](const auto& m) { return m.first == key; });
+            auto from = std::find_if(moved_.begin(), moved_.end(), [&](const auto& m) { return m.first == key; });
             // Renamed within the tree: its watches carry on under the new name. Not watched yet (made and
-            // renamed before its create was read: mkdir tmp && mv tmp final), or moved in: watched now.
-            bool within = from != moved.end();
+            // renamed before its create was read: mkdir tmp && mv tmp final), or moved in: watched now, and
+            // what it holds is told as created (new to the tree; some may have been made since the move).
+            bool within = from != moved_.end();
             bool renamed = within && RenameWatchDirs(r, from->second, child);
-            if (within) moved.erase(from);
-            if (!renamed) {
-              std::function<void(const std::string&)> found;  // a new one's entries were never told
-              if (within) found = [&](const std::string& in) { tell(in, kCreate); };
-              if (!AddWatchDirs(r, child, &why, found)) ended.emplace_back(key, ENOSPC, why);
-            }
+            if (within) moved_.erase(from);
+            if (!renamed && !AddWatchDirs(r, child, &why, [&](const std::string& in) { tell(in, kCreate); }))
+              ended.emplace_back(key, ENOSPC, why);
           } else if (type == kCreate && !AddWatchDirs(r, child, &why, [&](const std::string& in) { tell(in, kCreate); })) {
             ended.emplace_back(key, ENOSPC, why);  // new: what it holds already is told as created
           }
@@ -328,7 +321,6 @@ void Agent::OnInotify() {
     }
     if (static_cast<size_t>(n) < sizeof buf / 2) break;  // drained
   }
-  moved_away();
   std::vector<uint64_t> keys;
   for (auto& [key, b] : batches) keys.push_back(key);
   for (uint64_t key : keys) flush(key);

@@ -2,8 +2,9 @@
 // (and, recursive, every one under it) watched by inotify in the sandbox;
 // each change an FsEvent (create, write, remove, rename, chmod; named
 // relative to the directory) handed to `on_event` on an SDK thread, in
-// order. A recursive watch follows directories made (what one holds when
-// its watch is added is told as created, once) or renamed within the tree.
+// order. A recursive watch follows directories made or moved in (what one
+// holds when its watch is added is told as created, once) or renamed within
+// the tree.
 // Container and VM kinds.
 #pragma once
 

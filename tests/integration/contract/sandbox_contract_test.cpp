@@ -452,23 +452,25 @@ TEST_P(Contract, ExecAsAUserAndPathOperations) {
               (std::vector<std::string>{"rename sub", "create sub2", "create sub2/x", "rename sub2", "create end"}));
   }
   // What a new directory holds before its watch is added is told too, once;
-  // one made and renamed at once (mkdir tmp && mv tmp final) is watched.
+  // one made and renamed at once (mkdir tmp && mv tmp final) is watched; one
+  // moved in is told with what it holds.
   ShIn(*sb, "cd /work/w && mkdir -p n/o/p && : > n/o/p/f && python3 -c \"import os; os.mkdir('t'); "
-            "os.rename('t', 'u'); open('u/z', 'w')\" && mkdir end2");
+            "os.rename('t', 'u'); open('u/z', 'w')\" && mkdir -p /work/i/j && mv /work/i w2 && mkdir end2");
   ASSERT_TRUE(seen_has(deep_seen, "create end2"));
   {
     std::lock_guard<std::mutex> lk(mu);
     EXPECT_EQ(std::vector<std::string>(deep_seen.begin() + 15, deep_seen.end()),
               (std::vector<std::string>{"create n", "create n/o", "create n/o/p", "create n/o/p/f", "create t",
-                                        "rename t", "create u", "create u/z", "create end2"}));
+                                        "rename t", "create u", "create u/z", "create w2", "create w2/j",
+                                        "create end2"}));
   }
   auto stopped = (*deep)->Stop();
   ASSERT_TRUE(stopped.ok()) << stopped.status().ToString();
-  EXPECT_EQ(*stopped, 24u);
+  EXPECT_EQ(*stopped, 26u);
   EXPECT_EQ((*deep)->Stop().status().code(), Status::Code::kOk) << "stopped again: how it ended";
   ShIn(*sb, "touch /work/w/later");
   ASSERT_TRUE(seen_has(flat_seen, "create later"));
-  EXPECT_EQ(deep_seen.size(), 24u) << "a stopped watch reports nothing more";
+  EXPECT_EQ(deep_seen.size(), 26u) << "a stopped watch reports nothing more";
   EXPECT_EQ(WatchDir(*sb, "/work/none", nullptr).status().code(), Status::Code::kNotFound);
   ASSERT_TRUE(Remove(*sb, "/work/w").ok());
   auto gone = (*flat)->Wait();  // its directory removed: it ends, saying so
