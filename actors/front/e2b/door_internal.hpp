@@ -5,11 +5,14 @@
 #include <caf/all.hpp>
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 
 #include "dsec/status.hpp"
+#include "dsec/status_proto.hpp"
 #include "runtime/http_server.hpp"
 #include "wire/wire.hpp"
 
@@ -25,6 +28,43 @@ inline constexpr const char* kJson = "application/json";
 
 // How long the door waits for dsec to answer one call.
 inline constexpr auto kCallTimeout = std::chrono::minutes(5);
+
+// A sandbox's lifetime when a call names none (E2B's default).
+inline constexpr uint32_t kDefaultTimeoutS = 300;
+
+// An answer in E2B's error shape ({"code": <HTTP status>, "message"}); a
+// dsec status as E2B's HTTP status.
+void Error(const std::shared_ptr<HttpResponder>& reply, int code, const std::string& message);
+void Error(const std::shared_ptr<HttpResponder>& reply, const Status& s);
+int HttpCode(const Status& s);
+// E2B's SDK takes ids of [a-z0-9] only (a '-' breaks its host names).
+bool E2bId(const std::string& id);
+// A query string's fields, decoded.
+std::map<std::string, std::string> Query(const std::string& q);
+// What create, connect and fork answer: the sandbox and how to reach its
+// envd (`secret` keys its access token).
+nlohmann::json Created(const v1::SandboxRecord& r, const std::string& secret);
+// Stopped or stopping.
+bool Gone(const v1::SandboxRecord& r);
+// A JSON body (an object; none is {}), or an answer of 400 saying why not.
+bool Body(const Call& c, nlohmann::json* out);
+// A whole number of seconds field (`dflt` when absent), or an answer of 400.
+bool Seconds(const Call& c, const nlohmann::json& body, const char* field, uint32_t dflt, uint32_t* out);
+
+// Asks the entry; a reply whose status is not OK (or none) is answered
+// here, in E2B's shape; `ok` gets the others.
+template <class R, class Req>
+void Ask(caf::event_based_actor* self, const entry_actor& entry, const std::shared_ptr<HttpResponder>& reply, Req req,
+         std::function<void(R&)> ok) {
+  self->request(entry, kCallTimeout, std::move(req))
+      .then(
+          [reply, ok](R& r) {
+            Status s = FromProto(r.status());
+            if (!s.ok()) return Error(reply, s);
+            ok(r);
+          },
+          [reply](caf::error& e) { Error(reply, 503, "dsec did not answer: " + caf::to_string(e)); });
+}
 
 // Unix epoch milliseconds as RFC 3339 ("2026-12-05T19:01:02.345Z").
 std::string Rfc3339(int64_t ms);
@@ -55,6 +95,15 @@ Result<std::string> Gunzip(const std::string& in, size_t max);
 // of Connect envelopes. `user` is the call's Basic user (E2B's SDK sends
 // one with each call), "" for root.
 void ServeEnvdRpc(caf::event_based_actor* self, const entry_actor& entry, Call& c, const std::string& sandbox);
+
+// Snapshots and forks (e2b_snapshots.cpp; docs/e2b.md): POST
+// /sandboxes/{id}/fork and /sandboxes/{id}/snapshots, GET /snapshots,
+// DELETE /templates/{name}. False: `c` is none of them.
+bool ServeSnapshots(caf::event_based_actor* self, const entry_actor& entry, Call& c, const std::string& secret);
+// Whether E2B's templateID names a snapshot: `then` gets it (found), or
+// NotFound (an image's name, then), or why dsec could not tell.
+void FindSnapshot(caf::event_based_actor* self, const entry_actor& entry, const std::string& name,
+                  std::function<void(Result<v1::SnapshotInfo>)> then);
 
 }  // namespace dsec::e2b
 

@@ -37,14 +37,14 @@ std::string Rfc3339(int64_t ms) {
 }
 
 namespace {
-
 using nlohmann::json;
-constexpr uint32_t kDefaultTimeoutS = 300;
 // A metrics window that ended this long before now (its end is in whole
 // seconds) still gets the sample of now.
 constexpr int64_t kMetricsSlackS = 10;
 // The most one upload may carry (POST /files), compressed or not.
 constexpr size_t kMaxUpload = 64u << 20;
+
+}  // namespace
 
 void Error(const std::shared_ptr<HttpResponder>& reply, int code, const std::string& message) {
   reply->Send(code, kJson, json{{"code", code}, {"message", message}}.dump());
@@ -69,11 +69,12 @@ int HttpCode(const Status& s) {
 void Error(const std::shared_ptr<HttpResponder>& reply, const Status& s) { Error(reply, HttpCode(s), s.message()); }
 
 
-// E2B's SDK takes ids of [a-z0-9] only (a '-' breaks its host names).
 bool E2bId(const std::string& id) {
   return !id.empty() && id.size() <= 64 &&
          std::all_of(id.begin(), id.end(), [](char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9'); });
 }
+
+namespace {
 
 std::string Decode(const std::string& s) {
   std::string out;
@@ -91,6 +92,8 @@ std::string Decode(const std::string& s) {
   return out;
 }
 
+}  // namespace
+
 std::map<std::string, std::string> Query(const std::string& q) {
   std::map<std::string, std::string> out;
   size_t at = 0;
@@ -104,6 +107,8 @@ std::map<std::string, std::string> Query(const std::string& q) {
   }
   return out;
 }
+
+namespace {
 
 // A record as E2B's SandboxInfo / ListedSandbox.
 json Info(const v1::SandboxRecord& r) {
@@ -134,7 +139,8 @@ std::string Token(const std::string& secret, const std::string& id) {
   return HexOf(md, 16);
 }
 
-// What create and connect answer: the sandbox and how to reach its envd.
+}  // namespace
+
 json Created(const v1::SandboxRecord& r, const std::string& secret) {
   return {{"sandboxID", r.id()},
           {"templateID", r.spec().image()},
@@ -142,6 +148,8 @@ json Created(const v1::SandboxRecord& r, const std::string& secret) {
           {"envdVersion", kEnvdVersion},
           {"envdAccessToken", Token(secret, r.id())}};
 }
+
+namespace {
 
 // The parts of a multipart/form-data body: (filename, data) each.
 bool Multipart(const std::string& type, const std::string& body, std::vector<std::pair<std::string, std::string>>* out) {
@@ -169,11 +177,12 @@ bool Multipart(const std::string& type, const std::string& body, std::vector<std
   return false;
 }
 
+}  // namespace
+
 bool Gone(const v1::SandboxRecord& r) {
   return r.phase() == v1::SANDBOX_PHASE_STOPPED || r.phase() == v1::SANDBOX_PHASE_STOPPING;
 }
 
-// A JSON body (an object), or an answer of 400 saying why not.
 bool Body(const Call& c, json* out) {
   if (c.req.body.empty()) {
     *out = json::object();
@@ -185,7 +194,6 @@ bool Body(const Call& c, json* out) {
   return false;
 }
 
-// A whole number of seconds field, or an answer of 400.
 bool Seconds(const Call& c, const json& body, const char* field, uint32_t dflt, uint32_t* out) {
   auto it = body.find(field);
   if (it == body.end() || it->is_null()) {
@@ -199,6 +207,8 @@ bool Seconds(const Call& c, const json& body, const char* field, uint32_t dflt, 
   *out = static_cast<uint32_t>(it->get<int64_t>());
   return true;
 }
+
+namespace {
 
 // A map of strings, or an answer of 400.
 bool Strings(const Call& c, const json& body, const char* field,
@@ -223,12 +233,15 @@ bool Strings(const Call& c, const json& body, const char* field,
 std::string CallName(const std::string& method, const std::string& path) {
   if (path == "/sandboxes") return method == "POST" ? "create" : "other";
   if (path == "/v2/sandboxes") return "list";
+  if (path == "/snapshots") return "snapshots";
+  if (path.rfind("/templates/", 0) == 0) return method == "DELETE" ? "delete_snapshot" : "other";
   if (path.rfind("/sandboxes/", 0) != 0) return "other";
   std::string rest = path.substr(11);
   size_t slash = rest.find('/');
   std::string sub = slash == std::string::npos ? "" : rest.substr(slash + 1);
   if (sub.empty()) return method == "GET" ? "get" : method == "DELETE" ? "kill" : "other";
-  return sub == "timeout" || sub == "connect" || sub == "pause" || sub == "metrics" ? sub : "other";
+  if (sub == "snapshots") return "snapshot";
+  return sub == "timeout" || sub == "connect" || sub == "pause" || sub == "metrics" || sub == "fork" ? sub : "other";
 }
 
 // Counts each answer in dsec_e2b_requests_total, then passes it on.
@@ -267,6 +280,7 @@ class Door {
     if (p == "/health" || p == "/files") return Envd(c);
     if (p.rfind("/filesystem.Filesystem/", 0) == 0 || p.rfind("/process.Process/", 0) == 0)
       return ServeEnvdRpc(self_, entry_, c, *c.req.Header("e2b-sandbox-id"));
+    if (ServeSnapshots(self_, entry_, c, secret_)) return;
     if (m == "POST" && p == "/sandboxes") return Create(c);
     if (m == "GET" && p == "/v2/sandboxes") return List(c);
     if (p.rfind("/sandboxes/", 0) == 0) {
@@ -285,18 +299,9 @@ class Door {
   }
 
  private:
-  // Asks the entry; a reply whose status is not OK (or none) is answered
-  // here, in E2B's shape; `ok` gets the others.
   template <class Reply, class Req>
   void Ask(const std::shared_ptr<HttpResponder>& reply, Req req, std::function<void(Reply&)> ok) {
-    self_->request(entry_, kCallTimeout, std::move(req))
-        .then(
-            [reply, ok](Reply& r) {
-              Status s = FromProto(r.status());
-              if (!s.ok()) return Error(reply, s);
-              ok(r);
-            },
-            [reply](caf::error& e) { Error(reply, 503, "dsec did not answer: " + caf::to_string(e)); });
+    e2b::Ask<Reply>(self_, entry_, reply, std::move(req), std::move(ok));
   }
 
   // The sandbox's record, or 404 when it has ended.
@@ -328,15 +333,30 @@ class Door {
       return;
     if (body.value("autoPause", false))
       return Error(c.reply, 400, "autoPause (a pause at the timeout) is not served by this dsec yet: docs/e2b.md");
-    // The kind: the metadata key dsec.kind, else a container.
-    std::string kind = spec->labels().count("dsec.kind") ? spec->labels().at("dsec.kind") : "container";
+    // The kind: the metadata key dsec.kind, else a container (else, from
+    // a snapshot, its sandbox's).
+    std::string kind = spec->labels().count("dsec.kind") ? spec->labels().at("dsec.kind") : "";
     if (kind == "container") spec->set_kind(v1::KIND_CONTAINER);
     else if (kind == "microvm") spec->set_kind(v1::KIND_MICROVM);
     else if (kind == "vm") spec->set_kind(v1::KIND_VM);
-    else return Error(c.reply, 400, "metadata dsec.kind '" + kind.substr(0, 32) + "': container, microvm or vm");
+    else if (!kind.empty())
+      return Error(c.reply, 400, "metadata dsec.kind '" + kind.substr(0, 32) + "': container, microvm or vm");
+    // A template is an image, or a snapshot (E2B's createSnapshot) by its name.
     auto reply = c.reply;
-    Ask<v1::SandboxReply>(reply, std::move(req), [reply, secret = secret_](v1::SandboxReply& r) {
-      reply->Send(201, kJson, Created(r.sandbox(), secret).dump());
+    auto made = std::make_shared<v1::CreateRequest>(std::move(req));
+    FindSnapshot(self_, entry_, t->get<std::string>(), [this, reply, made](Result<v1::SnapshotInfo> snap) {
+      auto* spec = made->mutable_spec();
+      if (snap.ok()) {
+        spec->set_snapshot(spec->image());
+        spec->clear_image();
+      } else if (snap.status().code() != Status::Code::kNotFound) {
+        return Error(reply, snap.status());
+      } else if (spec->kind() == v1::KIND_UNSPECIFIED) {
+        spec->set_kind(v1::KIND_CONTAINER);
+      }
+      Ask<v1::SandboxReply>(reply, std::move(*made), [reply, secret = secret_](v1::SandboxReply& r) {
+        reply->Send(201, kJson, Created(r.sandbox(), secret).dump());
+      });
     });
   }
 
@@ -589,6 +609,8 @@ E2bDoor::E2bDoor(caf::actor_system& sys, entry_actor entry, const ApiKeys& keys,
   server.Route("GET", "/sandboxes/", handler, 0, true);
   server.Route("DELETE", "/sandboxes/", handler, 0, true);
   server.Route("POST", "/sandboxes/", handler, kMaxBody, true);
+  server.Route("GET", "/snapshots", handler);
+  server.Route("DELETE", "/templates/", handler, 0, true);
   // envd's REST calls: no API key, the sandbox's access token instead.
   HttpHandler envd = [this, secret](HttpRequest req, std::shared_ptr<HttpResponder> raw) {
     auto reply = std::make_shared<Counted>(std::move(raw), "envd" + req.path);

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "drivers/images/debian.hpp"
+#include "dsec/snapshot.hpp"
 #include "harness/daemon.hpp"
 #include "runtime/files.hpp"
 #include "tests/support/container_fixture.hpp"
@@ -118,6 +119,54 @@ TEST_F(E2bDoor, TheUnmodifiedSdkCreatesListsExtendsAndKillsSandboxes) {
   auto left = client_->ListSandboxes();
   ASSERT_TRUE(left.ok()) << left.status().ToString();
   for (const auto& sb : left->sandboxes()) EXPECT_NE(sb.id(), id);
+}
+
+// E2B's fork and snapshots, through the unmodified SDK: forks in the
+// source's state and independent of it and of each other, each with the
+// lifetime asked; a snapshot is a template; bad input refused; and nothing
+// of them left on the node (the forks' own snapshot goes with the last).
+TEST_F(E2bDoor, TheSdkForksAndSnapshotsSandboxes) {
+  std::string run = RandomHex(8);
+  auto r = Node("snapshots.cjs", {"RUN_ID=" + run, std::string("TEMPLATE=") + kImage});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  auto out = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_TRUE(out.is_object()) << r.out;
+  using J = nlohmann::json;
+  EXPECT_EQ(out["forks"], J({"sandbox", "sandbox"}));
+  EXPECT_EQ(out["forkIds"], 3) << "each fork its own id";
+  EXPECT_EQ(out["forkRead"], "state before fork");
+  EXPECT_EQ(out["sourceAfter"], "state before fork") << "a fork's writes are its own";
+  EXPECT_EQ(out["otherFork"], "state before fork");
+  EXPECT_THAT(out["forkRuns"].get<std::string>(), HasSubstr("hi from e"));
+  EXPECT_NEAR(out["forkLifetime"].get<double>(), 60, 5) << "the fork's timeout is its lifetime";
+  EXPECT_EQ(out["sourceRunning"], true);
+  EXPECT_EQ(out["forkById"], true);
+  EXPECT_EQ(out["forkOfFork"], "modified in fork");
+  EXPECT_EQ(out["snapshot"], J({{"snapshotId", "snap-" + run}, {"names", {"snap-" + run}}}));
+  EXPECT_THAT(out["snapshotAgain"].get<std::string>(), HasSubstr("exists"));
+  EXPECT_THAT(out["badName"].get<std::string>(), HasSubstr("Not A Name!"));
+  EXPECT_EQ(out["fromSnapshot"], "state before fork") << "a snapshot is a template";
+  EXPECT_EQ(out["fromSnapshotTemplate"], kImage) << "its image under it";
+  EXPECT_EQ(out["listed"], J({"snap-" + run})) << "a fork's own snapshot is not listed";
+  EXPECT_EQ(out["listedByName"], 1);
+  EXPECT_THAT(out["deleteInUse"].get<std::string>(), HasSubstr("409: snapshot 'snap-" + run + "' is in use by sandbox"));
+  EXPECT_EQ(out["deleted"], true);
+  EXPECT_EQ(out["deletedAgain"], false) << "E2B's 404: false";
+  EXPECT_THAT(out["fromDeleted"].get<std::string>(), HasSubstr("snap-" + run));
+  EXPECT_EQ(out["tooMany"][0], 400);
+  EXPECT_THAT(out["tooMany"][1].get<std::string>(), HasSubstr("from 1 to 100"));
+  EXPECT_EQ(out["countNotNumber"][0], 400);
+  EXPECT_THAT(out["forkUnknown"].get<std::string>(), HasSubstr("NotFound"));
+  EXPECT_THAT(out["forkKilled"].get<std::string>(), HasSubstr("NotFound"));
+  // Nothing left: no sandbox, no snapshot.
+  auto left = client_->ListSandboxes();
+  ASSERT_TRUE(left.ok()) << left.status().ToString();
+  EXPECT_EQ(out["made"].size(), 6u) << "the source, 2 forks, 1 by id, a fork's fork, one from the snapshot";
+  for (const auto& sb : left->sandboxes())
+    for (const auto& id : out["made"]) EXPECT_NE(sb.id(), id.get<std::string>());
+  auto snaps = ListSnapshots(*client_);
+  ASSERT_TRUE(snaps.ok()) << snaps.status().ToString();
+  for (const auto& s : *snaps) ADD_FAILURE() << "left behind: snapshot " << s.name();
 }
 
 // A stranger's requests: no key, a key dsec did not issue, garbage: each
