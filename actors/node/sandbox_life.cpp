@@ -209,10 +209,10 @@ caf::result<v1::SandboxReply> SetPaused(Self self, bool paused, bool memory) {
     return Reply(Status::Ok(), st);
   Status ok = NotServing(self, true);
   if (!ok.ok()) return Reply(ok, st);
-  if (paused && !st.running.empty())
-    return Reply(Status::FailedPrecondition("sandbox " + st.rec.id() + " has " + std::to_string(st.running.size()) +
-                                            " exec(s) running; pause it between execs"),
-                 st);
+  // Execs running are paused with it (E2B's pause freezes running
+  // commands too): a frozen one's output waits; a VM paused with memory
+  // loses its agent's connection, so their calls end (Unavailable) while
+  // their processes run on after the resume, to attach to by pid.
   auto rp = self->make_response_promise<v1::SandboxReply>();
   DoPause(self, paused, "", memory, [self, rp](const Status& s) mutable { rp.deliver(Reply(s, self->state)); });
   return rp;
@@ -226,6 +226,7 @@ caf::result<v1::SandboxReply> SetPaused(Self self, bool paused, bool memory) {
 void StartDestroy(Self self, std::string why, std::function<void(const Status&)> done) {
   auto& st = self->state;
   st.destroying = true;
+  const bool paused = st.rec.phase() == v1::SANDBOX_PHASE_PAUSED || st.pausing;  // its execs may be frozen
   st.rec.set_phase(v1::SANDBOX_PHASE_STOPPING);
   EndWatches(self, Status::Unavailable("sandbox " + st.rec.id() + " is being destroyed; its watches end"));
   auto handle = caf::actor_cast<sandbox_actor>(self);
@@ -265,11 +266,13 @@ void StartDestroy(Self self, std::string why, std::function<void(const Status&)>
       });
     });
   };
-  auto go = [self, why] {
+  auto go = [self, why, paused] {
     auto& st = self->state;
     // A run that ended meanwhile is NotFound: its answer is on its way.
     for (const auto& id : st.running) (void)st.driver->Kill(id, "sandbox " + st.rec.id() + " was destroyed (" + why + ")");
-    if (st.running.empty()) {
+    // A paused sandbox's execs cannot end (frozen): the driver's destroy
+    // ends them, and their calls are answered.
+    if (st.running.empty() || paused) {
       auto next = std::move(st.after_runs);
       st.after_runs = nullptr;
       next();

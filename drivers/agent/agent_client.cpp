@@ -232,17 +232,18 @@ AgentClient::AgentClient(UniqueFd fd, AgentClientOptions options)
 
 AgentClient::~AgentClient() { Close(); }
 
-void AgentClient::Close() {
+void AgentClient::Close(const std::string& why) {
   if (AgentLoop::Shared().OnLoopThread()) {
     // From a callback: the loop closes it once the callback returns (and
     // looks at it this round even when the agent is silent).
+    if (!stopping_) stop_reason_ = why;
     stopping_ = true;
     AgentLoop::Shared().Wake(this);
     return;
   }
   std::lock_guard<std::mutex> lk(close_mu_);
   AgentLoop::Shared().Remove(this);
-  FailAll("connection closed by this client");  // no-op when the loop already did
+  FailAll(why);  // no-op when the loop already did
   fd_.Reset();
 }
 
@@ -436,7 +437,7 @@ void AgentLoop::Run() {
       if (what & (EPOLLIN | EPOLLHUP | EPOLLERR)) ok = c->Readable(&why);
       if (ok && !c->stopping_) ok = c->Flush(&why);
       if (c->stopping_) {
-        Drop(id, c, "connection closed by this client");
+        Drop(id, c, c->stop_reason_);
         continue;
       }
       if (!ok) {

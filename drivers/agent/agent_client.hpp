@@ -105,10 +105,11 @@ class AgentClient {
   // False once the connection dropped or Close() was called.
   bool connected() const { return !closed_.load(); }
   const std::string& name() const { return opts_.name; }
-  // Closes the connection and fails what is in flight with Unavailable.
-  // Idempotent. From a callback it only marks the connection to be closed
-  // once the callback returns; the destructor must not run on the I/O thread.
-  void Close();
+  // Closes the connection and fails what is in flight with Unavailable,
+  // saying `why`. Idempotent. From a callback it only marks the connection
+  // to be closed once the callback returns; the destructor must not run on
+  // the I/O thread.
+  void Close(const std::string& why = "connection closed by this client");
 
  private:
   friend class AgentLoop;
@@ -145,6 +146,7 @@ class AgentClient {
   std::string close_reason_;
   std::atomic<uint64_t> next_id_{1};
   std::atomic<bool> closed_{false}, stopping_{false};
+  std::string stop_reason_;  // Close's why, from a callback (the I/O thread's only)
   std::mutex close_mu_;  // serialises Close()
 };
 

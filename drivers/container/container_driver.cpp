@@ -457,7 +457,7 @@ void ContainerDriver::Destroy(const v1::SandboxRecord& sb, const std::string&, S
 // exactly once, whoever asks first.
 Status ContainerDriver::DestroyNow(const std::string& id, const std::string& held_digest) {
   auto box = std::static_pointer_cast<Box>(TakeBox(id));
-  if (box && box->agent) box->agent->Close();
+  if (box && box->agent) box->agent->Close("it was destroyed");
   if (reads_) reads_->Forget(id);
   // Killing every process of the container's cgroup ends its namespaces and
   // with them its overlay; then its files go, then its hold on the image.

@@ -190,7 +190,9 @@ Status GuestDriver::PauseMemoryNow(Box& box) {
     }
     return s;
   }
-  if (box.agent) box.agent->Close();
+  if (box.agent)
+    box.agent->Close("the sandbox was paused with memory: what it runs goes on after its resume (attach to an "
+                     "exec's process by its pid)");
   if (Status stop = StopMachine(box.mid, box.pid); !stop.ok()) return stop;
   UniqueFd ram(::open((saved + "/ram").c_str(), O_RDONLY | O_CLOEXEC));
   if (ram) ::posix_fadvise(ram.get(), 0, 0, POSIX_FADV_DONTNEED);  // written and synced: clean pages, dropped

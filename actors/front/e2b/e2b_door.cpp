@@ -452,9 +452,8 @@ class Door {
       v1::PauseRequest p;
       p.set_sandbox_id(id);
       p.set_memory(true);  // E2B's pause keeps the memory and gives the host its RAM back
-      // dsec does not pause a sandbox with execs in flight (a command of the
-      // SDK's still streaming): 400 saying so, not E2B's 409, which the SDK
-      // takes for "already paused" (and says nothing).
+      // A pause dsec refuses (a networked VM's memory): 400 saying why, not
+      // E2B's 409, which the SDK takes for "already paused" (and says nothing).
       self_->request(entry_, kCallTimeout, std::move(p))
           .then(
               [reply](v1::SandboxReply& r) {

@@ -298,8 +298,9 @@ TEST_F(E2bDoor, TheSdkRunsCommandsAndWalksTheFilesystem) {
       << "a recursive watch, through the SDK's watchDir (envd 0.1.4)";
   EXPECT_THAT(out["watchMissing"].get<std::string>(), HasSubstr("NotFound"));
   EXPECT_EQ(out["removeMissing"], "no error") << "envd's remove of what is not there";
-  EXPECT_THAT(out["pauseBusy"].get<std::string>(), HasSubstr("exec(s) running; pause it between execs"))
-      << "a refused pause says why (E2B's 409 would read as already paused)";
+  EXPECT_EQ(out["pauseBusy"], J({true, false})) << "paused with a command running, as E2B pauses";
+  EXPECT_EQ(out["busyListed"], true) << "after connect (a resume) the command is there";
+  EXPECT_EQ(out["busyAttached"], true);
   EXPECT_EQ(out["linkTarget"], "/tmp/fs/uno.txt") << "a relative target, from the link's directory";
   EXPECT_THAT(out["killedDuringRun"].get<std::string>(), HasSubstr("TimeoutError"));
   EXPECT_THAT(out["killedDuringRun"].get<std::string>(), HasSubstr("killed or reached its end of life"))

@@ -121,9 +121,12 @@ main(async () => {
     out.removeMissing = await failure(() => sbx.files.remove('/tmp/never-was'));
     await sbx.commands.run('cd /tmp && ln -s uno.txt /tmp/fs/link');
     out.linkTarget = (await sbx.files.getInfo('/tmp/fs/link')).symlinkTarget;
-    // dsec pauses a sandbox between commands only: a pause with one running is refused, saying so.
+    // A pause with a command running pauses it too; after connect it is listed and can be attached to.
     const busy = await sbx.commands.run('sleep 30', { background: true });
-    out.pauseBusy = await failure(() => sbx.pause());
+    out.pauseBusy = [await sbx.pause(), await sbx.isRunning()];
+    await Sandbox.connect(sbx.sandboxId);
+    out.busyListed = (await sbx.commands.list()).some((c) => c.pid === busy.pid);
+    out.busyAttached = (await sbx.commands.connect(busy.pid)).pid === busy.pid;
     await busy.kill();
     // A command running when its sandbox is killed: its stream is cut, and the SDK says the sandbox is gone.
     const doomed = await sbx.commands.run('sleep 60', { background: true });

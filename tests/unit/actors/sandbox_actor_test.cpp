@@ -26,6 +26,29 @@ class SandboxActor : public ::testing::Test {
     EXPECT_TRUE(sb.ok()) << sb.status().ToString();
     return sb.ok() ? sb->id() : "";
   }
+  // `sleep 30` in sandbox `id`, sent from an actor of its own, its reply
+  // awaited on a thread of its own; started once it is running.
+  struct SlowExec {
+    caf::scoped_actor other;
+    std::promise<v1::ExecReply> pending;
+    std::future<v1::ExecReply> answered = pending.get_future();
+    std::thread waiter;
+    explicit SlowExec(caf::actor_system& sys) : other(sys) {}
+    ~SlowExec() { if (waiter.joinable()) waiter.join(); }
+  };
+  std::unique_ptr<SlowExec> StartSlowExec(const std::string& id) {
+    auto x = std::make_unique<SlowExec>(node_.sys());
+    v1::ExecRequest slow;
+    slow.set_sandbox_id(id);
+    for (const char* a : {"sleep", "30"}) slow.add_argv(a);
+    x->waiter = std::thread([this, x = x.get(), slow] {
+      x->other->request(node_.node(), std::chrono::seconds(20), slow)
+          .receive([&](v1::ExecReply& r) { x->pending.set_value(r); },
+                   [&](caf::error& e) { ADD_FAILURE() << to_string(e); x->pending.set_value({}); });
+    });
+    EXPECT_TRUE(node_.WaitFor([&] { return !node_.world()->Running(id).empty(); }));
+    return x;
+  }
   ActorNode node_;
 };
 
@@ -187,19 +210,24 @@ TEST_F(SandboxActor, APausedSandboxRefusesExecsSayingResumeAndResumeContinues) {
   EXPECT_EQ(node_.Exec(id, "echo back")->stdout(), "back\n");
 }
 
-TEST_F(SandboxActor, PausingWithAnExecRunningIsRefused) {
+// E2B pauses a sandbox with its commands running: so does dsec (they are
+// frozen with it), and a destroy of it while paused answers them.
+TEST_F(SandboxActor, AnExecRunningIsPausedWithItsSandboxAndADestroyAnswersIt) {
   std::string id = Make();
-  v1::ExecRequest slow;
-  slow.set_sandbox_id(id);
-  for (const char* a : {"sleep", "2"}) slow.add_argv(a);
-  caf::scoped_actor other{node_.sys()};
-  other->send(caf::actor_cast<caf::actor>(node_.node()), slow);  // its reply comes to `other`
-  ASSERT_TRUE(node_.WaitFor([&] { return !node_.world()->Running(id).empty(); }));
+  auto slow = StartSlowExec(id);
   v1::PauseRequest p;
   p.set_sandbox_id(id);
   auto r = node_.Call(p);
-  EXPECT_EQ(r.status().code(), Status::Code::kFailedPrecondition);
-  EXPECT_THAT(r.status().message(), HasSubstr("exec(s) running"));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(Row(id)->record().phase(), v1::SANDBOX_PHASE_PAUSED);
+  EXPECT_EQ(slow->answered.wait_for(std::chrono::milliseconds(0)), std::future_status::timeout) << "it runs on, paused";
+  v1::DestroyRequest d;
+  d.set_sandbox_id(id);
+  ASSERT_TRUE(node_.Call(d).ok());
+  ASSERT_EQ(slow->answered.wait_for(std::chrono::seconds(10)), std::future_status::ready) << "the exec was never answered";
+  auto got = slow->answered.get();
+  EXPECT_EQ(got.result().verdict(), v1::VERDICT_PLATFORM_ERROR);
+  EXPECT_THAT(got.result().error(), HasSubstr("sandbox " + id + " was destroyed"));
 }
 
 TEST_F(SandboxActor, AKindWithoutPauseOrFilesSaysSoNamingTheKind) {
@@ -250,24 +278,12 @@ TEST_F(SandboxActor, FilesRoundTripAndABadPathIsRefusedBeforeTheDriver) {
 
 TEST_F(SandboxActor, DestroyWithAnExecInFlightAnswersTheExecFirst) {
   std::string id = Make();
-  v1::ExecRequest slow;
-  slow.set_sandbox_id(id);
-  for (const char* a : {"sleep", "30"}) slow.add_argv(a);
-  caf::scoped_actor other{node_.sys()};
-  auto pending = std::make_shared<std::promise<v1::ExecReply>>();
-  auto answered = pending->get_future();
-  std::thread waiter([&] {
-    other->request(node_.node(), std::chrono::seconds(20), slow)
-        .receive([&](v1::ExecReply& r) { pending->set_value(r); },
-                 [&](caf::error& e) { ADD_FAILURE() << to_string(e); pending->set_value({}); });
-  });
-  ASSERT_TRUE(node_.WaitFor([&] { return !node_.world()->Running(id).empty(); }));
+  auto slow = StartSlowExec(id);
   v1::DestroyRequest d;
   d.set_sandbox_id(id);
   ASSERT_TRUE(node_.Call(d).ok());
-  ASSERT_EQ(answered.wait_for(std::chrono::seconds(10)), std::future_status::ready) << "the exec was never answered";
-  auto r = answered.get();
-  waiter.join();
+  ASSERT_EQ(slow->answered.wait_for(std::chrono::seconds(10)), std::future_status::ready) << "the exec was never answered";
+  auto r = slow->answered.get();
   EXPECT_EQ(r.result().verdict(), v1::VERDICT_PLATFORM_ERROR);
   EXPECT_THAT(r.result().error(), HasSubstr("sandbox " + id + " was destroyed"));
 }
