@@ -504,7 +504,10 @@ class Daemon {
       log_->error("the E2B door stays closed: {}", secret.status().message());
       return;
     }
-    e2b_door_ = std::make_unique<e2b::E2bDoor>(*sys_, entry, *e2b_keys_, *secret, *e2b_http_);
+    e2b_door_ = std::make_unique<e2b::E2bDoor>(*sys_, entry, *e2b_keys_, *secret, *e2b_http_, f_.network_open);
+    if (!f_.network_open)
+      log_->info("E2B sandboxes that ask for the internet (allowInternetAccess, E2B's default) get none here: "
+                 "only what their network.allowOut lists (dsecd --network-open gives them the internet)");
     e2b_http_->Start();
     Listen("e2b", e2b_at_, e2b_http_->gate(), 64, 10'000, HttpGate::kMaxHead);
   }

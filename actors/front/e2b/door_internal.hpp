@@ -100,6 +100,16 @@ void ServeEnvdRpc(caf::event_based_actor* self, const entry_actor& entry, Call& 
 // /sandboxes/{id}/fork and /sandboxes/{id}/snapshots, GET /snapshots,
 // DELETE /templates/{name}. False: `c` is none of them.
 bool ServeSnapshots(caf::event_based_actor* self, const entry_actor& entry, Call& c, const std::string& secret);
+// E2B's egress settings (create's `allow_internet_access` and `network`;
+// updateNetwork's body) as a dsec network policy (e2b_network.cpp;
+// docs/e2b.md "Network"). `internet_open`: this node gives sandboxes the
+// internet (dsecd --network-open). InvalidArgument naming what dsec does
+// not serve.
+Result<v1::NetworkPolicy> E2bNetwork(const nlohmann::json* allow_internet, const nlohmann::json& net,
+                                     bool internet_open);
+// PUT /sandboxes/{id}/network: the policy replaced.
+void UpdateNetwork(caf::event_based_actor* self, const entry_actor& entry, Call& c, const std::string& id,
+                   bool internet_open);
 // Whether E2B's templateID names a snapshot: `then` gets it (found), or
 // NotFound (an image's name, then), or why dsec could not tell.
 void FindSnapshot(caf::event_based_actor* self, const entry_actor& entry, const std::string& name,

@@ -241,6 +241,7 @@ std::string CallName(const std::string& method, const std::string& path) {
   std::string sub = slash == std::string::npos ? "" : rest.substr(slash + 1);
   if (sub.empty()) return method == "GET" ? "get" : method == "DELETE" ? "kill" : "other";
   if (sub == "snapshots") return "snapshot";
+  if (sub == "network") return "network";
   return sub == "timeout" || sub == "connect" || sub == "pause" || sub == "metrics" || sub == "fork" ? sub : "other";
 }
 
@@ -271,8 +272,8 @@ class Counted final : public HttpResponder {
 
 class Door {
  public:
-  Door(caf::event_based_actor* self, entry_actor entry, std::string secret)
-      : self_(self), entry_(std::move(entry)), secret_(std::move(secret)) {}
+  Door(caf::event_based_actor* self, entry_actor entry, std::string secret, bool internet_open)
+      : self_(self), entry_(std::move(entry)), secret_(std::move(secret)), internet_open_(internet_open) {}
 
   void Handle(Call& c) {
     const std::string& m = c.req.method;
@@ -294,6 +295,7 @@ class Door {
       if (m == "POST" && sub == "/connect") return Connect(c, id);
       if (m == "POST" && sub == "/pause") return Pause(c, id);
       if (m == "GET" && sub == "/metrics") return Metrics(c, id);
+      if (m == "PUT" && sub == "/network") return UpdateNetwork(self_, entry_, c, id, internet_open_);
     }
     Error(c.reply, 404, m + " " + p + " is not an E2B call this door serves (docs/e2b.md lists them)");
   }
@@ -331,6 +333,11 @@ class Door {
     spec->set_ttl_s(timeout);
     if (!Strings(c, body, "metadata", spec->mutable_labels()) || !Strings(c, body, "envVars", spec->mutable_env()))
       return;
+    auto allow = body.find("allow_internet_access");
+    auto net = body.find("network");
+    auto policy = E2bNetwork(allow == body.end() ? nullptr : &*allow, net == body.end() ? json() : *net, internet_open_);
+    if (!policy.ok()) return Error(c.reply, 400, policy.status().message());
+    *spec->mutable_network() = std::move(*policy);
     if (body.value("autoPause", false))
       return Error(c.reply, 400, "autoPause (a pause at the timeout) is not served by this dsec yet: docs/e2b.md");
     // The kind: the metadata key dsec.kind, else a container (else, from
@@ -583,14 +590,15 @@ class Door {
   caf::event_based_actor* self_;
   entry_actor entry_;
   std::string secret_;
+  bool internet_open_;
 };
 
 }  // namespace
 
 E2bDoor::E2bDoor(caf::actor_system& sys, entry_actor entry, const ApiKeys& keys, std::string secret,
-                 HttpServer& server) {
-  actor_ = sys.spawn([entry, secret](caf::event_based_actor* self) -> caf::behavior {
-    auto door = std::make_shared<Door>(self, entry, secret);
+                 HttpServer& server, bool internet_open) {
+  actor_ = sys.spawn([entry, secret, internet_open](caf::event_based_actor* self) -> caf::behavior {
+    auto door = std::make_shared<Door>(self, entry, secret, internet_open);
     return {[door](Call& c) { door->Handle(c); }};
   });
   HttpHandler handler = [this, &keys](HttpRequest req, std::shared_ptr<HttpResponder> raw) {
@@ -608,6 +616,7 @@ E2bDoor::E2bDoor(caf::actor_system& sys, entry_actor entry, const ApiKeys& keys,
   server.Route("GET", "/sandboxes/", handler, 0, true);
   server.Route("DELETE", "/sandboxes/", handler, 0, true);
   server.Route("POST", "/sandboxes/", handler, kMaxBody, true);
+  server.Route("PUT", "/sandboxes/", handler, kMaxBody, true);
   server.Route("GET", "/snapshots", handler);
   server.Route("DELETE", "/templates/", handler, 0, true);
   // envd's REST calls: no API key, the sandbox's access token instead.

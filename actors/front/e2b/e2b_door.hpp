@@ -28,8 +28,10 @@ class E2bDoor {
  public:
   // Adds the routes to `server` (before its Start); `server` and `keys`
   // outlive this. `secret` keys each sandbox's envd access token (an HMAC
-  // of its id: nothing stored).
-  E2bDoor(caf::actor_system& sys, entry_actor entry, const ApiKeys& keys, std::string secret, HttpServer& server);
+  // of its id: nothing stored). `internet_open`: what E2B's internet
+  // access is here (dsecd --network-open: mode open; else none).
+  E2bDoor(caf::actor_system& sys, entry_actor entry, const ApiKeys& keys, std::string secret, HttpServer& server,
+          bool internet_open);
   ~E2bDoor();  // Stop()
   E2bDoor(const E2bDoor&) = delete;
   E2bDoor& operator=(const E2bDoor&) = delete;

@@ -19,6 +19,7 @@
 #include "harness/daemon.hpp"
 #include "runtime/files.hpp"
 #include "tests/support/container_fixture.hpp"
+#include "tests/support/e2b_sdk.hpp"
 #include "tests/support/http_probe.hpp"
 
 namespace dsec::testing {
@@ -26,25 +27,11 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// The SDK version the door is checked against (docs/e2b.md).
-constexpr const char* kSdk = "e2b@2.45.0";
-constexpr const char* kCache = "/var/cache/dsec/npm/e2b-2.45.0";
-
 class E2bDoor : public ContainerTest {
  protected:
   static void SetUpTestSuite() {
     ContainerTest::SetUpTestSuite();
-    module_ = std::string(kCache) + "/node_modules/e2b/dist/index.js";
-    struct stat st;
-    if (::stat(module_.c_str(), &st) == 0) return;
-    if (::access("/usr/bin/node", X_OK) != 0 || ::access("/usr/bin/npm", X_OK) != 0) {
-      skip_ = "no node or npm on this host (Debian's nodejs and npm; scripts/dev installs them)";
-      return;
-    }
-    (void)MakeDirs(kCache, 0755);
-    auto r = RunProcess({"/usr/bin/npm", "install", "--prefix", kCache, "--no-audit", "--no-fund", kSdk}, {}, 300);
-    if (r.exit_code != 0 || ::stat(module_.c_str(), &st) != 0)
-      skip_ = std::string("npm could not install ") + kSdk + " (is the npm registry reachable?): " + r.err.substr(0, 400);
+    module_ = E2bSdkModule(&skip_);
   }
   void SetUp() override {
     ContainerTest::SetUp();
@@ -53,17 +40,8 @@ class E2bDoor : public ContainerTest {
 
   // Runs `script` (in this directory) with the SDK pointed at the door.
   ProcResult Node(const std::string& script, const std::vector<std::string>& env) {
-    auto key = ReadFileToString(daemon_->data_dir() + "/e2b.key");
-    EXPECT_TRUE(key.ok()) << "dsecd writes its first E2B key there";
-    std::vector<std::string> argv = {"/usr/bin/env", "E2B_MODULE=" + module_,
-                                     "E2B_API_URL=http://" + daemon_->e2b_addr(),
-                                     "E2B_SANDBOX_URL=http://" + daemon_->e2b_addr(),
-                                     "E2B_API_KEY=" + (key.ok() ? key->substr(0, key->find('\n')) : ""),
-                                     "E2B_DOMAIN=dsec.invalid"};
-    for (const auto& e : env) argv.push_back(e);
-    argv.push_back("/usr/bin/node");
-    argv.push_back(std::string(DSEC_SOURCE_DIR) + "/tests/integration/e2b/" + script);
-    return RunProcess(argv, {}, 180);
+    EXPECT_TRUE(::access((daemon_->data_dir() + "/e2b.key").c_str(), R_OK) == 0) << "dsecd writes its first E2B key there";
+    return RunE2bScript(*daemon_, module_, script, env);
   }
 
   static std::string module_, skip_;

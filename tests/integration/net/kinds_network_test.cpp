@@ -18,12 +18,15 @@
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "drivers/net/policy.hpp"
 #include "harness/daemon.hpp"
 #include "harness/rootfs.hpp"
 #include "tests/support/host_probes.hpp"
 #include "tests/support/kinds.hpp"
 #include "tests/support/dns_server.hpp"
+#include "tests/support/e2b_sdk.hpp"
 #include "tests/support/netns.hpp"
 
 namespace dsec::testing {
@@ -487,6 +490,36 @@ TEST_P(KindsNetwork, PipInstallsFromAnAllowedIndexAndFailsFastWithoutIt) {
   EXPECT_LT(s, start + 4.0) << refused.err;
   server->get()->Kill9();
   Sh("rm -rf " + dir);
+}
+
+// E2B's egress settings through the door and the unmodified SDK: "deny
+// all, allow these" (or allowInternetAccess false) is a dsec allow list;
+// updateNetwork replaces it; E2B's default internet is none on a node
+// without --network-open; what dsec cannot express is refused, naming it.
+TEST_P(KindsNetwork, TheE2bDoorsNetworkSettingsAreThePolicy) {
+  if (!IsContainer()) GTEST_SKIP() << "the E2B door's mapping: one kind is enough (the policy is the kinds' own)";
+  std::string skip, module = E2bSdkModule(&skip);
+  if (module.empty()) GTEST_SKIP() << skip;
+  std::string nsenter;
+  ASSERT_TRUE(Sh("command -v nsenter", &nsenter));
+  while (!nsenter.empty() && nsenter.back() == '\n') nsenter.pop_back();
+  auto r = RunE2bScript(*daemon_, module, "network.cjs", {std::string("TEMPLATE=") + kImage},
+                        {nsenter, "--net=/run/netns/" + kHost, "--"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  auto out = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_TRUE(out.is_object()) << r.out;
+  using J = nlohmann::json;
+  EXPECT_EQ(out["listed"], J({"ok", "ConnectionRefusedError"}));
+  EXPECT_EQ(out["closed"], J({"ConnectionRefusedError", "ok"}));
+  EXPECT_EQ(out["updated"], J({"ConnectionRefusedError", "ok"})) << "updateNetwork replaces the list";
+  EXPECT_NE(out["default"][0], "ok") << "no --network-open: E2B's default internet is none here";
+  EXPECT_NE(out["default"][1], "ok");
+  EXPECT_THAT(out["updateUnlinked"].get<std::string>(), HasSubstr("409: sandbox e"));
+  EXPECT_THAT(out["updateUnlinked"].get<std::string>(), HasSubstr("made without a network"));
+  EXPECT_THAT(out["denySome"].get<std::string>(), HasSubstr("network.denyOut '198.51.100.2'"));
+  EXPECT_THAT(out["transforms"].get<std::string>(), HasSubstr("network.rules"));
+  EXPECT_THAT(out["everything"].get<std::string>(), HasSubstr("--network-open"));
+  EXPECT_THAT(out["badEntry"].get<std::string>(), HasSubstr("198.51.100.0/33"));
 }
 
 TEST_P(KindsNetwork, ARestartedDsecdPutsAContainersRulesBack) {
