@@ -78,6 +78,25 @@ Family<Counter>& E2bRequests() {
   static auto* f = new Family<Counter>;
   return *f;
 }
+std::map<std::string, CallCounts> E2bCalls() {
+  std::map<std::string, CallCounts> out;
+  auto value = [](const std::string& labels, const std::string& key) {
+    size_t at = labels.find(key + "=\"");
+    if (at == std::string::npos) return std::string();
+    at += key.size() + 2;
+    return labels.substr(at, labels.find('"', at) - at);
+  };
+  E2bRequests().ForEach([&](const std::string& l, const Counter& c) {
+    auto& n = out[value(l, "call")];
+    uint64_t v = c.value.load();
+    std::string code = value(l, "code");
+    n.answered += v;
+    if (!code.empty() && code[0] == '4') n.client_errors += v;
+    if (!code.empty() && code[0] == '5') n.server_errors += v;
+  });
+  return out;
+}
+
 Family<Gauge>& Sandboxes() {
   static auto* f = new Family<Gauge>;
   return *f;
@@ -197,8 +216,7 @@ std::string Render() {
   Describe(&out, "dsec_grades_total", "counter", "Session grades logged, by how the grader ended.");
   Grades().ForEach([&](const std::string& l, const Counter& c) { Line(&out, "dsec_grades_total", l, c.value.load()); });
   Describe(&out, "dsec_e2b_requests_total", "counter",
-           "Requests the E2B door answered, by call (create, get, list, timeout, connect, pause, kill, other) and "
-           "HTTP status.");
+           "Requests the E2B door answered, by call (docs/running.md lists them) and HTTP status.");
   E2bRequests().ForEach(
       [&](const std::string& l, const Counter& c) { Line(&out, "dsec_e2b_requests_total", l, c.value.load()); });
   HostFigures h = ReadHostFigures();

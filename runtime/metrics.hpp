@@ -81,6 +81,12 @@ Family<Counter>& Flags();                   // dsec_flags_total{what}: flags log
 Family<Counter>& Grades();                  // dsec_grades_total{outcome}: "passed", "failed", "time_limit", ...
 Family<Counter>& E2bRequests();             // dsec_e2b_requests_total{call,code}: the E2B door's answers
 
+// E2bRequests() by call (the status page): answered, of which 4xx, 5xx.
+struct CallCounts {
+  uint64_t answered = 0, client_errors = 0, server_errors = 0;
+};
+std::map<std::string, CallCounts> E2bCalls();
+
 // A sandbox's place in Sandboxes() while it lives: Set moves it, the
 // destructor takes it out.
 class PhaseGauge {

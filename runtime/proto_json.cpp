@@ -1,6 +1,7 @@
 #include "runtime/proto_json.hpp"
 
 #include "dsec/status_proto.hpp"
+#include "runtime/metrics.hpp"
 
 #include <google/protobuf/descriptor.h>
 
@@ -81,5 +82,15 @@ json ProtoJson(const Message& m) {
 }
 
 std::string DumpJson(const json& j, int indent) { return j.dump(indent, ' ', false, json::error_handler_t::replace); }
+
+nlohmann::json E2bCallsJson() {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& [call, n] : metrics::E2bCalls())
+    out.push_back({{"call", call},
+                   {"answered", n.answered},
+                   {"client_errors", n.client_errors},
+                   {"server_errors", n.server_errors}});
+  return out;
+}
 
 }  // namespace dsec

@@ -21,6 +21,10 @@ nlohmann::json ProtoJson(const google::protobuf::Message& m);
 // all of them (VERDICT_TIME_LIMIT of Verdict -> "time_limit"), lower case.
 std::string EnumJsonName(const google::protobuf::EnumValueDescriptor* v);
 
+// This process's E2B door's answers by call, for the console's overview
+// (the status page): [{call, answered, client_errors, server_errors}].
+nlohmann::json E2bCallsJson();
+
 // json::dump with invalid UTF-8 replaced (U+FFFD), never thrown on.
 std::string DumpJson(const nlohmann::json& j, int indent = -1);
 

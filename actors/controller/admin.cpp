@@ -199,7 +199,7 @@ caf::result<std::string> Overview(Self self) {
       nodes.push_back(std::move(node));
     }
     rp.deliver(Dump(json{{"ok", true}, {"role", "controller"}, {"now_ms", WallClockMs()}, {"sessions", sessions},
-                         {"nodes", nodes}}));
+                         {"nodes", nodes}, {"e2b_calls", E2bCallsJson()}}));
   });
   return rp;
 }
@@ -229,6 +229,10 @@ caf::result<std::string> Admin(Self self, const std::string& cmd, const std::vec
   if (cmd == "sessions") return Merged(self, "sessions", args, {"sessions"});
   if (cmd == "metrics") return Metrics(self);
   if (cmd == "overview") return Overview(self);
+  if (cmd == "e2b-key") {  // a write or two of its store: rare, and small
+    if (!st.ctx->e2b_keys) return Error("this controller serves no E2B door (--e2b off)");
+    return st.ctx->e2b_keys(args);
+  }
   if (cmd == "stats") {
     auto cs = st.ctx->committer->stats();
     return Dump(json{{"ok", true}, {"placed", st.placed}, {"store_writes", cs.writes}, {"store_batches", cs.batches}});
@@ -253,7 +257,7 @@ caf::result<std::string> Admin(Self self, const std::string& cmd, const std::vec
     return rp;
   }
   return Error("unknown command '" + cmd + "' (a controller answers status, nodes, ls, sessions, inspect, kill, "
-               "drain, undrain, stats)");
+               "drain, undrain, stats, e2b-key)");
 }
 
 }  // namespace dsec::controller_detail

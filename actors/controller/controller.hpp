@@ -63,6 +63,9 @@ struct ControllerContext {
   // with dsec-image --addr CONTROLLER, which nodes fetch when a sandbox on
   // one is placed on them. Only store, log and options.image_root are used.
   std::shared_ptr<NodeContext> image_ctx;
+  // The console's `e2b-key` (the controller's E2B door's keys; a reply
+  // line); empty when it serves no E2B door.
+  std::function<std::string(const std::vector<std::string>&)> e2b_keys;
 };
 
 // Spawns the controller; it loads its nodes (all down until they rejoin)

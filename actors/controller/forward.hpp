@@ -3,6 +3,8 @@
 // cannot; and what a reply gets on the way back (the node's address).
 #pragma once
 
+#include <type_traits>
+
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -64,6 +66,14 @@ void Forward(Self self, const std::string& node, const std::string& what, Reques
 template <class Reply>
 void Decorate(Self, const std::string&, Reply*) {}
 
+// Calls whose answer comes in pieces to their sender before the reply (a
+// streamed exec's output, a watch's events): delegated to the node, so the
+// pieces reach the caller (the E2B door's streams through a controller).
+template <class R>
+constexpr bool kMayStream = std::is_same_v<R, v1::ExecRequest> || std::is_same_v<R, v1::WatchRequest>;
+inline bool Streams(const v1::ExecRequest& r) { return r.stream(); }
+inline bool Streams(const v1::WatchRequest&) { return true; }
+
 // A call naming a sandbox or session (`what` and `key`, found in `dir`):
 // to the node that holds it.
 template <class Reply, class Request>
@@ -76,8 +86,16 @@ caf::result<Reply> ToHolder(Self self, const std::unordered_map<std::string, std
   if (it == dir.end())
     return ErrorReply<Reply>(Status::NotFound("no " + what + " '" + key + "' in this cluster (dsecctl " +
                                               (what == "session" ? "sessions" : "ls") + " lists them)"));
-  auto rp = self->template make_response_promise<Reply>();
   std::string node = it->second;
+  if constexpr (kMayStream<Request>) {
+    if (Streams(req)) {  // a node that goes down meanwhile: the caller's own timeout ends it
+      auto n = self->state.nodes.find(node);
+      if (n == self->state.nodes.end() || !n->second.up())
+        return ErrorReply<Reply>(NodeGone(self, node, what + " " + key));
+      return self->delegate(caf::actor_cast<entry_actor>(n->second.entry), std::move(req));
+    }
+  }
+  auto rp = self->template make_response_promise<Reply>();
   Forward<Reply>(self, node, what + " " + key, std::move(req), timeout, [self, rp, node](Reply r) mutable {
     Decorate(self, node, &r);
     rp.deliver(std::move(r));

@@ -32,6 +32,7 @@ const std::string& StatusPageHtml() {
   .phase-failed, .state-down { background: #fee2e2; } .state-draining { background: #fef9c3; } .phase-starting, .phase-pending { background: #e0e7ff; }
   #error { display: none; background: #fee2e2; border: 1px solid #fca5a5; padding: 8px 12px; border-radius: 6px; margin-bottom: 16px; }
   .muted { color: #5b6475; }
+  td.warn { color: #8a5a00; } td.bad { color: #b00020; font-weight: 600; }
 </style>
 </head>
 <body>
@@ -45,6 +46,10 @@ const std::string& StatusPageHtml() {
   <section><h2>Sandboxes <span class="muted" id="sbcount"></span></h2>
     <table><thead><tr><th>id</th><th>kind</th><th>image</th><th>phase</th><th>node</th><th>age</th><th>session</th></tr></thead>
       <tbody id="sandboxes"></tbody></table>
+  </section>
+  <section><h2>E2B calls <span class="muted">(this dsecd's door, since it started)</span></h2>
+    <table><thead><tr><th>call</th><th>answered</th><th>4xx</th><th>5xx</th></tr></thead>
+      <tbody id="e2b"></tbody></table>
   </section>
 </main>
 <script>
@@ -96,6 +101,18 @@ function draw(s) {
       cell(r, n.node); cell(r, age(s.now_ms - sb.created_ms)); cell(r, sb.session || "");
       sbs.appendChild(r); listed++;
     }
+  }
+  const e2b = document.getElementById("e2b");
+  e2b.replaceChildren();
+  for (const c of s.e2b_calls || []) {
+    const tr = document.createElement("tr"); tr.dataset.e2bCall = c.call;
+    cell(tr, c.call); cell(tr, String(c.answered));
+    cell(tr, String(c.client_errors), c.client_errors ? "warn" : ""); cell(tr, String(c.server_errors), c.server_errors ? "bad" : "");
+    e2b.appendChild(tr);
+  }
+  if (!e2b.children.length) {
+    const tr = document.createElement("tr"); cell(tr, "none yet (or the door is off: dsecd --e2b)", "muted").colSpan = 4;
+    e2b.appendChild(tr);
   }
   document.getElementById("summary").textContent =
       (s.nodes || []).length + " node(s), " + live + " sandbox(es) live, " + (s.sessions || 0) + " session(s) open, " +

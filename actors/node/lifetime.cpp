@@ -10,7 +10,10 @@ SandboxEnd NextEnd(const v1::SandboxRecord& r, bool busy) {
   if (r.phase() == v1::SANDBOX_PHASE_PENDING || r.phase() == v1::SANDBOX_PHASE_STARTING ||
       r.phase() == v1::SANDBOX_PHASE_STOPPING || r.phase() == v1::SANDBOX_PHASE_STOPPED)
     return e;
-  consider(r.ttl_deadline_ms(), "ttl", "destroy");
+  // A ttl that pauses (on_ttl) does nothing to a paused sandbox.
+  bool ttl_pauses = r.spec().on_ttl() == v1::IDLE_ACTION_PAUSE;
+  if (!(ttl_pauses && r.phase() == v1::SANDBOX_PHASE_PAUSED))
+    consider(r.ttl_deadline_ms(), "ttl", ttl_pauses ? "pause" : "destroy");
   if (!r.owner().empty() && r.owner_gone_ms() > 0 && r.lease_s() > 0)
     consider(r.owner_gone_ms() + int64_t{r.lease_s()} * 1000, "owner gone", "destroy");
   // Idle: running, with nothing in flight (a paused sandbox is paused, not idle).

@@ -315,7 +315,7 @@ caf::result<std::string> Overview(NodeSelf self) {
     node["sandbox_list"] = std::move(list);
     if (!scanned.ok()) node["sandbox_list_error"] = scanned.message();  // the page says why the list is short
     return Dump(json{{"ok", true}, {"role", "all"}, {"now_ms", WallClockMs()}, {"sessions", sessions},
-                     {"nodes", json::array({std::move(node)})}});
+                     {"nodes", json::array({std::move(node)})}, {"e2b_calls", E2bCallsJson()}});
   });
 }
 

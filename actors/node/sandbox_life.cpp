@@ -164,8 +164,18 @@ void DoPause(Self self, bool paused, std::string why, bool memory, std::function
       st.rec.set_phase(want);
       st.rec.set_pause_reason(paused_reason(want, why));
       st.rec.set_paused_memory(want == v1::SANDBOX_PHASE_PAUSED && (memory || st.rec.paused_memory()));
-      // A resumed sandbox starts a new idle period.
-      if (want == v1::SANDBOX_PHASE_RUNNING) st.rec.set_last_active_ms(WallClockMs());
+      // A resumed sandbox starts a new idle period; one whose ttl pauses
+      // it (on_ttl) and ran out, a new ttl. Paused by it, it has none.
+      const int64_t now = WallClockMs();
+      const bool ttl_pauses = st.rec.spec().on_ttl() == v1::IDLE_ACTION_PAUSE;
+      const bool ttl_over = st.rec.ttl_deadline_ms() > 0 && st.rec.ttl_deadline_ms() <= now;
+      if (want == v1::SANDBOX_PHASE_RUNNING) {
+        st.rec.set_last_active_ms(now);
+        if (ttl_pauses && (st.rec.ttl_deadline_ms() == 0 || ttl_over) && st.rec.spec().ttl_s() > 0)
+          st.rec.set_ttl_deadline_ms(now + int64_t{st.rec.spec().ttl_s()} * 1000);
+      } else if (ttl_pauses && ttl_over) {
+        st.rec.set_ttl_deadline_ms(0);
+      }
       Checkpoint(self, [self, done](const Status& w) mutable {
         done(w.Annotate("sandbox " + self->state.rec.id() + ": checkpoint"));
         ArmExpiry(self);
@@ -305,6 +315,26 @@ void Expire(Self self) {
   bool pause = std::string(e.action) == "pause";
   st.ctx->log->info("sandbox {}: {}; {}", st.rec.id(), why, pause ? "pausing it" : "destroying it");
   if (!st.driver) return;  // its kind is not here: nothing to stop (the record stays for a later start)
+  if (pause && std::string(e.because) == "ttl") {
+    // Paused with memory where the kind can (it may stay paused long),
+    // else frozen; when neither works, it runs on and is tried again in a
+    // minute (never destroyed for it).
+    bool memory = drivers::Require(*st.driver, drivers::Capability::kPauseMemory).ok();
+    auto again = [self](const Status& s) {
+      if (s.ok() || self->state.destroying) return;
+      auto& st = self->state;
+      st.ctx->log->warn("sandbox {}: pause at its ttl's end: {}; trying again in a minute", st.rec.id(), s.message());
+      st.rec.set_ttl_deadline_ms(WallClockMs() + 60'000);
+      ArmExpiry(self);
+    };
+    DoPause(self, true, "paused: " + why, memory, [self, why, memory, again](const Status& s) {
+      if (s.ok() || !memory || self->state.destroying) return again(s);
+      self->state.ctx->log->warn("sandbox {}: pause with memory at its ttl's end: {}; frozen instead",
+                                 self->state.rec.id(), s.message());
+      DoPause(self, true, "paused: " + why, false, again);
+    });
+    return;
+  }
   if (pause) {
     DoPause(self, true, "paused: " + why, false, [self](const Status& s) {
       if (s.ok()) return;

@@ -125,6 +125,10 @@ void AddLifetimeFlags(CLI::App* c, LifetimeFlags* l) {
                 "after this long without exec or file call, --on-idle (default: the node's; 0: never)");
   c->add_option("--on-idle", l->on_idle, "pause | destroy (default: the node's)")
       ->check(CLI::IsMember({"pause", "destroy"}));
+  c->add_option("--on-ttl", l->on_ttl,
+                "what the end of its ttl does: destroy (the default) | pause (with memory where the kind can; its "
+                "ttl starts again when it is resumed: E2B's autoPause)")
+      ->check(CLI::IsMember({"pause", "destroy"}));
   c->add_flag("--resume-on-call", l->resume_on_call,
               "a call (exec, file) while it is paused resumes it first instead of being refused");
 }
@@ -142,6 +146,8 @@ std::string ApplyLifetime(const LifetimeFlags& l, dsec::v1::SandboxSpec* spec) {
   }
   if (l.on_idle == "pause") spec->set_on_idle(dsec::v1::IDLE_ACTION_PAUSE);
   if (l.on_idle == "destroy") spec->set_on_idle(dsec::v1::IDLE_ACTION_DESTROY);
+  if (l.on_ttl == "pause") spec->set_on_ttl(dsec::v1::IDLE_ACTION_PAUSE);
+  if (l.on_ttl == "destroy") spec->set_on_ttl(dsec::v1::IDLE_ACTION_DESTROY);
   if (l.resume_on_call) spec->set_resume_on_call(true);
   return {};
 }

@@ -57,7 +57,7 @@ struct LimitFlags {
 };
 
 struct LifetimeFlags {
-  std::string ttl, idle_timeout, on_idle;
+  std::string ttl, idle_timeout, on_idle, on_ttl;
   bool resume_on_call = false;
 };
 

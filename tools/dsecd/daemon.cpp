@@ -199,6 +199,7 @@ class Daemon {
     cctx->image_ctx->log = cctx->log;
     cctx->image_ctx->options.image_root = data_ + "/images";
     cctx->image_ctx->options.node_id = node_id_;
+    controller_ctx_ = cctx;  // its console's e2b-key, once the door has keys (ListenE2b)
     controller_ = SpawnController(*sys_, cctx);
     ListenSdk(caf::actor_cast<entry_actor>(controller_));
     ListenOperators(caf::actor_cast<admin_actor>(controller_));
@@ -493,9 +494,9 @@ class Daemon {
       return;
     }
     if (!said->empty()) log_->info("{}", *said);
-    if (node_ctx_) node_ctx_->e2b_keys = [keys = e2b_keys_](const std::vector<std::string>& args) {
-      return keys->Admin(args);
-    };
+    auto admin = [keys = e2b_keys_](const std::vector<std::string>& args) { return keys->Admin(args); };
+    if (node_ctx_) node_ctx_->e2b_keys = admin;
+    if (controller_ctx_) controller_ctx_->e2b_keys = admin;
     HttpServerOptions e2b_opts;
     e2b_opts.max_connections = f_.e2b_max_connections;
     e2b_http_ = std::make_unique<HttpServer>(e2b_opts, DriverLog("e2b"));
@@ -629,6 +630,7 @@ class Daemon {
   std::unique_ptr<images::ImageStore> image_store_;
   std::unique_ptr<net::NodeNetwork> network_;  // the kinds' (stopped before it goes)
   std::shared_ptr<NodeContext> node_ctx_;
+  std::shared_ptr<ControllerContext> controller_ctx_;  // role controller
   bool kinds_started_ = false;
   std::shared_ptr<Sink<node_actor>> lost_sink_ = std::make_shared<Sink<node_actor>>();
   std::shared_ptr<Sink<SdkDoor*>> token_sink_ = std::make_shared<Sink<SdkDoor*>>();

@@ -125,7 +125,15 @@ json Info(const v1::SandboxRecord& r) {
               {"memoryMB", r.spec().limits().memory_bytes() >> 20},
               {"diskSizeMB", r.spec().limits().disk_bytes() >> 20},
               {"envdVersion", kEnvdVersion},
-              {"metadata", metadata}};
+              {"metadata", metadata},
+              {"lifecycle", {{"onTimeout", r.spec().on_ttl() == v1::IDLE_ACTION_PAUSE ? "pause" : "kill"},
+                             {"autoResume", r.spec().resume_on_call()}}}};
+  // Its network as E2B says it: the internet, or what it may reach.
+  const auto& net = r.spec().network();
+  out["allowInternetAccess"] = net.mode() == v1::NETWORK_MODE_OPEN;
+  if (net.mode() != v1::NETWORK_MODE_OPEN)
+    out["network"] = {{"allowOut", json(std::vector<std::string>(net.allow().begin(), net.allow().end()))},
+                      {"denyOut", json::array({"0.0.0.0/0"})}};
   return out;
 }
 
@@ -338,8 +346,12 @@ class Door {
     auto policy = E2bNetwork(allow == body.end() ? nullptr : &*allow, net == body.end() ? json() : *net, internet_open_);
     if (!policy.ok()) return Error(c.reply, 400, policy.status().message());
     *spec->mutable_network() = std::move(*policy);
-    if (body.value("autoPause", false))
-      return Error(c.reply, 400, "autoPause (a pause at the timeout) is not served by this dsec yet: docs/e2b.md");
+    // lifecycle.onTimeout 'pause': paused (with memory) at its timeout's
+    // end instead of killed; autoResume: a call to it while paused resumes it.
+    if (auto ap = body.find("autoPause"); ap != body.end() && ap->is_boolean() && ap->get<bool>())
+      spec->set_on_ttl(v1::IDLE_ACTION_PAUSE);
+    if (auto ar = body.find("autoResume"); ar != body.end() && ar->is_object() && ar->value("enabled", false) == true)
+      spec->set_resume_on_call(true);
     // The kind: the metadata key dsec.kind, else a container (else, from
     // a snapshot, its sandbox's).
     std::string kind = spec->labels().count("dsec.kind") ? spec->labels().at("dsec.kind") : "";

@@ -161,6 +161,7 @@ class SandboxSpec(Record):
     task: TaskGuard
     snapshot: str  # start from this snapshot (its image and kind come with it)
     resume_on_call: bool  # a call while it is paused resumes it (off: a pause is often to free memory)
+    on_ttl: str  # what the end of its ttl does: "destroy" (unspecified) or "pause" (E2B's autoPause)
 
 
 class NetworkRefusal(Record):

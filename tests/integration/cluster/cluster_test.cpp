@@ -32,6 +32,7 @@
 #include "sdk/src/client_agent.hpp"
 #include "wire/wire.hpp"
 #include "runtime/files.hpp"
+#include "tests/support/e2b_sdk.hpp"
 #include "tests/support/chromium.hpp"
 #include "tests/support/cluster_probes.hpp"
 #include "tests/support/container_fixture.hpp"
@@ -734,6 +735,49 @@ TEST_F(Cluster, AKilledControllerComesBackWithEverySandboxReachable) {
     made[i].DestroyAsync([d](Status s) { d(s.ok() ? Result<bool>(true) : Result<bool>(s)); });
   });
   for (auto& g : gone) EXPECT_TRUE(g.ok()) << g.status().ToString();
+}
+
+// E2B's SDK against the controller's door: the sandboxes it makes land on
+// the nodes, and each call (commands, files, fork, list, kill) is routed to
+// the sandbox's node; a fork lands on its source's node.
+TEST_F(Cluster, TheControllersE2bDoorRoutesEachSandboxsCallsToItsNode) {
+  std::string skip, module = E2bSdkModule(&skip);
+  if (module.empty()) GTEST_SKIP() << skip;
+  std::string run = RandomHex(8);
+  auto r = RunE2bScript(*controller_, module, "cluster.cjs",
+                        {"RUN_ID=" + run, std::string("TEMPLATE=") + ContainerTest::kImage});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  auto out = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_TRUE(out.is_object()) << r.out;
+  ASSERT_EQ(out["ids"].size(), 6u) << r.out;
+  std::set<std::string> used;
+  for (size_t i = 0; i < 6; ++i) {
+    EXPECT_EQ(out["echoed"][i], out["ids"][i]) << "its own file, through its node";
+    std::string node = out["nodes"][i];
+    EXPECT_GE(IndexOf(node), 0) << "sandbox " << out["ids"][i] << " is on '" << node << "', not a node";
+    used.insert(node);
+  }
+  EXPECT_GE(used.size(), 2u) << "six sandboxes over three nodes";
+  EXPECT_EQ(out["forkRead"], out["ids"][0]) << "the fork has its source's files";
+  EXPECT_EQ(out["forkNode"], out["nodes"][0]) << "a fork lands on its source's node";
+  EXPECT_EQ(out["listed"], 7) << "listed through the controller, every node's";
+  EXPECT_EQ(out["killed"], 7);
+  for (const auto& row : controller_->Admin("ls").value("sandboxes", nlohmann::json::array()))
+    for (const auto& id : out["ids"]) EXPECT_NE(row.value("id", ""), id.get<std::string>());
+  // The controller's console issues and revokes its door's keys.
+  auto ctl = [&](const std::string& verb) {
+    return RunProcess({BinDir() + "/dsecctl", "--data-dir", controller_->data_dir(), "e2b-key", verb, "ops", "--raw"});
+  };
+  auto issued = ctl("issue");
+  ASSERT_EQ(issued.exit_code, 0) << issued.out << issued.err;
+  std::string key = nlohmann::json::parse(issued.out, nullptr, false).value("key", "");
+  auto listing = [&] {
+    return HttpExchange(HttpPort(controller_->e2b_addr()),
+                        "GET /v2/sandboxes HTTP/1.1\r\nHost: d\r\nX-API-Key: " + key + "\r\n\r\n").code;
+  };
+  EXPECT_EQ(listing(), 200);
+  EXPECT_EQ(ctl("revoke").exit_code, 0);
+  EXPECT_EQ(listing(), 401);
 }
 
 TEST_F(Cluster, ANodeWithTheWrongSecretIsRefusedAndLogged) {

@@ -28,6 +28,17 @@ main(async () => {
   out.killed = await Sandbox.kill(sbx.sandboxId);
   out.killedAgain = await Sandbox.kill(sbx.sandboxId);
   out.afterKill = await failure(() => Sandbox.getInfo(sbx.sandboxId));
+  // lifecycle: paused at its timeout's end, a call resumes it (autoResume).
+  const ap = await Sandbox.create(process.env.TEMPLATE, { timeoutMs: 1000, lifecycle: { onTimeout: 'pause', autoResume: true } });
+  await ap.files.write('/tmp/kept', 'kept');
+  for (let i = 0; i < 300 && (await ap.getInfo()).state !== 'paused'; i++) await new Promise((r) => setTimeout(r, 100));
+  out.autoPaused = (await ap.getInfo()).state;
+  out.lifecycle = (await ap.getInfo()).lifecycle;
+  out.network = [(await ap.getInfo()).allowInternetAccess, (await ap.getInfo()).network];
+  out.autoResumed = (await ap.commands.run('cat /tmp/kept')).stdout;
+  out.connectedAfter = (await Sandbox.connect(ap.sandboxId, { timeoutMs: 60000 })).sandboxId === ap.sandboxId;
+  out.runningAfter = (await ap.getInfo()).state;
+  await ap.kill();
   out.badKey = await failure(() => Sandbox.create(process.env.TEMPLATE, { apiKey: 'e2b_' + '0'.repeat(40) }));
   out.badTemplate = await failure(() => Sandbox.create('no-such-image'));
   out.badKind = await failure(() => Sandbox.create(process.env.TEMPLATE, { metadata: { 'dsec.kind': 'zeppelin' } }));

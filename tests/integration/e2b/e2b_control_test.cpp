@@ -90,6 +90,13 @@ TEST_F(E2bDoor, TheUnmodifiedSdkCreatesListsExtendsAndKillsSandboxes) {
   EXPECT_EQ(out["killed"], true);
   EXPECT_EQ(out["killedAgain"], false) << "a second kill is E2B's 404: false";
   EXPECT_THAT(out["afterKill"].get<std::string>(), HasSubstr("NotFound"));
+  EXPECT_EQ(out["autoPaused"], "paused") << "onTimeout 'pause': paused at its timeout's end, not killed";
+  EXPECT_EQ(out["lifecycle"], nlohmann::json({{"onTimeout", "pause"}, {"autoResume", true}}));
+  EXPECT_EQ(out["network"], nlohmann::json::parse(R"([false, {"allowOut": [], "denyOut": ["0.0.0.0/0"]}])"))
+      << "no internet on this node: none, said as E2B says it";
+  EXPECT_EQ(out["autoResumed"], "kept") << "autoResume: a command resumes it, its files kept";
+  EXPECT_EQ(out["connectedAfter"], true);
+  EXPECT_EQ(out["runningAfter"], "running") << "connect gave it 60 s more";
   EXPECT_THAT(out["badKey"].get<std::string>(), HasSubstr("AuthenticationError"));
   EXPECT_THAT(out["badTemplate"].get<std::string>(), HasSubstr("no-such-image"));
   EXPECT_THAT(out["badKind"].get<std::string>(), HasSubstr("zeppelin"));

@@ -364,6 +364,33 @@ TEST_F(SandboxActor, ATtlThatRunsOutEndsItAndACallSaysWhy) {
   EXPECT_TRUE(node_.world()->Ids().empty());
 }
 
+// on_ttl pause (E2B's autoPause): the ttl's end pauses it, its files kept;
+// paused, it has no end; a resume starts its ttl again.
+TEST_F(SandboxActor, ATtlThatPausesPausesItAndAResumeStartsItAgain) {
+  v1::SandboxSpec spec = ActorNode::Fake();
+  spec.set_ttl_s(1);
+  spec.set_on_ttl(v1::IDLE_ACTION_PAUSE);
+  std::string id = Make(spec);
+  ASSERT_EQ(node_.Exec(id, "echo kept > /work/f")->verdict(), v1::VERDICT_OK);
+  ASSERT_TRUE(node_.WaitFor([&] { return node_.Get(id)->phase() == v1::SANDBOX_PHASE_PAUSED; },
+                            std::chrono::seconds(5)));
+  auto paused = node_.Get(id);
+  EXPECT_THAT(paused->pause_reason(), HasSubstr("its ttl of 1 s ran out"));
+  EXPECT_EQ(paused->ttl_deadline_ms(), 0) << "paused by its ttl, it has none";
+  EXPECT_EQ(paused->expires_ms(), 0) << "nothing ends it while paused";
+  EXPECT_EQ(Row(id)->record().phase(), v1::SANDBOX_PHASE_PAUSED) << "checkpointed";
+  v1::ResumeRequest r;
+  r.set_sandbox_id(id);
+  int64_t before = WallClockMs();
+  ASSERT_TRUE(node_.Call(r).ok());
+  auto resumed = node_.Get(id);
+  EXPECT_GE(resumed->ttl_deadline_ms(), before + 1000) << "a resume starts its ttl again";
+  EXPECT_EQ(node_.Exec(id, "cat /work/f")->stdout(), "kept\n");
+  ASSERT_TRUE(node_.WaitFor([&] { return node_.Get(id)->phase() == v1::SANDBOX_PHASE_PAUSED; },
+                            std::chrono::seconds(5)))
+      << "and its end pauses it again";
+}
+
 TEST_F(SandboxActor, AnIdleSandboxIsPausedAndTheRecordSaysWhy) {
   v1::SandboxSpec spec = ActorNode::Fake();
   spec.set_idle_timeout_s(1);
