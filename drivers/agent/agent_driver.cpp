@@ -44,6 +44,7 @@ v1::FileInfo ToInfo(const agent::FileInfo& a) {
   f.set_gid(a.gid());
   f.set_owner(a.owner());
   f.set_group(a.group());
+  f.mutable_xattrs()->insert(a.xattrs().begin(), a.xattrs().end());
   return f;
 }
 
@@ -215,6 +216,8 @@ void AgentDriver::WriteFile(const v1::SandboxRecord& sb, const v1::WriteFileRequ
   w.set_mode(req.mode() ? req.mode() : 0644);
   w.set_mkdirs(req.make_parents());
   w.set_user(req.user());
+  w.mutable_xattrs()->insert(req.xattrs().begin(), req.xattrs().end());
+  w.set_xattrs_replace(req.xattrs_replace());
   (*box)->agent->WriteFile(w, [done](const Status& st) {
     if (!st.ok()) return done(st);
     done(v1::FileReply());

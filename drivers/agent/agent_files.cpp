@@ -15,6 +15,7 @@
 #include <linux/openat2.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -36,6 +37,65 @@ const char* TypeName(mode_t m) {
 
 // errno for "this is not a regular file": EISDIR for directories, else EINVAL.
 int NotRegularErrno(mode_t m) { return S_ISDIR(m) ? EISDIR : EINVAL; }
+
+// User extended attributes (WriteFile.xattrs, FileInfo.xattrs): how many,
+// how long a name and a value may be.
+constexpr int kMaxXattrs = 64;
+constexpr size_t kMaxXattrName = 200, kMaxXattrValue = 4096;
+
+// What is wrong with a write's xattrs, or "".
+std::string BadXattrs(const WriteFile& req) {
+  if (req.xattrs_size() > kMaxXattrs) return "more than " + std::to_string(kMaxXattrs) + " extended attributes";
+  for (const auto& [k, v] : req.xattrs()) {
+    if (k.empty() || k.size() > kMaxXattrName || k.find('\0') != std::string::npos)
+      return "extended attribute name '" + k.substr(0, 64) + "': 1 to " + std::to_string(kMaxXattrName) +
+             " bytes, no NUL";
+    if (v.size() > kMaxXattrValue)
+      return "extended attribute '" + k.substr(0, 64) + "': its value is over " + std::to_string(kMaxXattrValue) +
+             " bytes";
+  }
+  return "";
+}
+
+// Sets a written file's xattrs as user.<name>, first removing its
+// user.<replace>* ones the write does not name. An errno, or 0.
+int SetXattrs(int fd, const WriteFile& req, std::string* why) {
+  if (!req.xattrs_replace().empty()) {
+    char names[16384];
+    ssize_t n = ::flistxattr(fd, names, sizeof names);
+    const std::string prefix = "user." + req.xattrs_replace();
+    for (ssize_t i = 0; i < n; i += static_cast<ssize_t>(std::strlen(names + i)) + 1) {
+      const char* k = names + i;
+      if (std::strncmp(k, prefix.c_str(), prefix.size()) == 0 && !req.xattrs().count(k + 5)) (void)::fremovexattr(fd, k);
+    }
+  }
+  for (const auto& [k, v] : req.xattrs()) {
+    if (::fsetxattr(fd, ("user." + k).c_str(), v.data(), v.size(), 0) == 0) continue;
+    int err = errno;
+    *why = "set extended attribute user." + k.substr(0, 64) + ": " +
+           (err == EOPNOTSUPP ? std::string("this filesystem keeps no user extended attributes") : std::strerror(err));
+    return err;
+  }
+  return 0;
+}
+
+// An entry's user.* extended attributes (names without "user."), by its
+// directory and name, a last symlink not followed; at most kMaxXattrs.
+void ReadXattrs(int dirfd, const char* name, FileInfo* fi) {
+  std::string at = "/proc/self/fd/" + std::to_string(dirfd) + "/" + name;
+  char names[16384];
+  ssize_t n = ::llistxattr(at.c_str(), names, sizeof names);
+  int shown = 0;
+  for (ssize_t i = 0; i < n && shown < kMaxXattrs; i += static_cast<ssize_t>(std::strlen(names + i)) + 1) {
+    const char* k = names + i;
+    if (std::strncmp(k, "user.", 5) != 0) continue;
+    char value[kMaxXattrValue];
+    ssize_t m = ::lgetxattr(at.c_str(), k, value, sizeof value);
+    if (m < 0) continue;  // gone meanwhile, or longer than we show
+    (*fi->mutable_xattrs())[k + 5] = std::string(value, static_cast<size_t>(m));
+    ++shown;
+  }
+}
 
 void FillInfo(FileInfo* fi, const std::string& name, const struct stat& st, const std::string& link,
               const IdNames& names) {
@@ -180,6 +240,7 @@ void Agent::OnWriteFile(Conn& c, uint64_t id, const WriteFile& req) {
   const std::string& path = req.path();
   auto fail = [&](int err, const std::string& why) { SendError(c, id, err, "write_file " + path + ": " + why); };
   if (path.empty() || path.find('\0') != std::string::npos) return fail(EINVAL, "empty path or NUL byte in it");
+  if (std::string bad = BadXattrs(req); !bad.empty()) return fail(EINVAL, bad);
   UserEntry owner;
   std::string why;
   if (!req.user().empty() && !LookupUser(req.user(), &owner, &why)) return fail(ENOENT, why);
@@ -210,6 +271,7 @@ void Agent::OnWriteFile(Conn& c, uint64_t id, const WriteFile& req) {
     return fail(errno, std::string("truncate: ") + std::strerror(errno));
   if (int err = WriteFull(fd.get(), req.data().data(), req.data().size()))
     return fail(err, std::string("write: ") + std::strerror(err));
+  if (int err = SetXattrs(fd.get(), req, &why)) return fail(err, why);
   if (::close(fd.Release()) < 0) return fail(errno, std::string("close: ") + std::strerror(errno));
   Event ev;
   ev.set_id(id);
@@ -235,6 +297,7 @@ void Agent::SendStat(Conn& c, uint64_t id, const std::string& what, const std::s
     return SendError(c, id, errno, what + " " + path + ": " + MagicLinkWhy(errno));
   Event ev;
   ev.set_id(id);
+  if (!S_ISLNK(st.st_mode)) ReadXattrs(dir.get(), base.c_str(), ev.mutable_stat());
   FillInfo(ev.mutable_stat(), Basename(path), st, S_ISLNK(st.st_mode) ? ReadLinkAt(dir.get(), base.c_str()) : "",
            IdNames());
   Send(c, ev);
@@ -304,6 +367,7 @@ void Agent::OnListDir(Conn& c, uint64_t id, const ListDir& req) {
     if (::fstatat(fd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0) continue;  // gone meanwhile
     FileInfo* fi = list->add_entries();
     FillInfo(fi, e->d_name, st, S_ISLNK(st.st_mode) ? ReadLinkAt(fd, e->d_name) : "", names);
+    if (!S_ISLNK(st.st_mode)) ReadXattrs(fd, e->d_name, fi);
     bytes += fi->ByteSizeLong() + 8;
     if (bytes > kMaxReadBytes) {
       ::closedir(d);

@@ -96,6 +96,13 @@ Result<std::string> Gunzip(const std::string& in, size_t max);
 // one with each call), "" for root.
 void ServeEnvdRpc(caf::event_based_actor* self, const entry_actor& entry, Call& c, const std::string& sandbox);
 
+// envd's polled watchers (envd_watchers.cpp): filesystem.CreateWatcher
+// (`path` resolved already), GetWatcherEvents, RemoveWatcher of
+// `sandbox`, answered through `answer`. False: `method` is none of them.
+bool ServeWatchers(caf::event_based_actor* self, const entry_actor& entry, const std::string& sandbox,
+                   const std::string& method, const nlohmann::json& msg, const std::string& path,
+                   std::function<void(Result<nlohmann::json>)> answer);
+
 // Snapshots and forks (e2b_snapshots.cpp; docs/e2b.md): POST
 // /sandboxes/{id}/fork and /sandboxes/{id}/snapshots, GET /snapshots,
 // DELETE /templates/{name}. False: `c` is none of them.

@@ -532,6 +532,11 @@ class Door {
     for (const auto& f : files)  // all checked before any is written
       if (!q.count("path") && f.first.empty())
         return Error(reply, 400, "each file needs a path (the query's path or its part's filename)");
+    // envd 0.6.2: X-Metadata-<key> headers are every file's metadata, kept
+    // as its user.e2b.<key> extended attributes (a rewrite drops others).
+    json metadata = json::object();
+    for (const auto& [name, value] : c.req.headers)
+      if (name.rfind("x-metadata-", 0) == 0 && name.size() > 11) metadata[name.substr(11)] = value;
     auto written = std::make_shared<json>(json::array());
     auto left = std::make_shared<size_t>(files.size());
     auto failed = std::make_shared<bool>(false);
@@ -543,8 +548,11 @@ class Door {
       req.set_content(std::move(data));
       req.set_make_parents(true);
       req.set_user(user);
+      for (const auto& [k, v] : metadata.items()) (*req.mutable_xattrs())["e2b." + k] = v.get<std::string>();
+      req.set_xattrs_replace("e2b.");
       std::string full = req.path();
       written->push_back({{"name", full.substr(full.rfind('/') + 1)}, {"type", "file"}, {"path", full}});
+      if (!metadata.empty()) written->back()["metadata"] = metadata;
       self_->request(entry_, kCallTimeout, std::move(req))
           .then(
               [reply, written, left, failed](v1::FileReply& r) {

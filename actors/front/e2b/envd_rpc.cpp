@@ -73,6 +73,9 @@ json Entry(const v1::FileInfo& f, const std::string& path) {
     e["symlinkTarget"] = f.link_target().empty() || f.link_target()[0] == '/'
                              ? f.link_target()
                              : path.substr(0, path.rfind('/') + 1) + f.link_target();
+  // envd 0.6.2: its user.e2b.* extended attributes are its metadata.
+  for (const auto& [k, v] : f.xattrs())
+    if (k.rfind("e2b.", 0) == 0 && k.size() > 4) e["metadata"][k.substr(4)] = v;
   return e;
 }
 
@@ -242,6 +245,13 @@ void WatchDir(const std::shared_ptr<Rpc>& rpc, const std::string& path, bool rec
 
 void Filesystem(const std::shared_ptr<Rpc>& rpc, const std::string& method, const json& msg) {
   std::string path, dest;
+  if (method == "CreateWatcher" || method == "GetWatcherEvents" || method == "RemoveWatcher") {
+    if (!StringField(msg, "path", &path)) return rpc->Fail(Status::InvalidArgument("path is a string"));
+    if (method == "CreateWatcher" && path.empty()) return rpc->Fail(Status::InvalidArgument("path is required"));
+    ServeWatchers(rpc->self(), rpc->entry(), rpc->sandbox(), method, msg, EnvdPath(path, rpc->user()),
+                  [rpc](Result<json> r) { r.ok() ? rpc->Answer(*r) : rpc->Fail(r.status()); });
+    return;
+  }
   if (!StringField(msg, "path", &path) || !StringField(msg, "source", &path) ||
       !StringField(msg, "destination", &dest))
     return rpc->Fail(Status::InvalidArgument("path, source and destination are strings"));

@@ -17,6 +17,11 @@ Result<v1::FileInfo> MakeDir(const Sandbox& sandbox, const std::string& path, co
 Result<v1::FileInfo> Move(const Sandbox& sandbox, const std::string& from, const std::string& to);
 // A file, or a directory with all it holds (symlinks are removed, not followed).
 Status Remove(const Sandbox& sandbox, const std::string& path);
+// A write as `req` says (sandbox_id set here): content, mode, parents, its
+// user and extended attributes (`xattrs`, set as user.<name>, E2B's file
+// metadata; `xattrs_replace` drops others of a namespace), which
+// ListFiles shows (FileInfo.xattrs).
+Status Write(const Sandbox& sandbox, v1::WriteFileRequest req);
 
 // The request as given (sandbox_id set here); `done` on an SDK thread.
 void PathOpAsync(const Sandbox& sandbox, v1::PathOpRequest req, Done<v1::FileReply> done);

@@ -302,6 +302,7 @@ class FileInfo(Record):
     gid: int
     owner: str  # names in the sandbox's /etc/passwd and /etc/group ("" when none)
     group: str
+    xattrs: Dict[str, str]  # its user.* extended attributes, without "user."
 
 
 class ProcessInfo(Record):

@@ -2,6 +2,7 @@
 // kept between execs, verdicts, destroy leaving nothing behind, re-adoption
 // after a restart (clean and kill -9), cleanup of what a crash left, and the
 // errors a user gets for what cannot work.
+#include <gmock/gmock.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -16,6 +17,7 @@
 #include <string>
 #include <thread>
 
+#include "dsec/files.hpp"
 #include "runtime/files.hpp"
 #include "runtime/unique_fd.hpp"
 #include "tests/support/cluster_probes.hpp"
@@ -321,6 +323,45 @@ TEST_F(Container, ProcessesAndFilesPersistBetweenExecs) {
   EXPECT_EQ(where.stdout(), "/work\n0\n/root\n");
   EXPECT_TRUE(sb->Destroy().ok());
   EXPECT_EQ(Remains(sb->id()), "");
+}
+
+// Extended attributes through the SDK (dsec::Write, FileInfo.xattrs; E2B's
+// file metadata): set with a write, shown by ListFiles and to programs in
+// the container, a namespace replaced by a rewrite; bad ones refused
+// before anything is written.
+TEST_F(Container, AWriteSetsUserExtendedAttributesAndListFilesShowsThem) {
+  auto sb = NewContainer();
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  v1::WriteFileRequest w;
+  w.set_path("/work/x.txt");
+  w.set_content("x");
+  (*w.mutable_xattrs())["e2b.author"] = "mish";
+  (*w.mutable_xattrs())["keep"] = "1";
+  ASSERT_TRUE(Write(*sb, w).ok());
+  auto info = sb->ListFiles("/work/x.txt");
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  EXPECT_EQ(info->info().xattrs().size(), 2u);
+  EXPECT_EQ(info->info().xattrs().at("e2b.author"), "mish");
+  EXPECT_EQ(ShIn(*sb, "python3 -c \"import os; print(os.getxattr('/work/x.txt', 'user.e2b.author').decode())\"").stdout(),
+            "mish\n");
+  v1::WriteFileRequest again;
+  again.set_path("/work/x.txt");
+  again.set_content("y");
+  again.set_xattrs_replace("e2b.");
+  ASSERT_TRUE(Write(*sb, again).ok());
+  info = sb->ListFiles("/work");
+  ASSERT_TRUE(info.ok());
+  ASSERT_EQ(info->entries_size(), 1);
+  EXPECT_EQ(info->entries(0).xattrs().size(), 1u) << "the e2b. namespace was replaced; keep stays";
+  EXPECT_EQ(info->entries(0).xattrs().count("keep"), 1u);
+  v1::WriteFileRequest bad;
+  bad.set_path("/work/bad.txt");
+  (*bad.mutable_xattrs())[std::string(201, 'k')] = "v";
+  Status refused = Write(*sb, bad);
+  EXPECT_EQ(refused.code(), Status::Code::kInvalidArgument) << refused.ToString();
+  EXPECT_THAT(refused.message(), ::testing::HasSubstr("1 to 200 bytes"));
+  EXPECT_EQ(sb->ListFiles("/work/bad.txt").status().code(), Status::Code::kNotFound) << "nothing written";
+  EXPECT_TRUE(sb->Destroy().ok());
 }
 
 TEST_F(Container, VerdictsMatchFncall) {

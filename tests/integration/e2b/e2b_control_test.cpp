@@ -69,7 +69,7 @@ TEST_F(E2bDoor, TheUnmodifiedSdkCreatesListsExtendsAndKillsSandboxes) {
   EXPECT_EQ(info["templateId"], kImage);
   EXPECT_EQ(info["state"], "running");
   EXPECT_EQ(info["metadata"]["run"], run);
-  EXPECT_EQ(info["envdVersion"], "0.5.7") << "the highest whose every behaviour dsec serves (docs/e2b.md)";
+  EXPECT_EQ(info["envdVersion"], "0.6.2") << "the highest whose every behaviour dsec serves (docs/e2b.md)";
   EXPECT_NEAR(info["lifetime"].get<double>(), 120, 2) << "E2B's timeout is its lifetime";
   EXPECT_NEAR(out["extendedBy"].get<double>(), 480, 5) << "setTimeout(600 s) is 600 s from now";
   // getMetrics: one sample, of now (dsec keeps no history); none for a
@@ -205,6 +205,14 @@ TEST_F(E2bDoor, TheSdkWritesAndReadsFilesThroughTheSandboxUrl) {
   EXPECT_EQ(out["read"], "hello from e2b\n");
   EXPECT_EQ(out["binarySame"], true);
   EXPECT_EQ(out["c"], "c");
+  const nlohmann::json meta = {{"author", "mish"}, {"purpose", "upload"}};
+  EXPECT_EQ(out["metaWritten"], meta) << "envd 0.6.2: file metadata";
+  EXPECT_EQ(out["metaInfo"], meta);
+  EXPECT_EQ(out["metaListed"], meta);
+  EXPECT_EQ(out["metaRenamed"], meta);
+  EXPECT_EQ(out["metaOverwritten"], nlohmann::json::parse("[null, null]")) << "a rewrite without metadata drops it";
+  EXPECT_EQ(out["metaByHand"], nlohmann::json({{"by", "hand"}})) << "a user.e2b.* attribute set in the sandbox";
+  EXPECT_TRUE(out["noMeta"].is_null());
   EXPECT_EQ(out["gzipSame"], true) << "a gzip-compressed upload is written as its content";
   EXPECT_EQ(out["streamed"], "part1 part2") << "a streamed (chunked) upload";
   EXPECT_EQ(out["twoMembers"], nlohmann::json::array({200, "first second"})) << "a gzip body of two members, whole";
@@ -258,6 +266,15 @@ TEST_F(E2bDoor, TheSdkRunsCommandsAndWalksTheFilesystem) {
   EXPECT_EQ(out["notJson"][0], 400);
   EXPECT_THAT(out["notJson"][1].get<std::string>(), HasSubstr("invalid_argument"));
   EXPECT_EQ(out["protoBody"][0], 415) << "JSON only, said so";
+  EXPECT_EQ(out["polled"], J::parse(R"([["EVENT_TYPE_CREATE","f"],["EVENT_TYPE_WRITE","f"]])"))
+      << "a polled watcher's events, each once";
+  EXPECT_EQ(out["pollAgain"], J::parse(R"([200, {"events": []}])")) << "taken by the poll before";
+  EXPECT_EQ(out["removedWatcher"], J::parse(R"([200, {}])"));
+  EXPECT_EQ(out["pollRemoved"][0], 404);
+  EXPECT_EQ(out["pollRemoved"][1]["code"], "not_found");
+  EXPECT_EQ(out["watcherMissingDir"][0], 404);
+  EXPECT_EQ(out["watcherNoId"][0], 400);
+  EXPECT_THAT(out["watcherNoId"][1]["message"].get<std::string>(), HasSubstr("watcherId"));
   EXPECT_THAT(out["ptyOut"].get<std::string>(), HasSubstr("tty 100 30 True False"))
       << "a terminal of the size it was resized to; python3 is not the session's leader, bash is";
   EXPECT_THAT(out["ptyEnd"].get<std::string>(), HasSubstr("CommandExitError: exit status 7"))

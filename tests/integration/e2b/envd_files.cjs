@@ -15,6 +15,17 @@ main(async () => {
     const back = await sbx.files.read('/tmp/e2b/b.bin', { format: 'bytes' });
     out.binarySame = back.length === bytes.length && back.every((v, i) => v === bytes[i]);
     out.c = await sbx.files.read('/tmp/e2b/c.txt');
+    // envd 0.6.2: file metadata, kept as the file's user.e2b.* extended attributes.
+    const metadata = { author: 'mish', purpose: 'upload' };
+    out.metaWritten = (await sbx.files.write('/tmp/e2b/meta.txt', 'm', { metadata })).metadata;
+    out.metaInfo = (await sbx.files.getInfo('/tmp/e2b/meta.txt')).metadata;
+    out.metaListed = (await sbx.files.list('/tmp/e2b')).find((e) => e.name === 'meta.txt').metadata;
+    out.metaRenamed = (await sbx.files.rename('/tmp/e2b/meta.txt', '/tmp/e2b/meta2.txt')).metadata;
+    out.metaOverwritten = [(await sbx.files.write('/tmp/e2b/meta2.txt', 'again')).metadata ?? null,
+      (await sbx.files.getInfo('/tmp/e2b/meta2.txt')).metadata ?? null];
+    await sbx.commands.run(`python3 -c "import os; os.setxattr('/tmp/e2b/c.txt', 'user.e2b.by', b'hand')"`, { user: 'root' });
+    out.metaByHand = (await sbx.files.getInfo('/tmp/e2b/c.txt')).metadata;
+    out.noMeta = (await sbx.files.getInfo('/tmp/e2b/deep/a.txt')).metadata ?? null;
     // envd 0.5.7: raw (octet-stream) uploads, gzip-compressed or streamed.
     await sbx.files.write('/tmp/e2b/z.txt', 'zipped '.repeat(10000), { gzip: true });
     out.gzipSame = (await sbx.files.read('/tmp/e2b/z.txt')) === 'zipped '.repeat(10000);

@@ -68,6 +68,25 @@ main(async () => {
       new Uint8Array([0, 0x40, 0, 0, 0, 0x7b, 0x7d]));
     out.notJson = await raw('/filesystem.Filesystem/Stat', 'application/json', 'not json');
     out.protoBody = await raw('/filesystem.Filesystem/Stat', 'application/proto', 'x');
+    // envd's polled watchers (E2B's Python SDK's watch_dir): made, polled, removed.
+    const unary = (method, body) => raw(`/filesystem.Filesystem/${method}`, 'application/json', JSON.stringify(body))
+      .then(([code, text]) => [code, JSON.parse(text)]);
+    await sbx.files.makeDir('/tmp/polled');
+    const [, made] = await unary('CreateWatcher', { path: '/tmp/polled', recursive: true });
+    await sbx.commands.run('echo x > /tmp/polled/f');
+    const polled = [];
+    const wrote = () => polled.some((e) => e.name === 'f' && e.type === 'EVENT_TYPE_WRITE');
+    for (let i = 0; i < 100 && !wrote(); i++) {
+      const [, r] = await unary('GetWatcherEvents', { watcherId: made.watcherId });
+      polled.push(...(r.events || []));
+      if (!wrote()) await new Promise((res) => setTimeout(res, 100));
+    }
+    out.polled = polled.filter((e) => e.type !== 'EVENT_TYPE_CHMOD').map((e) => [e.type, e.name]);
+    out.pollAgain = await unary('GetWatcherEvents', { watcherId: made.watcherId });
+    out.removedWatcher = await unary('RemoveWatcher', { watcherId: made.watcherId });
+    out.pollRemoved = await unary('GetWatcherEvents', { watcherId: made.watcherId });
+    out.watcherMissingDir = await unary('CreateWatcher', { path: '/tmp/nowhere' });
+    out.watcherNoId = await unary('GetWatcherEvents', {});
     // A terminal: resized, typed into, its output as it comes.
     const seen = [];
     const term = await sbx.pty.create({ cols: 80, rows: 24, onData: (d) => seen.push(Buffer.from(d).toString()) });
