@@ -383,6 +383,9 @@ Status SetLifetime(NodeSelf self, const v1::CreateRequest& req, const drivers::D
   if (spec->on_idle() == v1::IDLE_ACTION_PAUSE && !driver.traits().pause)
     return Status::InvalidArgument(what + ": " + driver.name() +
                                    " sandboxes cannot be paused (nothing runs between calls); ask for on_idle destroy");
+  if (spec->on_ttl() == v1::IDLE_ACTION_PAUSE && !driver.traits().pause)
+    return Status::InvalidArgument(what + ": " + driver.name() +
+                                   " sandboxes cannot be paused; their ttl's end destroys them (on_ttl destroy)");
   // The node's default, where the kind can do it.
   if (spec->on_idle() == v1::IDLE_ACTION_UNSPECIFIED)
     spec->set_on_idle(o.sandbox_on_idle == v1::IDLE_ACTION_PAUSE && !driver.traits().pause ? v1::IDLE_ACTION_DESTROY

@@ -25,6 +25,7 @@ using nlohmann::json;
 
 constexpr size_t kMaxWatchers = 1024;
 constexpr size_t kMaxEvents = 16384;
+constexpr size_t kMaxEventBytes = 1 << 20;  // names waiting, per watcher
 constexpr int64_t kIdleMs = 60'000;
 
 struct IdleCheck {};
@@ -40,6 +41,7 @@ struct Watcher {
   caf::actor actor;
   std::mutex mu;  // the rest: the watcher's actor adds, the door's takes
   std::vector<json> events;
+  size_t bytes = 0;  // of the names waiting
   Status ended;  // how the watch ended (not Ok: told at the next poll)
   bool done = false;
   int64_t polled_ms = 0;
@@ -69,10 +71,19 @@ void Create(caf::event_based_actor* self, const entry_actor& entry, const std::s
   w->polled_ms = SteadyClockMs();
   {
     std::lock_guard<std::mutex> lk(registry_mu);
+    // Watchers whose watch ended and that nobody polled since: gone.
+    const int64_t now = SteadyClockMs();
+    for (auto it = Registry().begin(); it != Registry().end();) {
+      bool stale;
+      {
+        std::lock_guard<std::mutex> wl(it->second->mu);
+        stale = it->second->done && now - it->second->polled_ms > kIdleMs;
+      }
+      it = stale ? Registry().erase(it) : std::next(it);
+    }
     if (Registry().size() >= kMaxWatchers)
       return answer(Status::ResourceExhausted("this door keeps " + std::to_string(kMaxWatchers) +
                                               " watchers already; remove some (RemoveWatcher)"));
-    Registry()[id] = w;
   }
   v1::WatchRequest req;
   req.set_sandbox_id(sandbox);
@@ -86,6 +97,11 @@ void Create(caf::event_based_actor* self, const entry_actor& entry, const std::s
     if (!*answered) {
       *answered = true;
       if (s.ok()) return answer(json{{"watcherId", id}});
+      {
+        std::lock_guard<std::mutex> lk(w->mu);  // swept later if it is published after this
+        w->done = true;
+        w->ended = s;
+      }
       Take(id, w->sandbox, true);
       return answer(s);
     }
@@ -93,7 +109,7 @@ void Create(caf::event_based_actor* self, const entry_actor& entry, const std::s
     w->done = true;
     if (w->ended.ok()) w->ended = s.ok() ? Status::NotFound("watcher " + id + " ended") : s;
   };
-  w->actor = self->spawn([entry, req, settle, w, id](caf::event_based_actor* me) mutable -> caf::behavior {
+  caf::actor actor = self->spawn([entry, req, settle, w, id](caf::event_based_actor* me) mutable -> caf::behavior {
     me->request(entry, caf::infinite, std::move(req))
         .then(
             [settle, me](v1::WatchReply& r) {
@@ -112,12 +128,14 @@ void Create(caf::event_based_actor* self, const entry_actor& entry, const std::s
           if (piece.watching()) settle(Status::Ok());
           std::lock_guard<std::mutex> lk(w->mu);
           for (const auto& e : piece.events()) {
-            if (w->events.size() >= kMaxEvents) {
+            if (w->events.size() >= kMaxEvents || w->bytes > kMaxEventBytes) {
               w->done = true;
               w->ended = Status::ResourceExhausted("watcher " + id + ": more than " + std::to_string(kMaxEvents) +
-                                                   " events waited for a poll; it ended (poll more often)");
+                                                   " events (or 1 MiB of names) waited for a poll; it ended (poll "
+                                                   "more often)");
               return me->quit();
             }
+            w->bytes += e.name().size() + 16;
             w->events.push_back({{"name", e.name()}, {"type", kTypes[e.type() >= 0 && e.type() <= 5 ? e.type() : 0]}});
           }
         },
@@ -135,6 +153,9 @@ void Create(caf::event_based_actor* self, const entry_actor& entry, const std::s
         },
     };
   });
+  std::lock_guard<std::mutex> lk(registry_mu);
+  w->actor = actor;
+  Registry()[id] = w;
 }
 
 }  // namespace
@@ -143,7 +164,11 @@ bool ServeWatchers(caf::event_based_actor* self, const entry_actor& entry, const
                    const std::string& method, const json& msg, const std::string& path,
                    std::function<void(Result<json>)> answer) {
   if (method == "CreateWatcher") {
-    Create(self, entry, sandbox, path, msg.value("recursive", false) == true, std::move(answer));
+    auto recursive = msg.find("recursive");
+    if (recursive != msg.end() && !recursive->is_null() && !recursive->is_boolean())
+      return answer(Status::InvalidArgument("recursive is true or false")), true;
+    Create(self, entry, sandbox, path, recursive != msg.end() && recursive->is_boolean() && recursive->get<bool>(),
+           std::move(answer));
     return true;
   }
   if (method != "GetWatcherEvents" && method != "RemoveWatcher") return false;
@@ -161,6 +186,7 @@ bool ServeWatchers(caf::event_based_actor* self, const entry_actor& entry, const
   {
     std::lock_guard<std::mutex> lk(w->mu);
     events.swap(w->events);
+    w->bytes = 0;
     w->polled_ms = SteadyClockMs();
     if (w->done && events.empty()) ended = w->ended;
   }

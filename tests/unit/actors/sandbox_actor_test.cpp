@@ -248,6 +248,11 @@ TEST_F(SandboxActor, AKindWithoutPauseOrFilesSaysSoNamingTheKind) {
   auto read = bare.Call(rf);
   EXPECT_EQ(read.status().code(), Status::Code::kUnimplemented);
   EXPECT_THAT(read.status().message(), HasSubstr("fake"));
+  v1::SandboxSpec ttl_pauses = ActorNode::Fake();
+  ttl_pauses.set_on_ttl(v1::IDLE_ACTION_PAUSE);
+  auto refused = bare.Create(ttl_pauses);
+  EXPECT_EQ(refused.status().code(), Status::Code::kInvalidArgument) << "a ttl that would pause it, never ending";
+  EXPECT_THAT(refused.status().message(), HasSubstr("on_ttl destroy"));
 }
 
 TEST_F(SandboxActor, FilesRoundTripAndABadPathIsRefusedBeforeTheDriver) {
