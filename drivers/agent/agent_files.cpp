@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <functional>
 #include <cstring>
 
 namespace dsec::agent::internal {
@@ -57,15 +58,29 @@ std::string BadXattrs(const WriteFile& req) {
   return "";
 }
 
+// The NUL-separated names `list` gives (flistxattr, llistxattr), however
+// many there are: asked their size again when they outgrow the buffer.
+std::string XattrNames(const std::function<ssize_t(char*, size_t)>& list) {
+  std::string names(16384, '\0');
+  for (int tries = 0; tries < 3; ++tries) {
+    ssize_t n = list(names.data(), names.size());
+    if (n >= 0) return names.substr(0, static_cast<size_t>(n));
+    if (errno != ERANGE) break;
+    ssize_t need = list(nullptr, 0);
+    if (need <= 0) break;
+    names.assign(static_cast<size_t>(need) + 1024, '\0');
+  }
+  return "";
+}
+
 // Sets a written file's xattrs as user.<name>, first removing its
 // user.<replace>* ones the write does not name. An errno, or 0.
 int SetXattrs(int fd, const WriteFile& req, std::string* why) {
   if (!req.xattrs_replace().empty()) {
-    char names[16384];
-    ssize_t n = ::flistxattr(fd, names, sizeof names);
+    std::string names = XattrNames([fd](char* b, size_t n) { return ::flistxattr(fd, b, n); });
     const std::string prefix = "user." + req.xattrs_replace();
-    for (ssize_t i = 0; i < n; i += static_cast<ssize_t>(std::strlen(names + i)) + 1) {
-      const char* k = names + i;
+    for (size_t i = 0; i < names.size(); i += std::strlen(names.c_str() + i) + 1) {
+      const char* k = names.c_str() + i;
       if (std::strncmp(k, prefix.c_str(), prefix.size()) == 0 && !req.xattrs().count(k + 5)) (void)::fremovexattr(fd, k);
     }
   }
@@ -83,11 +98,10 @@ int SetXattrs(int fd, const WriteFile& req, std::string* why) {
 // directory and name, a last symlink not followed; at most kMaxXattrs.
 void ReadXattrs(int dirfd, const char* name, FileInfo* fi) {
   std::string at = "/proc/self/fd/" + std::to_string(dirfd) + "/" + name;
-  char names[16384];
-  ssize_t n = ::llistxattr(at.c_str(), names, sizeof names);
+  std::string names = XattrNames([&at](char* b, size_t n) { return ::llistxattr(at.c_str(), b, n); });
   int shown = 0;
-  for (ssize_t i = 0; i < n && shown < kMaxXattrs; i += static_cast<ssize_t>(std::strlen(names + i)) + 1) {
-    const char* k = names + i;
+  for (size_t i = 0; i < names.size() && shown < kMaxXattrs; i += std::strlen(names.c_str() + i) + 1) {
+    const char* k = names.c_str() + i;
     if (std::strncmp(k, "user.", 5) != 0) continue;
     char value[kMaxXattrValue];
     ssize_t m = ::lgetxattr(at.c_str(), k, value, sizeof value);
