@@ -69,7 +69,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   if (::access(module.c_str(), R_OK) != 0 || ::access("/usr/bin/node", X_OK) != 0)
     return Fail("setup", dsec::Status::FailedPrecondition("no node, or no e2b package at " + module +
-                                                          " (run e2b_test once, or npm install e2b@2.45.0)"));
+                                                          " (run e2b_test once: it installs tests/integration/e2b/sdk's lockfile with npm ci)"));
 
   auto daemon = StartBenchDaemon();
   if (!daemon.ok()) return Fail("dsecd", daemon.status());

@@ -223,8 +223,11 @@ caf::result<v1::SandboxReply> Handle(Self self, v1::SetTimeoutRequest& req) {
                  st);
   int64_t deadline = WallClockMs() + int64_t{req.timeout_s()} * 1000;
   st.rec.set_ttl_deadline_ms(deadline);
-  // The record's ttl: its whole lifetime, from its creation to the new end.
-  int64_t ttl_s = (deadline - st.rec.created_ms() + 999) / 1000;
+  // The record's ttl: its whole lifetime, from its creation to the new end;
+  // for one whose ttl pauses it (on_ttl), the period a resume starts again
+  // (a whole lifetime there would grow past the node's maximum).
+  int64_t ttl_s = st.rec.spec().on_ttl() == v1::IDLE_ACTION_PAUSE ? int64_t{req.timeout_s()}
+                                                                  : (deadline - st.rec.created_ms() + 999) / 1000;
   st.rec.mutable_spec()->set_ttl_s(static_cast<uint32_t>(std::clamp<int64_t>(ttl_s, 1, UINT32_MAX)));
   auto rp = self->make_response_promise<v1::SandboxReply>();
   Checkpoint(self, [self, rp](const Status& w) mutable {

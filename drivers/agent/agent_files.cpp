@@ -73,9 +73,17 @@ std::string XattrNames(const std::function<ssize_t(char*, size_t)>& list) {
   return "";
 }
 
-// Sets a written file's xattrs as user.<name>, first removing its
-// user.<replace>* ones the write does not name. An errno, or 0.
+// Sets a file's xattrs as user.<name>, then removes its user.<replace>*
+// ones the write does not name (a set that fails removes none). An errno,
+// or 0.
 int SetXattrs(int fd, const WriteFile& req, std::string* why) {
+  for (const auto& [k, v] : req.xattrs()) {
+    if (::fsetxattr(fd, ("user." + k).c_str(), v.data(), v.size(), 0) == 0) continue;
+    int err = errno;
+    *why = "set extended attribute user." + k.substr(0, 64) + ": " +
+           (err == EOPNOTSUPP ? std::string("this filesystem keeps no user extended attributes") : std::strerror(err));
+    return err;
+  }
   if (!req.xattrs_replace().empty()) {
     std::string names = XattrNames([fd](char* b, size_t n) { return ::flistxattr(fd, b, n); });
     const std::string prefix = "user." + req.xattrs_replace();
@@ -83,13 +91,6 @@ int SetXattrs(int fd, const WriteFile& req, std::string* why) {
       const char* k = names.c_str() + i;
       if (std::strncmp(k, prefix.c_str(), prefix.size()) == 0 && !req.xattrs().count(k + 5)) (void)::fremovexattr(fd, k);
     }
-  }
-  for (const auto& [k, v] : req.xattrs()) {
-    if (::fsetxattr(fd, ("user." + k).c_str(), v.data(), v.size(), 0) == 0) continue;
-    int err = errno;
-    *why = "set extended attribute user." + k.substr(0, 64) + ": " +
-           (err == EOPNOTSUPP ? std::string("this filesystem keeps no user extended attributes") : std::strerror(err));
-    return err;
   }
   return 0;
 }
@@ -281,11 +282,16 @@ void Agent::OnWriteFile(Conn& c, uint64_t id, const WriteFile& req) {
     return fail(errno, std::string("chmod: ") + std::strerror(errno));
   if (created && owner.uid | owner.gid && ::fchown(fd.get(), owner.uid, owner.gid) < 0)
     return fail(errno, std::string("chown: ") + std::strerror(errno));
+  // Its attributes before its data: a filesystem that keeps none refuses
+  // the write with the file as it was (one made for it removed).
+  if (int err = SetXattrs(fd.get(), req, &why)) {
+    if (created) (void)::unlink(path.c_str());
+    return fail(err, why);
+  }
   if (!created && ::ftruncate(fd.get(), 0) < 0)
     return fail(errno, std::string("truncate: ") + std::strerror(errno));
   if (int err = WriteFull(fd.get(), req.data().data(), req.data().size()))
     return fail(err, std::string("write: ") + std::strerror(err));
-  if (int err = SetXattrs(fd.get(), req, &why)) return fail(err, why);
   if (::close(fd.Release()) < 0) return fail(errno, std::string("close: ") + std::strerror(errno));
   Event ev;
   ev.set_id(id);

@@ -14,24 +14,42 @@
 
 namespace dsec::testing {
 
-// The SDK version the door is checked against (docs/e2b.md).
+// The SDK version the door is checked against (docs/e2b.md), pinned with
+// its dependencies by tests/integration/e2b/sdk/package-lock.json.
 inline constexpr const char* kE2bSdk = "e2b@2.45.0";
 inline constexpr const char* kE2bSdkCache = "/var/cache/dsec/npm/e2b-2.45.0";
 
-// The SDK's module path, installed from the registry when missing; "" and
-// *skip saying why where the host has no node or npm, or the registry
-// cannot be reached.
+// The SDK's module path, installed from the registry with `npm ci` (the
+// lockfile's versions, checked against its integrity hashes) when missing
+// or when the lockfile changed; "" and *skip saying why where the host has
+// no node or npm, or the registry cannot be reached.
 inline std::string E2bSdkModule(std::string* skip) {
-  std::string module = std::string(kE2bSdkCache) + "/node_modules/e2b/dist/index.js";
+  const std::string src = std::string(DSEC_SOURCE_DIR) + "/tests/integration/e2b/sdk/";
+  const std::string module = std::string(kE2bSdkCache) + "/node_modules/e2b/dist/index.js";
+  auto lock = ReadFileToString(src + "package-lock.json");
+  if (!lock.ok()) {
+    *skip = "no " + src + "package-lock.json: " + lock.status().ToString();
+    return "";
+  }
+  auto installed = ReadFileToString(std::string(kE2bSdkCache) + "/node_modules/.dsec-lock");
   struct stat st;
-  if (::stat(module.c_str(), &st) == 0) return module;
+  if (installed.ok() && *lock == *installed && ::stat(module.c_str(), &st) == 0) return module;
   if (::access("/usr/bin/node", X_OK) != 0 || ::access("/usr/bin/npm", X_OK) != 0) {
     *skip = "no node or npm on this host (Debian's nodejs and npm; scripts/dev installs them)";
     return "";
   }
   (void)MakeDirs(kE2bSdkCache, 0755);
-  auto r = RunProcess({"/usr/bin/npm", "install", "--prefix", kE2bSdkCache, "--no-audit", "--no-fund", kE2bSdk}, {}, 300);
-  if (r.exit_code == 0 && ::stat(module.c_str(), &st) == 0) return module;
+  for (const char* f : {"package.json", "package-lock.json"}) {
+    auto text = ReadFileToString(src + f);
+    if (!text.ok() || !WriteFileAtomic(std::string(kE2bSdkCache) + "/" + f, *text).ok()) {
+      *skip = src + f + " could not be copied to " + kE2bSdkCache;
+      return "";
+    }
+  }
+  auto r = RunProcess({"/usr/bin/npm", "ci", "--prefix", kE2bSdkCache, "--no-audit", "--no-fund"}, {}, 300);
+  if (r.exit_code == 0 && ::stat(module.c_str(), &st) == 0 &&
+      WriteFileAtomic(std::string(kE2bSdkCache) + "/node_modules/.dsec-lock", *lock).ok())
+    return module;
   *skip = std::string("npm could not install ") + kE2bSdk + " (is the npm registry reachable?): " + r.err.substr(0, 400);
   return "";
 }

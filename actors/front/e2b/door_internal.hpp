@@ -96,6 +96,39 @@ Result<std::string> Gunzip(const std::string& in, size_t max);
 // one with each call), "" for root.
 void ServeEnvdRpc(caf::event_based_actor* self, const entry_actor& entry, Call& c, const std::string& sandbox);
 
+// A record as E2B's SandboxInfo / ListedSandbox.
+nlohmann::json Info(const v1::SandboxRecord& r);
+// GET /v2/sandboxes (e2b_list.cpp): filtered, in order of start, paged.
+void ListSandboxes(caf::event_based_actor* self, const entry_actor& entry, Call& c);
+
+// A sandbox's envd access token: HMAC-SHA256 of its id under the door's
+// secret (nothing stored; the same after a restart).
+std::string Token(const std::string& secret, const std::string& id);
+// envd's signed /files URLs (envd_signed.cpp): whether the query's
+// `signature` (and `signature_expiration`) was made with `token` for this
+// method: Unauthenticated(kBadSignature) when not, "signature is already
+// expired" when it was and is past.
+inline constexpr const char* kBadSignature = "invalid signature";
+Status CheckSignature(const std::string& method, const std::string& query, const std::string& token);
+// The sandbox (made through this door) whose token signed `req`.
+void FindSigner(caf::event_based_actor* self, const entry_actor& entry, const std::string& secret,
+                const HttpRequest& req, std::function<void(Result<std::string>)> then);
+
+// dsec's FileInfo as envd's EntryInfo, at `path` (envd_entries.cpp).
+nlohmann::json Entry(const v1::FileInfo& f, const std::string& path);
+std::string Join(const std::string& dir, const std::string& name);
+// A watch of `dir`: `add` takes each of its pieces, and `out` gets each
+// event as envd's FilesystemEvent, in order; with `include_entry` (envd
+// 0.6.3) each whose path can be stat-ed carries its entry (a remove or a
+// move away has none). `finish(then)`: `then` once every event added has
+// gone out. For the actor `self` that has the watch.
+struct WatchEventFeed {
+  std::function<void(const v1::ExecOutput&)> add;
+  std::function<void(std::function<void()>)> finish;
+};
+WatchEventFeed WatchEvents(caf::event_based_actor* self, const entry_actor& entry, const std::string& sandbox,
+                           const std::string& dir, bool include_entry, std::function<void(nlohmann::json)> out);
+
 // envd's polled watchers (envd_watchers.cpp): filesystem.CreateWatcher
 // (`path` resolved already), GetWatcherEvents, RemoveWatcher of
 // `sandbox`, answered through `answer`. False: `method` is none of them.

@@ -108,8 +108,6 @@ std::map<std::string, std::string> Query(const std::string& q) {
   return out;
 }
 
-namespace {
-
 // A record as E2B's SandboxInfo / ListedSandbox.
 json Info(const v1::SandboxRecord& r) {
   json metadata = json::object();
@@ -137,8 +135,6 @@ json Info(const v1::SandboxRecord& r) {
   return out;
 }
 
-// A sandbox's envd access token: HMAC-SHA256 of its id under the door's
-// secret (nothing stored; the same after a restart).
 std::string Token(const std::string& secret, const std::string& id) {
   unsigned char md[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
@@ -146,8 +142,6 @@ std::string Token(const std::string& secret, const std::string& id) {
        id.size(), md, &len);
   return HexOf(md, 16);
 }
-
-}  // namespace
 
 json Created(const v1::SandboxRecord& r, const std::string& secret) {
   return {{"sandboxID", r.id()},
@@ -291,7 +285,7 @@ class Door {
       return ServeEnvdRpc(self_, entry_, c, *c.req.Header("e2b-sandbox-id"));
     if (ServeSnapshots(self_, entry_, c, secret_)) return;
     if (m == "POST" && p == "/sandboxes") return Create(c);
-    if (m == "GET" && p == "/v2/sandboxes") return List(c);
+    if (m == "GET" && p == "/v2/sandboxes") return ListSandboxes(self_, entry_, c);
     if (p.rfind("/sandboxes/", 0) == 0) {
       std::string rest = p.substr(11);
       std::string id = rest.substr(0, rest.find('/'));
@@ -488,6 +482,14 @@ class Door {
   // envd's REST calls (the sandbox by E2b-Sandbox-Id, its token checked
   // by the handler): /health, and /files to read and write files.
   void Envd(Call& c) {
+    if (!c.req.Header("e2b-sandbox-id")) {  // a signed URL's: its signer's (the handler checked the rest)
+      auto call = std::make_shared<Call>(std::move(c));
+      return FindSigner(self_, entry_, secret_, call->req, [this, call](Result<std::string> id) {
+        if (!id.ok()) return Error(call->reply, id.status());
+        call->req.headers.emplace_back("e2b-sandbox-id", *id);
+        Envd(*call);
+      });
+    }
     const std::string id = *c.req.Header("e2b-sandbox-id");
     auto reply = c.reply;
     if (c.req.path == "/health") {  // 204 running; 502 (as E2B's proxy says of a gone one) otherwise
@@ -572,41 +574,6 @@ class Door {
     }
   }
 
-  void List(Call& c) {
-    auto q = Query(c.req.query);
-    v1::ListSandboxesRequest req;
-    if (auto it = q.find("metadata"); it != q.end())
-      for (const auto& [k, v] : Query(it->second)) (*req.mutable_labels())[k] = v;
-    if (auto it = q.find("state"); it != q.end()) {
-      for (size_t at = 0; at <= it->second.size();) {
-        size_t comma = it->second.find(',', at);
-        std::string s = it->second.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
-        if (s == "running") req.add_phases(v1::SANDBOX_PHASE_RUNNING), req.add_phases(v1::SANDBOX_PHASE_STARTING);
-        else if (s == "paused") req.add_phases(v1::SANDBOX_PHASE_PAUSED);
-        else if (!s.empty()) return Error(c.reply, 400, "state '" + s.substr(0, 32) + "': running or paused");
-        if (comma == std::string::npos) break;
-        at = comma + 1;
-      }
-    }
-    if (auto it = q.find("limit"); it != q.end()) {
-      char* end = nullptr;
-      long n = std::strtol(it->second.c_str(), &end, 10);
-      if (it->second.empty() || *end || n < 1 || n > 100) return Error(c.reply, 400, "limit: 1 to 100");
-      req.set_limit(static_cast<uint32_t>(n));
-    }
-    if (auto it = q.find("nextToken"); it != q.end()) req.set_page_token(it->second);
-    if (auto it = q.find("template"); it != q.end()) req.set_image(it->second);
-    auto reply = c.reply;
-    Ask<v1::ListSandboxesReply>(reply, std::move(req), [reply](v1::ListSandboxesReply& r) {
-      json out = json::array();
-      for (const auto& sb : r.sandboxes())
-        if (E2bId(sb.id()) && !Gone(sb)) out.push_back(Info(sb));
-      HttpHeaders extra;
-      if (!r.next_page_token().empty()) extra.emplace_back("X-Next-Token", r.next_page_token());
-      reply->Send(200, kJson, out.dump(), extra);
-    });
-  }
-
   caf::event_based_actor* self_;
   entry_actor entry_;
   std::string secret_;
@@ -644,10 +611,18 @@ E2bDoor::E2bDoor(caf::actor_system& sys, entry_actor entry, const ApiKeys& keys,
     auto reply = std::make_shared<Counted>(std::move(raw), "envd" + req.path);
     const std::string* id = req.Header("e2b-sandbox-id");
     const std::string* token = req.Header("x-access-token");
-    if (!id || !E2bId(*id)) return Error(reply, 400, "no E2b-Sandbox-Id naming a sandbox (set E2B_SANDBOX_URL)");
-    if (!token || *token != Token(secret, *id))
-      return Error(reply, 401, "no X-Access-Token of sandbox " + *id + " (its create or connect reply has it)");
+    // A signed /files URL (downloadUrl, uploadUrl) stands for the token;
+    // without E2b-Sandbox-Id the door finds the sandbox that signed it.
+    const bool is_signed = req.path == "/files" && Query(req.query).count("signature");
     if (!actor_) return Error(reply, 503, "the E2B door is stopping");
+    if (is_signed && !id) return caf::anon_send(actor_, Call{std::move(req), std::move(reply)});
+    if (!id || !E2bId(*id)) return Error(reply, 400, "no E2b-Sandbox-Id naming a sandbox (set E2B_SANDBOX_URL)");
+    if (is_signed && !token) {
+      Status s = CheckSignature(req.method, req.query, Token(secret, *id));
+      if (!s.ok()) return Error(reply, s);
+    } else if (!token || *token != Token(secret, *id)) {
+      return Error(reply, 401, "no X-Access-Token of sandbox " + *id + " (its create or connect reply has it)");
+    }
     caf::anon_send(actor_, Call{std::move(req), std::move(reply)});
   };
   server.Route("GET", "/health", envd);

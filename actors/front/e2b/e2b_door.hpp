@@ -22,7 +22,7 @@ namespace dsec::e2b {
 
 // The envd version the door reports (docs/e2b.md says which features it
 // switches on in the SDK, and why this one).
-inline constexpr const char* kEnvdVersion = "0.6.2";
+inline constexpr const char* kEnvdVersion = "0.6.3";
 
 class E2bDoor {
  public:

@@ -34,54 +34,6 @@ std::string BasicUser(const HttpRequest& req) {
 }
 
 
-// A mode as Go's FileMode.String() writes it ("drwxr-xr-x", "Lrwxrwxrwx"),
-// which envd reports as permissions.
-std::string Permissions(uint32_t mode) {
-  std::string out;
-  if (S_ISDIR(mode)) out += 'd';
-  if (S_ISLNK(mode)) out += 'L';
-  if (S_ISBLK(mode) || S_ISCHR(mode)) out += 'D';
-  if (S_ISFIFO(mode)) out += 'p';
-  if (S_ISSOCK(mode)) out += 'S';
-  if (mode & S_ISUID) out += 'u';
-  if (mode & S_ISGID) out += 'g';
-  if (S_ISCHR(mode)) out += 'c';
-  if (mode & S_ISVTX) out += 't';
-  if (out.empty()) out = "-";
-  const char* rwx = "rwxrwxrwx";
-  for (int i = 0; i < 9; ++i) out += (mode & (0400u >> i)) ? rwx[i] : '-';
-  return out;
-}
-
-// dsec's FileInfo as envd's EntryInfo.
-json Entry(const v1::FileInfo& f, const std::string& path) {
-  const char* type = S_ISDIR(f.mode())   ? "FILE_TYPE_DIRECTORY"
-                     : S_ISLNK(f.mode()) ? "FILE_TYPE_SYMLINK"
-                     : S_ISREG(f.mode()) ? "FILE_TYPE_FILE"
-                                         : "FILE_TYPE_UNSPECIFIED";
-  json e = {{"name", f.name()},
-            {"type", type},
-            {"path", path},
-            {"size", std::to_string(f.size())},
-            {"mode", f.mode() & 0777},
-            {"permissions", Permissions(f.mode())},
-            {"owner", f.owner().empty() ? std::to_string(f.uid()) : f.owner()},
-            {"group", f.group().empty() ? std::to_string(f.gid()) : f.group()},
-            {"modifiedTime", Rfc3339(f.mtime_ms())}};
-  // envd's target is a path (relative ones are taken from the link's directory).
-  if (S_ISLNK(f.mode()))
-    e["symlinkTarget"] = f.link_target().empty() || f.link_target()[0] == '/'
-                             ? f.link_target()
-                             : path.substr(0, path.rfind('/') + 1) + f.link_target();
-  // envd 0.6.2: its user.e2b.* extended attributes are its metadata.
-  for (const auto& [k, v] : f.xattrs())
-    if (k.rfind("e2b.", 0) == 0 && k.size() > 4) e["metadata"][k.substr(4)] = v;
-  return e;
-}
-
-std::string Join(const std::string& dir, const std::string& name) {
-  return dir == "/" ? "/" + name : dir + "/" + name;
-}
 
 // One Connect call: how it answers (unary or as a stream), and the asks it
 // makes of dsec.
@@ -241,7 +193,7 @@ class DirWalk : public std::enable_shared_from_this<DirWalk> {
   bool failed_ = false, answered_ = false;
 };
 
-void WatchDir(const std::shared_ptr<Rpc>& rpc, const std::string& path, bool recursive);
+void WatchDir(const std::shared_ptr<Rpc>& rpc, const std::string& path, bool recursive, bool include_entry);
 
 void Filesystem(const std::shared_ptr<Rpc>& rpc, const std::string& method, const json& msg) {
   std::string path, dest;
@@ -285,7 +237,9 @@ void Filesystem(const std::shared_ptr<Rpc>& rpc, const std::string& method, cons
         v1::PATH_OP_REMOVE, path, "", [rpc](v1::FileReply&) { rpc->Answer(json::object()); },
         [](const Status& s) { return s.code() == Status::Code::kNotFound; });
   }
-  if (method == "WatchDir") return WatchDir(rpc, path, msg.contains("recursive") && msg["recursive"] == true);
+  if (method == "WatchDir")
+    return WatchDir(rpc, path, msg.contains("recursive") && msg["recursive"] == true,
+                    msg.contains("includeEntry") && msg["includeEntry"] == true);
   rpc->Fail(Status::Unimplemented("filesystem." + method.substr(0, 64) +
                                   " is not served by this dsec yet (docs/e2b.md lists what is)"));
 }
@@ -360,9 +314,24 @@ struct Streamer {
     };
   }
   void Keepalives() const { self->delayed_send(self, std::chrono::seconds(keepalive_s), Tick{}); }
+  // Each tick also asks whether the sandbox is still there: a stream whose
+  // node died (through a controller's door) would otherwise wait forever.
+  // Gone, or its node down, the stream is cut as a killed sandbox's is.
   std::function<void(Tick)> OnTick() const {
-    return [send = send, rpc = rpc, me = self, s = keepalive_s](Tick) {
+    return [send = send, rpc = rpc, me = self, s = keepalive_s, gone = cut](Tick) {
       if (rpc->begun()) send({{"keepalive", json::object()}});
+      v1::GetSandboxRequest get;
+      get.set_sandbox_id(rpc->sandbox());
+      me->request(rpc->entry(), std::chrono::seconds(30), std::move(get))
+          .then(
+              [rpc, me, gone](v1::SandboxReply& r) {
+                auto code = FromProto(r.status()).code();
+                if (*gone || (code != Status::Code::kNotFound && code != Status::Code::kUnavailable)) return;
+                *gone = true;
+                rpc->reply()->End();
+                me->quit();
+              },
+              [](caf::error&) {});  // slow to answer is not gone
       me->delayed_send(me, std::chrono::seconds(s), Tick{});
     };
   }
@@ -514,39 +483,40 @@ void StreamExec(const std::shared_ptr<Rpc>& rpc, v1::ExecRequest req, bool keep_
 // start event once it is in place, then each change, keepalives while it
 // is quiet; its end (Connect-Timeout-Ms, or the directory removed) ends
 // the stream. A client that leaves ends the actor, and so the watch (the
-// sandbox watches its caller).
-void WatchDir(const std::shared_ptr<Rpc>& rpc, const std::string& path, bool recursive) {
+// sandbox watches its caller). With include_entry, each event's entry.
+void WatchDir(const std::shared_ptr<Rpc>& rpc, const std::string& path, bool recursive, bool include_entry) {
   v1::WatchRequest req;
   req.set_sandbox_id(rpc->sandbox());
   req.set_path(path);
   req.set_recursive(recursive);
   req.set_timeout_ms(TimeoutMs(rpc));
   req.set_stream_id(next_stream++);
-  rpc->self()->spawn([rpc, req](caf::event_based_actor* self) mutable -> caf::behavior {
+  rpc->self()->spawn([rpc, req, include_entry](caf::event_based_actor* self) mutable -> caf::behavior {
     Streamer stream(rpc, self, false);  // WatchDirResponse: the oneof's field itself
     auto send = stream.send;
     auto cut = stream.cut;
-    self->request(rpc->entry(), caf::infinite, std::move(req))
+    auto events = WatchEvents(self, rpc->entry(), rpc->sandbox(), req.path(), include_entry,
+                              [send](json e) { send({{"filesystem", std::move(e)}}); });
+    self->request(rpc->entry(), caf::infinite, req)
         .then(
-            [rpc, cut, self](v1::WatchReply& r) {
+            [rpc, cut, self, events](v1::WatchReply& r) {
               if (*cut) return self->quit();
               Status s = FromProto(r.status());
-              if (s.ok()) rpc->EndStream();
-              else rpc->Fail(s);
-              self->quit();
+              events.finish([rpc, self, s] {  // the events before its end go out first
+                if (s.ok()) rpc->EndStream();
+                else rpc->Fail(s);
+                self->quit();
+              });
             },
             stream.Unanswered());
     stream.Keepalives();
     return {
-        [send, rpc](v1::ExecOutput& piece) {
-          static const char* kTypes[] = {"EVENT_TYPE_UNSPECIFIED", "EVENT_TYPE_CREATE", "EVENT_TYPE_WRITE",
-                                         "EVENT_TYPE_REMOVE", "EVENT_TYPE_RENAME", "EVENT_TYPE_CHMOD"};
+        [send, rpc, events](v1::ExecOutput& piece) {
           if (piece.watching()) {  // the stream begins once the watch is in place: an error before is unary-like
             rpc->Begin();
             send({{"start", json::object()}});
           }
-          for (const auto& e : piece.events())
-            send({{"filesystem", {{"name", e.name()}, {"type", kTypes[e.type() >= 0 && e.type() <= 5 ? e.type() : 0]}}}});
+          events.add(piece);
         },
         stream.OnTick(),
     };

@@ -64,7 +64,7 @@ std::shared_ptr<Watcher> Take(const std::string& id, const std::string& sandbox,
 }
 
 void Create(caf::event_based_actor* self, const entry_actor& entry, const std::string& sandbox,
-            const std::string& path, bool recursive, std::function<void(Result<json>)> answer) {
+            const std::string& path, bool recursive, bool include_entry, std::function<void(Result<json>)> answer) {
   std::string id = "w" + RandomHex(24);
   auto w = std::make_shared<Watcher>();
   w->sandbox = sandbox;
@@ -109,12 +109,30 @@ void Create(caf::event_based_actor* self, const entry_actor& entry, const std::s
     w->done = true;
     if (w->ended.ok()) w->ended = s.ok() ? Status::NotFound("watcher " + id + " ended") : s;
   };
-  caf::actor actor = self->spawn([entry, req, settle, w, id](caf::event_based_actor* me) mutable -> caf::behavior {
+  caf::actor actor = self->spawn([entry, req, settle, w, id, include_entry](caf::event_based_actor* me) mutable
+                                 -> caf::behavior {
+    // Each event, in order (with its entry when asked for), waits for a poll.
+    auto events = WatchEvents(me, entry, req.sandbox_id(), req.path(), include_entry, [w, me, id](json e) {
+      std::lock_guard<std::mutex> lk(w->mu);
+      if (w->done) return;
+      if (w->events.size() >= kMaxEvents || w->bytes > kMaxEventBytes) {
+        w->done = true;
+        w->ended = Status::ResourceExhausted("watcher " + id + ": more than " + std::to_string(kMaxEvents) +
+                                             " events (or 1 MiB of names) waited for a poll; it ended (poll "
+                                             "more often)");
+        return me->quit();
+      }
+      w->bytes += e["name"].get_ref<const std::string&>().size() + (e.contains("entry") ? 256 : 16);
+      w->events.push_back(std::move(e));
+    });
     me->request(entry, caf::infinite, std::move(req))
         .then(
-            [settle, me](v1::WatchReply& r) {
-              settle(FromProto(r.status()));
-              me->quit();
+            [settle, me, events](v1::WatchReply& r) {
+              Status s = FromProto(r.status());
+              events.finish([settle, me, s] {  // the events before its end are kept first
+                settle(s);
+                me->quit();
+              });
             },
             [settle, me](caf::error& e) {
               settle(Status::Unavailable("dsec did not answer: " + caf::to_string(e)));
@@ -122,22 +140,9 @@ void Create(caf::event_based_actor* self, const entry_actor& entry, const std::s
             });
     me->delayed_send(me, std::chrono::seconds(10), IdleCheck{});
     return {
-        [settle, w, me, id](v1::ExecOutput& piece) {
-          static const char* kTypes[] = {"EVENT_TYPE_UNSPECIFIED", "EVENT_TYPE_CREATE", "EVENT_TYPE_WRITE",
-                                         "EVENT_TYPE_REMOVE", "EVENT_TYPE_RENAME", "EVENT_TYPE_CHMOD"};
+        [settle, events](v1::ExecOutput& piece) {
           if (piece.watching()) settle(Status::Ok());
-          std::lock_guard<std::mutex> lk(w->mu);
-          for (const auto& e : piece.events()) {
-            if (w->events.size() >= kMaxEvents || w->bytes > kMaxEventBytes) {
-              w->done = true;
-              w->ended = Status::ResourceExhausted("watcher " + id + ": more than " + std::to_string(kMaxEvents) +
-                                                   " events (or 1 MiB of names) waited for a poll; it ended (poll "
-                                                   "more often)");
-              return me->quit();
-            }
-            w->bytes += e.name().size() + 16;
-            w->events.push_back({{"name", e.name()}, {"type", kTypes[e.type() >= 0 && e.type() <= 5 ? e.type() : 0]}});
-          }
+          events.add(piece);
         },
         [w, me, id](IdleCheck) {
           int64_t polled;
@@ -167,8 +172,9 @@ bool ServeWatchers(caf::event_based_actor* self, const entry_actor& entry, const
     auto recursive = msg.find("recursive");
     if (recursive != msg.end() && !recursive->is_null() && !recursive->is_boolean())
       return answer(Status::InvalidArgument("recursive is true or false")), true;
+    auto include = msg.find("includeEntry");
     Create(self, entry, sandbox, path, recursive != msg.end() && recursive->is_boolean() && recursive->get<bool>(),
-           std::move(answer));
+           include != msg.end() && include->is_boolean() && include->get<bool>(), std::move(answer));
     return true;
   }
   if (method != "GetWatcherEvents" && method != "RemoveWatcher") return false;

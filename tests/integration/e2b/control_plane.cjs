@@ -23,6 +23,21 @@ main(async () => {
   out.listed = (await Sandbox.list({ query: { metadata: { run } } }).nextItems()).map((s) => s.sandboxId);
   out.othersListed = (await Sandbox.list({ query: { metadata: { run: 'nobody' } } }).nextItems()).length;
   out.running = (await Sandbox.list({ query: { state: ['running'], metadata: { run } } }).nextItems()).length;
+  // In order of start across pages (newest first unless asc), and from a time on.
+  const second = await Sandbox.create(process.env.TEMPLATE, { metadata: { run }, timeoutMs: 120000 });
+  const pages = async (opts) => {
+    const p = Sandbox.list({ ...opts, limit: 1, query: { metadata: { run }, ...(opts.query || {}) } });
+    const ids = [];
+    while (p.hasNext) ids.push(...(await p.nextItems()).map((s) => s.sandboxId));
+    return ids;
+  };
+  out.newestFirst = (await pages({})).join() === [second.sandboxId, sbx.sandboxId].join();
+  out.oldestFirst = (await pages({ order: 'asc' })).join() === [sbx.sandboxId, second.sandboxId].join();
+  const secondStart = (await second.getInfo()).startedAt;
+  out.startedAfter = (await pages({ query: { startedAfter: secondStart } })).join() === second.sandboxId;
+  out.badOrder = await fetch(`${process.env.E2B_API_URL}/v2/sandboxes?order=sideways`,
+    { headers: { 'X-API-KEY': process.env.E2B_API_KEY } }).then((r) => r.status);
+  await second.kill();
   const again = await Sandbox.connect(sbx.sandboxId, { timeoutMs: 60000 });
   out.connected = again.sandboxId;
   out.killed = await Sandbox.kill(sbx.sandboxId);

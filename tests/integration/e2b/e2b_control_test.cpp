@@ -69,7 +69,7 @@ TEST_F(E2bDoor, TheUnmodifiedSdkCreatesListsExtendsAndKillsSandboxes) {
   EXPECT_EQ(info["templateId"], kImage);
   EXPECT_EQ(info["state"], "running");
   EXPECT_EQ(info["metadata"]["run"], run);
-  EXPECT_EQ(info["envdVersion"], "0.6.2") << "the highest whose every behaviour dsec serves (docs/e2b.md)";
+  EXPECT_EQ(info["envdVersion"], "0.6.3") << "the highest whose every behaviour dsec serves (docs/e2b.md)";
   EXPECT_NEAR(info["lifetime"].get<double>(), 120, 2) << "E2B's timeout is its lifetime";
   EXPECT_NEAR(out["extendedBy"].get<double>(), 480, 5) << "setTimeout(600 s) is 600 s from now";
   // getMetrics: one sample, of now (dsec keeps no history); none for a
@@ -84,6 +84,10 @@ TEST_F(E2bDoor, TheUnmodifiedSdkCreatesListsExtendsAndKillsSandboxes) {
   EXPECT_TRUE(m.contains("memCache") && m.contains("diskUsed") && m.contains("diskTotal")) << m.dump();
   EXPECT_EQ(out["pastMetrics"], 0);
   EXPECT_EQ(out["listed"], nlohmann::json::array({id})) << "listed by its metadata";
+  EXPECT_EQ(out["newestFirst"], true) << "E2B's order: by start, newest first, across pages of 1";
+  EXPECT_EQ(out["oldestFirst"], true) << "order=asc";
+  EXPECT_EQ(out["startedAfter"], true) << "started at or after the time";
+  EXPECT_EQ(out["badOrder"], 400);
   EXPECT_EQ(out["othersListed"], 0);
   EXPECT_EQ(out["running"], 1);
   EXPECT_EQ(out["connected"], id);
@@ -197,6 +201,7 @@ TEST_F(E2bDoor, RequestsWithoutAValidKeyAreRefusedAndMakeNothing) {
 // SDK writes, it reads back byte for byte, parents made; a missing file is
 // its NotFound; another sandbox's token is refused.
 TEST_F(E2bDoor, TheSdkWritesAndReadsFilesThroughTheSandboxUrl) {
+  using J = nlohmann::json;
   auto r = Node("envd_files.cjs", {std::string("TEMPLATE=") + kImage});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   auto out = nlohmann::json::parse(r.out, nullptr, false);
@@ -222,6 +227,13 @@ TEST_F(E2bDoor, TheSdkWritesAndReadsFilesThroughTheSandboxUrl) {
   EXPECT_THAT(out["missing"].get<std::string>(), HasSubstr("NotFound"));
   EXPECT_EQ(out["running"], true);
   EXPECT_THAT(out["crossToken"].get<std::string>(), HasSubstr("status 401"));
+  // Signed URLs: plain fetches without headers, the sandbox found by its token's signature.
+  EXPECT_EQ(out["signedRead"], J::parse(R"([200, "c"])")) << "downloadUrl, fetched as a browser would";
+  EXPECT_EQ(out["signedWrite"], J::parse(R"([200, "uploaded"])")) << "uploadUrl, a form posted to it";
+  EXPECT_EQ(out["signedExpired"], J::parse(R"([401, {"code": 401, "message": "signature is already expired"}])"));
+  EXPECT_EQ(out["signedForged"], 401);
+  EXPECT_EQ(out["readUrlWrites"], 401) << "a read's signature does not write";
+  EXPECT_EQ(out["signedWithId"], 200) << "with E2b-Sandbox-Id, the signature stands for the token";
   EXPECT_EQ(out["runningAfterKill"], false);
 }
 
@@ -268,6 +280,7 @@ TEST_F(E2bDoor, TheSdkRunsCommandsAndWalksTheFilesystem) {
   EXPECT_EQ(out["protoBody"][0], 415) << "JSON only, said so";
   EXPECT_EQ(out["polled"], J::parse(R"([["EVENT_TYPE_CREATE","f"],["EVENT_TYPE_WRITE","f"]])"))
       << "a polled watcher's events, each once";
+  EXPECT_EQ(out["polledEntry"], J::parse(R"(["/tmp/polled/f", "FILE_TYPE_FILE", "2"])")) << "includeEntry (envd 0.6.3)";
   EXPECT_EQ(out["pollAgain"], J::parse(R"([200, {"events": []}])")) << "taken by the poll before";
   EXPECT_EQ(out["removedWatcher"], J::parse(R"([200, {}])"));
   EXPECT_EQ(out["pollRemoved"][0], 404);
@@ -296,8 +309,11 @@ TEST_F(E2bDoor, TheSdkRunsCommandsAndWalksTheFilesystem) {
   EXPECT_EQ(out["afterRemove"], J({"/tmp/fs/uno.txt"})) << "a directory removed with all it held";
   EXPECT_THAT(out["listFile"].get<std::string>(), HasSubstr("not a directory"));
   EXPECT_THAT(out["listMissing"].get<std::string>(), HasSubstr("NotFound"));
-  EXPECT_EQ(out["watched"], J::parse(R"([["create","sub"],["create","sub/f.txt"],["write","sub/f.txt"]])"))
+  EXPECT_EQ(out["watched"],
+            J::parse(R"([["create","sub"],["create","sub/f.txt"],["write","sub/f.txt"],["remove","sub/f.txt"]])"))
       << "a recursive watch, through the SDK's watchDir (envd 0.1.4)";
+  EXPECT_EQ(out["watchEntries"], J::parse(R"([["/tmp/wd/sub","dir",null],["/tmp/wd/sub/f.txt","file",1],null])"))
+      << "envd 0.6.3: each event's entry where its path can be stat-ed (includeEntry), none for a remove";
   EXPECT_THAT(out["watchMissing"].get<std::string>(), HasSubstr("NotFound"));
   EXPECT_EQ(out["removeMissing"], "no error") << "envd's remove of what is not there";
   EXPECT_EQ(out["pauseBusy"], J({true, false})) << "paused with a command running, as E2B pauses";

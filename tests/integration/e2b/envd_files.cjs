@@ -55,6 +55,19 @@ main(async () => {
         headers: { 'E2b-Sandbox-Id': sbx.sandboxId, 'X-Access-Token': other.envdAccessToken ?? 'none' },
       }).then((r) => { if (r.status !== 200) throw new Error(`status ${r.status}`); }));
     await other.kill();
+    // Signed URLs (downloadUrl, uploadUrl): fetched without headers, as a browser would.
+    const down = await sbx.downloadUrl('/tmp/e2b/c.txt', { useSignatureExpiration: 600 });
+    out.signedRead = await fetch(down).then(async (r) => [r.status, await r.text()]);
+    const form = () => { const f = new FormData(); f.append('file', 'uploaded'); return f; };
+    const up = await sbx.uploadUrl('/tmp/e2b/up.txt');
+    out.signedWrite = [await fetch(up, { method: 'POST', body: form() }).then((r) => r.status),
+      await sbx.files.read('/tmp/e2b/up.txt')];
+    const expired = await sbx.downloadUrl('/tmp/e2b/c.txt', { useSignatureExpiration: -10 });
+    out.signedExpired = await fetch(expired).then(async (r) => [r.status, await r.json()]);
+    out.signedForged = await fetch(down.replace(/signature=[^&]*/, 'signature=v1_forged')).then((r) => r.status);
+    const readOfUp = (await sbx.downloadUrl('/tmp/e2b/up.txt'));
+    out.readUrlWrites = await fetch(readOfUp, { method: 'POST', body: form() }).then((r) => r.status);
+    out.signedWithId = await fetch(down, { headers: { 'E2b-Sandbox-Id': sbx.sandboxId } }).then((r) => r.status);
   } finally {
     await sbx.kill();
   }

@@ -72,7 +72,7 @@ main(async () => {
     const unary = (method, body) => raw(`/filesystem.Filesystem/${method}`, 'application/json', JSON.stringify(body))
       .then(([code, text]) => [code, JSON.parse(text)]);
     await sbx.files.makeDir('/tmp/polled');
-    const [, made] = await unary('CreateWatcher', { path: '/tmp/polled', recursive: true });
+    const [, made] = await unary('CreateWatcher', { path: '/tmp/polled', recursive: true, includeEntry: true });
     await sbx.commands.run('echo x > /tmp/polled/f');
     const polled = [];
     const wrote = () => polled.some((e) => e.name === 'f' && e.type === 'EVENT_TYPE_WRITE');
@@ -82,6 +82,8 @@ main(async () => {
       if (!wrote()) await new Promise((res) => setTimeout(res, 100));
     }
     out.polled = polled.filter((e) => e.type !== 'EVENT_TYPE_CHMOD').map((e) => [e.type, e.name]);
+    const wroteEntry = polled.find((e) => e.type === 'EVENT_TYPE_WRITE').entry;
+    out.polledEntry = wroteEntry && [wroteEntry.path, wroteEntry.type, wroteEntry.size];
     out.pollAgain = await unary('GetWatcherEvents', { watcherId: made.watcherId });
     out.removedWatcher = await unary('RemoveWatcher', { watcherId: made.watcherId });
     out.pollRemoved = await unary('GetWatcherEvents', { watcherId: made.watcherId });
@@ -124,18 +126,24 @@ main(async () => {
     const events = [];
     const waiting = [];  // [type, name, resolve]: resolved when that event comes
     const until = (type, name) => new Promise((resolve) => waiting.push([type, name, resolve]));
+    const entries = {};  // envd 0.6.3: each event's entry (includeEntry), where the path can be stat-ed
     const watch = await sbx.files.watchDir('/tmp/wd', (e) => {
       events.push([e.type, e.name]);
+      entries[`${e.type} ${e.name}`] = e.entry ? [e.entry.path, e.entry.type, e.entry.type === 'file' ? e.entry.size : null] : null;
       for (const w of waiting) if (w[0] === e.type && w[1] === e.name) w[2]();
-    }, { recursive: true });
+    }, { recursive: true, includeEntry: true });
     const subMade = until('create', 'sub');
     await sbx.files.makeDir('/tmp/wd/sub');
     await subMade;  // its watch is added as its create is read
     const fileWritten = until('write', 'sub/f.txt');
     await sbx.files.write('/tmp/wd/sub/f.txt', 'x');
     await fileWritten;
+    const fileRemoved = until('remove', 'sub/f.txt');
+    await sbx.files.remove('/tmp/wd/sub/f.txt');
+    await fileRemoved;
     await watch.stop();
     out.watched = events.filter((e) => e[0] !== 'chmod');
+    out.watchEntries = [entries['create sub'], entries['write sub/f.txt'], entries['remove sub/f.txt']];
     out.watchMissing = await failure(() => sbx.files.watchDir('/tmp/nowhere', () => {}));
     out.removeMissing = await failure(() => sbx.files.remove('/tmp/never-was'));
     await sbx.commands.run('cd /tmp && ln -s uno.txt /tmp/fs/link');

@@ -391,6 +391,12 @@ TEST_F(SandboxActor, ATtlThatPausesPausesItAndAResumeStartsItAgain) {
   auto resumed = node_.Get(id);
   EXPECT_GE(resumed->ttl_deadline_ms(), before + 1000) << "a resume starts its ttl again";
   EXPECT_EQ(node_.Exec(id, "cat /work/f")->stdout(), "kept\n");
+  v1::SetTimeoutRequest t;  // E2B's setTimeout: the period a resume starts again, not the whole lifetime
+  t.set_sandbox_id(id);
+  t.set_timeout_s(1);
+  auto timed = node_.Call(t);
+  ASSERT_TRUE(timed.ok()) << timed.status().ToString();
+  EXPECT_EQ(timed->sandbox().spec().ttl_s(), 1u) << "over a second old: a lifetime would be 2 s or more";
   ASSERT_TRUE(node_.WaitFor([&] { return node_.Get(id)->phase() == v1::SANDBOX_PHASE_PAUSED; },
                             std::chrono::seconds(5)))
       << "and its end pauses it again";
