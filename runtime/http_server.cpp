@@ -60,6 +60,7 @@ struct RouteEntry {
   HttpHandler handler;
   size_t max_body;
   bool prefix;
+  HttpServer::HeadMatch when;  // RouteWhen's
   bool Matches(const std::string& p) const { return prefix ? p.rfind(path, 0) == 0 : p == path; }
 };
 
@@ -81,6 +82,7 @@ struct HttpServer::Impl {
   HttpServerOptions opt;
   LogFn log;
   std::vector<RouteEntry> routes;
+  std::vector<RouteEntry> when_routes;  // RouteWhen's, asked first
   std::thread thread;
   std::unique_ptr<HttpGate> gate;
   std::atomic<bool> stopping{false};
@@ -178,7 +180,15 @@ class HttpConn : public std::enable_shared_from_this<HttpConn> {
     keep_alive_ = h.keep_alive();
     version_ = h.version();
     std::string allow;
-    route_ = s_->Find(method_, path_, &allow);
+    route_ = nullptr;
+    for (const auto& r : s_->when_routes) {
+      auto header = [&h](const char* name) { return std::string(h[name]); };
+      if (r.when(method_, target_, header)) {
+        route_ = &r;
+        break;
+      }
+    }
+    if (!route_) route_ = s_->Find(method_, path_, &allow);
     if (!route_) {
       if (!allow.empty()) return Error(405, method_ + " is not allowed on " + path_ + "; it takes " + allow, allow);
       return Error(404, "no such path: " + path_ + "; this server has " + s_->Known());
@@ -452,7 +462,11 @@ HttpServer::~HttpServer() { Stop(); }
 
 void HttpServer::Route(const std::string& method, const std::string& path, HttpHandler handler, size_t max_body,
                        bool prefix) {
-  impl_->routes.push_back(RouteEntry{method, path, std::move(handler), max_body, prefix});
+  impl_->routes.push_back(RouteEntry{method, path, std::move(handler), max_body, prefix, nullptr});
+}
+
+void HttpServer::RouteWhen(HeadMatch match, HttpHandler handler, size_t max_body) {
+  impl_->when_routes.push_back(RouteEntry{"", "", std::move(handler), max_body, false, std::move(match)});
 }
 
 void HttpServer::Start() {

@@ -98,6 +98,12 @@ class HttpServer {
   // path: 405 with Allow; unknown paths: 404 naming the known ones.
   void Route(const std::string& method, const std::string& path, HttpHandler handler, size_t max_body = 0,
              bool prefix = false);
+  // Before Start: a request whose head `match` takes (any method, any
+  // path; `header` gives a lowercase-named header's value, "" when none)
+  // goes to `handler`, before the path routes are looked at.
+  using HeadMatch = std::function<bool(const std::string& method, const std::string& target,
+                                       const std::function<std::string(const char*)>& header)>;
+  void RouteWhen(HeadMatch match, HttpHandler handler, size_t max_body);
   // Starts the server's thread.
   void Start();
   // For the front door's listener: judges the first head, then Adopt.

@@ -1,5 +1,10 @@
 // dsec-agent: PID 1 of a container (later the init of a VM); see agent.hpp.
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
 #include <linux/random.h>
 #include <sys/ioctl.h>
 #include <sys/prctl.h>
@@ -21,6 +26,7 @@ void Usage(FILE* out) {
                "usage: dsec-agent (--listen PATH | --listen-fd N | --fd N [--vport]) [--cgroup DIR] [--oom-events F] [--ready-fd N] [--guarded] [--layers-fd U,I[,M]]\n"
                "       dsec-agent --reclaim\n"
                "       dsec-agent --identity < LINES\n"
+               "       dsec-agent --relay PORT\n"
                "\n"
                "The in-sandbox agent of dsec: PID 1 of a container, serving the agent\n"
                "protocol (drivers/agent/agent.proto) to dsecd. It runs commands, streams\n"
@@ -50,6 +56,10 @@ void Usage(FILE* out) {
                "                  other program) take the lines of stdin as the hostname, the\n"
                "                  machine-id, a random seed (hex) and the time (ns since the\n"
                "                  epoch): set them, and reseed the kernel's RNG with the seed\n"
+               "  --relay PORT    (run by dsecd to reach a service in the sandbox) connect to\n"
+               "                  127.0.0.1:PORT (else [::1]:PORT), copy stdin to it (its write\n"
+               "                  side shut at stdin's end) and what it sends to stdout, until\n"
+               "                  it closes; exit 3 when nothing listens there\n"
                "\n"
                "As PID 1 it ignores SIGTERM and SIGINT (the host kills the sandbox to stop\n"
                "it). Otherwise it makes itself a child subreaper and, on SIGTERM or SIGINT,\n"
@@ -156,6 +166,82 @@ int Identity() {
   return 0;
 }
 
+bool WriteAll(int fd, const char* p, size_t n) {
+  while (n > 0) {
+    ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+
+// --relay PORT: stdin and stdout joined to a TCP connection to a service
+// listening in the sandbox (dsecd's E2B door reaches ports this way: it
+// needs no network link, so a sandbox without one has its services too).
+int Relay(const char* port_text) {
+  char* end = nullptr;
+  long port = std::strtol(port_text, &end, 10);
+  if (!*port_text || *end || port < 1 || port > 65535) {
+    std::fprintf(stderr, "dsec-agent --relay: '%s' is not a port (1 to 65535)\n", port_text);
+    return 2;
+  }
+  ::signal(SIGPIPE, SIG_IGN);
+  int sock = -1, err = 0;
+  for (int family : {AF_INET, AF_INET6}) {
+    sock = ::socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (sock < 0) continue;
+    int rc;
+    if (family == AF_INET) {
+      sockaddr_in a = {};
+      a.sin_family = AF_INET;
+      a.sin_port = htons(static_cast<uint16_t>(port));
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      rc = ::connect(sock, reinterpret_cast<sockaddr*>(&a), sizeof a);
+    } else {
+      sockaddr_in6 a = {};
+      a.sin6_family = AF_INET6;
+      a.sin6_port = htons(static_cast<uint16_t>(port));
+      a.sin6_addr = in6addr_loopback;
+      rc = ::connect(sock, reinterpret_cast<sockaddr*>(&a), sizeof a);
+    }
+    if (rc == 0) break;
+    err = errno;
+    ::close(sock);
+    sock = -1;
+  }
+  if (sock < 0) {
+    std::fprintf(stderr, "nothing listens on port %ld in the sandbox (%s)\n", port, std::strerror(err));
+    return 3;
+  }
+  char buf[65536];
+  bool in_open = true;
+  for (;;) {
+    pollfd fds[2] = {{in_open ? 0 : -1, POLLIN, 0}, {sock, POLLIN, 0}};
+    if (::poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      return 1;
+    }
+    if (in_open && (fds[0].revents & (POLLIN | POLLHUP | POLLERR))) {
+      ssize_t n = ::read(0, buf, sizeof buf);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        in_open = false;
+        ::shutdown(sock, SHUT_WR);
+      } else if (!WriteAll(sock, buf, static_cast<size_t>(n))) {
+        return 1;
+      }
+    }
+    if (fds[1].revents & (POLLIN | POLLHUP | POLLERR)) {
+      ssize_t n = ::read(sock, buf, sizeof buf);
+      if (n < 0 && errno == EINTR) continue;
+      if (n == 0) return 0;
+      if (n < 0 || !WriteAll(1, buf, static_cast<size_t>(n))) return n < 0 ? 1 : 0;
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -166,6 +252,7 @@ int main(int argc, char** argv) {
   ::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
   if (argc == 2 && std::string(argv[1]) == "--reclaim") return Reclaim();
   if (argc == 2 && std::string(argv[1]) == "--identity") return Identity();
+  if (argc == 3 && std::string(argv[1]) == "--relay") return Relay(argv[2]);
   dsec::agent::AgentOptions o;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];

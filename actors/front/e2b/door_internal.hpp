@@ -96,6 +96,13 @@ Result<std::string> Gunzip(const std::string& in, size_t max);
 // one with each call), "" for root.
 void ServeEnvdRpc(caf::event_based_actor* self, const entry_actor& entry, Call& c, const std::string& sandbox);
 
+// A service in a sandbox by its port (e2b_ports.cpp): whether a request's
+// head names one (E2b-Sandbox-Id and an E2b-Sandbox-Port not envd's, or a
+// Host of <port>-<id>.<domain>), and its relay when `c` is one (false:
+// it is not).
+bool PortTarget(const std::function<std::string(const char*)>& header, std::string* id, uint32_t* port);
+bool ServePort(caf::event_based_actor* self, const entry_actor& entry, Call& c);
+
 // A record as E2B's SandboxInfo / ListedSandbox.
 nlohmann::json Info(const v1::SandboxRecord& r);
 // GET /v2/sandboxes (e2b_list.cpp): filtered, in order of start, paged.

@@ -280,6 +280,7 @@ class Door {
   void Handle(Call& c) {
     const std::string& m = c.req.method;
     const std::string& p = c.req.path;
+    if (ServePort(self_, entry_, c)) return;  // a service in a sandbox, by its port
     if (p == "/health" || p == "/files") return Envd(c);
     if (p.rfind("/filesystem.Filesystem/", 0) == 0 || p.rfind("/process.Process/", 0) == 0)
       return ServeEnvdRpc(self_, entry_, c, *c.req.Header("e2b-sandbox-id"));
@@ -625,6 +626,20 @@ E2bDoor::E2bDoor(caf::actor_system& sys, entry_actor entry, const ApiKeys& keys,
     }
     caf::anon_send(actor_, Call{std::move(req), std::move(reply)});
   };
+  // A service in a sandbox, by its port: no key (as E2B's, a sandbox's
+  // ports are open to whoever reaches the door), any method and path.
+  server.RouteWhen(
+      [](const std::string&, const std::string&, const std::function<std::string(const char*)>& header) {
+        std::string id;
+        uint32_t port;
+        return PortTarget(header, &id, &port);
+      },
+      [this](HttpRequest req, std::shared_ptr<HttpResponder> raw) {
+        auto reply = std::make_shared<Counted>(std::move(raw), "port");
+        if (!actor_) return Error(reply, 503, "the E2B door is stopping");
+        caf::anon_send(actor_, Call{std::move(req), std::move(reply)});
+      },
+      kMaxUpload);
   server.Route("GET", "/health", envd);
   server.Route("GET", "/files", envd);
   server.Route("POST", "/files", envd, kMaxUpload);

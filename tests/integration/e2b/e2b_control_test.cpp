@@ -235,6 +235,15 @@ TEST_F(E2bDoor, TheSdkWritesAndReadsFilesThroughTheSandboxUrl) {
   EXPECT_EQ(out["readUrlWrites"], 401) << "a read's signature does not write";
   EXPECT_EQ(out["signedWithId"], 200) << "with E2b-Sandbox-Id, the signature stands for the token";
   EXPECT_EQ(out["runningAfterKill"], false);
+  // A service in the sandbox, by its port.
+  EXPECT_EQ(out["portRead"], J::parse(R"([200, "hello from a port", "text/plain"])")) << "E2b-Sandbox-Port";
+  EXPECT_EQ(out["portBig"], true) << "300 000 bytes, whole and in order";
+  EXPECT_EQ(out["portMissing"], 404) << "the service's own answer";
+  EXPECT_EQ(out["portByHost"], J::parse(R"([200, "hello from a port"])")) << "Host: getHost(8000)";
+  ASSERT_EQ(out["portClosed"].size(), 2u) << out.dump();
+  EXPECT_EQ(out["portClosed"][0], 502);
+  EXPECT_EQ(out["portClosed"][1]["message"], "The sandbox is running but port is not open");
+  EXPECT_EQ(out["portGone"], J::parse(R"([502, "The sandbox was not found"])")) << "as E2B's proxy says it";
 }
 
 // envd's Connect services (process Start, List, SendInput, CloseStdin,

@@ -68,9 +68,34 @@ main(async () => {
     const readOfUp = (await sbx.downloadUrl('/tmp/e2b/up.txt'));
     out.readUrlWrites = await fetch(readOfUp, { method: 'POST', body: form() }).then((r) => r.status);
     out.signedWithId = await fetch(down, { headers: { 'E2b-Sandbox-Id': sbx.sandboxId } }).then((r) => r.status);
+    // A service in the sandbox by its port (the sandbox has no network link: its policy is none).
+    await sbx.files.write('/tmp/www/hello.txt', 'hello from a port');
+    const big = 'x'.repeat(300000);
+    await sbx.files.write('/tmp/www/big.txt', big);
+    const server = await sbx.commands.run('python3 -m http.server 8000 -d /tmp/www', { background: true, user: 'root' });
+    const port = (p, path) => fetch(`${process.env.E2B_SANDBOX_URL}${path}`,
+      { headers: { 'E2b-Sandbox-Id': sbx.sandboxId, 'E2b-Sandbox-Port': p } });
+    let r = await port('8000', '/hello.txt');
+    for (let i = 0; i < 100 && r.status !== 200; i++) {  // until the server listens
+      await new Promise((res) => setTimeout(res, 100));
+      r = await port('8000', '/hello.txt');
+    }
+    out.portRead = [r.status, await r.text(), r.headers.get('content-type')];
+    out.portBig = (await (await port('8000', '/big.txt')).text()) === big;
+    out.portMissing = (await port('8000', '/none.txt')).status;
+    const u = new URL(process.env.E2B_SANDBOX_URL);
+    out.portByHost = await new Promise((resolve, reject) => {
+      require('http').get({ host: u.hostname, port: u.port, path: '/hello.txt', headers: { Host: sbx.getHost(8000) } },
+        (res) => { let b = ''; res.on('data', (d) => { b += d; }); res.on('end', () => resolve([res.statusCode, b])); })
+        .on('error', reject);
+    });
+    out.portClosed = await port('8001', '/').then(async (res) => [res.status, await res.json()]);
+    await server.kill();
   } finally {
     await sbx.kill();
   }
   out.runningAfterKill = await sbx.isRunning();
+  out.portGone = await fetch(process.env.E2B_SANDBOX_URL,
+    { headers: { 'E2b-Sandbox-Id': sbx.sandboxId, 'E2b-Sandbox-Port': '8000' } }).then(async (r) => [r.status, (await r.json()).message]);
   return out;
 });

@@ -14,6 +14,7 @@
 #include "dsec/snapshot.hpp"
 #include "runtime/files.hpp"
 #include "tests/support/container_fixture.hpp"
+#include "tests/support/e2b_sdk.hpp"
 #include "tests/support/kinds.hpp"
 #include "tests/support/vm_probes.hpp"
 
@@ -228,6 +229,33 @@ TEST_P(VmKinds, PauseWithMemoryEndsTheVmmAndResumeBringsItsMemoryBack) {
   EXPECT_EQ(ShIn(*a, kCheck).stdout(), "same\n");
   for (auto& sb : made_) EXPECT_TRUE(sb.Destroy().ok());
   made_.clear();
+  ExpectNoVm(*daemon_);
+}
+
+// The unmodified E2B SDK drives a guest of this kind through the door
+// (docs/e2b.md: a template's kind by metadata dsec.kind): a subset of its
+// calls, those whose path in a guest differs from a container's (the
+// agent over virtio, the relay to a port, pause with memory).
+TEST_P(VmKinds, TheE2bSdkDrivesAGuestThroughTheDoor) {
+  std::string skip, module = E2bSdkModule(&skip);
+  if (module.empty()) GTEST_SKIP() << skip;
+  auto r = RunE2bScript(*daemon_, module, "microvm.cjs",
+                        {std::string("TEMPLATE=") + kImage, "KIND=" + std::string(GetParam().name)});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  auto out = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_TRUE(out.is_object()) << r.out;
+  EXPECT_EQ(out["run"], nlohmann::json::parse(R"([4, "line 1\nline 2\nline 3\n", "err\n", "line 1\nline 2\nline 3\n"])"))
+      << "streamed, in order, with its exit code";
+  EXPECT_EQ(out["hostname"], out["id"]) << "the guest's hostname is its sandbox's id";
+  EXPECT_EQ(out["read"], "in a guest");
+  EXPECT_EQ(out["list"], nlohmann::json::array({"a.txt"}));
+  EXPECT_EQ(out["watched"], true);
+  EXPECT_EQ(out["port"], nlohmann::json::parse(R"([200, "hello from a guest"])")) << "a service by its port";
+  EXPECT_EQ(out["pausedState"], "paused");
+  EXPECT_EQ(out["resumedState"], "running");
+  EXPECT_EQ(out["busyListed"], true) << "a command running at the pause goes on after it";
+  EXPECT_EQ(out["afterResume"], "in a guest");
+  EXPECT_EQ(out["killed"], true);
   ExpectNoVm(*daemon_);
 }
 
