@@ -37,6 +37,11 @@ Status Remove(const Sandbox& sandbox, const std::string& path) {
   return Op(sandbox, v1::PATH_OP_REMOVE, path, "", "").status();
 }
 
+void WriteAsync(const Sandbox& sandbox, v1::WriteFileRequest req, DoneStatus done) {
+  ExtraCalls::Call<v1::FileReply>(sandbox, std::move(req),
+                                  [done = std::move(done)](Result<v1::FileReply> r) { done(r.status()); });
+}
+
 Status Write(const Sandbox& sandbox, v1::WriteFileRequest req) {
   return Wait<v1::FileReply>([&](Done<v1::FileReply> d) {
            ExtraCalls::Call<v1::FileReply>(sandbox, std::move(req), std::move(d));

@@ -57,6 +57,35 @@ def test_every_async_call(container_daemon: Daemon) -> None:
                 stream = sb.exec_stream(["sh", "-c", "for i in 1 2 3; do echo $i; sleep 0.05; done"])
                 got = [chunk.data async for chunk in stream]
                 assert b"".join(got) == b"1\n2\n3\n" and stream.result.exit_code == 0
+                # Processes by pid: listed, given input, attached to, their stdin closed.
+                reader = sb.exec_stream(["sh", "-c", "read l; echo got $l; cat"], interactive=True)
+                procs = await sb.processes()
+                for _ in range(100):
+                    if procs:
+                        break
+                    procs = await sb.processes()
+                (pid,) = [p.pid for p in procs if p.stdin_open]
+                following = sb.attach(pid)
+                await sb.send_input(pid, "x\n")
+                await sb.close_stdin(pid)
+                assert b"".join([c.data async for c in following]) == b"got x\n" and following.result.exit_code == 0
+                assert b"".join([c.data async for c in reader]) == b"got x\n"
+                with pytest.raises(dsec.NotFound):
+                    await sb.signal(pid)
+                term = sb.exec_stream(["python3", "-c", "import os, sys; sys.stdin.readline(); "
+                                       "print(os.get_terminal_size())"], pty=(80, 24))
+                procs = await sb.processes()
+                while not procs:
+                    procs = await sb.processes()
+                await sb.resize(procs[0].pid, 100, 30)
+                await sb.send_input(procs[0].pid, "go\n")
+                shown = [(c.stream, c.data) async for c in term]
+                assert {st for st, _ in shown} == {"pty"}
+                assert b"columns=100, lines=30" in b"".join(d for _, d in shown), shown
+                await sb.write_file("/work/m.txt", "m", user="user", xattrs={"e2b.k": "v"})
+                info = (await sb.list_files("/work/m.txt")).info
+                assert (info.owner, dict(info.xattrs)) == ("user", {"e2b.k": "v"})
+                assert (await sb.usage()).cpu_count >= 1
                 await sb.pause(memory=True)
                 assert (await sb.get()).paused_memory
                 await sb.resume()

@@ -94,6 +94,31 @@ def test_create_exec_files_pause_resume_destroy(cclient: dsec.Client) -> None:
         sb.send_input(st.pid, "x\n")
         assert b"".join(c.data for c in following) == b"got x\n" and following.result.exit_code == 0
         assert b"".join(c.data for c in st) == b"got x\n"
+        # A terminal: its output as "pty" chunks, typed into, resized.
+        term = sb.exec_stream(["python3", "-c", "import os, sys; print(os.get_terminal_size(), flush=True); "
+                               "sys.stdin.readline(); print(os.get_terminal_size())"], pty=(80, 24))
+        shown = b""
+        chunks = iter(term)
+        while b"lines=24" not in shown:
+            c = next(chunks)
+            assert c.stream == "pty"
+            shown += c.data
+        assert b"columns=80, lines=24" in shown
+        sb.resize(term.pid, 100, 30)
+        sb.send_input(term.pid, "go\n")
+        assert b"columns=100, lines=30" in b"".join(c.data for c in chunks) and term.result.exit_code == 0
+        with pytest.raises(TypeError):
+            sb.exec_stream(["true"], pty=80)
+        # Extended attributes (E2B's file metadata) and the owner of a file written.
+        sb.write_file("/work/meta.txt", "m", user="user", xattrs={"e2b.author": "mish", "keep": "1"})
+        meta = sb.list_files("/work/meta.txt").info
+        assert (meta.owner, dict(meta.xattrs)) == ("user", {"e2b.author": "mish", "keep": "1"})
+        sb.write_file("/work/meta.txt", "n", xattrs_replace="e2b.")
+        assert dict(sb.list_files("/work/meta.txt").info.xattrs) == {"keep": "1"}
+        with pytest.raises(dsec.InvalidArgument, match="1 to 200 bytes"):
+            sb.write_file("/work/meta.txt", "n", xattrs={"k" * 201: "v"})
+        with pytest.raises(TypeError):
+            sb.write_file("/work/meta.txt", "n", xattrs={"k": 1})
         sb.make_dir("/work/wd")
         seen = []
         with sb.watch("/work/wd", recursive=True) as w:

@@ -22,6 +22,8 @@ Status Remove(const Sandbox& sandbox, const std::string& path);
 // metadata; `xattrs_replace` drops others of a namespace), which
 // ListFiles shows (FileInfo.xattrs).
 Status Write(const Sandbox& sandbox, v1::WriteFileRequest req);
+// Write, with `done` on an SDK thread.
+void WriteAsync(const Sandbox& sandbox, v1::WriteFileRequest req, DoneStatus done);
 
 // The request as given (sandbox_id set here); `done` on an SDK thread.
 void PathOpAsync(const Sandbox& sandbox, v1::PathOpRequest req, Done<v1::FileReply> done);

@@ -20,13 +20,15 @@ import functools
 import inspect
 import weakref
 from types import TracebackType
-from typing import (Any, Callable, Coroutine, Generator, Generic, List, Mapping, Optional, ParamSpec, Protocol, Type,
+from typing import (Any, Callable, Coroutine, Dict, Generator, Generic, List, Mapping, Optional, ParamSpec, Protocol, Type,
                     TypeVar, Union)
 
 from . import _args, _core
 from ._errors import NotFound
-from ._client import Chunk, _Connection, _chunks, _content, _flag, _grade, _mode, _nonneg, _positive_seconds
-from ._records import (ExecResult, FileInfo, FileList, ImageManifest, SandboxPage, SandboxRecord, SessionRecord, SnapshotInfo,
+from ._client import (Chunk, _Connection, _chunks, _content, _flag, _grade, _mode, _nonneg, _positive_seconds,
+                      _write_extras)
+from ._records import (ExecResult, FileInfo, FileList, ImageManifest, ProcessInfo, SandboxPage, SandboxRecord, SandboxUsage,
+                       SessionRecord, SnapshotInfo,
                        StepFlag, StepMeta,
                        StepRecord, StepReply)
 
@@ -159,8 +161,9 @@ _END = object()
 class AsyncExecStream:
     """``async for chunk in sandbox.exec_stream(...)``; ``result`` once it has ended."""
 
-    def __init__(self, sb: "_core.Sandbox", req: Any) -> None:
+    def __init__(self, sb: "_core.Sandbox", req: Any, pty: bool = False) -> None:
         loop = asyncio.get_running_loop()
+        self._pty = pty
         self._queue: "asyncio.Queue[Any]" = asyncio.Queue()
         self._done = loop.create_future()
         self.result: Optional[ExecResult] = None
@@ -168,7 +171,7 @@ class AsyncExecStream:
         self._done.add_done_callback(lambda _: self._queue.put_nowait(_END))
 
     def _push(self, stdout: bytes, stderr: bytes) -> None:
-        for c in _chunks(stdout, stderr):
+        for c in _chunks(stdout, stderr, pty=self._pty):
             self._queue.put_nowait(c)
 
     def __aiter__(self) -> "AsyncExecStream":
@@ -206,9 +209,21 @@ class AsyncSandbox:
     def exec_stream(self, cmd: _args.Command, *, stdin: Union[bytes, str, None] = None,
                     env: Optional[Mapping[str, str]] = None, cwd: Optional[_args.PathArg] = None,
                     timeout: Optional[float] = None, limits: Any = None,
-                    user: Optional[str] = None) -> AsyncExecStream:
-        """Starts the exec now; iterate with ``async for`` (see dsec.Sandbox.exec_stream)."""
-        req = _args.exec_request(cmd, stdin=stdin, env=env, cwd=cwd, timeout=timeout, limits=limits, user=user)
+                    user: Optional[str] = None, interactive: bool = False,
+                    pty: Optional[Any] = None) -> AsyncExecStream:
+        """Starts the exec now; iterate with ``async for`` (see dsec.Sandbox.exec_stream;
+        an interactive one's pid: processes())."""
+        req = _args.exec_request(cmd, stdin=stdin, env=env, cwd=cwd, timeout=timeout, limits=limits, user=user,
+                                 interactive=_flag(interactive, "interactive") or pty is not None, pty=pty)
+        return AsyncExecStream(self._sb, req, pty=pty is not None)
+
+    def attach(self, pid: int, *, timeout: Optional[float] = None) -> AsyncExecStream:
+        """A running streamed exec's output from now on, and its result (see
+        dsec.Sandbox.attach); iterate with ``async for``."""
+        req: Dict[str, Any] = {"attach_pid": _args.count(pid, "pid", 0xFFFFFFFF)}
+        ms = _args.seconds_to_ms(timeout, "timeout")
+        if ms:
+            req["limits"] = {"timeout_ms": ms}
         return AsyncExecStream(self._sb, req)
 
     async def get(self) -> SandboxRecord:
@@ -245,9 +260,35 @@ class AsyncSandbox:
         return await _call(self._sb.read_file, _args.path(path), _nonneg(max_bytes, "max_bytes"))
 
     async def write_file(self, path: _args.PathArg, content: Union[bytes, str], *, mode: int = 0o644,
-                         make_parents: bool = False) -> None:
+                         make_parents: bool = False, user: Optional[str] = None,
+                         xattrs: Optional[Mapping[str, str]] = None, xattrs_replace: str = "") -> None:
         await _call(self._sb.write_file, _args.path(path), _content(content), _mode(mode),
-                    _flag(make_parents, "make_parents"))
+                    _flag(make_parents, "make_parents"), *_write_extras(user, xattrs, xattrs_replace))
+
+    async def processes(self) -> List[ProcessInfo]:
+        """The execs running in it now (any client's), oldest first."""
+        return await _call(self._sb.process, "list", 0, 0, b"")
+
+    async def usage(self) -> SandboxUsage:
+        """What it uses now (Sandbox.usage)."""
+        return await _call(self._sb.usage)
+
+    async def signal(self, pid: int, signal: int = 15) -> None:
+        """Sends `signal` to the process group of the running exec `pid`."""
+        await _call(self._sb.process, "signal", _args.count(pid, "pid", 0xFFFFFFFF), int(signal), b"")
+
+    async def send_input(self, pid: int, data: Union[bytes, str]) -> None:
+        """Writes `data` to an interactive exec's stdin, after what came before."""
+        await _call(self._sb.process, "input", _args.count(pid, "pid", 0xFFFFFFFF), 0, _content(data))
+
+    async def close_stdin(self, pid: int) -> None:
+        """Closes an interactive exec's stdin: it reads end-of-file."""
+        await _call(self._sb.process, "close_stdin", _args.count(pid, "pid", 0xFFFFFFFF), 0, b"")
+
+    async def resize(self, pid: int, cols: int, rows: int) -> None:
+        """A terminal exec's terminal to cols x rows (see dsec.Sandbox.resize)."""
+        size = _args.pty_size((cols, rows))
+        await _call(self._sb.resize, _args.count(pid, "pid", 0xFFFFFFFF), size["cols"], size["rows"])
 
     async def list_files(self, path: _args.PathArg) -> FileList:
         return await _call(self._sb.list_files, _args.path(path))

@@ -214,7 +214,7 @@ _network = network
 
 def exec_request(cmd: Any, *, stdin: Any = None, env: Any = None, cwd: Any = None, timeout: Any = None,
                  limits: Any = None, idempotency_key: Any = None, user: Any = None,
-                 interactive: bool = False) -> Dict[str, Any]:
+                 interactive: bool = False, pty: Any = None) -> Dict[str, Any]:
     out: Dict[str, Any] = {"argv": command(cmd)}
     if stdin is not None:
         if isinstance(stdin, str):
@@ -235,7 +235,16 @@ def exec_request(cmd: Any, *, stdin: Any = None, env: Any = None, cwd: Any = Non
         out["user"] = text(user, "user")
     if interactive:
         out["interactive"] = True
+    if pty is not None:
+        out["pty"] = pty_size(pty)
     return out
+
+
+def pty_size(v: Any) -> Dict[str, int]:
+    """A terminal's (cols, rows)."""
+    if not isinstance(v, (tuple, list)) or len(v) != 2:
+        raise TypeError(f"dsec: a terminal's size is (cols, rows), not {v!r}")
+    return {"cols": count(v[0], "cols", 1000), "rows": count(v[1], "rows", 1000)}
 
 
 def meta(reward: Any = None, prompt_tokens: Any = None, completion_tokens: Any = None,

@@ -60,7 +60,7 @@ class Chunk:
     __slots__ = ("stream", "data")
 
     def __init__(self, stream: str, data: bytes) -> None:
-        self.stream = stream  # "stdout" or "stderr"
+        self.stream = stream  # "stdout", "stderr", or "pty" (a terminal exec's)
         self.data = data
 
     @property
@@ -71,10 +71,10 @@ class Chunk:
         return f"Chunk({self.stream}, {self.data!r})"
 
 
-def _chunks(stdout: bytes, stderr: bytes) -> List[Chunk]:
+def _chunks(stdout: bytes, stderr: bytes, pty: bool = False) -> List[Chunk]:
     out = []
     if stdout:
-        out.append(Chunk("stdout", stdout))
+        out.append(Chunk("pty" if pty else "stdout", stdout))
     if stderr:
         out.append(Chunk("stderr", stderr))
     return out
@@ -85,8 +85,9 @@ class ExecStream:
     the ExecResult once the iteration has ended (its stdout and stderr are
     empty: the output came in the chunks). A failure raises from the loop."""
 
-    def __init__(self, stream: "_core.Stream") -> None:
+    def __init__(self, stream: "_core.Stream", pty: bool = False) -> None:
         self._stream = stream
+        self._pty = pty
         self._pending: List[Chunk] = []
         self.result: Optional[ExecResult] = None
 
@@ -107,7 +108,7 @@ class ExecStream:
             if got is None:
                 self.result = self._stream.result()
                 raise StopIteration
-            self._pending = _chunks(*got)
+            self._pending = _chunks(*got, pty=self._pty)
         return self._pending.pop(0)
 
 
@@ -185,15 +186,18 @@ class Sandbox:
     def exec_stream(self, cmd: _args.Command, *, stdin: Union[bytes, str, None] = None,
                     env: Optional[Mapping[str, str]] = None, cwd: Optional[_args.PathArg] = None,
                     timeout: Optional[float] = None, limits: Any = None, user: Optional[str] = None,
-                    interactive: bool = False) -> ExecStream:
+                    interactive: bool = False, pty: Optional[Any] = None) -> ExecStream:
         """Like exec, with the output as it comes: iterate over the returned ExecStream.
 
         With `interactive`, its stdin stays open (send_input, close_stdin) and the
-        stream's ``pid`` names it (signal, processes). Kinds that cannot stream
-        (fncall) raise dsec.Unimplemented, having run nothing."""
+        stream's ``pid`` names it (signal, processes). `pty` (cols, rows): the command
+        runs on a terminal of that size, leading a session of its own (interactive);
+        its output comes as "pty" chunks, send_input types into it, resize changes its
+        size. Kinds that cannot stream (fncall) raise dsec.Unimplemented, having run
+        nothing."""
         req = _args.exec_request(cmd, stdin=stdin, env=env, cwd=cwd, timeout=timeout, limits=limits, user=user,
-                                 interactive=_flag(interactive, "interactive"))
-        return ExecStream(self._sb.exec_stream(req))
+                                 interactive=_flag(interactive, "interactive") or pty is not None, pty=pty)
+        return ExecStream(self._sb.exec_stream(req), pty=pty is not None)
 
     def get(self) -> SandboxRecord:
         """The sandbox's record: phase, spec, owner, expiry, ..."""
@@ -247,10 +251,17 @@ class Sandbox:
         return self._sb.read_file(_args.path(path), _nonneg(max_bytes, "max_bytes"), None)
 
     def write_file(self, path: _args.PathArg, content: Union[bytes, str], *, mode: int = 0o644,
-                   make_parents: bool = False) -> None:
-        """Writes a file (a str is written as UTF-8)."""
+                   make_parents: bool = False, user: Optional[str] = None, xattrs: Optional[Mapping[str, str]] = None,
+                   xattrs_replace: str = "") -> None:
+        """Writes a file (a str is written as UTF-8).
+
+        `user` (a name in the sandbox's /etc/passwd, or a uid) owns a file it makes, and
+        the parents `make_parents` makes. `xattrs` are set as its user.<name> extended
+        attributes (at most 64, names of 1 to 200 bytes, values of 4 KiB; list_files shows
+        them as FileInfo.xattrs); `xattrs_replace` (a prefix, "e2b." say) first drops its
+        attributes under that prefix that `xattrs` does not name."""
         self._sb.write_file(_args.path(path), _content(content), _mode(mode), _flag(make_parents, "make_parents"),
-                            None)
+                            *_write_extras(user, xattrs, xattrs_replace), None)
 
     def list_files(self, path: _args.PathArg) -> FileList:
         """The path's FileInfo (``info``: name, mode, size, owner, group, ...) and, for a
@@ -278,6 +289,12 @@ class Sandbox:
     def close_stdin(self, pid: int) -> None:
         """Closes an interactive exec's stdin: it reads end-of-file."""
         self._sb.process("close_stdin", _args.count(pid, "pid", 0xFFFFFFFF), 0, b"", None)
+
+    def resize(self, pid: int, cols: int, rows: int) -> None:
+        """A terminal exec's (exec_stream with pty) terminal to cols x rows: the
+        command gets SIGWINCH."""
+        size = _args.pty_size((cols, rows))
+        self._sb.resize(_args.count(pid, "pid", 0xFFFFFFFF), size["cols"], size["rows"], None)
 
     def attach(self, pid: int, *, timeout: Optional[float] = None) -> ExecStream:
         """The output of a running streamed exec (by pid: see processes), from now on,
@@ -588,6 +605,19 @@ def _flag(v: Any, what: str) -> bool:
     if not isinstance(v, bool):
         raise TypeError(f"dsec: {what} is True or False, not {type(v).__name__}")
     return v
+
+
+def _write_extras(user: Any, xattrs: Any, replace: Any) -> tuple:
+    if user is not None and not isinstance(user, str):
+        raise TypeError(f"dsec: user is a name or a uid as a str, not {type(user).__name__}")
+    attrs: Dict[str, str] = {}
+    for k, v in (xattrs or {}).items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise TypeError("dsec: xattrs maps names (str) to values (str)")
+        attrs[k] = v
+    if not isinstance(replace, str):
+        raise TypeError(f"dsec: xattrs_replace is a str (a prefix), not {type(replace).__name__}")
+    return (user or "", attrs, replace)
 
 
 def _content(v: Any) -> bytes:

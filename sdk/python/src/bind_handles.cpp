@@ -46,7 +46,7 @@ void BindHandles(pb::module_& m) {
                    [q](const v1::ExecOutput& out) {
                      std::lock_guard<std::mutex> l(q->mu);
                      if (out.pid()) q->pid = out.pid();
-                     else q->chunks.emplace_back(out.stdout(), out.stderr());
+                     else q->chunks.emplace_back(out.stdout() + out.pty(), out.stderr());  // a terminal's: pty
                      q->cv.notify_all();
                    },
                    [q](Result<v1::ExecResult> r) {
@@ -72,7 +72,7 @@ void BindHandles(pb::module_& m) {
                    [completer, push](const v1::ExecOutput& out) {
                      auto chunk = std::make_shared<v1::ExecOutput>(out);
                      completer->Push([push, chunk] {
-                       push->obj(pb::bytes(chunk->stdout()), pb::bytes(chunk->stderr()));
+                       push->obj(pb::bytes(chunk->stdout() + chunk->pty()), pb::bytes(chunk->stderr()));
                      });
                    },
                    // Called once: the target moves into the queued item.
@@ -155,14 +155,18 @@ void BindHandles(pb::module_& m) {
            })
       .def("write_file",
            [](const PySandbox& s, std::string path, pb::bytes content, uint32_t mode, bool make_parents,
+              std::string user, std::map<std::string, std::string> xattrs, std::string xattrs_replace,
               pb::object aio) {
-             std::string data = content;
+             v1::WriteFileRequest req;
+             req.set_path(path);
+             req.set_content(std::string(content));
+             req.set_mode(mode);
+             req.set_make_parents(make_parents);
+             req.set_user(user);
+             for (auto& [k, v] : xattrs) (*req.mutable_xattrs())[k] = v;
+             req.set_xattrs_replace(xattrs_replace);
              return Issue<Status>(
-                 s.core, aio,
-                 [&s, path, data, mode, make_parents](Client&, DoneStatus d) {
-                   s.sb.WriteFileAsync(path, data, mode, make_parents, std::move(d));
-                 },
-                 None);
+                 s.core, aio, [&s, req](Client&, DoneStatus d) { WriteAsync(s.sb, req, std::move(d)); }, None);
            })
       .def("list_files",
            [](const PySandbox& s, std::string path, pb::object aio) {
@@ -188,6 +192,17 @@ void BindHandles(pb::module_& m) {
                    for (const auto& p : r->processes()) out.append(ToPy(p));
                    return pb::object(std::move(out));
                  });
+           })
+      .def("resize",
+           [](const PySandbox& s, uint32_t pid, uint32_t cols, uint32_t rows, pb::object aio) {
+             v1::ProcessRequest req;
+             req.set_op(v1::PROCESS_OP_RESIZE);
+             req.set_pid(pid);
+             req.mutable_size()->set_cols(cols);
+             req.mutable_size()->set_rows(rows);
+             return Issue<Result<v1::ProcessReply>>(
+                 s.core, aio, [&s, req](Client&, Done<v1::ProcessReply> d) { ProcessAsync(s.sb, req, std::move(d)); },
+                 [](Result<v1::ProcessReply>&) { return pb::none(); });
            })
       .def("usage",
            [](const PySandbox& s, pb::object aio) {
