@@ -60,6 +60,7 @@ void BoxDriver::IdleScanLoop(std::chrono::milliseconds period) {
     }
     int64_t now = SteadyClockMs();
     for (const auto& box : BoxesAs<AgentBox>()) ScanIdle(box, now);
+    ScanDone(now);
   }
 }
 

@@ -88,6 +88,8 @@ class BoxDriver : public AgentDriver {
   void StartIdleScan(std::chrono::milliseconds period);
   void StopIdleScan();
   virtual void ScanIdle(const std::shared_ptr<AgentBox>& /*box*/, int64_t /*now_ms*/) {}
+  // After each period's boxes (the scan's thread).
+  virtual void ScanDone(int64_t /*now_ms*/) {}
 
   // --- leftovers of the last run ---
   // Found at start, before this run made anything.

@@ -76,7 +76,9 @@ Status GuestDriver::Init() {
   // creation of its machine, or removed by the sweep after the restore.
   for (const auto& name : ListSubdirs(vms_)) NoteLeftover(name);
   StartWorkers(kWorkers);
-  if (opts_.reclaim_idle_ms > 0) StartIdleScan(std::chrono::seconds(1));
+  // The idle scan: idle guests' memory given back, and the pools of
+  // snapshots removed since dropped.
+  if (opts_.reclaim_idle_ms > 0 || opts_.pool_size > 0) StartIdleScan(std::chrono::seconds(1));
   // The images whose paths a guard walks are mounted here for the walk.
   guard_mounts_ = std::make_unique<images::ImageMounts>(opts_.data_dir + "/run/guard-images");
   guard_mounts_->Adopt();
@@ -97,7 +99,7 @@ void GuestDriver::ScanIdle(const std::shared_ptr<AgentBox>& agent_box, int64_t n
   auto box = std::static_pointer_cast<Box>(agent_box);
   {
     std::lock_guard<std::mutex> lk(box->idle_mu);
-    if (box->paused || box->active > 0 || now - box->last_active_ms < opts_.reclaim_idle_ms ||
+    if (opts_.reclaim_idle_ms <= 0 || box->paused || box->active > 0 || now - box->last_active_ms < opts_.reclaim_idle_ms ||
         box->reclaimed_ms >= box->last_active_ms)
       return;
     box->reclaimed_ms = now;
@@ -242,9 +244,25 @@ Result<std::string> GuestDriver::CreateNow(const v1::SandboxRecord& sb) {
   auto policy = net::ParsePolicy(sb.spec().network());
   if (!policy.ok()) return policy.status();
   // A guest with a network boots with its NIC: never one from the pool.
+  // One from a snapshot comes from that snapshot's pool (restored and
+  // waiting; its identity given here), unless the snapshot is a fork's
+  // own (used for its forks at once, then gone: a pool would only compete
+  // with them).
   bool networked = NeedsLink(*policy);
-  std::string key = opts_.pool_size > 0 && !networked && sb.spec().snapshot().empty() ? PoolKey(sb.spec()) : "";
+  const std::string& snap = sb.spec().snapshot();
+  bool poolable = opts_.pool_size > 0 && !networked && snap.rfind("fork-", 0) != 0;
+  std::string key = poolable ? PoolKey(sb.spec()) : "";
   std::shared_ptr<Box> box = key.empty() ? nullptr : TakeFromPool(key);
+  if (box && !snap.empty()) {
+    box->id = id;
+    if (Status s = Reidentify(*box, /*fresh=*/true); !s.ok()) {
+      Log(2, kind + " " + id + ": a pooled guest of snapshot " + snap + " could not take its identity (" +
+                 s.message() + "); restoring one instead");
+      if (box->agent) box->agent->Close();
+      RemoveOrSay(*box, "a pooled guest that could not take its identity");
+      box = nullptr;
+    }
+  }
   if (box) {
     ++pool_hits_;
     Log(0, kind + " " + id + ": a ready guest from the pool (" + box->mid + ")");
@@ -276,7 +294,8 @@ Result<std::string> GuestDriver::CreateNow(const v1::SandboxRecord& sb) {
   return state.SerializeAsString();
 }
 
-Result<std::shared_ptr<GuestDriver::Box>> GuestDriver::Boot(const std::string& mid, const v1::SandboxSpec& spec) {
+Result<std::shared_ptr<GuestDriver::Box>> GuestDriver::Boot(const std::string& mid, const v1::SandboxSpec& spec,
+                                                            bool pooled) {
   const std::string kind = kind_name();
   auto image = opts_.images->Get(spec.image());
   if (!image.ok()) return image.status();
@@ -374,107 +393,13 @@ Result<std::shared_ptr<GuestDriver::Box>> GuestDriver::Boot(const std::string& m
       return undo(why);
     }
   }
-  if (!launch.restore.empty())
+  // A pooled guest takes its identity when it is handed out.
+  if (!launch.restore.empty() && !pooled)
     if (Status s = Reidentify(*box, /*fresh=*/true); !s.ok()) return undo(s);
   auto ms = [](auto d) { return std::chrono::duration_cast<std::chrono::milliseconds>(d).count(); };
   Log(0, kind + " " + mid + (launch.restore.empty() ? "" : " (from snapshot " + spec.snapshot() + ")") + ": launched in " + std::to_string(ms(t_started - t0)) + " ms, agent answered after " +
              std::to_string(ms(std::chrono::steady_clock::now() - t_started)) + " ms (" + accel_ + ")");
   return box;
-}
-
-std::string GuestDriver::PoolKey(const v1::SandboxSpec& spec) const {
-  auto image = opts_.images->Get(spec.image());
-  uint64_t memory;
-  uint32_t vcpus;
-  if (!image.ok() || !GuestSize(spec, &memory, &vcpus).ok()) return "";
-  const v1::Limits& lim = spec.limits();
-  // What the machine is launched with: the image, the guest's size, and the
-  // limits and task guard its kernel command line and its QEMU's group carry.
-  return image->digest() + "/" + std::to_string(memory) + "/" + std::to_string(vcpus) + "/" +
-         std::to_string(lim.cpu_millis()) + "/" + std::to_string(lim.pids()) + "/" + std::to_string(lim.disk_bytes()) +
-         (spec.has_task() ? "/task-" + std::to_string(std::hash<std::string>{}(spec.task().SerializeAsString())) : "");
-}
-
-std::shared_ptr<GuestDriver::Box> GuestDriver::TakeFromPool(const std::string& key) {
-  for (;;) {
-    std::shared_ptr<Box> box;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      auto& pool = pools_[key];
-      pool.used_ms = SteadyClockMs();
-      if (pool.ready.empty()) return nullptr;
-      box = pool.ready.front();
-      pool.ready.pop_front();
-    }
-    // A pooled guest is not watched: one that ended meanwhile is dropped.
-    if (box->agent && box->agent->connected() && MachineState(*box) == RunState::kRunning) return box;
-    Log(2, std::string(kind_name()) + " " + box->mid + ": a pooled guest that no longer runs; removed");
-    if (box->agent) box->agent->Close();
-    RemoveOrSay(*box, "a stale pooled guest");
-  }
-}
-
-void GuestDriver::Refill(const std::string& key, const v1::SandboxSpec& spec) {
-  constexpr size_t kPools = 4;  // sizes kept warm at once; the least used goes
-  for (;;) {
-    std::vector<std::shared_ptr<Box>> evicted;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      if (pools_closed_) return;
-      auto& pool = pools_[key];
-      if (pool.ready.size() + pool.booting >= static_cast<size_t>(opts_.pool_size)) return;
-      ++pool.booting;
-      while (pools_.size() > kPools) {
-        auto lru = pools_.end();
-        for (auto it = pools_.begin(); it != pools_.end(); ++it)
-          if (it->first != key && it->second.booting == 0 && (lru == pools_.end() || it->second.used_ms < lru->second.used_ms))
-            lru = it;
-        if (lru == pools_.end()) break;
-        for (auto& b : lru->second.ready) evicted.push_back(b);
-        pools_.erase(lru);
-      }
-    }
-    for (auto& b : evicted) {
-      if (b->agent) b->agent->Close();
-      RemoveOrSay(*b, "a pooled guest evicted for another size");
-    }
-    auto booted = Boot("p-" + RandomHex(12), spec);
-    ++pool_boots_;
-    std::shared_ptr<Box> extra;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      auto it = pools_.find(key);
-      if (it != pools_.end()) --it->second.booting;
-      if (booted.ok()) {
-        if (it != pools_.end() && !pools_closed_) it->second.ready.push_back(*booted);
-        else extra = *booted;
-      }
-    }
-    if (extra) {
-      if (extra->agent) extra->agent->Close();
-      RemoveOrSay(*extra, "a pooled guest nobody wants now");
-      return;
-    }
-    if (!booted.ok()) {
-      Log(2, std::string(kind_name()) + ": the pool could not boot a guest: " + booted.status().message());
-      return;
-    }
-  }
-}
-
-void GuestDriver::DrainPools() {
-  std::vector<std::shared_ptr<Box>> all;
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    pools_closed_ = true;
-    for (auto& [key, pool] : pools_)
-      for (auto& b : pool.ready) all.push_back(b);
-    pools_.clear();
-  }
-  for (auto& b : all) {
-    if (b->agent) b->agent->Close();
-    RemoveOrSay(*b, "a pooled guest, at the stop");
-  }
 }
 
 void GuestDriver::RemoveOrSay(const Box& box, const char* what) {

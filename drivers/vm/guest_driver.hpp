@@ -203,7 +203,9 @@ class GuestDriver : public BoxDriver {
   Result<std::string> CreateNow(const v1::SandboxRecord& sb);
   // Boots machine `mid` for `spec` and connects to its agent; on failure
   // nothing of it is left.
-  Result<std::shared_ptr<Box>> Boot(const std::string& mid, const v1::SandboxSpec& spec);
+  // `pooled`: a guest for the pool; one restored from a snapshot takes its
+  // identity when it is handed out, not here.
+  Result<std::shared_ptr<Box>> Boot(const std::string& mid, const v1::SandboxSpec& spec, bool pooled = false);
   // The pool a spec's guests come from: its image, size and limits ("" when
   // the spec does not resolve).
   std::string PoolKey(const v1::SandboxSpec& spec) const;
@@ -211,6 +213,9 @@ class GuestDriver : public BoxDriver {
   std::shared_ptr<Box> TakeFromPool(const std::string& key);
   // Boots guests for pool `key` until it holds pool_size (one at a time).
   void Refill(const std::string& key, const v1::SandboxSpec& spec);
+  // Removes the pools of snapshots that were removed (the idle scan's, and
+  // before a take).
+  void DropStalePools();
   // Stops every pooled guest (dsecd stops; a guest in no record would be
   // swept at the next start anyway).
   void DrainPools();
@@ -226,6 +231,7 @@ class GuestDriver : public BoxDriver {
   // reclaim_idle_ms, not reclaimed since its last activity, gets Reclaim on
   // a worker.
   void ScanIdle(const std::shared_ptr<AgentBox>& box, int64_t now_ms) override;
+  void ScanDone(int64_t) override { DropStalePools(); }
   void Reclaim(const std::shared_ptr<Box>& box);
   // guest_snapshot.cpp: a restore's size and checks from the snapshot's
   // meta.json (into box and launch), and a restored guest's new identity.

@@ -128,7 +128,7 @@ Status GuestDriver::Reidentify(const Box& box, bool fresh) {
   req.add_argv("/run/dsec/agent");
   req.add_argv("--identity");
   req.add_env("PATH=/usr/bin:/bin");
-  req.set_stdin((fresh ? box.mid.substr(0, 63) + "\n" + RandomHex(32) : std::string("\n")) + "\n" + seed_hex + "\n" +
+  req.set_stdin((fresh ? box.id.substr(0, 63) + "\n" + RandomHex(32) : std::string("\n")) + "\n" + seed_hex + "\n" +
                 std::to_string(std::chrono::duration_cast<std::chrono::nanoseconds>(now).count()) + "\n");
   req.mutable_limits()->set_timeout_ms(20'000);
   req.set_privileged(true);  // a guarded guest's execs lose CAP_SYS_ADMIN and CAP_SYS_TIME

@@ -86,6 +86,17 @@ def test_every_async_call(container_daemon: Daemon) -> None:
                 info = (await sb.list_files("/work/m.txt")).info
                 assert (info.owner, dict(info.xattrs)) == ("user", {"e2b.k": "v"})
                 assert (await sb.usage()).cpu_count >= 1
+                await sb.make_dir("/work/wd")
+                seen = []
+                async with await sb.watch("/work/wd") as w:
+                    await sb.write_file("/work/wd/f", "x")
+                    async for e in w:
+                        seen.append((e.type, e.name))
+                        if e.type == "write":
+                            break
+                assert seen[0] == ("create", "f") and seen[-1] == ("write", "f"), seen
+                with pytest.raises(dsec.NotFound):
+                    await sb.watch("/work/none")
                 await sb.pause(memory=True)
                 assert (await sb.get()).paused_memory
                 await sb.resume()

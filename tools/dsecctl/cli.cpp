@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <iostream>
 
+#include "dsec/files.hpp"
 #include "dsec/status_proto.hpp"
 #include "runtime/files.hpp"
 #include "runtime/line_client.hpp"
@@ -411,13 +412,21 @@ bool SandboxPath(const std::string& arg, std::string* id, std::string* path) {
   return true;
 }
 
-int Copy(const Common& c, const std::string& src, const std::string& dst) {
+int Copy(const Common& c, const std::string& src, const std::string& dst, const CopyFlags& flags) {
   std::string src_id, src_path, dst_id, dst_path;
   bool from = SandboxPath(src, &src_id, &src_path), to = SandboxPath(dst, &dst_id, &dst_path);
   if (from == to)
     return Fail(from ? "cp copies between a sandbox and this host, not between two sandboxes"
                      : "cp needs one side in a sandbox: ID:/absolute/path",
                 kUsage);
+  if (from && (!flags.user.empty() || flags.parents || !flags.xattrs.empty()))
+    return Fail("--user, --parents and --xattr are for a copy into a sandbox", kUsage);
+  v1::WriteFileRequest req;
+  for (const auto& x : flags.xattrs) {
+    size_t eq = x.find('=');
+    if (eq == std::string::npos || eq == 0) return Fail("--xattr " + x + ": give NAME=VALUE", kUsage);
+    (*req.mutable_xattrs())[x.substr(0, eq)] = x.substr(eq + 1);
+  }
   int rc = 0;
   auto client = ConnectOrDie(c, &rc);
   if (!client) return rc;
@@ -444,7 +453,12 @@ int Copy(const Common& c, const std::string& src, const std::string& dst) {
     struct stat st;
     if (::stat(src.c_str(), &st) == 0) mode = st.st_mode & 07777;
   }
-  auto st = sb->WriteFile(dst_path, data, mode);
+  req.set_path(dst_path);
+  req.set_content(std::move(data));
+  req.set_mode(mode);
+  req.set_make_parents(flags.parents);
+  req.set_user(flags.user);
+  auto st = Write(*sb, std::move(req));
   return st.ok() ? 0 : Fail(st);
 }
 

@@ -103,7 +103,13 @@ int Admin(const Common& c, const std::string& line, bool raw);
 // The same, its reply line in *reply; or kPlatformError with why there.
 int AdminReply(const Common& c, const std::string& line, std::string* reply);
 // `dsecctl cp`.
-int Copy(const Common& c, const std::string& src, const std::string& dst);
+// cp's flags for a copy into a sandbox.
+struct CopyFlags {
+  std::string user;
+  bool parents = false;
+  std::vector<std::string> xattrs;  // NAME=VALUE
+};
+int Copy(const Common& c, const std::string& src, const std::string& dst, const CopyFlags& flags);
 
 // `dsecctl ls`: sandboxes as a table (or JSON), filtered, a page at a time.
 struct LsFlags {

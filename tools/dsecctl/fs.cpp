@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <iostream>
+#include <map>
 
 #include "dsec/files.hpp"
 #include "tools/dsecctl/cli.hpp"
@@ -13,7 +14,8 @@ namespace dsec::ctl {
 void AddFsCommands(CLI::App* app, FsFlags* f) {
   f->fs = app->add_subcommand("fs", "a sandbox's files: ls, mkdir, mv, rm (container, microvm, vm)");
   f->fs->require_subcommand(1);
-  f->ls = f->fs->add_subcommand("ls", "a directory's entries (or a file): mode, owner, group, size, name");
+  f->ls = f->fs->add_subcommand("ls", "a directory's entries (or a file): mode, owner, group, size, name, and "
+                                      "[its user.* extended attributes] when it has some");
   f->mkdir = f->fs->add_subcommand("mkdir", "make a directory and the parents it lacks (fails when it exists)");
   f->mv = f->fs->add_subcommand("mv", "rename a path inside the sandbox (a file at the destination is replaced)");
   f->rm = f->fs->add_subcommand("rm", "remove a file, or a directory with all it holds");
@@ -37,9 +39,14 @@ std::string Mode(uint32_t m) {
 void Line(const v1::FileInfo& f) {
   std::string owner = f.owner().empty() ? std::to_string(f.uid()) : f.owner();
   std::string group = f.group().empty() ? std::to_string(f.gid()) : f.group();
-  std::printf("%s %-8s %-8s %10llu %s%s\n", Mode(f.mode()).c_str(), owner.c_str(), group.c_str(),
+  // Its user.* extended attributes, sorted, after the name: "  [k=v, k2=v2]".
+  std::map<std::string, std::string> attrs(f.xattrs().begin(), f.xattrs().end());
+  std::string shown;
+  for (const auto& [k, v] : attrs) shown += (shown.empty() ? "  [" : ", ") + k + "=" + v;
+  if (!shown.empty()) shown += "]";
+  std::printf("%s %-8s %-8s %10llu %s%s%s\n", Mode(f.mode()).c_str(), owner.c_str(), group.c_str(),
               static_cast<unsigned long long>(f.size()), f.name().c_str(),
-              f.link_target().empty() ? "" : (" -> " + f.link_target()).c_str());
+              f.link_target().empty() ? "" : (" -> " + f.link_target()).c_str(), shown.c_str());
 }
 
 }  // namespace

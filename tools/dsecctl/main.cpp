@@ -114,6 +114,14 @@ int main(int argc, char** argv) {
                                 "inside the sandbox; '..' is refused.");
   cp->add_option("src", cp_src, "ID:/path or a local file")->required();
   cp->add_option("dst", cp_dst, "ID:/path or a local file")->required();
+  CopyFlags cp_flags;
+  cp->add_option("--user", cp_flags.user,
+                 "(into a sandbox) the file, and the parents --parents makes, belong to this user of the sandbox's "
+                 "/etc/passwd (name or uid)");
+  cp->add_flag("--parents", cp_flags.parents, "(into a sandbox) make the directories the path lacks");
+  cp->add_option("--xattr", cp_flags.xattrs,
+                 "(into a sandbox) NAME=VALUE: set as the file's user.NAME extended attribute (E2B's file metadata; "
+                 "dsecctl fs ls shows them), repeatable");
 
   // Sessions.
   auto* session = app.add_subcommand("session", "rollout sessions");
@@ -293,7 +301,7 @@ int main(int argc, char** argv) {
     }
     return rc;
   }
-  if (*cp) return Copy(c, cp_src, cp_dst);
+  if (*cp) return Copy(c, cp_src, cp_dst, cp_flags);
   if (*timeout) {
     uint32_t secs = 0;
     if (!ParseDuration(timeout_for, &secs) || secs == 0)

@@ -32,14 +32,14 @@ from ._records import (KINDS, VERDICTS, ExecRequest, ExecResult, FileInfo, FileL
                        Limits, Flag, StepFlag, GradeSpec, NetworkPolicy, NetworkRefusal, TaskGuard, NetworkReport, ExposedPort, Record, SandboxPage, SandboxRecord, SandboxSpec, SessionRecord, SessionSandbox,
                        SnapshotInfo, StepMeta, StepRecord, StepReply)
 from ._client import Chunk, Client, ExecStream, FsEvent, Sandbox, Session, Watch
-from ._aio import AsyncClient, AsyncExecStream, AsyncOpening, AsyncSandbox, AsyncSession
+from ._aio import AsyncClient, AsyncExecStream, AsyncOpening, AsyncSandbox, AsyncSession, AsyncWatch
 from . import env
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Client", "Sandbox", "Session", "ExecStream", "Chunk", "Watch", "FsEvent",
-    "AsyncClient", "AsyncSandbox", "AsyncSession", "AsyncExecStream", "AsyncOpening",
+    "AsyncClient", "AsyncSandbox", "AsyncSession", "AsyncExecStream", "AsyncOpening", "AsyncWatch",
     "Record", "ExecResult", "ExecRequest", "SandboxSpec", "TaskGuard", "GradeSpec", "Flag", "StepFlag", "SandboxRecord", "SandboxPage", "Limits", "NetworkPolicy", "NetworkReport",
     "NetworkRefusal", "ExposedPort", "HostPort",
     "FileInfo", "FileList", "ProcessInfo", "SandboxUsage", "SessionRecord", "SessionSandbox", "StepMeta", "StepRecord", "StepReply",

@@ -25,8 +25,8 @@ from typing import (Any, Callable, Coroutine, Dict, Generator, Generic, List, Ma
 
 from . import _args, _core
 from ._errors import NotFound
-from ._client import (Chunk, _Connection, _chunks, _content, _flag, _grade, _mode, _nonneg, _positive_seconds,
-                      _write_extras)
+from ._client import (Chunk, FsEvent, _Connection, _chunks, _content, _flag, _grade, _mode, _nonneg,
+                      _positive_seconds, _write_extras)
 from ._records import (ExecResult, FileInfo, FileList, ImageManifest, ProcessInfo, SandboxPage, SandboxRecord, SandboxUsage,
                        SessionRecord, SnapshotInfo,
                        StepFlag, StepMeta,
@@ -186,6 +186,35 @@ class AsyncExecStream:
         return item
 
 
+class AsyncWatch:
+    """A directory's changes (AsyncSandbox.watch): ``async for event in w`` as they
+    happen, ending as dsec.Watch's does; ``async with`` stops it when the block ends.
+    Each wait for the next event holds a thread of the loop's default executor."""
+
+    def __init__(self, core: "_core.Watch") -> None:
+        self._w = core
+
+    def __aiter__(self) -> "AsyncWatch":
+        return self
+
+    async def __anext__(self) -> FsEvent:
+        got = await asyncio.get_running_loop().run_in_executor(None, self._w.next_event)
+        if got is None:
+            self._w.result()  # raises how it ended, if not cleanly
+            raise StopAsyncIteration
+        return FsEvent(got[0].decode("utf-8", "replace"), got[1].decode())
+
+    async def stop(self) -> int:
+        """Stops it and returns how many events it reported."""
+        return await asyncio.get_running_loop().run_in_executor(None, self._w.stop)
+
+    async def __aenter__(self) -> "AsyncWatch":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.stop()
+
+
 class AsyncSandbox:
     """A sandbox, for asyncio. ``async with`` destroys it when the block ends."""
 
@@ -284,6 +313,15 @@ class AsyncSandbox:
     async def close_stdin(self, pid: int) -> None:
         """Closes an interactive exec's stdin: it reads end-of-file."""
         await _call(self._sb.process, "close_stdin", _args.count(pid, "pid", 0xFFFFFFFF), 0, b"")
+
+    async def watch(self, path: _args.PathArg, *, recursive: bool = False,
+                    timeout: Optional[float] = None) -> AsyncWatch:
+        """Watches a directory (see dsec.Sandbox.watch): returns once the watch is in
+        place; ``async for`` over it for the changes."""
+        ms = _args.seconds_to_ms(timeout, "timeout") or 0
+        core = await asyncio.get_running_loop().run_in_executor(
+            None, self._sb.watch, _args.path(path), _flag(recursive, "recursive"), ms / 1000.0)
+        return AsyncWatch(core)
 
     async def resize(self, pid: int, cols: int, rows: int) -> None:
         """A terminal exec's terminal to cols x rows (see dsec.Sandbox.resize)."""

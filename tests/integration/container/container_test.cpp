@@ -212,6 +212,16 @@ TEST_F(Container, DsecctlCpPauseResumeAndStreamedExec) {
   auto both_local = daemon_->Ctl({"cp", dir + "/a", dir + "/b"});
   EXPECT_EQ(both_local.exit_code, 2);
   EXPECT_NE(both_local.err.find("ID:/"), std::string::npos) << both_local.err;
+  // Into a sandbox as a user, its parents made, with extended attributes that fs ls shows.
+  auto meta = daemon_->Ctl({"cp", dir + "/in.sh", id + ":/work/m/in.sh", "--parents", "--user", "user", "--xattr",
+                            "e2b.k=v", "--xattr", "a=b"});
+  EXPECT_EQ(meta.exit_code, 0) << meta.err;
+  auto shown = daemon_->Ctl({"fs", "ls", id, "/work/m"});
+  EXPECT_NE(shown.out.find(" user "), std::string::npos) << shown.out;
+  EXPECT_NE(shown.out.find(" in.sh  [a=b, e2b.k=v]\n"), std::string::npos) << shown.out;
+  EXPECT_EQ(daemon_->Ctl({"cp", id + ":/work/m/in.sh", dir + "/x", "--xattr", "a=b"}).exit_code, 2)
+      << "attributes are for a copy into a sandbox";
+  EXPECT_EQ(daemon_->Ctl({"cp", dir + "/in.sh", id + ":/work/m/x", "--xattr", "novalue"}).exit_code, 2);
   // fs mkdir (for a user), mv, ls (owner names from the image), rm; exec --user.
   EXPECT_EQ(daemon_->Ctl({"fs", "mkdir", id, "/work/d/e", "--user", "user"}).exit_code, 0);
   EXPECT_EQ(daemon_->Ctl({"fs", "mv", id, "/work/in.sh", "/work/d/e/moved"}).exit_code, 0);

@@ -399,6 +399,52 @@ TEST_P(VmHostGap, APooledGuestServesTheNextCreationAndNothingIsLeft) {
   ExpectNoVm(*d, GetParam().kind);
 }
 
+// A guest from a named snapshot comes from that snapshot's pool once one
+// waits there (restored ahead; docs/running.md "Snapshots and fork"): with
+// the snapshot's files and memory, and an identity of its own given at
+// hand-out. The pool goes when the snapshot is removed.
+TEST_P(VmHostGap, ASnapshotsPooledGuestIsRestoredAheadAndGetsItsOwnIdentity) {
+  std::unique_ptr<TestDaemon> d;
+  std::unique_ptr<Client> c;
+  TestDaemonOptions o;
+  o.extra_args = {"--vm-pool", "1"};
+  std::string why = StartContainerDaemon(o, &d, &c);
+  if (!why.empty()) GTEST_SKIP() << why;
+  auto pool = [&](const char* what) {
+    return d->Admin("stats").value(GetParam().name, nlohmann::json::object()).value(what, -1);
+  };
+  auto wait_ready = [&](int want) {  // the refills restore or boot guests, bounded
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (pool("pool_ready") != want && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    return pool("pool_ready");
+  };
+  auto spec = ContainerSpec(ContainerTest::kImage);
+  spec.set_kind(GetParam().kind);
+  auto a = c->Create(spec);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  ASSERT_EQ(ShIn(*a, "echo kept > /work/f && echo ok").stdout(), "ok\n");
+  ASSERT_TRUE(Snapshot(*a, "pool-snap").ok());
+  v1::SandboxSpec from;
+  from.set_snapshot("pool-snap");
+  auto b = c->Create(from);  // restored now: its pool is empty
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  ASSERT_EQ(wait_ready(2), 2) << "the image's pool and the snapshot's, one each: " << d->Admin("stats").dump();
+  auto hits = pool("pool_hits");
+  auto e = c->Create(from);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  EXPECT_EQ(pool("pool_hits"), hits + 1) << "taken from the snapshot's pool";
+  EXPECT_EQ(ShIn(*e, "cat /work/f").stdout(), "kept\n") << "the snapshot's files";
+  EXPECT_EQ(ShIn(*e, "cat /proc/sys/kernel/hostname").stdout(), e->id() + "\n") << "its own hostname";
+  EXPECT_NE(ShIn(*e, "cat /etc/machine-id").stdout(), ShIn(*b, "cat /etc/machine-id").stdout());
+  for (Sandbox* sb : {&*a, &*b, &*e}) EXPECT_TRUE(sb->Destroy().ok());
+  ASSERT_TRUE(RemoveSnapshot(*c, "pool-snap").ok());
+  EXPECT_EQ(wait_ready(1), 1) << "the snapshot's pool went with it; the image's stays";
+  c.reset();
+  EXPECT_EQ(d->Stop(), 0);
+  ExpectNoVm(*d, GetParam().kind);
+}
+
 // A guest idle past --vm-reclaim-idle drops what it cached (here: the
 // image's files it read) without anyone asking, and the sandbox lives on.
 TEST_P(VmHostGap, AnIdleGuestGivesBackItsPageCache) {
