@@ -325,10 +325,11 @@ struct Streamer {
       me->request(rpc->entry(), std::chrono::seconds(30), std::move(get))
           .then(
               [rpc, me, gone](v1::SandboxReply& r) {
-                auto code = FromProto(r.status()).code();
-                if (*gone || (code != Status::Code::kNotFound && code != Status::Code::kUnavailable)) return;
+                Status s = FromProto(r.status());
+                if (*gone || (s.code() != Status::Code::kNotFound && s.code() != Status::Code::kUnavailable)) return;
                 *gone = true;
-                rpc->reply()->End();
+                if (rpc->begun()) rpc->reply()->Abort();  // cut, as E2B's proxy cuts a killed sandbox's
+                else rpc->Fail(s);
                 me->quit();
               },
               [](caf::error&) {});  // slow to answer is not gone

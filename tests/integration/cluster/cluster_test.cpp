@@ -780,6 +780,63 @@ TEST_F(Cluster, TheControllersE2bDoorRoutesEachSandboxsCallsToItsNode) {
   EXPECT_EQ(listing(), 401);
 }
 
+// A command's stream through the controller's E2B door whose node dies is
+// cut at its next keepalive (as a killed sandbox's is: the SDK then asks
+// /health and says the sandbox is gone), not left open forever.
+TEST_F(Cluster, AnE2bStreamWhoseNodeDiesIsCutAtItsNextKeepalive) {
+  auto key = ReadFileToString(controller_->data_dir() + "/e2b.key");
+  ASSERT_TRUE(key.ok()) << key.status().ToString();
+  const int port = HttpPort(controller_->e2b_addr());
+  const std::string head = "Host: d\r\nX-API-Key: " + key->substr(0, key->find('\n')) + "\r\n";
+  for (int i : {1, 2}) ASSERT_TRUE(controller_->Admin("drain " + ids_[i]).value("ok", false));
+  std::string body = std::string(R"({"templateID": ")") + ContainerTest::kImage + "\"}";
+  auto made = HttpExchange(port, "POST /sandboxes HTTP/1.1\r\n" + head + "Content-Type: application/json\r\n" +
+                                     "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body);
+  for (int i : {1, 2}) ASSERT_TRUE(controller_->Admin("undrain " + ids_[i]).value("ok", false));
+  ASSERT_EQ(made.code, 201) << made.raw;
+  auto sb = nlohmann::json::parse(made.body, nullptr, false);
+  const std::string id = sb.value("sandboxID", ""), token = sb.value("envdAccessToken", "");
+  ASSERT_EQ(controller_->Admin("inspect " + id).value("node", ""), ids_[0]);
+  std::string msg = R"({"process": {"cmd": "/bin/sh", "args": ["-c", "echo started; sleep 600"]}})";
+  std::string envelope(5, '\0');
+  for (int i = 0; i < 4; ++i) envelope[1 + i] = static_cast<char>((msg.size() >> (24 - 8 * i)) & 0xff);
+  envelope += msg;
+  std::string start = "POST /process.Process/Start HTTP/1.1\r\nHost: d\r\nContent-Type: application/connect+json\r\n"
+                      "Keepalive-Ping-Interval: 1\r\nAuthorization: Basic cm9vdDo=\r\nE2b-Sandbox-Id: " + id +
+                      "\r\nX-Access-Token: " + token + "\r\nContent-Length: " + std::to_string(envelope.size()) +
+                      "\r\n\r\n" + envelope;
+  int fd = DialLoopback(port);
+  ASSERT_GE(fd, 0);
+  timeval tv{1, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  ASSERT_EQ(::send(fd, start.data(), start.size(), MSG_NOSIGNAL), static_cast<ssize_t>(start.size()));
+  // Reads until `done` says so, the connection closes (true) or `limit` passes.
+  std::string got;
+  auto read_until = [&](auto done, std::chrono::seconds limit) {
+    auto deadline = Clock::now() + limit;
+    char buf[4096];
+    while (Clock::now() < deadline && !done()) {
+      ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+      if (n == 0) return true;
+      if (n > 0) got.append(buf, static_cast<size_t>(n));
+    }
+    return false;
+  };
+  read_until([&] { return got.find("c3RhcnRlZAo=") != std::string::npos; }, std::chrono::seconds(60));
+  ASSERT_NE(got.find("c3RhcnRlZAo="), std::string::npos) << "no 'started' in the stream: " << got;
+  auto killed = Clock::now();
+  nodes_[0]->Kill9();
+  bool closed = read_until([] { return false; }, std::chrono::seconds(40));
+  double took = std::chrono::duration<double>(Clock::now() - killed).count();
+  ::close(fd);
+  EXPECT_TRUE(closed) << "the stream was still open 40 s after its node died";
+  std::printf("the stream was cut %.1f s after its node died\n", took);
+  EXPECT_EQ(got.find("\x02{"), std::string::npos) << "cut without an end message, as E2B's proxy cuts it";
+  ASSERT_TRUE(nodes_[0]->Restart().ok());
+  ASSERT_TRUE(WaitUntil([&] { return NodeState(ids_[0]) == "up"; }, std::chrono::seconds(20)));
+  EXPECT_EQ(HttpExchange(port, "DELETE /sandboxes/" + id + " HTTP/1.1\r\n" + head + "\r\n").code, 204);
+}
+
 TEST_F(Cluster, ANodeWithTheWrongSecretIsRefusedAndLogged) {
   std::string wrong = controller_->data_dir() + ".wrong-secret";
   ASSERT_TRUE(WriteFileAtomic(wrong, "not-the-secret\n", 0600).ok());
