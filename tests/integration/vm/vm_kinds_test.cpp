@@ -29,7 +29,11 @@ void ExpectNoVm(const TestDaemon& daemon, v1::Kind kind) {
   EXPECT_TRUE(VmProcesses(daemon, kind).empty()) << "a QEMU is left";
   EXPECT_TRUE(ListSubdirs(VmRoot(daemon, kind)).empty()) << "a VM dir is left";
   for (const std::string root : {"/sys/fs/cgroup/memory", "/sys/fs/cgroup"}) {
-    EXPECT_TRUE(ListSubdirs(root + "/dsec-test/vm").empty()) << "a VM group is left in " << root;
+    auto left = ListSubdirs(root + "/dsec-test/vm");
+    std::string names;
+    for (const auto& n : left) names += " " + n;
+    EXPECT_TRUE(left.empty()) << "a VM group is left in " << root << ":" << names << " (dsecd's log: "
+                              << daemon.log_path() << ")";
   }
   if (kind == v1::KIND_VM) {
     EXPECT_TRUE(VmDomains(daemon).empty()) << "a libvirt domain is left";
