@@ -301,6 +301,24 @@ class VmHostGap : public ContainerTest, public ::testing::WithParamInterface<Kin
     if (auto gap = KindHostGap(GetParam()); !gap.empty()) GTEST_SKIP() << gap;
   }
   void TearDown() override {}
+  // A dsecd with --vm-pool 1 and its client; "" or why it could not start.
+  static std::string StartPooled(std::unique_ptr<TestDaemon>* d, std::unique_ptr<Client>* c) {
+    TestDaemonOptions o;
+    o.extra_args = {"--vm-pool", "1"};
+    return StartContainerDaemon(o, d, c);
+  }
+  // A figure of the kind's pool in `d`'s stats (-1: none).
+  static int Pool(const TestDaemon& d, const char* what) {
+    return d.Admin("stats").value(GetParam().name, nlohmann::json::object()).value(what, -1);
+  }
+  // Waits until `want` guests are ready in the pools (the refills boot or
+  // restore them, bounded); the count then.
+  static int WaitReady(const TestDaemon& d, int want) {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (Pool(d, "pool_ready") != want && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    return Pool(d, "pool_ready");
+  }
 };
 
 // A dsecd whose VM kind lacks a piece says so: in its kinds, and in the
@@ -367,37 +385,26 @@ TEST_P(VmHostGap, MissingVmmOrGuestMakesTheKindUnavailableSayingWhy) {
 TEST_P(VmHostGap, APooledGuestServesTheNextCreationAndNothingIsLeft) {
   std::unique_ptr<TestDaemon> d;
   std::unique_ptr<Client> c;
-  TestDaemonOptions o;
-  o.extra_args = {"--vm-pool", "1"};
-  std::string why = StartContainerDaemon(o, &d, &c);
+  std::string why = StartPooled(&d, &c);
   if (!why.empty()) GTEST_SKIP() << why;
   auto spec = ContainerSpec(ContainerTest::kImage);
   spec.set_kind(GetParam().kind);
-  auto pool = [&](const char* what) {
-    return d->Admin("stats").value(GetParam().name, nlohmann::json::object()).value(what, -1);
-  };
   auto a = c->Create(spec);
   ASSERT_TRUE(a.ok()) << a.status().ToString();
   ASSERT_EQ(ShIn(*a, "echo mine > /work/f && echo ok").stdout(), "ok\n");
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
-  while (pool("pool_ready") < 1 && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the refill boots a guest, bounded
-  ASSERT_EQ(pool("pool_ready"), 1) << d->Admin("stats").dump();
+  ASSERT_EQ(WaitReady(*d, 1), 1) << d->Admin("stats").dump();
   auto t0 = std::chrono::steady_clock::now();
   auto b = c->Create(spec);
   ASSERT_TRUE(b.ok()) << b.status().ToString();
   auto r = ShIn(*b, "cat /work/f 2>/dev/null || echo fresh");
   auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_EQ(r.stdout(), "fresh\n");
-  EXPECT_EQ(pool("pool_hits"), 1);
+  EXPECT_EQ(Pool(*d, "pool_hits"), 1);
   std::printf("create-to-first-exec from the pool: %lld ms\n", static_cast<long long>(ms));
   EXPECT_TRUE(a->Destroy().ok());
   EXPECT_TRUE(b->Destroy().ok());
   // The refill after b: one more ready guest, removed when dsecd stops.
-  deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
-  while (pool("pool_ready") < 1 && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the refill boots a guest, bounded
-  EXPECT_EQ(pool("pool_ready"), 1);
+  EXPECT_EQ(WaitReady(*d, 1), 1);
   c.reset();
   EXPECT_EQ(d->Stop(), 0);
   ExpectNoVm(*d, GetParam().kind);
@@ -410,19 +417,8 @@ TEST_P(VmHostGap, APooledGuestServesTheNextCreationAndNothingIsLeft) {
 TEST_P(VmHostGap, ASnapshotsPooledGuestIsRestoredAheadAndGetsItsOwnIdentity) {
   std::unique_ptr<TestDaemon> d;
   std::unique_ptr<Client> c;
-  TestDaemonOptions o;
-  o.extra_args = {"--vm-pool", "1"};
-  std::string why = StartContainerDaemon(o, &d, &c);
+  std::string why = StartPooled(&d, &c);
   if (!why.empty()) GTEST_SKIP() << why;
-  auto pool = [&](const char* what) {
-    return d->Admin("stats").value(GetParam().name, nlohmann::json::object()).value(what, -1);
-  };
-  auto wait_ready = [&](int want) {  // the refills restore or boot guests, bounded
-    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-    while (pool("pool_ready") != want && std::chrono::steady_clock::now() < deadline)
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    return pool("pool_ready");
-  };
   auto spec = ContainerSpec(ContainerTest::kImage);
   spec.set_kind(GetParam().kind);
   auto a = c->Create(spec);
@@ -433,17 +429,17 @@ TEST_P(VmHostGap, ASnapshotsPooledGuestIsRestoredAheadAndGetsItsOwnIdentity) {
   from.set_snapshot("pool-snap");
   auto b = c->Create(from);  // restored now: its pool is empty
   ASSERT_TRUE(b.ok()) << b.status().ToString();
-  ASSERT_EQ(wait_ready(2), 2) << "the image's pool and the snapshot's, one each: " << d->Admin("stats").dump();
-  auto hits = pool("pool_hits");
+  ASSERT_EQ(WaitReady(*d, 2), 2) << "the image's pool and the snapshot's, one each: " << d->Admin("stats").dump();
+  auto hits = Pool(*d, "pool_hits");
   auto e = c->Create(from);
   ASSERT_TRUE(e.ok()) << e.status().ToString();
-  EXPECT_EQ(pool("pool_hits"), hits + 1) << "taken from the snapshot's pool";
+  EXPECT_EQ(Pool(*d, "pool_hits"), hits + 1) << "taken from the snapshot's pool";
   EXPECT_EQ(ShIn(*e, "cat /work/f").stdout(), "kept\n") << "the snapshot's files";
   EXPECT_EQ(ShIn(*e, "cat /proc/sys/kernel/hostname").stdout(), e->id() + "\n") << "its own hostname";
   EXPECT_NE(ShIn(*e, "cat /etc/machine-id").stdout(), ShIn(*b, "cat /etc/machine-id").stdout());
   for (Sandbox* sb : {&*a, &*b, &*e}) EXPECT_TRUE(sb->Destroy().ok());
   ASSERT_TRUE(RemoveSnapshot(*c, "pool-snap").ok());
-  EXPECT_EQ(wait_ready(1), 1) << "the snapshot's pool went with it; the image's stays";
+  EXPECT_EQ(WaitReady(*d, 1), 1) << "the snapshot's pool went with it; the image's stays";
   c.reset();
   EXPECT_EQ(d->Stop(), 0);
   ExpectNoVm(*d, GetParam().kind);
