@@ -420,8 +420,14 @@ TestDaemon::~TestDaemon() {
     // before the dir, the deepest first. Said on stderr, so that a test
     // whose containers outlived it shows in its output.
     for (const auto& point : UnmountAllUnder(data_dir_))
-      if (point != data_dir_ + "/sandboxes")
+      if (point != data_dir_ + "/sandboxes" && point != data_dir_ + "/run/lazy")
         std::fprintf(stderr, "TestDaemon: unmounted %s, left mounted after dsecd stopped\n", point.c_str());
+    // A node's dsec-lazyfs stays while sandboxes read images through it
+    // (it outlives dsecd on purpose): ended here with its mount.
+    for (pid_t p : ProcessesMatching("dsec-lazyfs --mount " + data_dir_ + "/run/lazy ")) {
+      ::kill(p, SIGKILL);
+      ::waitpid(p, nullptr, 0);
+    }
     RunProcess({"/bin/rm", "-rf", "--one-file-system", data_dir_});
     ::unlink(log_path_.c_str());
   }

@@ -78,6 +78,15 @@ Family<Counter>& E2bRequests() {
   static auto* f = new Family<Counter>;
   return *f;
 }
+Family<Counter>& ImageChunks() {
+  static auto* f = new Family<Counter>;
+  return *f;
+}
+Family<Counter>& ImageBytes() {
+  static auto* f = new Family<Counter>;
+  return *f;
+}
+void CountImageChunks(const char* event, uint64_t n) { ImageChunks().At(Labels({{"event", event}})).Add(n); }
 std::map<std::string, CallCounts> E2bCalls() {
   std::map<std::string, CallCounts> out;
   auto value = [](const std::string& labels, const std::string& key) {
@@ -219,6 +228,14 @@ std::string Render() {
            "Requests the E2B door answered, by call (docs/running.md lists them) and HTTP status.");
   E2bRequests().ForEach(
       [&](const std::string& l, const Counter& c) { Line(&out, "dsec_e2b_requests_total", l, c.value.load()); });
+  Describe(&out, "dsec_image_chunks_total", "counter",
+           "Image chunks (docs/images.md) by event: a node's fetches, cache hits and misses, prefetches, digest "
+           "failures, evictions, failed fetches; the image service's chunks served.");
+  ImageChunks().ForEach(
+      [&](const std::string& l, const Counter& c) { Line(&out, "dsec_image_chunks_total", l, c.value.load()); });
+  Describe(&out, "dsec_image_bytes_total", "counter", "Bytes of image chunks a node fetched, the image service served.");
+  ImageBytes().ForEach(
+      [&](const std::string& l, const Counter& c) { Line(&out, "dsec_image_bytes_total", l, c.value.load()); });
   HostFigures h = ReadHostFigures();
   Describe(&out, "dsec_node_memory_bytes", "gauge", "The host's memory: total and available.");
   Line(&out, "dsec_node_memory_bytes", "state=\"total\"", static_cast<double>(h.memory_total));

@@ -80,6 +80,13 @@ Family<Counter>& DnsAnswers();              // dsec_dns_answers_total{answer}
 Family<Counter>& Flags();                   // dsec_flags_total{what}: flags logged with session steps
 Family<Counter>& Grades();                  // dsec_grades_total{outcome}: "passed", "failed", "time_limit", ...
 Family<Counter>& E2bRequests();             // dsec_e2b_requests_total{call,code}: the E2B door's answers
+// Images on demand (docs/images.md): chunks by event (a node's: fetched,
+// fetched_again, cache_hit, cache_miss, prefetched, digest_failure,
+// evicted, fetch_failure; the image service's: served) and their bytes
+// (fetched, served).
+Family<Counter>& ImageChunks();             // dsec_image_chunks_total{event}
+Family<Counter>& ImageBytes();              // dsec_image_bytes_total{what}
+void CountImageChunks(const char* event, uint64_t n = 1);
 
 // E2bRequests() by call (the status page): answered, of which 4xx, 5xx.
 struct CallCounts {

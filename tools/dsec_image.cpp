@@ -148,6 +148,14 @@ int main(int argc, char** argv) {
                   "without --git-scrub, each repository's files that hold only history past its checked-out commit "
                   "are watched: a session flags a sandbox's read of one (watched_read). This leaves them unwatched");
 
+  std::string push_file;
+  auto* push = app.add_subcommand(
+      "push", "register an EROFS image file made elsewhere (checked: an EROFS superblock, not truncated); on a "
+              "controller, its nodes then take it on demand (docs/images.md)");
+  push->add_option("file", push_file, "the EROFS file")->required();
+  push->add_option("name", name, "image name: lowercase letters, digits, . _ -")->required();
+  push->add_flag("--replace", replace, "replace an existing, unused image of that name");
+
   bool json_out = false;
   auto* ls = app.add_subcommand("ls", "list images");
   ls->add_flag("--json", json_out, "one JSON object per image");
@@ -196,6 +204,25 @@ int main(int argc, char** argv) {
   if (!reg.ok()) return Fail(reg.status().message());
   auto& r = **reg;
 
+  if (*push) {
+    if (auto st = dsec::images::CheckImageName(name); !st.ok()) return Fail(st.message(), 2);
+    auto existing = r.Get(name);
+    if (existing.ok() && !replace)
+      return Fail("image '" + name + "' already exists (digest " + existing->digest() +
+                  "); remove it first (dsec-image rm " + name + ") or push with --replace");
+    auto m = dsec::images::PushImage(dsec::AbsolutePath(push_file), name, data + "/images");
+    if (!m.ok()) return Fail(m.status().message());
+    if (auto st = r.Register(*m, replace); !st.ok()) {
+      auto all = r.List();
+      bool shared = false;
+      if (all.ok())
+        for (const auto& other : *all) shared = shared || other.digest() == m->digest();
+      if (!shared) ::unlink(m->file().c_str());
+      return Fail(st.message());
+    }
+    std::printf("%s %s %s\n", name.c_str(), m->digest().c_str(), Human(m->size_bytes()).c_str());
+    return 0;
+  }
   if (*build) {
     if (auto st = dsec::images::CheckImageName(name); !st.ok()) return Fail(st.message(), 2);
     auto existing = r.Get(name);
@@ -238,10 +265,16 @@ int main(int argc, char** argv) {
       }
       return 0;
     }
-    std::printf("%-24s %-20s %8s %8s  %s\n", "NAME", "DIGEST", "SIZE", "CONTENT", "SOURCE");
-    for (const auto& m : *all)
-      std::printf("%-24s %-20s %8s %8s  %s\n", m.name().c_str(), m.digest().substr(0, 19).c_str(),
-                  Human(m.size_bytes()).c_str(), Human(m.content_bytes()).c_str(), m.source().c_str());
+    // HERE: "local" (the whole file is on this dsecd), or how much of a
+    // lazy image this node's chunk cache holds (docs/images.md).
+    std::printf("%-24s %-20s %8s %8s %12s  %s\n", "NAME", "DIGEST", "SIZE", "CONTENT", "HERE", "SOURCE");
+    for (const auto& m : *all) {
+      std::string here = "local";
+      if (m.lazy())
+        here = "lazy " + std::to_string(m.size_bytes() ? m.cached_bytes() * 100 / m.size_bytes() : 0) + "%";
+      std::printf("%-24s %-20s %8s %8s %12s  %s\n", m.name().c_str(), m.digest().substr(0, 19).c_str(),
+                  Human(m.size_bytes()).c_str(), Human(m.content_bytes()).c_str(), here.c_str(), m.source().c_str());
+    }
     return 0;
   }
   if (*rm) {

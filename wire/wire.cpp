@@ -36,6 +36,7 @@ void RegisterTypes(caf::actor_system_config& cfg) {
   Register<cluster::v1::NodeJoin>(cfg);
   Register<cluster::v1::NodeLoad>(cfg);
   Register<cluster::v1::JoinReply>(cfg);
+  Register<cluster::v1::ChunkMap>(cfg);
   cfg.add_message_type<entry_actor>("dsec::entry_actor");
 }
 

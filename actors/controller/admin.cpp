@@ -6,6 +6,7 @@
 
 #include "actors/node/context.hpp"
 #include "actors/controller/state.hpp"
+#include "drivers/images/chunks.hpp"
 #include "runtime/metrics.hpp"
 #include "runtime/proto_json.hpp"
 #include "state/group_commit.hpp"
@@ -236,6 +237,14 @@ caf::result<std::string> Admin(Self self, const std::string& cmd, const std::vec
   if (cmd == "stats") {
     auto cs = st.ctx->committer->stats();
     return Dump(json{{"ok", true}, {"placed", st.placed}, {"store_writes", cs.writes}, {"store_batches", cs.batches}});
+  }
+  if (cmd == "fault") {  // tests: the next N chunks the image service serves have a byte flipped
+    if (!st.ctx->test_hooks) return Error("fault is a test hook: start dsecd with --test-hooks");
+    if (args.size() != 2 || args[0] != "chunk-corrupt" || args[1].empty() || args[1].size() > 6 ||
+        args[1].find_first_not_of("0123456789") != std::string::npos)
+      return Error("usage (a controller): fault chunk-corrupt N");
+    images::CorruptNextServedChunks(std::stoi(args[1]));
+    return Dump(json{{"ok", true}});
   }
   if (cmd == "inspect" || cmd == "kill") {
     if (args.size() != 1) return Error("usage: " + cmd + " ID (a sandbox id or session name)");

@@ -435,6 +435,18 @@ caf::result<calls::ReplyOf<Req>> Handle(Self self, Req& req) {
   }
 }
 
+// Empty when the current message comes from a node that is up (its actor
+// system is one of theirs); else why not, logged.
+std::string FromNode(Self self) {
+  const auto& sender = self->current_sender();
+  if (sender)
+    for (const auto& [id, n] : self->state.nodes)
+      if (n.up() && !n.in_process && n.entry.node() == sender->node()) return {};
+  std::string who = sender ? caf::to_string(sender->node()) : std::string("an anonymous sender");
+  self->state.ctx->log->warn("image service: refused a chunk request from {}, which is not a node that is up", who);
+  return "the sender (" + who + ") is not a node that is up";
+}
+
 controller_actor::behavior_type ControllerActor(Self self, std::shared_ptr<ControllerContext> ctx) {
   self->state.ctx = std::move(ctx);
   Load(self);
@@ -467,7 +479,17 @@ controller_actor::behavior_type ControllerActor(Self self, std::shared_ptr<Contr
       },
       [](Continuation& c) { c.fn(); },
       [self](join_atom, cluster::v1::NodeJoin& j, caf::actor& entry) { return Join(self, j, std::move(entry)); },
-      [self](beat_atom, const std::string& id, cluster::v1::NodeLoad& load) { Beat(self, id, load); });
+      [self](beat_atom, const std::string& id, cluster::v1::NodeLoad& load) { Beat(self, id, load); },
+      [self](chunks_atom a, std::vector<std::string>& digests) -> caf::result<std::vector<std::string>> {
+        if (!self->state.images)
+          return caf::make_error(caf::sec::invalid_argument, "this controller has no image registry");
+        if (auto who = FromNode(self); !who.empty())
+          return caf::make_error(caf::sec::invalid_argument, "chunks are served to this cluster's nodes only; " + who);
+        return self->delegate(self->state.images, a, std::move(digests));
+      },
+      [self](prefetch_atom a, cluster::v1::ChunkMap& map) {
+        if (self->state.images && FromNode(self).empty()) self->send(self->state.images, a, std::move(map));
+      });
 }
 
 }  // namespace

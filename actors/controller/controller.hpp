@@ -14,6 +14,7 @@
 
 #include "actors/admin.hpp"
 #include "actors/continuation.hpp"
+#include "actors/node/image_worker.hpp"
 #include "wire/wire.hpp"
 
 namespace spdlog {
@@ -42,11 +43,16 @@ using join_atom = caf::atom_constant<caf::atom("join")>;
 using beat_atom = caf::atom_constant<caf::atom("beat")>;
 using rejoin_atom = caf::atom_constant<caf::atom("rejoin")>;
 //   Continuation                      from its own callbacks only
+//   (chunks_atom, digests) -> bytes   the image service (docs/images.md):
+//                                     chunks by digest, to its nodes only
+//   (prefetch_atom, ChunkMap)         a node's record of an image's first reads
 using controller_actor = entry_actor::extend<
     caf::replies_to<admin_atom, std::string, std::vector<std::string>>::with<std::string>,
     caf::replies_to<join_atom, cluster::v1::NodeJoin, caf::actor>::with<cluster::v1::JoinReply>,
     caf::reacts_to<beat_atom, std::string, cluster::v1::NodeLoad>,
-    caf::reacts_to<Continuation>>;
+    caf::reacts_to<Continuation>,
+    caf::replies_to<chunks_atom, std::vector<std::string>>::with<std::vector<std::string>>,
+    caf::reacts_to<prefetch_atom, cluster::v1::ChunkMap>>;
 
 struct ControllerContext {
   std::string id;                 // the controller's own id (meta table)
@@ -54,6 +60,10 @@ struct ControllerContext {
   std::string sdk_token;          // handed to nodes that join
   std::string sdk_address, admin_address, http_address, cluster_address;
   int heartbeat_ms = 1000;        // what nodes are told
+  // How a node gets an image it lacks (dsecd --image-fetch): lazily, its
+  // chunks when first read (docs/images.md), or whole, copied first.
+  bool lazy_images = true;
+  bool test_hooks = false;        // dsecd --test-hooks: the console's chunk-fault
   int down_after_ms = 3000;       // no heartbeat this long: down
   state::Store* store = nullptr;  // nodes and placements tables
   state::GroupCommitter* committer = nullptr;

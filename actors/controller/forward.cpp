@@ -64,22 +64,39 @@ void EnsureImage(Self self, const std::string& node, const v1::SandboxSpec& spec
       placement::HoldsImage(n->second.rec, image, known->second.digest()) || !n->second.up())
     return then(Status::Ok());
   v1::ImageManifest m = known->second;
-  st.ctx->log->info("node {} fetches image {} ({} bytes) for a placement", node, image, m.size_bytes());
-  self->request(n->second.entry, std::chrono::minutes(10), fetch_image_atom::value, m,
-                caf::actor_cast<caf::actor>(st.images))
+  auto held = [self, node, m, then](v1::ImageReply& r) {
+    if (r.status().code() != v1::Status::OK)
+      return then(Status::Unavailable("node " + node + " could not fetch image " + m.name() + ": " +
+                                      r.status().message()));
+    auto it = self->state.nodes.find(node);
+    if (it != self->state.nodes.end()) it->second.rec.mutable_load()->add_images(m.name() + "@" + m.digest());
+    then(Status::Ok());
+  };
+  auto failed = [self, node, m, then](caf::error& e) {
+    then(Status::Unavailable("node " + node + " could not fetch image " + m.name() + ": " + self->system().render(e)));
+  };
+  if (!st.ctx->lazy_images) {
+    st.ctx->log->info("node {} fetches image {} ({} bytes) for a placement", node, image, m.size_bytes());
+    self->request(n->second.entry, std::chrono::minutes(10), fetch_image_atom::value, m,
+                  caf::actor_cast<caf::actor>(st.images))
+        .then(held, failed);
+    return;
+  }
+  // Lazily (docs/images.md): the node gets the chunk map, no bytes yet.
+  self->request(st.images, std::chrono::minutes(10), chunk_map_atom::value, m.digest())
       .then(
-          [self, node, m, then](v1::ImageReply& r) {
-            if (r.status().code() != v1::Status::OK)
-              return then(Status::Unavailable("node " + node + " could not fetch image " + m.name() + ": " +
-                                              r.status().message()));
-            auto it = self->state.nodes.find(node);
-            if (it != self->state.nodes.end())
-              it->second.rec.mutable_load()->add_images(m.name() + "@" + m.digest());
-            then(Status::Ok());
+          [self, node, m, held, failed](cluster::v1::ChunkMap& map) {
+            auto n = self->state.nodes.find(node);
+            if (n == self->state.nodes.end() || !n->second.up()) {
+              caf::error gone = caf::make_error(caf::sec::request_receiver_down, "node " + node + " is not up");
+              return failed(gone);
+            }
+            self->state.ctx->log->info("node {} takes image {} lazily ({} bytes, {} chunks, {} to prefetch)", node,
+                                       m.name(), m.size_bytes(), map.chunks_size(), map.prefetch_size());
+            self->request(n->second.entry, std::chrono::minutes(2), lazy_image_atom::value, m, std::move(map))
+                .then(held, failed);
           },
-          [node, m, then](caf::error& e) {
-            then(Status::Unavailable("node " + node + " could not fetch image " + m.name() + ": " + caf::to_string(e)));
-          });
+          failed);
 }
 
 // EnsureImage for each of a session's sandboxes (its agent's and those of

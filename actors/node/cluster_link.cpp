@@ -157,6 +157,7 @@ void Connected(Self self, caf::actor controller) {
   auto& st = self->state;
   st.controller = std::move(controller);
   st.ctx->controller_node->Set(caf::to_string(st.controller.node()));
+  if (st.o.on_controller) st.o.on_controller(st.controller);
   self->monitor(st.controller);
   Join(self);
 }
@@ -222,6 +223,7 @@ caf::behavior Link(Self self, node_actor node, std::shared_ptr<NodeContext> ctx,
     auto& st = self->state;
     if (dm.source != st.controller.address()) return;
     st.controller = nullptr;
+    if (st.o.on_controller) st.o.on_controller(caf::actor{});
     st.joined = false;
     st.connecting = false;
     if (st.o.in_process) {  // it went with this process's actor system

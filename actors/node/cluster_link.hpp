@@ -33,6 +33,9 @@ struct LinkOptions {
   bool tls = false;    // dsecd --tls: the controller must speak it too
   std::function<void(const std::string& sdk_token)> on_token;
   std::function<void()> on_joined;  // after each join (the link's thread)
+  // The controller's actor once connected, null once lost (the link's
+  // thread): a node's image fetches go to it (docs/images.md).
+  std::function<void(const caf::actor&)> on_controller;
   caf::actor in_process;  // the controller, in this actor system
 };
 caf::actor SpawnClusterLink(caf::actor_system& sys, node_actor node, std::shared_ptr<NodeContext> ctx,

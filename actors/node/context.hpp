@@ -22,6 +22,7 @@ namespace dsec {
 class FrontDoor;
 namespace images {
 class SnapshotStore;
+class LazyImages;
 }
 
 struct NodeOptions {
@@ -34,6 +35,7 @@ struct NodeOptions {
   // mode none is taken then).
   std::string network = "off";
   std::string image_root;               // <data>/images: EROFS files of built images
+  bool image_service = false;           // a controller's registry: chunk maps made at registration
   drivers::LimitPolicy limits = drivers::LimitPolicy::Default();
   size_t max_inflight_runs = 4096;      // one-shot runs; beyond: resource_exhausted
   uint64_t slots = 0;                   // sandboxes it holds at once (dsecd --slots); 0: no bound
@@ -86,6 +88,9 @@ struct NodeContext {
   // This node's snapshots (drivers/images/snapshot_store.hpp); null: none
   // are kept here (a snapshot or a create from one says so).
   std::shared_ptr<images::SnapshotStore> snapshots;
+  // A cluster node's lazy images (drivers/images/lazy_images.hpp); null in
+  // other roles.
+  std::shared_ptr<images::LazyImages> lazy;
   // Requests held by sandboxes that are being re-adopted after a restart
   // (console `status`: waiting_for_readopt).
   std::shared_ptr<std::atomic<int64_t>> waiting_for_readopt = std::make_shared<std::atomic<int64_t>>(0);

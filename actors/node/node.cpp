@@ -589,6 +589,9 @@ node_actor::behavior_type NodeActor(NodeSelf self, std::shared_ptr<NodeContext> 
       [self](cluster_load_atom) { return ClusterLoad(self); },
       [self](fetch_image_atom a, v1::ImageManifest& m, caf::actor& source) -> caf::result<v1::ImageReply> {
         return self->delegate(self->state.images, a, std::move(m), std::move(source));
+      },
+      [self](lazy_image_atom a, v1::ImageManifest& m, cluster::v1::ChunkMap& map) -> caf::result<v1::ImageReply> {
+        return self->delegate(self->state.images, a, std::move(m), std::move(map));
       }
   );
 }

@@ -33,6 +33,8 @@ struct NodeContext;
 //                                since the last ask
 //   (fetch_image_atom, manifest, source) -> ImageReply: the image's file
 //                                from `source` (a controller's image worker)
+//   (lazy_image_atom, manifest, ChunkMap) -> ImageReply: the image taken as
+//                                lazy (docs/images.md), no copy
 using lost_atom = caf::atom_constant<caf::atom("lost")>;
 using cluster_info_atom = caf::atom_constant<caf::atom("cinfo")>;
 using cluster_load_atom = caf::atom_constant<caf::atom("cload")>;
@@ -42,7 +44,8 @@ using node_actor = entry_actor::extend<
     caf::reacts_to<Continuation>,
     caf::replies_to<cluster_info_atom>::with<cluster::v1::NodeJoin>,
     caf::replies_to<cluster_load_atom>::with<cluster::v1::NodeLoad>,
-    caf::replies_to<fetch_image_atom, v1::ImageManifest, caf::actor>::with<v1::ImageReply>>;
+    caf::replies_to<fetch_image_atom, v1::ImageManifest, caf::actor>::with<v1::ImageReply>,
+    caf::replies_to<lazy_image_atom, v1::ImageManifest, cluster::v1::ChunkMap>::with<v1::ImageReply>>;
 
 // Spawns the node; it restores sandboxes and sessions from the store before
 // it handles its first message.

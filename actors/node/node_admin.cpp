@@ -5,6 +5,7 @@
 
 #include "actors/node/lifetime.hpp"
 #include "actors/node/node_state.hpp"
+#include "drivers/images/lazy_images.hpp"
 #include "dsec/status_proto.hpp"
 #include "runtime/front_door.hpp"
 #include "runtime/metrics.hpp"
@@ -230,6 +231,24 @@ std::string Stats(NodeSelf self) {
               {"console_door", DoorStats(st.ctx->door, "console")},
               {"http_door", DoorStats(st.ctx->door, "http")}};
   for (const auto& [name, driver] : st.ctx->kinds->ByName()) out[name] = DriverStats(driver);
+  if (st.ctx->lazy) {
+    auto l = st.ctx->lazy->stats();
+    out["lazy_images"] = {{"images", l.images},
+                          {"fetch_requests", l.fetch_requests},
+                          {"chunks_fetched", l.chunks_fetched},
+                          {"bytes_fetched", l.bytes_fetched},
+                          {"chunks_fetched_again", l.chunks_fetched_again},
+                          {"cache_hits", l.cache_hits},
+                          {"cache_misses", l.cache_misses},
+                          {"digest_failures", l.digest_failures},
+                          {"evictions", l.evictions},
+                          {"cached_chunks", l.cached_chunks},
+                          {"cached_bytes", l.cached_bytes},
+                          {"prefetched_chunks", l.prefetched_chunks},
+                          {"fetch_failures", l.fetch_failures},
+                          {"lazyfs_restarts", l.lazyfs_restarts},
+                          {"lazyfs_pid", l.lazyfs_pid}};
+  }
   return out.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <filesystem>
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -482,6 +483,39 @@ Result<v1::ImageManifest> BuildImage(const std::string& source_in, const std::st
   m.set_compression(o.compression);
   m.set_created_ms(WallClockMs());
   for (auto& f : watched) m.add_watched(std::move(f));
+  return m;
+}
+
+Result<v1::ImageManifest> PushImage(const std::string& file, const std::string& name, const std::string& store_root) {
+  DSEC_RETURN_IF_ERROR(CheckErofs(file));
+  DSEC_RETURN_IF_ERROR(MakeDirs(store_root, 0755));
+  std::string scratch = store_root + "/.push-" + RandomHex(12);
+  std::error_code ec;
+  if (!std::filesystem::copy_file(file, scratch, ec)) {
+    ::unlink(scratch.c_str());
+    return Status::Internal("copy " + file + " to " + scratch + ": " + ec.message());
+  }
+  struct stat st;
+  if (::stat(scratch.c_str(), &st) < 0) return Status::FromErrno(errno, "stat " + scratch);
+  constexpr off_t kAlign = 2 << 20;
+  off_t padded = (st.st_size + kAlign - 1) / kAlign * kAlign;
+  if (padded != st.st_size && ::truncate(scratch.c_str(), padded) < 0) return Status::FromErrno(errno, "pad " + scratch);
+  auto digest = Sha256File(scratch);
+  if (!digest.ok()) return digest.status();
+  std::string final_path = ImageFilePath(store_root, *digest);
+  if (::rename(scratch.c_str(), final_path.c_str()) < 0) {
+    ::unlink(scratch.c_str());
+    return Status::FromErrno(errno, "move the image to " + final_path);
+  }
+  ::chmod(final_path.c_str(), 0644);
+  v1::ImageManifest m;
+  m.set_name(name);
+  m.set_digest(*digest);
+  m.set_size_bytes(static_cast<uint64_t>(padded));
+  m.set_source("erofs:" + file);
+  m.set_file(final_path);
+  m.set_compression("as pushed");
+  m.set_created_ms(WallClockMs());
   return m;
 }
 

@@ -44,6 +44,11 @@ const char* SourceKindName(SourceKind k);
 Result<v1::ImageManifest> BuildImage(const std::string& source, const std::string& name,
                                      const std::string& store_root, const BuildOptions& options);
 
+// Takes an EROFS file made elsewhere (dsec-image push): checked (CheckErofs),
+// copied to <store_root>/<hex>.erofs (padded as BuildImage pads) and
+// described (not registered). The file itself is not changed.
+Result<v1::ImageManifest> PushImage(const std::string& file, const std::string& name, const std::string& store_root);
+
 // Unpacks `archive` into the existing directory `dest` (exposed for tests).
 // With `whiteouts`, applies OCI whiteouts against what `dest` already holds.
 // Changes the process's working directory while it runs: not for threads.

@@ -1,5 +1,7 @@
 #include "drivers/images/image_store.hpp"
 
+#include "drivers/images/lazy_images.hpp"
+
 #include <openssl/evp.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -30,10 +32,38 @@ Status CheckObjectName(const std::string& what, const std::string& name) {
   return Status::Ok();
 }
 
+namespace {
+std::string ParentDir(const std::string& path) {
+  size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+}
+}  // namespace
+
 Status CheckImageName(const std::string& name) {
   if (name == kHostImage)
     return Status::InvalidArgument("image name 'host' is the built-in host image; pick another name");
   return CheckObjectName("image", name);
+}
+
+Status CheckErofs(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::FromErrno(errno, "open " + path);
+  unsigned char sb[128] = {};
+  in.seekg(1024);
+  in.read(reinterpret_cast<char*>(sb), sizeof sb);
+  auto u32 = [&](size_t at) { return uint32_t(sb[at]) | uint32_t(sb[at + 1]) << 8 | uint32_t(sb[at + 2]) << 16 | uint32_t(sb[at + 3]) << 24; };
+  if (in.gcount() < static_cast<std::streamsize>(sizeof sb) || u32(0) != 0xE0F5E1E2u)
+    return Status::InvalidArgument(path + " is not an EROFS image (no EROFS superblock at offset 1024); make one with "
+                                   "dsec-image build DIR NAME");
+  unsigned bits = sb[12];
+  uint64_t blocks = u32(36);
+  struct stat st;
+  if (::stat(path.c_str(), &st) < 0) return Status::FromErrno(errno, "stat " + path);
+  if (bits < 9 || bits > 16 || (blocks << bits) > static_cast<uint64_t>(st.st_size))
+    return Status::InvalidArgument(path + " is truncated or damaged: its superblock says " + std::to_string(blocks) +
+                                   " blocks of " + std::to_string(1u << (bits > 16 ? 0 : bits)) + " bytes, the file has " +
+                                   std::to_string(st.st_size) + " bytes");
+  return Status::Ok();
 }
 
 Result<std::string> Sha256File(const std::string& path) {
@@ -73,6 +103,14 @@ std::string ImageFilePath(const std::string& root, const std::string& digest) {
 std::string ImageStore::FileFor(const std::string& digest) const { return ImageFilePath(root_, digest); }
 
 Result<std::string> ImageStore::Open(const v1::ImageManifest& image) const {
+  if (image.lazy()) {
+    if (!lazy_)
+      return Status::FailedPrecondition("image " + image.name() +
+                                        " is lazy (fetched from a controller) and this dsecd serves no lazy images");
+    auto file = lazy_->Open(image.digest());
+    if (!file.ok()) return file.status().Annotate("image " + image.name());
+    return file;
+  }
   std::string file = image.file().empty() ? FileFor(image.digest()) : image.file();
   if (::access(file.c_str(), R_OK) < 0)
     return Status::FromErrno(errno, "image " + image.name() + ": its file " + file +
@@ -91,6 +129,9 @@ Result<std::vector<v1::ImageManifest>> ImageStore::List() const {
   std::vector<v1::ImageManifest> out;
   auto st = state::TypedTable<v1::ImageManifest>(store_, state::Table::kImages)
                 .Scan("", [&](const std::string&, v1::ImageManifest&& m) {
+                  if (m.lazy())
+                    m.set_cached_bytes(lazy_ ? lazy_->CachedBytes(m.digest())
+                                             : LazyImages::CachedBytesIn(ParentDir(root_), m.digest()));
                   out.push_back(std::move(m));
                   return true;
                 });
@@ -100,6 +141,12 @@ Result<std::vector<v1::ImageManifest>> ImageStore::List() const {
 
 Status ImageStore::Register(const v1::ImageManifest& manifest, bool replace) {
   DSEC_RETURN_IF_ERROR(CheckImageName(manifest.name()));
+  if (manifest.lazy()) {
+    if (!lazy_ || !lazy_->Has(manifest.digest()))
+      return Status::FailedPrecondition("image " + manifest.name() + " is lazy and this node has no chunk map of " +
+                                        manifest.digest());
+    return Put(manifest, replace);
+  }
   std::string expected = FileFor(manifest.digest());
   if (manifest.file() != expected)
     return Status::InvalidArgument("image " + manifest.name() + ": file " + manifest.file() +
@@ -111,11 +158,16 @@ Status ImageStore::Register(const v1::ImageManifest& manifest, bool replace) {
     return Status::InvalidArgument("image " + manifest.name() + ": " + expected + " is " +
                                    std::to_string(st.st_size) + " bytes, the manifest says " +
                                    std::to_string(manifest.size_bytes()));
+  DSEC_RETURN_IF_ERROR(CheckErofs(expected).Annotate("image " + manifest.name()));
   auto digest = Sha256File(expected);
   if (!digest.ok()) return digest.status();
   if (*digest != manifest.digest())
     return Status::InvalidArgument("image " + manifest.name() + ": " + expected + " has digest " + *digest +
                                    ", the manifest says " + manifest.digest());
+  return Put(manifest, replace);
+}
+
+Status ImageStore::Put(const v1::ImageManifest& manifest, bool replace) {
   auto old = Get(manifest.name());
   if (old.ok()) {
     if (!replace)
@@ -131,13 +183,7 @@ Status ImageStore::Register(const v1::ImageManifest& manifest, bool replace) {
   state::TypedTable<v1::ImageManifest>(store_, state::Table::kImages).Put(&b, manifest.name(), manifest);
   DSEC_RETURN_IF_ERROR(store_->Write(b, true));
   // The replaced image's file goes when no name refers to it any more.
-  if (old.ok() && old->digest() != manifest.digest()) {
-    bool shared = false;
-    auto all = List();
-    if (all.ok())
-      for (const auto& m : *all) shared = shared || m.digest() == old->digest();
-    if (!shared) ::unlink(FileFor(old->digest()).c_str());
-  }
+  if (old.ok() && old->digest() != manifest.digest()) (void)DropContent(*old);
   return Status::Ok();
 }
 
@@ -168,12 +214,23 @@ Status ImageStore::Remove(const std::string& name) {
   state::WriteBatch b;
   b.Delete(state::Table::kImages, name);
   DSEC_RETURN_IF_ERROR(store_->Write(b, true));
+  return DropContent(*m);
+}
+
+// The content of an image no name refers to any more: its file, or a lazy
+// image's chunk map (its cached chunks go when evicted).
+Status ImageStore::DropContent(const v1::ImageManifest& gone) {
   auto all = List();
-  bool shared = false;
+  bool shared = !all.ok();
   if (all.ok())
-    for (const auto& other : *all) shared = shared || other.digest() == m->digest();
-  if (!shared && ::unlink(FileFor(m->digest()).c_str()) < 0 && errno != ENOENT)
-    return Status::FromErrno(errno, "image " + name + ": remove " + FileFor(m->digest()));
+    for (const auto& other : *all) shared = shared || other.digest() == gone.digest();
+  if (shared) return Status::Ok();
+  if (gone.lazy()) {
+    if (lazy_) lazy_->Remove(gone.digest());
+    return Status::Ok();
+  }
+  if (::unlink(FileFor(gone.digest()).c_str()) < 0 && errno != ENOENT)
+    return Status::FromErrno(errno, "image " + gone.name() + ": remove " + FileFor(gone.digest()));
   return Status::Ok();
 }
 

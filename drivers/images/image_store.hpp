@@ -15,6 +15,8 @@
 
 namespace dsec::images {
 
+class LazyImages;
+
 // The name of the built-in image that exposes the host's /usr read-only.
 inline constexpr const char* kHostImage = "host";
 
@@ -23,6 +25,11 @@ inline constexpr const char* kHostImage = "host";
 Status CheckImageName(const std::string& name);
 // The same rule for other names ("snapshot"), without the "host" one.
 Status CheckObjectName(const std::string& what, const std::string& name);
+
+// Whether the file at `path` is a whole EROFS image: its superblock's magic
+// at offset 1024, and at least as many bytes as the superblock's block
+// count says. InvalidArgument naming the file and what is wrong.
+Status CheckErofs(const std::string& path);
 
 // "sha256:<hex>" of a file.
 Result<std::string> Sha256File(const std::string& path);
@@ -62,11 +69,19 @@ class ImageStore final : public ImageSource {
   void set_extra_users(std::function<std::vector<std::string>(const std::string&)> f) {
     extra_users_ = std::move(f);
   }
+  // A cluster node's lazy images (lazy_images.hpp): a manifest with `lazy`
+  // set is registered without a file of its own (its chunk map must be
+  // there), opened as the lazy file, and listed with what is cached.
+  void set_lazy(LazyImages* lazy) { lazy_ = lazy; }
 
  private:
   state::Store* store_;
   std::string root_;
   std::function<std::vector<std::string>(const std::string&)> extra_users_;
+  LazyImages* lazy_ = nullptr;
+
+  Status Put(const v1::ImageManifest& manifest, bool replace);
+  Status DropContent(const v1::ImageManifest& gone);
 };
 
 }  // namespace dsec::images

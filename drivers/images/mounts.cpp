@@ -49,8 +49,20 @@ Result<std::string> ImageMounts::Acquire(const v1::ImageManifest& image) {
   std::string path = PathFor(image.digest());
   auto it = refs_.find(image.digest());
   if (it != refs_.end()) {
-    ++it->second;
-    return path;
+    // A lazy image's file is served by dsec-lazyfs: if that died and was
+    // started again, the mount reads through the dead one. Its users keep
+    // it (detached); the image is mounted afresh for the new ones.
+    struct stat now;
+    bool readable = ::stat(image.file().c_str(), &now) == 0;
+    auto dev = dev_.find(image.digest());
+    bool moved = readable && dev != dev_.end() && dev->second != 0 && dev->second != now.st_dev;
+    if (readable && !moved) {
+      ++it->second;
+      return path;
+    }
+    stale_[image.digest()] += it->second;
+    refs_.erase(it);
+    ::umount2(path.c_str(), MNT_DETACH);
   }
   if (::mkdir(path.c_str(), 0755) < 0 && errno != EEXIST) return Status::FromErrno(errno, "image mount point " + path);
   Status mounted = MountImageFile(image.file(), path);
@@ -60,6 +72,8 @@ Result<std::string> ImageMounts::Acquire(const v1::ImageManifest& image) {
                                       mounted.message());
   }
   refs_[image.digest()] = 1;
+  struct stat file;
+  dev_[image.digest()] = ::stat(image.file().c_str(), &file) == 0 ? file.st_dev : 0;
   return path;
 }
 
@@ -73,6 +87,12 @@ Status ImageMounts::Unmount(const std::string& digest) {
 
 void ImageMounts::Release(const std::string& digest) {
   std::lock_guard<std::mutex> lk(mu_);
+  // The users of a mount left detached go first (any release counts: the
+  // sum of users is what is right, and the new mount goes at its last).
+  if (auto s = stale_.find(digest); s != stale_.end()) {
+    if (--s->second == 0) stale_.erase(s);
+    return;
+  }
   auto it = refs_.find(digest);
   if (it == refs_.end()) return;
   if (--it->second > 0) return;

@@ -8,6 +8,7 @@
 
 #include <map>
 #include <mutex>
+#include <sys/types.h>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,8 @@ class ImageMounts {
   std::string dir_;
   mutable std::mutex mu_;
   std::map<std::string, int> refs_;  // digest -> users
+  std::map<std::string, dev_t> dev_;  // digest -> device of the file it was mounted from (0: unknown)
+  std::map<std::string, int> stale_;  // digest -> users of a mount left detached (its file's server died)
 };
 
 }  // namespace dsec::images

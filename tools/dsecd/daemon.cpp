@@ -29,6 +29,7 @@
 #include "runtime/door_auth.hpp"
 #include "runtime/files.hpp"
 #include "drivers/images/image_store.hpp"
+#include "tools/dsecd/lazy_node.hpp"
 #include "drivers/images/snapshot_store.hpp"
 #include "drivers/net/node_network.hpp"
 #include "runtime/front_door.hpp"
@@ -183,6 +184,11 @@ class Daemon {
     lo.slots = f_.slots;
     lo.tls = f_.tls;
     lo.on_token = [sink = token_sink_](const std::string& t) { sink->With([&](SdkDoor* d) { d->AddToken(t); }); };
+    StartChunkRelay(*sys_, controller_slot_);
+    lo.on_controller = [slot = controller_slot_](const caf::actor& c) {
+      std::lock_guard<std::mutex> lk(slot->mu);
+      slot->controller = c;
+    };
     link_ = SpawnClusterLink(*sys_, node_, node_ctx_, std::move(lo));
     return ServeUntilStopped("cluster node " + node_id_ + ", joining the controller at " + f_.join);
   }
@@ -198,6 +204,8 @@ class Daemon {
     cctx->image_ctx->store = store_.get();
     cctx->image_ctx->log = cctx->log;
     cctx->image_ctx->options.image_root = data_ + "/images";
+    cctx->image_ctx->options.image_service = true;
+    cctx->lazy_images = f_.image_fetch == "lazy";
     cctx->image_ctx->options.node_id = node_id_;
     controller_ctx_ = cctx;  // its console's e2b-key, once the door has keys (ListenE2b)
     controller_ = SpawnController(*sys_, cctx);
@@ -367,6 +375,16 @@ class Daemon {
     node_ctx_->committer = committer_.get();
     node_ctx_->log = Logger("node");
     image_store_ = std::make_unique<images::ImageStore>(store_.get(), o.image_root);
+    if (f_.role == "node") {
+      lazy_ = StartLazyImages(
+          f_, data_, controller_slot_, image_store_.get(),
+          [sink = lost_sink_](const std::string& id, const std::string& why) {
+            sink->With([&](const node_actor& node) { caf::anon_send(node, lost_atom::value, id, why); });
+          },
+          Logger("images"));
+      node_ctx_->lazy = lazy_;
+      image_store_->set_lazy(lazy_.get());
+    }
     node_ctx_->snapshots = std::make_shared<images::SnapshotStore>(
         store_.get(), data_ + "/snapshots", node_id_, static_cast<uint64_t>(f_.snapshot_gib * double(1ull << 30)));
     for (const auto& line : node_ctx_->snapshots->Load()) log_->warn("{}", line);
@@ -430,6 +448,7 @@ class Daemon {
   std::shared_ptr<ControllerContext> ControllerCtx(state::Store* store, state::GroupCommitter* committer) {
     auto c = std::make_shared<ControllerContext>();
     c->id = node_id_;
+    c->test_hooks = f_.test_hooks;
     c->boot = boot_;
     c->sdk_token = sdk_token_;
     c->heartbeat_ms = f_.heartbeat_ms;
@@ -605,8 +624,11 @@ class Daemon {
     link_ = nullptr;
     controller_ = nullptr;
     node_ = nullptr;
+    StopChunkRelay(controller_slot_);
     sys_.reset();  // waits for every actor
     if (kinds_started_) kinds_.Release();  // before the image store they use
+    if (node_ctx_) node_ctx_->lazy.reset();
+    lazy_.reset();
     image_store_.reset();
     if (controller_committer_) controller_committer_->Stop();
     if (committer_) committer_->Stop();
@@ -628,6 +650,8 @@ class Daemon {
   std::unique_ptr<state::Store> store_, controller_store_;
   std::unique_ptr<state::GroupCommitter> committer_, controller_committer_;
   std::unique_ptr<images::ImageStore> image_store_;
+  std::shared_ptr<images::LazyImages> lazy_;  // role node
+  std::shared_ptr<ControllerSlot> controller_slot_ = std::make_shared<ControllerSlot>();
   std::unique_ptr<net::NodeNetwork> network_;  // the kinds' (stopped before it goes)
   std::shared_ptr<NodeContext> node_ctx_;
   std::shared_ptr<ControllerContext> controller_ctx_;  // role controller

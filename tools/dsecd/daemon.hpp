@@ -63,6 +63,10 @@ struct Flags {
   uint64_t slots = 0;                             // node: sandboxes it takes (0: memory / 64 MiB)
   int heartbeat_ms = 1000;
   int down_after_ms = 3000;
+  // Images on demand (docs/images.md).
+  std::string image_fetch = "lazy";  // controller: lazy | whole
+  double image_cache_gib = 20;       // node: its chunk cache
+  int image_fetch_timeout_s = 30;    // node: a read waits this long for the image service, then EIO
   // TLS on the SDK and cluster ports (wire/tls.hpp); files: certificates.
   bool tls = false;
   tls::Files tls_files;

@@ -24,6 +24,19 @@ void AddFlags(CLI::App& app, Flags* f, drivers::Registry& kinds) {
                  "controller: a node without a heartbeat this long is down (its sandboxes are reported lost)")
       ->check(CLI::Range(100, 600000))
       ->capture_default_str();
+  app.add_option("--image-fetch", f->image_fetch,
+                 "controller: how a node gets an image it lacks: lazy (its chunks when a sandbox first reads them, "
+                 "docs/images.md) or whole (the whole file copied before the first sandbox starts)")
+      ->check(CLI::IsMember({"lazy", "whole"}))
+      ->capture_default_str();
+  app.add_option("--image-cache-gib", f->image_cache_gib,
+                 "node: the chunk cache its lazy images share (least recently used chunks go past it)")
+      ->check(CLI::Range(0.004, 1e6))
+      ->capture_default_str();
+  app.add_option("--image-fetch-timeout", f->image_fetch_timeout_s,
+                 "node: seconds a read of a lazy image waits for the image service (retrying) before it fails with EIO")
+      ->check(CLI::Range(1, 3600))
+      ->capture_default_str();
   app.add_flag("--tls", f->tls,
                "TLS (CAF's OpenSSL module) on the SDK and cluster ports, after the door's handshake: every trainer's "
                "and node's connection; a node started with it joins only a controller that has it too");

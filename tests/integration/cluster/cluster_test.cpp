@@ -409,6 +409,7 @@ TEST_F(Cluster, AKilledNodeIsDownWithinFiveSecondsItsSandboxesAreLostByNameAndIt
 // An image built with dsec-image against the controller lives there only;
 // the node a sandbox on it is placed on fetches its file (whole, checked
 // against its digest) first, once.
+// (Lazily, as the controller takes images by default: docs/images.md.)
 TEST_F(Cluster, AnImageOnTheControllerIsFetchedByTheNodeThatGetsASandboxOnIt) {
   auto listed = client_->GetImage(kControllerImage);
   ASSERT_TRUE(listed.ok()) << listed.status().ToString();
@@ -434,7 +435,7 @@ TEST_F(Cluster, AnImageOnTheControllerIsFetchedByTheNodeThatGetsASandboxOnIt) {
         [&] {
           auto log = ReadFileToString(nodes_[i]->log_path());
           fetches = 0;
-          for (size_t at = 0; log.ok() && (at = log->find("image cimg fetched", at)) != std::string::npos; ++at)
+          for (size_t at = 0; log.ok() && (at = log->find("image cimg taken lazily", at)) != std::string::npos; ++at)
             ++fetches;
           return fetches > 0;
         },

@@ -8,6 +8,7 @@
 
 #include "drivers/images/image_store.hpp"
 #include "dsec/client.hpp"
+#include "runtime/files.hpp"
 #include "state/store.hpp"
 #include "dsec/store/v1/records.pb.h"
 #include "state/table.hpp"
@@ -141,6 +142,41 @@ TEST_F(DsecImageCli, Offline) {
   std::string data = base_ + "/data";
   Scenario(data);
   EXPECT_TRUE(img::PathExists(data + "/db")) << "offline mode opens the data dir's database";
+}
+
+// dsec-image push: a file that is not EROFS, a truncated image and a name
+// that exists are refused, each saying so, and change nothing; a whole
+// EROFS file is registered under its digest.
+TEST_F(DsecImageCli, PushRefusesWhatIsNotAWholeErofsImage) {
+  std::string data = base_ + "/data", made = base_ + "/made";
+  auto r = Image(made, {"build", rootfs_, "src"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_EQ(ImageFiles(made).size(), 1u);
+  std::string good = made + "/images/" + ImageFiles(made)[0];
+
+  std::string text = base_ + "/not-erofs";
+  ASSERT_TRUE(WriteFileAtomic(text, std::string(8192, 'x')).ok());
+  r = Image(data, {"push", text, "bad"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("is not an EROFS image"));
+  auto whole = ReadFileToString(good);
+  ASSERT_TRUE(whole.ok());
+  std::string cut = base_ + "/truncated.erofs";
+  ASSERT_TRUE(WriteFileAtomic(cut, whole->substr(0, 2048)).ok());  // its superblock, less than its blocks
+  r = Image(data, {"push", cut, "cut"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("truncated"));
+  EXPECT_TRUE(ImageFiles(data).empty()) << "a refused push left a file";
+  EXPECT_EQ(Image(data, {"ls", "--json"}).out, "");
+
+  r = Image(data, {"push", good, "pushed"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, StartsWith("pushed sha256:"));
+  r = Image(data, {"push", good, "pushed"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("already exists"));
+  EXPECT_EQ(ImageFiles(data).size(), 1u);
+  EXPECT_EQ(Image(data, {"push", good, "pushed", "--replace"}).exit_code, 0);
 }
 
 TEST_F(DsecImageCli, OfflineImageInUseCannotBeRemoved) {
