@@ -47,6 +47,10 @@ const std::string& StatusPageHtml() {
     <table><thead><tr><th>id</th><th>kind</th><th>image</th><th>phase</th><th>node</th><th>age</th><th>session</th></tr></thead>
       <tbody id="sandboxes"></tbody></table>
   </section>
+  <section><h2>Images on demand <span class="muted">(each node's lazy images, since its dsecd started)</span></h2>
+    <table><thead><tr><th>node</th><th>images</th><th>fetched</th><th>fetch rate</th><th>cache hits</th><th>cached</th>
+      <th>prefetched</th><th>refused / failed</th></tr></thead><tbody id="lazy"></tbody></table>
+  </section>
   <section><h2>E2B calls <span class="muted">(this dsecd's door, since it started)</span></h2>
     <table><thead><tr><th>call</th><th>answered</th><th>4xx</th><th>5xx</th></tr></thead>
       <tbody id="e2b"></tbody></table>
@@ -77,6 +81,7 @@ function bar(fraction, label) {
   b.appendChild(fill); wrap.appendChild(b); wrap.appendChild(document.createTextNode(" " + label));
   return wrap;
 }
+const lastLazy = {};  // node -> its bytes fetched at the last refresh (the fetch rate)
 function draw(s) {
   const nodes = document.getElementById("nodes"), sbs = document.getElementById("sandboxes");
   nodes.replaceChildren(); sbs.replaceChildren();
@@ -101,6 +106,28 @@ function draw(s) {
       cell(r, n.node); cell(r, age(s.now_ms - sb.created_ms)); cell(r, sb.session || "");
       sbs.appendChild(r); listed++;
     }
+  }
+  const lazy = document.getElementById("lazy");
+  lazy.replaceChildren();
+  for (const n of s.nodes || []) {
+    const l = n.lazy_images;
+    if (!l) continue;
+    const tr = document.createElement("tr"); tr.dataset.lazyNode = n.node;
+    const before = lastLazy[n.node], now = s.now_ms;
+    const rate = before && now > before.ms ? (l.bytes_fetched - before.bytes) / ((now - before.ms) / 1000) : 0;
+    lastLazy[n.node] = {ms: now, bytes: l.bytes_fetched};
+    const reads = l.cache_hits + l.cache_misses;
+    cell(tr, n.node); cell(tr, String(l.images));
+    cell(tr, l.chunks_fetched + " chunks, " + (l.bytes_fetched / 1048576).toFixed(1) + " MiB");
+    cell(tr, (rate / 1048576).toFixed(2) + " MiB/s");
+    cell(tr, reads ? (100 * l.cache_hits / reads).toFixed(1) + "% of " + reads : "none yet");
+    cell(tr, (l.cached_bytes / 1048576).toFixed(1) + " MiB"); cell(tr, String(l.prefetched_chunks));
+    cell(tr, l.digest_failures + " / " + l.fetch_failures, l.digest_failures || l.fetch_failures ? "warn" : "");
+    lazy.appendChild(tr);
+  }
+  if (!lazy.children.length) {
+    const tr = document.createElement("tr"); cell(tr, "no node takes lazy images (cluster nodes do)", "muted").colSpan = 8;
+    lazy.appendChild(tr);
   }
   const e2b = document.getElementById("e2b");
   e2b.replaceChildren();

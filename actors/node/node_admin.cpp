@@ -316,6 +316,14 @@ caf::result<std::string> Overview(NodeSelf self) {
             {"memory", json{{"total", h.memory_total}, {"available", h.memory_available}}},
             {"cpus", h.cpus},
             {"load1", h.load1}};
+  if (ctx.lazy) {  // images on demand (docs/images.md): the status page's "Images on demand"
+    auto l = ctx.lazy->stats();
+    node["lazy_images"] = {{"images", l.images},         {"chunks_fetched", l.chunks_fetched},
+                           {"bytes_fetched", l.bytes_fetched}, {"cache_hits", l.cache_hits},
+                           {"cache_misses", l.cache_misses}, {"cached_bytes", l.cached_bytes},
+                           {"prefetched_chunks", l.prefetched_chunks}, {"digest_failures", l.digest_failures},
+                           {"fetch_failures", l.fetch_failures}, {"lazyfs_restarts", l.lazyfs_restarts}};
+  }
   size_t sessions = st.dir.sessions().size();
   return OffThread(self, [store = ctx.store, node = std::move(node), sessions]() mutable {
     json list = json::array();

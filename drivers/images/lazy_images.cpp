@@ -23,7 +23,6 @@ namespace dsec::images {
 
 namespace {
 
-constexpr auto kRecordWindow = std::chrono::seconds(30);
 constexpr size_t kRecordMax = 16384;
 
 std::string HexOfDigest(const std::string& digest) {
@@ -351,7 +350,7 @@ void LazyImages::Impl::FlushRecords(bool all) {
     for (auto& [hex, im] : images) {
       (void)hex;
       if (!im->recording || !im->read_yet) continue;
-      if (!all && Clock::now() - im->first_read < kRecordWindow) continue;
+      if (!all && Clock::now() - im->first_read < std::chrono::seconds(o.record_window_s)) continue;
       im->recording = false;
       out.emplace_back(im->map.image_digest(), std::move(im->order));
     }

@@ -30,6 +30,7 @@ struct LazyOptions {
   uint64_t cache_bytes = 20ull << 30;   // dsecd --image-cache-gib
   int fetch_timeout_s = 30;             // a read waits this long for the service, then EIO
   uint64_t readahead_bytes = 1 << 20;
+  int record_window_s = 30;             // an image's first reads are recorded this long (dsecd --image-record-s)
   std::string lazyfs;                   // the dsec-lazyfs binary
   // The image service: the bytes of each chunk asked for, in order.
   std::function<Result<std::vector<std::string>>(const std::vector<std::string>& digests)> fetch;

@@ -67,6 +67,7 @@ struct Flags {
   std::string image_fetch = "lazy";  // controller: lazy | whole
   double image_cache_gib = 20;       // node: its chunk cache
   int image_fetch_timeout_s = 30;    // node: a read waits this long for the image service, then EIO
+  int image_record_s = 30;           // node: an image's first reads recorded this long (its prefetch order)
   // TLS on the SDK and cluster ports (wire/tls.hpp); files: certificates.
   bool tls = false;
   tls::Files tls_files;

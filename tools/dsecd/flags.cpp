@@ -37,6 +37,11 @@ void AddFlags(CLI::App& app, Flags* f, drivers::Registry& kinds) {
                  "node: seconds a read of a lazy image waits for the image service (retrying) before it fails with EIO")
       ->check(CLI::Range(1, 3600))
       ->capture_default_str();
+  app.add_option("--image-record-s", f->image_record_s,
+                 "node: seconds from the first read of a lazy image with no prefetch order during which its reads are "
+                 "recorded; the record becomes the order later nodes prefetch")
+      ->check(CLI::Range(1, 3600))
+      ->capture_default_str();
   app.add_flag("--tls", f->tls,
                "TLS (CAF's OpenSSL module) on the SDK and cluster ports, after the door's handshake: every trainer's "
                "and node's connection; a node started with it joins only a controller that has it too");

@@ -77,6 +77,7 @@ std::shared_ptr<images::LazyImages> StartLazyImages(const Flags& f, const std::s
   o.data_dir = data_dir;
   o.cache_bytes = static_cast<uint64_t>(f.image_cache_gib * double(1ull << 30));
   o.fetch_timeout_s = f.image_fetch_timeout_s;
+  o.record_window_s = f.image_record_s;
   o.lazyfs = SiblingExecutable("DSEC_LAZYFS", "dsec-lazyfs");
   auto peer = [slot](caf::actor* relay) -> caf::actor_system* {
     std::lock_guard<std::mutex> lk(slot->mu);

@@ -23,9 +23,11 @@
 #include "wire/wire.hpp"
 #include "harness/rootfs.hpp"
 #include "runtime/files.hpp"
+#include "tests/support/chromium.hpp"
 #include "tests/support/cluster_probes.hpp"
 #include "tests/support/daemon_fixture.hpp"
 #include "tests/support/host_probes.hpp"
+#include "tests/support/http_probe.hpp"
 
 namespace dsec::testing {
 namespace {
@@ -51,7 +53,7 @@ class LazyImages : public ::testing::Test {
     for (int i = 0; i < kNodes; ++i) {
       TestDaemonOptions o;
       o.extra_args = {"--role", "node", "--join", controller_->cluster_addr(), "--cluster-secret",
-                      controller_->data_dir() + "/cluster.secret", "--slots", "200"};
+                      controller_->data_dir() + "/cluster.secret", "--slots", "200", "--image-record-s", "2"};
       auto n = TestDaemon::Start(o);
       if (!n.ok()) return Fail("node " + std::to_string(i) + " did not start: " + n.status().ToString());
       nodes_[i] = std::move(*n);
@@ -82,7 +84,11 @@ class LazyImages : public ::testing::Test {
     RunProcess({"/bin/rm", "-rf", work_ + "/late/data"});
     late_ = {"late", "", work_ + "/late", {}};  // cold on every node until the last test
     e += AddRandom(&late_, "data/late", 4 << 20);
-    for (Image* im : {&fam1_, &fam2_, &solo_, &late_}) e += Build(im);
+    RunProcess({"/bin/cp", "-a", work_ + "/late", work_ + "/pre"});
+    RunProcess({"/bin/rm", "-rf", work_ + "/pre/data"});
+    pre_ = {"pre", "", work_ + "/pre", {}};  // the prefetch test's alone
+    e += AddRandom(&pre_, "data/pre", 3 << 20);
+    for (Image* im : {&fam1_, &fam2_, &solo_, &late_, &pre_}) e += Build(im);
     if (!e.empty()) return Fail(e);
     if (!WaitUntil([] { return UpNodes() == kNodes; }, std::chrono::seconds(20)))
       return Fail("the nodes did not all join: " + controller_->Admin("nodes").dump());
@@ -183,7 +189,7 @@ class LazyImages : public ::testing::Test {
   static inline std::string ids_[kNodes];
   static inline std::unique_ptr<Client> client_;
   static inline std::string work_, skip_, failure_;
-  static inline Image fam1_, fam2_, solo_, late_;
+  static inline Image fam1_, fam2_, solo_, late_, pre_;
 };
 
 // Acceptance 1: a container on each node runs from an image no node had;
@@ -208,6 +214,31 @@ TEST_F(LazyImages, AnImageOnlyTheControllerHasRunsOnEveryNodeAndReadsTheSourcesB
   }
   EXPECT_EQ(DigestOfLazyFile(0, fam1_), fam1_.digest);
   EXPECT_EQ(Stat(0, "digest_failures"), 0u);
+}
+
+// The controller's status page and /metrics show what nodes fetched: each
+// node's lazy images in /status.json and drawn in Chromium, chunks served
+// by the image service and fetched by the nodes in /metrics.
+TEST_F(LazyImages, TheStatusPageAndMetricsShowWhatEachNodeFetched) {
+  auto status = HttpGet(controller_->http_addr(), "/status.json");
+  ASSERT_EQ(status.code, 200) << status.raw;
+  auto j = nlohmann::json::parse(status.body, nullptr, false);
+  ASSERT_TRUE(j.is_object() && j["nodes"].is_array()) << status.body;
+  int shown = 0;
+  for (const auto& node : j["nodes"])
+    shown += node.contains("lazy_images") && node["lazy_images"].value("chunks_fetched", uint64_t{0}) > 0;
+  EXPECT_EQ(shown, kNodes) << status.body;
+  std::string bad;
+  auto served = ParseMetrics(HttpGet(controller_->http_addr(), "/metrics").body, &bad);
+  EXPECT_GT(served["dsec_image_chunks_total{event=\"served\"}"], 0) << bad;
+  auto fetched = ParseMetrics(HttpGet(nodes_[0]->http_addr(), "/metrics").body, &bad);
+  EXPECT_EQ(fetched["dsec_image_chunks_total{event=\"fetched\"}"], static_cast<double>(Stat(0, "chunks_fetched")));
+  EXPECT_GT(fetched["dsec_image_bytes_total{what=\"fetched\"}"], 0);
+  HeadlessChromium chromium;
+  if (auto why = chromium.Open(); !why.empty()) GTEST_SKIP() << why;
+  auto dom = chromium.Dom("http://" + controller_->http_addr() + "/");
+  ASSERT_EQ(dom.exit_code, 0) << dom.err;
+  for (const auto& id : ids_) EXPECT_THAT(dom.out, HasSubstr("data-lazy-node=\"" + id + "\""));
 }
 
 // Acceptance 1: 64 containers of one image on one node, reading at once,
@@ -257,6 +288,49 @@ TEST_F(LazyImages, ASecondImageOfAFamilyFetchesOnlyTheChunksItDoesNotShare) {
   EXPECT_LT(own.size() * 3, two.size()) << "the family shares less than two thirds of its chunks";
   std::printf("fam2: %zu chunks, %zu of them its own (fetched: %llu)\n", two.size(), own.size(),
               static_cast<unsigned long long>(fetched));
+  EXPECT_TRUE(first->Destroy().ok());
+  EXPECT_TRUE(second->Destroy().ok());
+}
+
+// The first node's first reads of an image become its prefetch order (the
+// nodes record for 2 s here); the second node to take it prefetches them
+// in the background, so its first task reads without waiting for a chunk.
+TEST_F(LazyImages, ASecondColdNodePrefetchesWhatTheFirstNodeRead) {
+  auto first = CreateOn(0, pre_);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  ASSERT_EQ(SumIn(*first, "data/pre"), pre_.sums.at("data/pre"));
+  std::string saved = controller_->data_dir() + "/images/" + pre_.digest.substr(7) + ".prefetch";
+  cluster::v1::ChunkMap order;
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        auto text = ReadFileToString(saved);
+        return text.ok() && order.ParseFromString(*text) && order.prefetch_size() > 0;
+      },
+      std::chrono::seconds(15)))
+      << "the image service has no prefetch order for pre";
+  cluster::v1::ChunkMap map = MapOf(pre_);
+  uint64_t order_bytes = 0;
+  std::set<std::string> distinct;
+  for (uint32_t i : order.prefetch())
+    if (distinct.insert(map.chunks(i).digest()).second) order_bytes += map.chunks(i).length();
+
+  auto second = CreateOn(1, pre_);
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  auto cached = [&] {
+    auto ls = RunProcess({BinDir() + "/dsec-image", "--data-dir", nodes_[1]->data_dir(), "ls", "--json"});
+    std::istringstream lines(ls.out);
+    for (std::string line; std::getline(lines, line);) {
+      auto m = nlohmann::json::parse(line, nullptr, false);
+      if (m.is_object() && m.value("name", "") == "pre") return m.value("cached_bytes", uint64_t{0});
+    }
+    return uint64_t{0};
+  };
+  EXPECT_TRUE(WaitUntil([&] { return cached() >= order_bytes; }, std::chrono::seconds(15)))
+      << "node 1 holds " << cached() << " bytes of the " << order_bytes << " its order names: " << Lazy(1).dump();
+  EXPECT_GT(Stat(1, "prefetched_chunks"), 0u);
+  uint64_t misses = Stat(1, "cache_misses");
+  EXPECT_EQ(SumIn(*second, "data/pre"), pre_.sums.at("data/pre"));
+  EXPECT_EQ(Stat(1, "cache_misses"), misses) << "the second node's task waited for chunks the first had read";
   EXPECT_TRUE(first->Destroy().ok());
   EXPECT_TRUE(second->Destroy().ok());
 }
