@@ -6,6 +6,8 @@
 // Exit codes: 0 done; 1 failed (the message says why); 2 bad usage.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
+
+#include <map>
 #include <unistd.h>
 
 #include <cerrno>
@@ -274,6 +276,11 @@ int main(int argc, char** argv) {
         here = "lazy " + std::to_string(m.size_bytes() ? m.cached_bytes() * 100 / m.size_bytes() : 0) + "%";
       std::printf("%-24s %-20s %8s %8s %12s  %s\n", m.name().c_str(), m.digest().substr(0, 19).c_str(),
                   Human(m.size_bytes()).c_str(), Human(m.content_bytes()).c_str(), here.c_str(), m.source().c_str());
+      // On a controller: what each node that took it lazily holds of it.
+      std::map<std::string, uint64_t> on(m.cached_on().begin(), m.cached_on().end());
+      for (const auto& [node, bytes] : on)
+        std::printf("  on %s: %s cached (%llu%%)\n", node.c_str(), Human(bytes).c_str(),
+                    static_cast<unsigned long long>(m.size_bytes() ? bytes * 100 / m.size_bytes() : 0));
     }
     return 0;
   }

@@ -415,6 +415,25 @@ caf::result<v1::ListSandboxesReply> Handle(Self self, v1::ListSandboxesRequest& 
   return g->rp;
 }
 
+// The image list, with what each node's chunk cache holds of each image
+// (its heartbeats' image_cached).
+caf::result<v1::ImagesReply> Handle(Self self, v1::ListImagesRequest& req) {
+  if (!self->state.images) return NoRegistry<v1::ImagesReply>(self, req);
+  auto rp = self->make_response_promise<v1::ImagesReply>();
+  self->request(self->state.images, caf::infinite, std::move(req))
+      .then(
+          [self, rp](v1::ImagesReply& r) mutable -> void {
+            for (auto& m : *r.mutable_images())
+              for (const auto& [id, n] : self->state.nodes) {
+                auto held = n.rec.load().image_cached().find(m.digest());
+                if (held != n.rec.load().image_cached().end()) (*m.mutable_cached_on())[id] = held->second;
+              }
+            rp.deliver(std::move(r));
+          },
+          [rp](caf::error& e) mutable -> void { rp.deliver(std::move(e)); });
+  return rp;
+}
+
 // The rest, by route: to the node that holds the sandbox or the session;
 // images to this controller's registry (or, in role all, the node's).
 template <class Req>

@@ -9,6 +9,7 @@
 
 #include "actors/node/cluster_link.hpp"
 #include "actors/node/context.hpp"
+#include "drivers/images/lazy_images.hpp"
 #include "dsec/status_proto.hpp"
 #include "runtime/door_auth.hpp"
 #include "runtime/metrics.hpp"
@@ -110,6 +111,8 @@ void Fill(Self self, cluster::v1::NodeRecord* rec, cluster::v1::NodeLoad* load) 
                         load->add_images(m.name() + "@" + m.digest());
                         return load->images_size() < 10000;
                       });
+  if (st.ctx->lazy)
+    for (const auto& [digest, bytes] : st.ctx->lazy->CachedByImage()) (*load->mutable_image_cached())[digest] = bytes;
   // The heartbeat goes on without them: placement then prefers other
   // nodes, or sends the image again; the log says why.
   if (!scanned.ok()) st.ctx->log->warn("cluster: this heartbeat lists no images: {}", scanned.message());

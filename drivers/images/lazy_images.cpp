@@ -509,15 +509,30 @@ void LazyImages::Remove(const std::string& image_digest) {
   ::unlink((impl_->map_dir + "/" + hex).c_str());
 }
 
+namespace {
+// What `cached` holds of `map`, each distinct chunk once.
+template <class Cached>
+uint64_t HeldOf(const cluster::v1::ChunkMap& map, const Cached& cached) {
+  uint64_t n = 0;
+  std::set<std::string> seen;
+  for (const auto& c : map.chunks())
+    if (cached.count(c.digest()) && seen.insert(c.digest()).second) n += c.length();
+  return n;
+}
+}  // namespace
+
 uint64_t LazyImages::CachedBytes(const std::string& image_digest) const {
   auto im = impl_->Find(HexOfDigest(image_digest));
   if (!im) return 0;
   std::lock_guard<std::mutex> lk(impl_->mu);
-  uint64_t n = 0;
-  std::set<std::string> seen;
-  for (const auto& c : im->map.chunks())
-    if (impl_->cached.count(c.digest()) && seen.insert(c.digest()).second) n += c.length();
-  return n;
+  return HeldOf(im->map, impl_->cached);
+}
+
+std::map<std::string, uint64_t> LazyImages::CachedByImage() const {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  std::map<std::string, uint64_t> out;
+  for (const auto& [hex, im] : impl_->images) out[im->map.image_digest()] = HeldOf(im->map, impl_->cached);
+  return out;
 }
 
 LazyStats LazyImages::stats() const {

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -78,6 +79,8 @@ class LazyImages {
   void Remove(const std::string& image_digest);
 
   uint64_t CachedBytes(const std::string& image_digest) const;
+  // Every lazy image's digest -> CachedBytes (a heartbeat's).
+  std::map<std::string, uint64_t> CachedByImage() const;
   LazyStats stats() const;
   std::string mount_dir() const;
 

@@ -214,6 +214,25 @@ TEST_F(LazyImages, AnImageOnlyTheControllerHasRunsOnEveryNodeAndReadsTheSourcesB
   }
   EXPECT_EQ(DigestOfLazyFile(0, fam1_), fam1_.digest);
   EXPECT_EQ(Stat(0, "digest_failures"), 0u);
+  // The controller's list says what each node holds (from their heartbeats).
+  std::string listed;
+  EXPECT_TRUE(WaitUntil(
+      [&] {
+        listed = RunProcess({BinDir() + "/dsec-image", "--data-dir", controller_->data_dir(), "ls", "--json"}).out;
+        std::istringstream lines(listed);
+        for (std::string line; std::getline(lines, line);) {
+          auto m = nlohmann::json::parse(line, nullptr, false);
+          if (!m.is_object() || m.value("name", "") != "fam1" || !m["cached_on"].is_object()) continue;
+          int held = 0;
+          for (const auto& id : ids_) held += m["cached_on"].value(id, uint64_t{0}) > 0;
+          return held == kNodes;
+        }
+        return false;
+      },
+      std::chrono::seconds(10)))
+      << listed;
+  EXPECT_THAT(RunProcess({BinDir() + "/dsec-image", "--data-dir", controller_->data_dir(), "ls"}).out,
+              HasSubstr("  on " + ids_[0] + ": "));
 }
 
 // The controller's status page and /metrics show what nodes fetched: each
