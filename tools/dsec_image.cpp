@@ -206,46 +206,33 @@ int main(int argc, char** argv) {
   if (!reg.ok()) return Fail(reg.status().message());
   auto& r = **reg;
 
-  if (*push) {
+  if (*push || *build) {
+    const char* verb = *push ? "push" : "build";
     if (auto st = dsec::images::CheckImageName(name); !st.ok()) return Fail(st.message(), 2);
     auto existing = r.Get(name);
     if (existing.ok() && !replace)
-      return Fail("image '" + name + "' already exists (digest " + existing->digest() +
-                  "); remove it first (dsec-image rm " + name + ") or push with --replace");
-    auto m = dsec::images::PushImage(dsec::AbsolutePath(push_file), name, data + "/images");
-    if (!m.ok()) return Fail(m.status().message());
-    if (auto st = r.Register(*m, replace); !st.ok()) {
-      auto all = r.List();
-      bool shared = false;
-      if (all.ok())
-        for (const auto& other : *all) shared = shared || other.digest() == m->digest();
-      if (!shared) ::unlink(m->file().c_str());
-      return Fail(st.message());
+      return Fail("image '" + name + "' already exists (digest " + existing->digest() + "); remove it first (dsec-image rm " +
+                  name + ") or " + verb + " with --replace");
+    dsec::Result<dsec::v1::ImageManifest> m = dsec::Status::Internal("no image made");
+    if (*push) {
+      m = dsec::images::PushImage(dsec::AbsolutePath(push_file), name, data + "/images");
+    } else {
+      dsec::images::BuildOptions o;
+      o.compression = compression;
+      o.keep_owners = keep_owners;
+      o.git_scrub = git_scrub;
+      o.git_watch = !no_git_watch;
+      o.progress = [](const std::string& s) { std::fprintf(stderr, "dsec-image: %s\n", s.c_str()); };
+      if (!deb_suite.empty()) {
+        deb.suite = deb_suite;
+        deb.progress = o.progress;
+        auto tree = dsec::images::DebianRootfs(deb);
+        if (!tree.ok()) return Fail(tree.status().message());
+        src = *tree;
+        o.keep_owners = true;  // the tree's owners are Debian's (root, _apt, man, ...)
+      }
+      m = dsec::images::BuildImage(src, name, data + "/images", o);
     }
-    std::printf("%s %s %s\n", name.c_str(), m->digest().c_str(), Human(m->size_bytes()).c_str());
-    return 0;
-  }
-  if (*build) {
-    if (auto st = dsec::images::CheckImageName(name); !st.ok()) return Fail(st.message(), 2);
-    auto existing = r.Get(name);
-    if (existing.ok() && !replace)
-      return Fail("image '" + name + "' already exists (digest " + existing->digest() +
-                  "); remove it first (dsec-image rm " + name + ") or build with --replace");
-    dsec::images::BuildOptions o;
-    o.compression = compression;
-    o.keep_owners = keep_owners;
-    o.git_scrub = git_scrub;
-    o.git_watch = !no_git_watch;
-    o.progress = [](const std::string& s) { std::fprintf(stderr, "dsec-image: %s\n", s.c_str()); };
-    if (!deb_suite.empty()) {
-      deb.suite = deb_suite;
-      deb.progress = o.progress;
-      auto tree = dsec::images::DebianRootfs(deb);
-      if (!tree.ok()) return Fail(tree.status().message());
-      src = *tree;
-      o.keep_owners = true;  // the tree's owners are Debian's (root, _apt, man, ...)
-    }
-    auto m = dsec::images::BuildImage(src, name, data + "/images", o);
     if (!m.ok()) return Fail(m.status().message());
     if (auto st = r.Register(*m, replace); !st.ok()) {
       // Do not leave an orphan file behind unless another image shares it.

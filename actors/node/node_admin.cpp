@@ -212,6 +212,26 @@ json DoorStats(const FrontDoor* door, const char* name) {
               {"timed_out", s.timed_out}, {"evicted", s.evicted},   {"pending", s.pending}};
 }
 
+// A node's lazy images (docs/images.md): its console's stats and its
+// status page's "Images on demand".
+json LazyJson(const images::LazyStats& l) {
+  return {{"images", l.images},
+          {"fetch_requests", l.fetch_requests},
+          {"chunks_fetched", l.chunks_fetched},
+          {"bytes_fetched", l.bytes_fetched},
+          {"chunks_fetched_again", l.chunks_fetched_again},
+          {"cache_hits", l.cache_hits},
+          {"cache_misses", l.cache_misses},
+          {"digest_failures", l.digest_failures},
+          {"evictions", l.evictions},
+          {"cached_chunks", l.cached_chunks},
+          {"cached_bytes", l.cached_bytes},
+          {"prefetched_chunks", l.prefetched_chunks},
+          {"fetch_failures", l.fetch_failures},
+          {"lazyfs_restarts", l.lazyfs_restarts},
+          {"lazyfs_pid", l.lazyfs_pid}};
+}
+
 std::string Stats(NodeSelf self) {
   auto& st = self->state;
   const auto& c = st.host->counters();
@@ -231,24 +251,7 @@ std::string Stats(NodeSelf self) {
               {"console_door", DoorStats(st.ctx->door, "console")},
               {"http_door", DoorStats(st.ctx->door, "http")}};
   for (const auto& [name, driver] : st.ctx->kinds->ByName()) out[name] = DriverStats(driver);
-  if (st.ctx->lazy) {
-    auto l = st.ctx->lazy->stats();
-    out["lazy_images"] = {{"images", l.images},
-                          {"fetch_requests", l.fetch_requests},
-                          {"chunks_fetched", l.chunks_fetched},
-                          {"bytes_fetched", l.bytes_fetched},
-                          {"chunks_fetched_again", l.chunks_fetched_again},
-                          {"cache_hits", l.cache_hits},
-                          {"cache_misses", l.cache_misses},
-                          {"digest_failures", l.digest_failures},
-                          {"evictions", l.evictions},
-                          {"cached_chunks", l.cached_chunks},
-                          {"cached_bytes", l.cached_bytes},
-                          {"prefetched_chunks", l.prefetched_chunks},
-                          {"fetch_failures", l.fetch_failures},
-                          {"lazyfs_restarts", l.lazyfs_restarts},
-                          {"lazyfs_pid", l.lazyfs_pid}};
-  }
+  if (st.ctx->lazy) out["lazy_images"] = LazyJson(st.ctx->lazy->stats());
   return out.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
@@ -316,14 +319,7 @@ caf::result<std::string> Overview(NodeSelf self) {
             {"memory", json{{"total", h.memory_total}, {"available", h.memory_available}}},
             {"cpus", h.cpus},
             {"load1", h.load1}};
-  if (ctx.lazy) {  // images on demand (docs/images.md): the status page's "Images on demand"
-    auto l = ctx.lazy->stats();
-    node["lazy_images"] = {{"images", l.images},         {"chunks_fetched", l.chunks_fetched},
-                           {"bytes_fetched", l.bytes_fetched}, {"cache_hits", l.cache_hits},
-                           {"cache_misses", l.cache_misses}, {"cached_bytes", l.cached_bytes},
-                           {"prefetched_chunks", l.prefetched_chunks}, {"digest_failures", l.digest_failures},
-                           {"fetch_failures", l.fetch_failures}, {"lazyfs_restarts", l.lazyfs_restarts}};
-  }
+  if (ctx.lazy) node["lazy_images"] = LazyJson(ctx.lazy->stats());  // the status page's "Images on demand"
   size_t sessions = st.dir.sessions().size();
   return OffThread(self, [store = ctx.store, node = std::move(node), sessions]() mutable {
     json list = json::array();
