@@ -125,6 +125,9 @@ struct WatchRun {
   // Entries reported as found in a new directory's first listing (wd,
   // name): their own create event, if it comes too, is not told twice.
   std::set<std::pair<int, std::string>> listed;
+  // New directories whose listing was stale (renamed while listed): listed
+  // again when their move is read.
+  std::set<int> unlisted;
 };
 
 // A pseudo-terminal of that size: its master and slave ends (CLOEXEC;
@@ -206,6 +209,8 @@ class Agent {
   // They were renamed within the watched tree: `from` and under it are `to`
   // (false: `from` was not watched).
   bool RenameWatchDirs(WatchRun& w, const std::string& from, const std::string& to);
+  // The names of w's unlisted directories at `rel` and under it, parents first.
+  std::vector<std::string> UnlistedUnder(const WatchRun& w, const std::string& rel) const;
   void KillGroup(ExecRun& x);
   void Pause(ExecRun& x, Conn& c);
   void Resume(ExecRun& x);

@@ -11,12 +11,14 @@
 #include <fcntl.h>
 #include <sys/epoll.h>
 #include <sys/inotify.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
 #include <deque>
 #include <tuple>
+#include <vector>
 
 namespace dsec::agent::internal {
 
@@ -113,25 +115,43 @@ bool Agent::AddWatchDirs(WatchRun& w, const std::string& rel, std::string* why,
       errno = e;
       return false;
     }
-    if (!w.wds.insert(wd).second) continue;  // the same directory by two names (a bind mount)
-    wd_users_[wd].emplace_back(w.key, dir);
+    // Watched already: the same directory by two names (a bind mount), or
+    // one whose listing was stale, listed now under its new name.
+    const bool relist = w.unlisted.erase(wd) > 0;
+    if (!w.wds.insert(wd).second && !relist) continue;
+    if (!relist) wd_users_[wd].emplace_back(w.key, dir);
     if (!w.recursive) break;
-    DIR* d = ::opendir(full.c_str());
+    // What it holds, by name: told (for a new directory) only if `full`
+    // still names it once listed. A directory renamed meanwhile (mkdir t;
+    // mv t u; touch u/z) would be listed under its old name: it is listed
+    // again when its move is read (OnInotify), and what is made in it from
+    // now on comes as its events.
+    UniqueFd fd(::open(full.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    struct stat listed_st {};
+    if (!fd || ::fstat(fd.get(), &listed_st) < 0) continue;
+    DIR* d = ::fdopendir(fd.Release());
     if (!d) continue;
+    std::vector<std::pair<std::string, bool>> entries;  // (name, a directory)
     while (dirent* e = ::readdir(d)) {
       if (!std::strcmp(e->d_name, ".") || !std::strcmp(e->d_name, "..")) continue;
-      if (found) {  // told whatever it remembers; past kMaxListed its own create may be told again
-        if (w.listed.size() < kMaxListed) w.listed.emplace(wd, e->d_name);
-        found(Join(dir, e->d_name));
-      }
-      if (e->d_type != DT_DIR) continue;
-      if (w.wds.size() + todo.size() >= kMaxWatchDirs) {  // past the limit: said once the queue reaches it
-        todo.push_back(Join(dir, e->d_name));
-        break;
-      }
-      todo.push_back(Join(dir, e->d_name));
+      entries.emplace_back(e->d_name, e->d_type == DT_DIR);
     }
     ::closedir(d);
+    struct stat now_st {};
+    if (found && (::lstat(full.c_str(), &now_st) < 0 || now_st.st_ino != listed_st.st_ino ||
+                  now_st.st_dev != listed_st.st_dev)) {
+      w.unlisted.insert(wd);
+      continue;
+    }
+    for (const auto& [name, is_dir] : entries) {
+      if (found) {  // told whatever it remembers; past kMaxListed its own create may be told again
+        if (w.listed.size() < kMaxListed) w.listed.emplace(wd, name);
+        found(Join(dir, name));
+      }
+      if (!is_dir) continue;
+      todo.push_back(Join(dir, name));
+      if (w.wds.size() + todo.size() > kMaxWatchDirs) break;  // past the limit: said once the queue reaches it
+    }
   }
   return true;
 }
@@ -185,9 +205,11 @@ void Agent::DropWatchDirs(WatchRun& w, const std::string& rel) {
         wd_users_.erase(u);
       }
     }
-    if (gone)
+    if (gone) {
+      w.unlisted.erase(*it);
       for (auto l = w.listed.lower_bound({*it, std::string()}); l != w.listed.end() && l->first == *it;)
         l = w.listed.erase(l);
+    }
     it = gone ? w.wds.erase(it) : std::next(it);
   }
 }
@@ -205,6 +227,19 @@ bool Agent::RenameWatchDirs(WatchRun& w, const std::string& from, const std::str
       }
   }
   return renamed;
+}
+
+std::vector<std::string> Agent::UnlistedUnder(const WatchRun& w, const std::string& rel) const {
+  std::vector<std::string> rels;
+  const std::string under = rel + "/";
+  for (int wd : w.unlisted) {
+    auto u = wd_users_.find(wd);
+    if (u == wd_users_.end()) continue;
+    for (const auto& [key, r] : u->second)
+      if (key == w.key && (r == rel || r.compare(0, under.size(), under) == 0)) rels.push_back(r);
+  }
+  std::sort(rels.begin(), rels.end());  // a parent before what it holds
+  return rels;
 }
 
 void Agent::ResumeInotify() {
@@ -268,6 +303,7 @@ void Agent::OnInotify() {
           if (rel.empty()) ended.emplace_back(key, ENOENT, ignored ? "the directory was removed" : "the directory was moved");
           else if (ignored) {
             w->second->wds.erase(e->wd);
+            w->second->unlisted.erase(e->wd);
             auto& listed = w->second->listed;
             for (auto l = listed.lower_bound({e->wd, std::string()}); l != listed.end() && l->first == e->wd;)
               l = listed.erase(l);
@@ -311,8 +347,11 @@ void Agent::OnInotify() {
             bool within = from != moved_.end();
             bool renamed = within && RenameWatchDirs(r, from->second, child);
             if (within) moved_.erase(from);
-            if (!renamed && !AddWatchDirs(r, child, &why, [&](const std::string& in) { tell(in, kCreate); }))
-              ended.emplace_back(key, ENOSPC, why);
+            auto told = [&](const std::string& in) { tell(in, kCreate); };
+            if (!renamed && !AddWatchDirs(r, child, &why, told)) ended.emplace_back(key, ENOSPC, why);
+            // Its directories listed while it still had its old name: listed now, under its new one.
+            for (const auto& again : renamed ? UnlistedUnder(r, child) : std::vector<std::string>{})
+              if (!AddWatchDirs(r, again, &why, told)) ended.emplace_back(key, ENOSPC, why);
           } else if (type == kCreate && !AddWatchDirs(r, child, &why, [&](const std::string& in) { tell(in, kCreate); })) {
             ended.emplace_back(key, ENOSPC, why);  // new: what it holds already is told as created
           }

@@ -3,9 +3,12 @@
 // fix, and nothing left behind), and kill -9 of dsecd with VMs running.
 #include <gmock/gmock.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <fstream>
 #include <future>
 #include <set>
 #include <sstream>
@@ -30,10 +33,32 @@ void ExpectNoVm(const TestDaemon& daemon, v1::Kind kind) {
   EXPECT_TRUE(ListSubdirs(VmRoot(daemon, kind)).empty()) << "a VM dir is left";
   for (const std::string root : {"/sys/fs/cgroup/memory", "/sys/fs/cgroup"}) {
     auto left = ListSubdirs(root + "/dsec-test/vm");
-    std::string names;
-    for (const auto& n : left) names += " " + n;
+    auto Read = [](const std::string& path) {
+      auto text = ReadFileToString(path);
+      return text.ok() ? *text : std::string("?");
+    };
+    std::string names, said;
+    for (const auto& n : left) {
+      names += " " + n;
+      // When it was made, what is in it, and what dsecd's log says of it
+      // (CI keeps no log file).
+      struct stat st {};
+      std::string dir = root + "/dsec-test/vm/" + n;
+      if (::stat(dir.c_str(), &st) == 0)
+        said += "\n  made " + std::to_string(::time(nullptr) - st.st_ctime) + " s ago; its tasks: [" +
+                Read(dir + "/cgroup.procs") + "]";
+      std::ifstream log(daemon.log_path());
+      for (std::string line; std::getline(log, line);)
+        if (line.find(n) != std::string::npos) said += "\n  " + line;
+    }
+    if (!left.empty())  // another daemon's VMs would show here too
+      for (pid_t p : ProcessesMatching("dsecd")) {
+        std::string cmd = Read("/proc/" + std::to_string(p) + "/cmdline").substr(0, 300);
+        std::replace(cmd.begin(), cmd.end(), '\0', ' ');
+        said += "\n  dsecd pid " + std::to_string(p) + ": " + cmd;
+      }
     EXPECT_TRUE(left.empty()) << "a VM group is left in " << root << ":" << names << " (dsecd's log: "
-                              << daemon.log_path() << ")";
+                              << daemon.log_path() << ")" << said;
   }
   if (kind == v1::KIND_VM) {
     EXPECT_TRUE(VmDomains(daemon).empty()) << "a libvirt domain is left";
