@@ -24,6 +24,9 @@ namespace dsec::images {
 namespace {
 
 constexpr size_t kRecordMax = 16384;
+// Connections on the lazy socket served at once: dsec-lazyfs keeps one per
+// FUSE worker thread (libfuse's default is at most 10).
+constexpr size_t kMaxLazyConns = 256;
 
 std::string HexOfDigest(const std::string& digest) {
   return digest.rfind("sha256:", 0) == 0 ? digest.substr(7) : digest;
@@ -405,9 +408,24 @@ void LazyImages::Impl::AcceptLoop() {
       if (errno == EBADF || errno == EINVAL) return;
       continue;
     }
-    std::lock_guard<std::mutex> lk(mu);
-    conn_fds.insert(fd);
-    conns.emplace_back([this, fd] { Serve(fd); });
+    std::vector<std::thread> done;
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      done.swap(ended);
+      if (conns.size() >= kMaxLazyConns) {
+        // dsec-lazyfs opens one per FUSE thread: more is not it.
+        if (refused_conns++ % 1000 == 0)
+          Log(2, "lazy images: refused a connection on " + sock_path + ": " + std::to_string(kMaxLazyConns) +
+                     " are open already");
+        ::close(fd);
+      } else {
+        conn_fds.insert(fd);
+        auto& slot = conns[fd];
+        if (slot.joinable()) ended.push_back(std::move(slot));  // not expected: Serve drops its entry as it closes
+        slot = std::thread([this, fd] { Serve(fd); });
+      }
+    }
+    for (auto& t : done) t.join();
   }
 }
 
@@ -448,6 +466,10 @@ void LazyImages::Impl::Serve(int fd) {
   }
   std::lock_guard<std::mutex> lk(mu);
   if (conn_fds.erase(fd)) ::close(fd);
+  if (auto me = conns.find(fd); me != conns.end()) {
+    ended.push_back(std::move(me->second));
+    conns.erase(me);
+  }
 }
 
 // ---- the public face
@@ -468,7 +490,9 @@ LazyImages::~LazyImages() {
   std::vector<std::thread> threads;
   {
     std::lock_guard<std::mutex> lk(m.mu);
-    threads.swap(m.conns);
+    threads.swap(m.ended);
+    for (auto& [fd, t] : m.conns) threads.push_back(std::move(t));
+    m.conns.clear();
     for (auto& t : m.prefetchers) threads.push_back(std::move(t));
     m.prefetchers.clear();
   }

@@ -84,7 +84,11 @@ class LazyImages::Impl {
   int listen_fd = -1;
   std::thread acceptor, keeper;
   std::set<int> conn_fds;
-  std::vector<std::thread> conns, prefetchers;
+  // A connection's thread by its fd while it serves; then ended, joined at
+  // the next accept (a closed connection leaves no thread or stack).
+  std::map<int, std::thread> conns;
+  std::vector<std::thread> ended, prefetchers;
+  uint64_t refused_conns = 0;
   int lazyfs_pid = 0;
   int pidfd = -1;
 };

@@ -110,17 +110,24 @@ DaemonStart ContainerTest::TryStartContainerDaemon(TestDaemonOptions o, std::uni
   for (const auto& k : status.value("kinds", nlohmann::json::array())) container = container || k == "container";
   if (!container) return {"", "dsecd offers no containers on a host that has all they need: " + status.dump()};
 
+  DaemonStart built = BuildToolsImage(**daemon, kImage);
+  if (!built.skip.empty() || !built.failure.empty()) return built;
+  return {"", ConnectClient(**daemon, client)};
+}
+
+DaemonStart ContainerTest::BuildToolsImage(const TestDaemon& daemon, const std::string& name, std::string* dir) {
   const ToolsRootfs& tools = Tools();
   Status made = tools.made();
   ProcResult built;
   if (made.ok())
-    built = RunProcess({BinDir() + "/dsec-image", "--data-dir", (*daemon)->data_dir(), "build", tools.dir(), kImage});
+    built = RunProcess({BinDir() + "/dsec-image", "--data-dir", daemon.data_dir(), "build", tools.dir(), name});
   // FailedPrecondition: the host lacks a program the image is made of.
   if (made.code() == Status::Code::kFailedPrecondition)
     return {"cannot make the test rootfs on this host: " + made.ToString(), ""};
   if (!made.ok()) return {"", "cannot make the test rootfs: " + made.ToString()};
   if (built.exit_code != 0) return {"", "dsec-image build failed: " + built.err};
-  return {"", ConnectClient(**daemon, client)};
+  if (dir) *dir = tools.dir();
+  return {};
 }
 
 std::string ContainerTest::StartContainerDaemon(TestDaemonOptions o, std::unique_ptr<TestDaemon>* daemon,

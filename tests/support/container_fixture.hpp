@@ -72,6 +72,9 @@ class ContainerTest : public ::testing::Test {
   // shared daemon, if that is what daemon_ holds.
   static DaemonStart TryStartContainerDaemon(TestDaemonOptions o, std::unique_ptr<TestDaemon>* daemon,
                                              std::unique_ptr<Client>* client);
+  // The tools image's tree packed into `daemon`'s store as `name` (the way
+  // TryStartContainerDaemon does); the tree's dir in *dir.
+  static DaemonStart BuildToolsImage(const TestDaemon& daemon, const std::string& name, std::string* dir = nullptr);
   // The same from a test (SetUp or its body): a failure is reported as the
   // test's at once. "" when all is up; else why the test cannot go on.
   static std::string StartContainerDaemon(TestDaemonOptions o, std::unique_ptr<TestDaemon>* daemon,

@@ -28,7 +28,15 @@ using Clock = std::chrono::steady_clock;
 
 std::string g_socket;
 int g_wait_s = 35;
-thread_local int t_fd = -1;
+// This FUSE thread's connection to dsecd, closed when the thread ends
+// (libfuse ends idle worker threads; their connections must go with them).
+struct ThreadConn {
+  int fd = -1;
+  ~ThreadConn() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+thread_local ThreadConn t_conn;
 
 using lw::ReadFull;
 using lw::WriteFull;
@@ -52,24 +60,24 @@ int Connect() {
 int Call(lw::Op op, const std::string& name, uint64_t offset, uint32_t length, uint64_t* size, std::string* data) {
   auto deadline = Clock::now() + std::chrono::seconds(g_wait_s);
   for (;;) {
-    if (t_fd < 0) t_fd = Connect();
-    if (t_fd >= 0) {
+    if (t_conn.fd < 0) t_conn.fd = Connect();
+    if (t_conn.fd >= 0) {
       lw::Request rq;
       rq.op = op;
       rq.name_len = static_cast<uint32_t>(name.size());
       rq.offset = offset;
       rq.length = length;
       lw::Reply rp;
-      if (WriteFull(t_fd, &rq, sizeof rq) && WriteFull(t_fd, name.data(), name.size()) &&
-          ReadFull(t_fd, &rp, sizeof rp) && rp.data_len <= lw::kMaxRead + lw::kMaxList) {
+      if (WriteFull(t_conn.fd, &rq, sizeof rq) && WriteFull(t_conn.fd, name.data(), name.size()) &&
+          ReadFull(t_conn.fd, &rp, sizeof rp) && rp.data_len <= lw::kMaxRead + lw::kMaxList) {
         data->resize(rp.data_len);
-        if (ReadFull(t_fd, data->data(), data->size())) {
+        if (ReadFull(t_conn.fd, data->data(), data->size())) {
           *size = rp.size;
           return rp.err;
         }
       }
-      ::close(t_fd);
-      t_fd = -1;
+      ::close(t_conn.fd);
+      t_conn.fd = -1;
     }
     if (Clock::now() >= deadline) {
       std::fprintf(stderr, "dsec-lazyfs: dsecd (%s) did not answer within %d s; EIO\n", g_socket.c_str(), g_wait_s);

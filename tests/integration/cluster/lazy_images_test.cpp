@@ -8,6 +8,8 @@
 #include <gmock/gmock.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <cstring>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -16,13 +18,17 @@
 #include <caf/io/all.hpp>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 
 #include "actors/node/image_worker.hpp"
+#include "drivers/images/lazy_wire.hpp"
 #include "dsec/cluster/v1/cluster.pb.h"
 #include "sdk/src/client_agent.hpp"
 #include "wire/wire.hpp"
 #include "harness/rootfs.hpp"
 #include "runtime/files.hpp"
+#include "runtime/unique_fd.hpp"
 #include "tests/support/chromium.hpp"
 #include "tests/support/cluster_probes.hpp"
 #include "tests/support/daemon_fixture.hpp"
@@ -443,6 +449,82 @@ TEST_F(LazyImages, AChunkRequestFromAPeerThatIsNotANodeIsRefused) {
   ASSERT_TRUE(sb.ok()) << sb.status().ToString();
   EXPECT_EQ(SumIn(*sb, "data/solo"), solo_.sums.at("data/solo"));
   EXPECT_TRUE(sb->Destroy().ok());
+}
+
+// Garbage on a node's lazy socket (<data>/run/lazy.sock, where dsec-lazyfs
+// asks dsecd for an image's bytes): each request is answered with an errno
+// or its connection closed, a closed connection leaves no thread or stack
+// behind (2 000 of them would be 16 GiB of stacks), and the socket serves
+// on.
+TEST_F(LazyImages, GarbageOnTheLazySocketIsRefusedAndCostsNothing) {
+  namespace lw = images::lazywire;
+  const std::string sock = nodes_[1]->data_dir() + "/run/lazy.sock";
+  const std::string status = "/proc/" + std::to_string(nodes_[1]->pid()) + "/status";
+  auto field_of = [&](const char* key) {
+    auto text = ReadFileToString(status);
+    size_t at = text.ok() ? text->find(key) : std::string::npos;
+    return at == std::string::npos ? -1L : std::atol(text->c_str() + at + std::strlen(key));
+  };
+  auto dial = [&] {
+    UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::strncpy(a.sun_path, sock.c_str(), sizeof(a.sun_path) - 1);
+    if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) < 0) fd.Reset();
+    return fd;
+  };
+  // One request; its reply's errno, or -1 when the connection closed.
+  auto ask = [&](int fd, char op, const std::string& name, uint64_t offset, uint32_t length, uint32_t name_len) {
+    lw::Request rq;
+    rq.op = static_cast<uint8_t>(op);
+    rq.name_len = name_len;
+    rq.offset = offset;
+    rq.length = length;
+    lw::Reply rp;
+    if (!lw::WriteFull(fd, &rq, sizeof rq) || !lw::WriteFull(fd, name.data(), name.size()) ||
+        !lw::ReadFull(fd, &rp, sizeof rp))
+      return -1;
+    std::string data(rp.data_len, '\0');
+    return lw::ReadFull(fd, data.data(), data.size()) ? rp.err : -1;
+  };
+  const long vm_before = field_of("VmSize:"), threads_before = field_of("Threads:");
+  ASSERT_GT(vm_before, 0) << status;
+  const std::string unknown = std::string(64, 'a') + ".erofs";
+  std::string noise(64, '\0');
+  for (int i = 0; i < 2000; ++i) {
+    UniqueFd fd = dial();
+    ASSERT_TRUE(fd) << sock << ": " << std::strerror(errno);
+    switch (i % 5) {
+      case 0:  // noise, and gone without reading
+        for (auto& c : noise) c = static_cast<char>(std::rand());
+        (void)lw::WriteFull(fd.get(), noise.data(), noise.size());
+        break;
+      case 1:  // a name longer than any: closed unread
+        EXPECT_EQ(ask(fd.get(), lw::kRead, "", 0, 1, 1u << 30), -1);
+        break;
+      case 2:  // an operation that is none
+        EXPECT_EQ(ask(fd.get(), 'Z', unknown, 0, 0, static_cast<uint32_t>(unknown.size())), EINVAL);
+        break;
+      case 3:  // 4 GiB of an image this node does not have
+        EXPECT_EQ(ask(fd.get(), lw::kRead, unknown, ~0ull - 5, ~0u, static_cast<uint32_t>(unknown.size())), ENOENT);
+        break;
+      default:  // half a header
+        (void)lw::WriteFull(fd.get(), "R\x05", 2);
+    }
+  }
+  UniqueFd fd = dial();
+  ASSERT_TRUE(fd);
+  EXPECT_EQ(ask(fd.get(), lw::kList, "", 0, 0, 0), 0) << "the socket serves on";
+  fd.Reset();
+  // The connections' threads have ended (each ends when its peer closes);
+  // the next accept joins what is left of them.
+  ASSERT_TRUE(WaitUntil([&] { return field_of("Threads:") <= threads_before + 2; }, std::chrono::seconds(10)))
+      << field_of("Threads:") << " threads, " << threads_before << " before";
+  fd = dial();
+  ASSERT_TRUE(fd);
+  EXPECT_EQ(ask(fd.get(), lw::kList, "", 0, 0, 0), 0);
+  const long grown_kib = field_of("VmSize:") - vm_before;
+  EXPECT_LT(grown_kib, 256 << 10) << "dsecd's address space grew by " << grown_kib << " KiB over 2 000 connections";
 }
 
 // Acceptance 2: a full cache evicts and keeps serving; the image service
