@@ -437,11 +437,16 @@ sandbox_actor::behavior_type Behavior(Self self) {
         Checkpoint(self, [self](const Status& w) {
           if (!w.ok()) self->state.ctx->log->error("sandbox {}: checkpoint: {}", self->state.rec.id(), w.message());
         });
-        auto log = st.ctx->log;
-        std::string id = st.rec.id();
-        st.driver->Destroy(st.rec, st.driver_state, [log, id](const Status& s) {
-          if (!s.ok()) log->warn("sandbox {}: removing what is left after it failed: {}", id, s.message());
-        });
+        auto remove = [self] {
+          auto& st = self->state;
+          st.driver->Destroy(st.rec, st.driver_state, [log = st.ctx->log, id = st.rec.id()](const Status& s) {
+            if (!s.ok()) log->warn("sandbox {}: removing what is left after it failed: {}", id, s.message());
+          });
+        };
+        // Not beside a pause or resume the driver is doing (a resume would
+        // make again what the removal takes away): after it answers.
+        if (st.pausing) st.after_pause_lost = std::move(remove);
+        else remove();
       },
       [self](owner_atom, bool present) {
         auto& st = self->state;

@@ -150,12 +150,20 @@ void DoPause(Self self, bool paused, std::string why, bool memory, std::function
       st.pausing = false;
       // A destroy came meanwhile: it goes on now; the phase is its.
       if (st.destroying) {
+        st.after_pause_lost = nullptr;  // the destroy removes what is left
         done(Status::FailedPrecondition("sandbox " + st.rec.id() + " was destroyed meanwhile"));
         if (auto next = std::move(st.after_pause)) {
           st.after_pause = nullptr;
           next();
         }
         return;
+      }
+      // It ended by itself meanwhile: failed (the lost report said why),
+      // not paused or running; what is left of it goes now.
+      if (auto remove = std::move(st.after_pause_lost)) {
+        st.after_pause_lost = nullptr;
+        done(Status::Unavailable("sandbox " + st.rec.id() + " failed meanwhile: " + st.rec.error()));
+        return remove();
       }
       if (!s.ok()) {
         done(s.Annotate("sandbox " + st.rec.id()));

@@ -49,6 +49,7 @@ struct SandboxState {
   bool pausing = false;            // a pause or resume is with the driver
   bool network_changing = false;   // a SetNetwork is with the driver (one at a time)
   std::function<void()> after_pause;  // a destroy waiting for it
+  std::function<void()> after_pause_lost;  // the removal of a sandbox lost meanwhile, waiting for it
   int snapshotting = 0;             // snapshots with the driver (a destroy waits for them)
   std::function<void()> after_snapshots;  // a destroy waiting for them
   bool waking = false;              // a resume for calls (resume_on_call) is under way

@@ -482,6 +482,42 @@ TEST_F(SandboxActor, ASandboxThatEndsByItselfIsFailedSayingWhy) {
   EXPECT_THAT(node_.Get(id)->error(), HasSubstr("its process was killed"));
 }
 
+// A sandbox that ends by itself while its pause is with the driver is
+// failed at once, saying why; what is left of it is removed only once the
+// pause has answered (a resume beside the removal would make again what it
+// takes away), and the pause answers that it failed.
+TEST_F(SandboxActor, ASandboxLostWhileItsPauseIsWithTheDriverIsRemovedAfterThePause) {
+  using Op = drivers::FaultDriver::Op;
+  std::string id = Make();
+  auto& faults = node_.driver_faults();
+  faults.Hold(Op::kPause);
+  caf::scoped_actor other{node_.sys()};
+  v1::PauseRequest p;
+  p.set_sandbox_id(id);
+  std::promise<Status> answered;
+  std::thread caller([&] {
+    auto r = node_.CallAs(other, p, std::chrono::seconds(20));
+    answered.set_value(r.status());
+  });
+  ASSERT_TRUE(node_.WaitFor([&] { return faults.held(Op::kPause) == 1; }));
+  const uint64_t destroys = faults.calls(Op::kDestroy);
+  ASSERT_TRUE(node_.world()->Vanish(id, "its process was killed"));
+  ASSERT_TRUE(node_.WaitFor([&] { return node_.Get(id)->phase() == v1::SANDBOX_PHASE_FAILED; }));
+  EXPECT_EQ(faults.calls(Op::kDestroy), destroys) << "removed beside the pause";
+  faults.Release(Op::kPause);
+  auto f = answered.get_future();
+  ASSERT_EQ(f.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  Status paused = f.get();
+  EXPECT_EQ(paused.code(), Status::Code::kUnavailable) << paused.ToString();
+  EXPECT_THAT(paused.message(), HasSubstr("failed meanwhile"));
+  caller.join();
+  ASSERT_TRUE(node_.WaitFor([&] { return faults.calls(Op::kDestroy) == destroys + 1; }));
+  auto rec = node_.Get(id);
+  ASSERT_TRUE(rec.ok()) << rec.status().ToString();
+  EXPECT_EQ(rec->phase(), v1::SANDBOX_PHASE_FAILED);
+  EXPECT_THAT(rec->error(), HasSubstr("its process was killed"));
+}
+
 TEST_F(SandboxActor, CallsWaitWhileTheDriverReadoptsItAfterARestart) {
   std::string id = Make();
   // Held at the next start's re-adoption (armed before the restore).
