@@ -419,7 +419,6 @@ void LazyImages::Impl::AcceptLoop() {
                      " are open already");
         ::close(fd);
       } else {
-        conn_fds.insert(fd);
         auto& slot = conns[fd];
         if (slot.joinable()) ended.push_back(std::move(slot));  // not expected: Serve drops its entry as it closes
         slot = std::thread([this, fd] { Serve(fd); });
@@ -465,11 +464,11 @@ void LazyImages::Impl::Serve(int fd) {
     if (!WriteFull(fd, &rp, sizeof rp) || !WriteFull(fd, data.data(), data.size())) break;
   }
   std::lock_guard<std::mutex> lk(mu);
-  if (conn_fds.erase(fd)) ::close(fd);
-  if (auto me = conns.find(fd); me != conns.end()) {
-    ended.push_back(std::move(me->second));
-    conns.erase(me);
-  }
+  auto me = conns.find(fd);
+  if (me == conns.end()) return;
+  ::close(fd);  // its number is taken again only after its entry is gone (the acceptor waits for mu)
+  ended.push_back(std::move(me->second));
+  conns.erase(me);
 }
 
 // ---- the public face
@@ -483,21 +482,26 @@ LazyImages::~LazyImages() {
   if (m.listen_fd >= 0) ::shutdown(m.listen_fd, SHUT_RDWR);
   {
     std::lock_guard<std::mutex> lk(m.mu);
-    for (int fd : m.conn_fds) ::shutdown(fd, SHUT_RDWR);
+    for (const auto& [fd, t] : m.conns) ::shutdown(fd, SHUT_RDWR);
   }
   if (m.acceptor.joinable()) m.acceptor.join();
   if (m.keeper.joinable()) m.keeper.join();
   std::vector<std::thread> threads;
+  std::vector<int> open_fds;  // taken from their threads here: closed once those are joined
   {
     std::lock_guard<std::mutex> lk(m.mu);
     threads.swap(m.ended);
-    for (auto& [fd, t] : m.conns) threads.push_back(std::move(t));
+    for (auto& [fd, t] : m.conns) {
+      open_fds.push_back(fd);
+      threads.push_back(std::move(t));
+    }
     m.conns.clear();
     for (auto& t : m.prefetchers) threads.push_back(std::move(t));
     m.prefetchers.clear();
   }
   for (auto& t : threads)
     if (t.joinable()) t.join();
+  for (int fd : open_fds) ::close(fd);
   if (m.listen_fd >= 0) ::close(m.listen_fd);
   m.FlushRecords(true);
   m.StopLazyfsIfUnused();

@@ -83,7 +83,6 @@ class LazyImages::Impl {
   std::atomic<bool> up{false};
   int listen_fd = -1;
   std::thread acceptor, keeper;
-  std::set<int> conn_fds;
   // A connection's thread by its fd while it serves; then ended, joined at
   // the next accept (a closed connection leaves no thread or stack).
   std::map<int, std::thread> conns;
