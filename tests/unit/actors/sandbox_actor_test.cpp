@@ -383,7 +383,10 @@ TEST_F(SandboxActor, ATtlThatPausesPausesItAndAResumeStartsItAgain) {
   EXPECT_THAT(paused->pause_reason(), HasSubstr("its ttl of 1 s ran out"));
   EXPECT_EQ(paused->ttl_deadline_ms(), 0) << "paused by its ttl, it has none";
   EXPECT_EQ(paused->expires_ms(), 0) << "nothing ends it while paused";
-  EXPECT_EQ(Row(id)->record().phase(), v1::SANDBOX_PHASE_PAUSED) << "checkpointed";
+  // An automatic pause is checkpointed after the actor's record says it
+  // (no caller waits for the write, as a Pause call's does).
+  EXPECT_TRUE(node_.WaitFor([&] { return Row(id)->record().phase() == v1::SANDBOX_PHASE_PAUSED; }))
+      << "checkpointed";
   v1::ResumeRequest r;
   r.set_sandbox_id(id);
   int64_t before = WallClockMs();
